@@ -1,0 +1,43 @@
+# The project's interface. `make help` lists the targets; every target sets itself up.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+UV ?= $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+VENV := .venv
+STAMP := $(VENV)/.setup-stamp
+PY := $(VENV)/bin/python
+export UV_PYTHON := 3.11
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: help setup test test-fast lint format clean
+
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(UV):
+	@echo "uv not found: installing it with pip (user site)"
+	python3 -m pip install --quiet --user uv
+
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	$(UV) sync --frozen
+	@touch $@
+
+setup: $(STAMP) ## Create .venv from uv.lock (installs uv first when missing); quick when nothing changed
+
+test: $(STAMP) ## Run the whole test suite (unit, multi-worker, resume, preparation)
+	$(PY) -m pytest
+
+test-fast: $(STAMP) ## Run the tests that start no extra TensorFlow processes
+	$(PY) -m pytest -m "not slow"
+
+lint: $(STAMP) ## Check formatting, lint rules and types (ruff format --check, ruff, mypy)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+format: $(STAMP) ## Format the code and apply safe lint fixes
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean: ## Remove the virtual environment and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache

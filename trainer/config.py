@@ -1,0 +1,241 @@
+"""The trainer's configuration: one frozen dataclass, built and validated once from flags.
+
+Flags use underscores because they double as Vertex AI tuning parameter ids: a trial receives
+`--<parameter_id>=<value>`. Environment variables are read only here, as flag defaults
+(`AIP_MODEL_DIR`, `AIP_CHECKPOINT_DIR`, `AIP_TENSORBOARD_LOG_DIR`). Nothing in this module
+imports TensorFlow, so a bad flag is rejected (argparse error, exit code 2) in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+BACKBONES = ("resnet50", "resnet101", "efficientnet_b0", "mobilenet_v2", "tiny")
+"""Backbones `--backbone` accepts; `tiny` is a small CNN for tests and fast local runs."""
+
+PRETRAINED_BACKBONES = tuple(b for b in BACKBONES if b != "tiny")
+HP_METRICS = ("val_accuracy", "val_loss", "accuracy", "loss")
+"""Metrics the trainer computes every epoch, and so the only valid `--hp_metric` tags."""
+
+MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 32, 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs, resolved and validated.
+
+    Attributes:
+      data_dir: folder written by `python -m trainer.prepare` (`metadata.json` + TFRecords).
+      model_dir: where the chief publishes the SavedModel, `metrics.json` and `config.json`.
+      checkpoint_dir: where progress is backed up every epoch (shared by all workers).
+      tensorboard_dir: TensorBoard event files.
+      epochs: number of passes over the training split.
+      per_replica_batch_size: examples per replica per step; the global batch is this times
+        the number of replicas in sync.
+      learning_rate: Adam's learning rate.
+      image_size: side of the square images the model sees; images prepared at another size
+        are resized on the device.
+      backbone: one of BACKBONES.
+      weights: "imagenet", "none", or a path (local, `/gcs/` or `gs://`) to a weights file.
+      fine_tune_fraction: fraction of the backbone's layers, counted from the top, that are
+        trained; 0 trains the head only, 1 the whole network.
+      dense_units: width of the head's hidden layer (0: no hidden layer).
+      dropout: dropout rate before the classifier.
+      mixed_precision: compute in float16 on GPUs (bfloat16 on CPUs); the output stays float32.
+      xla: compile the training step with XLA.
+      hp_metric: the metric reported to Vertex AI hyperparameter tuning every epoch.
+      seed: seeds weights initialisation and shuffling.
+      shuffle_buffer: examples in the training shuffle buffer.
+      augment: random flips during training.
+    """
+
+    data_dir: str
+    model_dir: str
+    checkpoint_dir: str
+    tensorboard_dir: str
+    epochs: int = 2
+    per_replica_batch_size: int = 64
+    learning_rate: float = 1e-4
+    image_size: int = 224
+    backbone: str = "resnet50"
+    weights: str = "imagenet"
+    fine_tune_fraction: float = 0.0
+    dense_units: int = 1016
+    dropout: float = 0.2
+    mixed_precision: bool = False
+    xla: bool = False
+    hp_metric: str = "val_accuracy"
+    seed: int = 42
+    shuffle_buffer: int = 2048
+    augment: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+STATE_FIELDS = ("backbone", "image_size", "dense_units", "fine_tune_fraction", "mixed_precision")
+"""Fields that decide the model's variables: a backup written with other values can't be restored."""
+
+
+# --- argparse types: each names what is allowed -------------------------------------------
+
+
+def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            allowed = f"between {low} and {high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be an integer {allowed}, got {value}")
+        return value
+
+    return parse
+
+
+def _float_in(
+    low: float, high: float, *, low_open: bool = False, high_open: bool = False
+) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        too_low = value <= low if low_open else value < low
+        too_high = value >= high if high_open else value > high
+        if not math.isfinite(value) or too_low or too_high:
+            left, right = "(" if low_open else "[", ")" if high_open else "]"
+            raise argparse.ArgumentTypeError(
+                f"must be a number in {left}{low:g}, {high:g}{right}, got {text}"
+            )
+        return value
+
+    return parse
+
+
+def parse_bool(text: str) -> bool:
+    """`true/false`, `1/0`, `yes/no`: tuning passes categorical values as text."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
+
+
+def _weights(text: str) -> str:
+    if text.lower() in ("imagenet", "none"):
+        return text.lower()
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be 'imagenet', 'none' or a path to a weights file")
+    return text
+
+
+def _path(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a non-empty path (local, /gcs/... or gs://...)")
+    return text.rstrip("/") if text not in ("/",) else text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.task",
+        description="Train an image classifier (transfer learning) on a prepared dataset, on one "
+        "machine or as one task of a MultiWorkerMirroredStrategy cluster described by TF_CONFIG.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = p.add_argument
+    add("--data_dir", type=_path, required=True, help="Prepared dataset (trainer.prepare output).")
+    add("--model_dir", type=_path, default=None, help="SavedModel output. Default: $AIP_MODEL_DIR.")
+    add(
+        "--checkpoint_dir",
+        type=_path,
+        default=None,
+        help="Backup of progress, every epoch. Default: $AIP_CHECKPOINT_DIR, else <model_dir>_checkpoints.",
+    )
+    add(
+        "--tensorboard_dir",
+        type=_path,
+        default=None,
+        help="TensorBoard logs. Default: $AIP_TENSORBOARD_LOG_DIR, else <model_dir>_logs.",
+    )
+    add("--epochs", type=_int_in(1, 10_000), default=defaults["epochs"])
+    add("--per_replica_batch_size", type=_int_in(1, 65_536), default=defaults["per_replica_batch_size"])
+    add("--learning_rate", type=_float_in(0, 1, low_open=True), default=defaults["learning_rate"])
+    add("--image_size", type=_int_in(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE), default=defaults["image_size"])
+    add("--backbone", choices=BACKBONES, default=defaults["backbone"])
+    add(
+        "--weights",
+        type=_weights,
+        default=defaults["weights"],
+        help="'imagenet' (downloaded at run time), 'none', or a weights file (local or GCS) "
+        "for offline and VPC-SC projects.",
+    )
+    add(
+        "--fine_tune_fraction",
+        type=_float_in(0, 1),
+        default=None,
+        help="Fraction of the backbone's layers, from the top, that are trained (0: head only). "
+        "Default: 0 with pretrained weights, 1 with --weights none.",
+    )
+    add("--dense_units", type=_int_in(0, 65_536), default=defaults["dense_units"])
+    add("--dropout", type=_float_in(0, 1, high_open=True), default=defaults["dropout"])
+    add("--mixed_precision", type=parse_bool, default=defaults["mixed_precision"])
+    add("--xla", type=parse_bool, default=defaults["xla"])
+    add("--hp_metric", choices=HP_METRICS, default=defaults["hp_metric"])
+    add("--seed", type=_int_in(0, 2**31 - 1), default=defaults["seed"])
+    add("--shuffle_buffer", type=_int_in(1, 10_000_000), default=defaults["shuffle_buffer"])
+    add("--augment", type=parse_bool, default=defaults["augment"])
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> TrainConfig:
+    """Flags (and the AIP_* defaults in `environ`) to a validated TrainConfig.
+
+    Exits with status 2 and a message naming the flag and what is allowed on bad input.
+    """
+    env = os.environ if environ is None else environ
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+
+    model_dir = ns.model_dir or env.get("AIP_MODEL_DIR", "").rstrip("/")
+    if not model_dir:
+        parser.error("--model_dir is required when AIP_MODEL_DIR is not set")
+    checkpoint_dir = ns.checkpoint_dir or env.get("AIP_CHECKPOINT_DIR", "").rstrip("/")
+    tensorboard_dir = ns.tensorboard_dir or env.get("AIP_TENSORBOARD_LOG_DIR", "").rstrip("/")
+    if ns.backbone == "tiny" and ns.weights == "imagenet":
+        parser.error(
+            "--weights imagenet is not available for --backbone tiny; use --weights none or a weights file"
+        )
+    if ns.fine_tune_fraction is None:
+        # A randomly initialised backbone is useless frozen: train all of it.
+        ns.fine_tune_fraction = 1.0 if ns.weights == "none" else 0.0
+    config = TrainConfig(
+        data_dir=ns.data_dir,
+        model_dir=model_dir,
+        checkpoint_dir=checkpoint_dir or f"{model_dir}_checkpoints",
+        tensorboard_dir=tensorboard_dir or f"{model_dir}_logs",
+        **{
+            name: getattr(ns, name)
+            for name in (f.name for f in dataclasses.fields(TrainConfig))
+            if name not in ("data_dir", "model_dir", "checkpoint_dir", "tensorboard_dir")
+        },
+    )
+    for name in ("checkpoint_dir", "tensorboard_dir"):
+        if _same_or_inside(getattr(config, name), config.model_dir):
+            parser.error(
+                f"--{name} must not be --model_dir or inside it ({getattr(config, name)}): the "
+                "model folder is published as a whole when training ends"
+            )
+    return config
+
+
+def _same_or_inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")

@@ -1,0 +1,128 @@
+"""Paths on local disk, `gs://` and the Cloud Storage FUSE mount `/gcs/`, and atomic publishing.
+
+Every read and write goes through `tf.io.gfile`, which speaks `gs://` natively; `/gcs/<bucket>`
+paths are used as they are where the FUSE mount exists (on Vertex AI) and become
+`gs://<bucket>` where it does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from trainer._tf import tf
+
+GCS_FUSE_ROOT = "/gcs/"
+
+# Written last when publishing, so their presence means the folder is complete.
+COMPLETION_FILES = ("saved_model.pb", "metadata.json")
+
+
+def resolve(path: str) -> str:
+    """The form of `path` that works here: `/gcs/b/x` becomes `gs://b/x` without the mount."""
+    if path.startswith(GCS_FUSE_ROOT) and not os.path.isdir(GCS_FUSE_ROOT):
+        return "gs://" + path[len(GCS_FUSE_ROOT) :]
+    return path
+
+
+def is_remote(path: str) -> bool:
+    return "://" in resolve(path)
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def read_json(path: str) -> Any:
+    with tf.io.gfile.GFile(resolve(path), "r") as f:
+        return json.load(f)
+
+
+def write_json(path: str, data: Any) -> None:
+    """Writes JSON (sorted keys, so equal data gives equal bytes) through a temporary name."""
+    path = resolve(path)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with tf.io.gfile.GFile(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def is_nonempty_dir(path: str) -> bool:
+    path = resolve(path)
+    return tf.io.gfile.isdir(path) and bool(tf.io.gfile.listdir(path))
+
+
+@contextlib.contextmanager
+def staged_output(final: str, *, overwrite: bool = True) -> Iterator[str]:
+    """Yields a fresh folder to write into; publishes it as `final` only if the block succeeds.
+
+    A failed block leaves `final` as it was and removes the staging folder. Local folders are
+    staged beside `final` and renamed into place (atomic). Remote folders are staged on local
+    disk and copied, the COMPLETION_FILES last, so a crash mid-copy never leaves something
+    that looks finished.
+    """
+    final = resolve(final)
+    if not overwrite and is_nonempty_dir(final):
+        raise FileExistsError(f"{final} already exists and is not empty")
+    if is_remote(final):
+        staging = tempfile.mkdtemp(prefix="staging-")
+    else:
+        parent = os.path.dirname(os.path.abspath(final))
+        os.makedirs(parent, exist_ok=True)
+        staging = os.path.join(parent, f".{os.path.basename(final)}.staging-{uuid.uuid4().hex[:8]}")
+        os.makedirs(staging)
+    try:
+        yield staging
+        publish(staging, final)
+    finally:
+        if os.path.isdir(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def publish(staging: str, final: str) -> None:
+    """Moves the complete local folder `staging` to `final`, replacing what was there."""
+    if not is_remote(final):
+        old = None
+        if os.path.lexists(final):
+            old = f"{final}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(final, old)
+        os.rename(staging, final)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+        return
+    if tf.io.gfile.isdir(final):
+        # Stale completion markers go first: from here until the copy ends, `final` is not
+        # a finished folder.
+        for name in COMPLETION_FILES:
+            if tf.io.gfile.exists(join(final, name)):
+                tf.io.gfile.remove(join(final, name))
+    files = sorted(_walk_files(staging), key=lambda rel: os.path.basename(rel) in COMPLETION_FILES)
+    for rel in files:
+        target = join(final, rel)
+        tf.io.gfile.makedirs(os.path.dirname(target))
+        tf.io.gfile.copy(os.path.join(staging, rel), target, overwrite=True)
+
+
+def _walk_files(root: str) -> Sequence[str]:
+    out = []
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            out.append(os.path.relpath(os.path.join(dirpath, name), root))
+    return out
+
+
+def local_copy(path: str, folder: str) -> str:
+    """A local path for `path`: itself when local, else a copy inside `folder`."""
+    path = resolve(path)
+    if not is_remote(path):
+        return path
+    target = os.path.join(folder, os.path.basename(path))
+    tf.io.gfile.copy(path, target, overwrite=True)
+    return target
