@@ -83,15 +83,16 @@ def _weights_argument(weights: str, workdir: str) -> str | None:
 
 
 def build_backbone(config: TrainConfig) -> tuple[keras.Model, str]:
+    """The backbone without its top, with its weights, and its preprocessing mode."""
     shape = (config.image_size, config.image_size, 3)
-    if config.backbone == "tiny":
-        backbone = tiny_backbone(shape, config.seed)
-        if config.weights != "none":
-            backbone.load_weights(storage.local_copy(config.weights, tempfile.mkdtemp()))
-        return backbone, "unit"
-    constructor, mode = APPLICATIONS[config.backbone]
     with tempfile.TemporaryDirectory() as workdir:
         weights = _weights_argument(config.weights, workdir)
+        if config.backbone == "tiny":
+            backbone = tiny_backbone(shape, config.seed)
+            if weights:
+                backbone.load_weights(weights)
+            return backbone, "unit"
+        constructor, mode = APPLICATIONS[config.backbone]
         try:
             backbone = constructor(include_top=False, weights=weights, input_shape=shape)
         except ValueError as e:

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.processes import ROOT, trainer_env
+from trainer.config import parse_args
+
+BASE = ["--data_dir=/data", "--model_dir=/out/model"]
+
+
+def test_defaults_follow_the_codelab_and_vertex_environment() -> None:
+    env = {
+        "AIP_MODEL_DIR": "gs://b/job/model/",
+        "AIP_CHECKPOINT_DIR": "gs://b/job/checkpoints/",
+        "AIP_TENSORBOARD_LOG_DIR": "gs://b/job/logs/",
+    }
+    config = parse_args(["--data_dir=gs://b/data"], env)
+    assert (config.model_dir, config.checkpoint_dir, config.tensorboard_dir) == (
+        "gs://b/job/model",
+        "gs://b/job/checkpoints",
+        "gs://b/job/logs",
+    )
+    assert (config.backbone, config.weights, config.per_replica_batch_size, config.epochs) == (
+        "resnet50",
+        "imagenet",
+        64,
+        2,
+    )
+    assert config.hp_metric == "val_accuracy"
+    assert config.fine_tune_fraction == 0.0  # pretrained: the head only
+
+
+def test_flags_override_the_environment_and_folders_default_beside_the_model() -> None:
+    config = parse_args([*BASE], {"AIP_MODEL_DIR": "gs://elsewhere"})
+    assert config.model_dir == "/out/model"
+    assert config.checkpoint_dir == "/out/model_checkpoints"
+    assert config.tensorboard_dir == "/out/model_logs"
+
+
+def test_tuning_style_flags_are_accepted() -> None:
+    config = parse_args(
+        [*BASE, "--learning_rate=0.01", "--dense_units=128", "--mixed_precision=True", "--xla=0"], {}
+    )
+    assert (config.learning_rate, config.dense_units, config.mixed_precision, config.xla) == (
+        0.01,
+        128,
+        True,
+        False,
+    )
+
+
+def test_random_backbones_are_trained_whole_unless_told_otherwise() -> None:
+    assert parse_args([*BASE, "--backbone=tiny", "--weights=none"], {}).fine_tune_fraction == 1.0
+    explicit = parse_args([*BASE, "--weights=none", "--fine_tune_fraction=0.25"], {})
+    assert explicit.fine_tune_fraction == 0.25
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--epochs=0"], "--epochs: must be an integer between 1 and"),
+        (["--epochs=two"], "--epochs: expected an integer"),
+        (["--per_replica_batch_size=-4"], "--per_replica_batch_size: must be an integer between 1"),
+        (["--learning_rate=0"], "--learning_rate: must be a number in (0, 1]"),
+        (["--learning_rate=nan"], "--learning_rate: must be a number in (0, 1]"),
+        (["--image_size=16"], "--image_size: must be an integer between 32 and 1024"),
+        (["--backbone=vgg16"], "--backbone: invalid choice: 'vgg16' (choose from 'resnet50'"),
+        (["--dropout=1"], "--dropout: must be a number in [0, 1)"),
+        (["--fine_tune_fraction=1.5"], "--fine_tune_fraction: must be a number in [0, 1]"),
+        (["--mixed_precision=maybe"], "--mixed_precision: must be true or false"),
+        (["--hp_metric=auc"], "--hp_metric: invalid choice: 'auc' (choose from 'val_accuracy'"),
+        (["--backbone=tiny"], "--weights imagenet is not available for --backbone tiny"),
+        (["--checkpoint_dir=/out/model/ckpt"], "--checkpoint_dir must not be --model_dir or inside it"),
+    ],
+)
+def test_bad_flags_are_argparse_errors_naming_the_flag_and_what_is_allowed(
+    flags: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args([*BASE, *flags], {})
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_model_dir_is_required_without_aip_model_dir(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--data_dir=/data"], {})
+    assert "--model_dir is required when AIP_MODEL_DIR is not set" in capsys.readouterr().err
+
+
+def test_a_bad_flag_fails_before_tensorflow_is_imported() -> None:
+    code = (
+        "import sys\n"
+        "from trainer import task\n"
+        "try:\n"
+        "    task.main(['--data_dir=/d', '--model_dir=/m', '--epochs=0'])\n"
+        "except SystemExit as e:\n"
+        "    print(e.code, 'tensorflow' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=trainer_env(), capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["2", "False"]
+    assert "--epochs" in out.stderr

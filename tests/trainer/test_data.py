@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer import data
+from trainer._tf import tf
+
+
+@pytest.fixture(scope="module")
+def meta(synthetic_dir: Path) -> data.DatasetMetadata:
+    return data.load_metadata(str(synthetic_dir))
+
+
+def test_training_batches_are_uint8_global_batches_that_repeat(
+    synthetic_dir: Path, meta: data.DatasetMetadata
+) -> None:
+    ds = data.make_dataset(str(synthetic_dir), meta, "train", batch_size=32, training=True)
+    steps = data.steps_per_epoch(meta, 32)
+    assert steps == 300 // 32
+    batches = list(ds.take(steps * 2 + 1))  # more than an epoch: it repeats
+    assert len(batches) == steps * 2 + 1
+    for images, labels in batches:
+        assert images.dtype == tf.uint8 and images.shape == (32, 64, 64, 3)
+        assert labels.dtype == tf.int32 and labels.shape == (32,)
+    options = ds.options()
+    assert options.deterministic is False
+    assert options.experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.FILE
+
+
+def test_evaluation_sees_every_example_once_in_a_fixed_order(
+    synthetic_dir: Path, meta: data.DatasetMetadata
+) -> None:
+    def labels() -> list[int]:
+        ds = data.make_dataset(str(synthetic_dir), meta, "validation", batch_size=7, training=False)
+        return np.concatenate([y.numpy() for _, y in ds]).tolist()
+
+    first = labels()
+    assert len(first) == meta.splits["validation"].count == 100
+    assert np.bincount(first).tolist() == list(meta.splits["validation"].class_counts.values())
+    assert labels() == first
+
+
+def test_shards_by_file_only_when_every_worker_gets_a_file(
+    synthetic_dir: Path, meta: data.DatasetMetadata
+) -> None:
+    policy = tf.data.experimental.AutoShardPolicy
+    shards = len(meta.splits["test"].shards)
+    for workers, expected in ((2, policy.FILE), (shards, policy.FILE), (shards + 1, policy.DATA)):
+        ds = data.make_dataset(
+            str(synthetic_dir), meta, "test", batch_size=8, training=False, num_workers=workers
+        )
+        assert ds.options().experimental_distribute.auto_shard_policy == expected
+
+
+def test_file_sharding_gives_workers_disjoint_examples(
+    synthetic_dir: Path, meta: data.DatasetMetadata
+) -> None:
+    """What FILE auto-sharding does for 2 workers: each reads half of the files."""
+    files = meta.splits["test"].shards
+    seen = []
+    for worker in range(2):
+        sub = data.DatasetMetadata(
+            **{**meta.__dict__, "splits": {**meta.splits, "test": data.SplitInfo(0, files[worker::2], {})}}
+        )
+        ds = data.make_dataset(str(synthetic_dir), sub, "test", batch_size=100, training=False)
+        seen.append({bytes(x.numpy().tobytes()) for batch, _ in ds for x in batch})
+    assert seen[0] and seen[1] and not seen[0] & seen[1]
+    assert len(seen[0]) + len(seen[1]) == 100
+
+
+def test_missing_metadata_names_the_folder_and_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"must be a folder written by `python -m trainer\.prepare`"):
+        data.load_metadata(str(tmp_path))

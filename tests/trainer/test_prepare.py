@@ -1,0 +1,169 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer import data
+from trainer.prepare import PrepareConfig, PrepareError, prepare
+from trainer.synthetic import CASSAVA_CLASSES
+
+
+def write_images(folder: Path, count: int, *, seed: int, fmt: str = "jpg") -> None:
+    from trainer._tf import tf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        image = rng.integers(0, 255, (40 + i, 50, 3), dtype=np.uint8)
+        encoded = tf.io.encode_png(image) if fmt == "png" else tf.io.encode_jpeg(image)
+        (folder / f"img{i}.{fmt}").write_bytes(encoded.numpy())
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    """train (3 classes, jpg and png) and test; no validation split, so it is carved."""
+    root = tmp_path / "images"
+    for i, name in enumerate(("daisy", "rose", "tulip")):
+        write_images(root / "train" / name, 8, seed=i)
+        write_images(root / "test" / name, 2, seed=10 + i, fmt="png")
+    (root / "train" / "rose" / "notes.txt").write_text("not an image: ignored")
+    return root
+
+
+def read_split(out: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    meta = data.load_metadata(str(out))
+    ds = data.make_dataset(str(out), meta, split, batch_size=1000, training=False)
+    images, labels = zip(*[(x.numpy(), y.numpy()) for x, y in ds], strict=True)
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def test_synthetic_goes_through_the_tfds_cassava_builder(synthetic_dir: Path) -> None:
+    meta = json.loads((synthetic_dir / "metadata.json").read_text())
+    assert meta["class_names"] == list(CASSAVA_CLASSES)
+    assert meta["source_info"]["tfds_name"] == "cassava"
+    assert {s: v["count"] for s, v in meta["splits"].items()} == {
+        "train": 300,
+        "validation": 100,
+        "test": 100,
+    }
+    assert meta["splits"]["train"]["class_counts"] == {c: 60 for c in CASSAVA_CLASSES}
+    assert len(meta["splits"]["train"]["shards"]) == 8
+    assert meta["image_size"] == 64 and meta["encoding"] == "raw" and meta["format_version"] == 1
+    assert meta["fingerprint"].startswith("sha256:")
+    images, labels = read_split(synthetic_dir, "test")
+    assert images.shape == (100, 64, 64, 3) and images.dtype == np.uint8
+    assert np.bincount(labels).tolist() == [20] * 5
+
+
+def test_folder_source_carves_the_missing_split_and_is_deterministic(
+    image_folder: Path, tmp_path: Path
+) -> None:
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        prepare(PrepareConfig(source=f"folder:{image_folder}", output_dir=str(out), image_size=32, shards=4))
+    meta = json.loads((outs[0] / "metadata.json").read_text())
+    assert meta["class_names"] == ["daisy", "rose", "tulip"]
+    counts = {s: v["count"] for s, v in meta["splits"].items()}
+    assert counts == {"train": 22, "validation": 2, "test": 6}  # 24 train images, 10% carved
+    assert meta["splits"]["validation"]["carved_from"] == "train"
+    assert meta == json.loads((outs[1] / "metadata.json").read_text())
+    images, labels = read_split(outs[0], "test")
+    assert images.shape == (6, 32, 32, 3)
+    assert sorted(labels.tolist()) == [0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize("encoding", ["jpeg", "png"])
+def test_encodings_round_trip(image_folder: Path, tmp_path: Path, encoding: str) -> None:
+    raw, enc = tmp_path / "raw", tmp_path / encoding
+    prepare(PrepareConfig(source=f"folder:{image_folder}", output_dir=str(raw), image_size=32))
+    prepare(
+        PrepareConfig(source=f"folder:{image_folder}", output_dir=str(enc), image_size=32, encoding=encoding)
+    )
+    a, _ = read_split(raw, "test")
+    b, _ = read_split(enc, "test")
+    tolerance = 0 if encoding == "png" else 40  # jpeg is lossy on noise images
+    assert np.abs(a.astype(int) - b.astype(int)).mean() <= tolerance
+
+
+def _bad(root: Path, case: str) -> str:
+    if case == "missing":
+        return f"folder:{root / 'nope'}"
+    root.mkdir()
+    if case == "empty":
+        return f"folder:{root}"
+    write_images(root / "train" / "a", 3, seed=0)
+    if case == "empty_class":
+        (root / "train" / "b").mkdir()
+    elif case == "corrupt":
+        write_images(root / "train" / "b", 3, seed=1)
+        (root / "train" / "b" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    elif case == "class_mismatch":
+        write_images(root / "train" / "b", 3, seed=1)
+        write_images(root / "test" / "a", 2, seed=2)
+        write_images(root / "test" / "c", 2, seed=3)
+    return f"folder:{root}"
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing", "no such folder"),
+        ("empty", "has no train/ folder; expected PATH/<split>/<class>/*.jpg"),
+        ("empty_class", "class 'b' has no images in"),
+        ("corrupt", "cannot decode image"),
+        ("class_mismatch", "split 'test' has different classes than train (missing ['b'], extra ['c'])"),
+    ],
+)
+def test_bad_folders_get_a_clear_error_and_no_output(tmp_path: Path, case: str, message: str) -> None:
+    source = _bad(tmp_path / "src", case)
+    out = tmp_path / "out"
+    with pytest.raises(PrepareError) as err:
+        prepare(PrepareConfig(source=source, output_dir=str(out), image_size=32))
+    assert message in str(err.value)
+    if case == "corrupt":
+        assert "broken.jpg" in str(err.value)
+    assert not out.exists()
+    # Nothing half-written beside it either (the staging folder is gone).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if case == "missing" else ["src"])
+
+
+def test_unknown_tfds_dataset_is_rejected_before_any_work(tmp_path: Path) -> None:
+    with pytest.raises(PrepareError, match="unknown TFDS dataset 'no_such_dataset'"):
+        prepare(PrepareConfig(source="tfds:no_such_dataset", output_dir=str(tmp_path / "out")))
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_dataset_is_kept_unless_overwrite(image_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    config = PrepareConfig(source=f"folder:{image_folder}", output_dir=str(out), image_size=32)
+    with pytest.raises(PrepareError, match="already exists and is not empty; pass --overwrite"):
+        prepare(config)
+    assert (out / "precious.txt").read_text() == "keep me"
+    prepare(PrepareConfig(**{**config.__dict__, "overwrite": True}))
+    assert (out / "metadata.json").exists() and not (out / "precious.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            ["--source=s3://bucket"],
+            "--source: must be tfds:NAME (e.g. tfds:cassava), folder:PATH or synthetic",
+        ),
+        (["--image_size=8"], "--image_size: must be an integer between 32 and 1024"),
+        (["--encoding=webp"], "--encoding: invalid choice: 'webp'"),
+        (["--validation_fraction=0.7"], "--validation_fraction: must be a number in (0, 0.5)"),
+    ],
+)
+def test_bad_flags_exit_2(flags: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainer.prepare import parse_args
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--output_dir=/tmp/x", *flags])
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err
