@@ -23,6 +23,9 @@ HP_METRICS = ("val_accuracy", "val_loss", "accuracy", "loss")
 """Metrics the trainer computes every epoch, and so the only valid `--hp_metric` tags."""
 
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 32, 1024
+ENCODINGS = ("raw", "jpeg", "png")
+"""How prepared images are stored: `raw` uint8 pixels (no decode cost, the default), or
+JPEG/PNG (smaller files, decoded once before the cache)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +88,7 @@ STATE_FIELDS = ("backbone", "image_size", "dense_units", "fine_tune_fraction", "
 # --- argparse types: each names what is allowed -------------------------------------------
 
 
-def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -99,7 +102,7 @@ def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def _float_in(
+def float_in(
     low: float, high: float, *, low_open: bool = False, high_open: bool = False
 ) -> Callable[[str], float]:
     def parse(text: str) -> float:
@@ -166,10 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="TensorBoard logs. Default: $AIP_TENSORBOARD_LOG_DIR, else <model_dir>_logs.",
     )
-    add("--epochs", type=_int_in(1, 10_000), default=defaults["epochs"])
-    add("--per_replica_batch_size", type=_int_in(1, 65_536), default=defaults["per_replica_batch_size"])
-    add("--learning_rate", type=_float_in(0, 1, low_open=True), default=defaults["learning_rate"])
-    add("--image_size", type=_int_in(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE), default=defaults["image_size"])
+    add("--epochs", type=int_in(1, 10_000), default=defaults["epochs"])
+    add("--per_replica_batch_size", type=int_in(1, 65_536), default=defaults["per_replica_batch_size"])
+    add("--learning_rate", type=float_in(0, 1, low_open=True), default=defaults["learning_rate"])
+    add("--image_size", type=int_in(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE), default=defaults["image_size"])
     add("--backbone", choices=BACKBONES, default=defaults["backbone"])
     add(
         "--weights",
@@ -180,18 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--fine_tune_fraction",
-        type=_float_in(0, 1),
+        type=float_in(0, 1),
         default=None,
         help="Fraction of the backbone's layers, from the top, that are trained (0: head only). "
         "Default: 0 with pretrained weights, 1 with --weights none.",
     )
-    add("--dense_units", type=_int_in(0, 65_536), default=defaults["dense_units"])
-    add("--dropout", type=_float_in(0, 1, high_open=True), default=defaults["dropout"])
+    add("--dense_units", type=int_in(0, 65_536), default=defaults["dense_units"])
+    add("--dropout", type=float_in(0, 1, high_open=True), default=defaults["dropout"])
     add("--mixed_precision", type=parse_bool, default=defaults["mixed_precision"])
     add("--xla", type=parse_bool, default=defaults["xla"])
     add("--hp_metric", choices=HP_METRICS, default=defaults["hp_metric"])
-    add("--seed", type=_int_in(0, 2**31 - 1), default=defaults["seed"])
-    add("--shuffle_buffer", type=_int_in(1, 10_000_000), default=defaults["shuffle_buffer"])
+    add("--seed", type=int_in(0, 2**31 - 1), default=defaults["seed"])
+    add("--shuffle_buffer", type=int_in(1, 10_000_000), default=defaults["shuffle_buffer"])
     add("--augment", type=parse_bool, default=defaults["augment"])
     return p
 

@@ -4,10 +4,7 @@ so a served image goes through exactly the transformation the training images we
 from __future__ import annotations
 
 from trainer._tf import tf
-
-ENCODINGS = ("raw", "jpeg", "png")
-"""How prepared images are stored: `raw` uint8 pixels (no decode cost, the default: the
-`input` benchmark measured it fastest to read), or JPEG/PNG (smaller files)."""
+from trainer.config import ENCODINGS
 
 
 def decode(encoded: tf.Tensor) -> tf.Tensor:

@@ -27,8 +27,8 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 32, 1024
-ENCODINGS = ("raw", "jpeg", "png")  # trainer.images.ENCODINGS, kept here so flags parse without TF
+from trainer.config import ENCODINGS, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, float_in, int_in
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 SPLITS = ("train", "validation", "test")
 CARVED_SPLITS = ("validation", "test")
@@ -80,29 +80,6 @@ def _source(text: str) -> str:
     )
 
 
-def _int_range(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be an integer between {low} and {high}, got {value}")
-        return value
-
-    return parse
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < 0.5:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 0.5), got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m trainer.prepare",
@@ -116,15 +93,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--output_dir", required=True, help="Where to publish the prepared dataset (local or gs://)."
     )
-    p.add_argument("--image_size", type=_int_range(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE), default=d.image_size)
+    p.add_argument("--image_size", type=int_in(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE), default=d.image_size)
     p.add_argument("--encoding", choices=ENCODINGS, default=d.encoding)
-    p.add_argument("--shards", type=_int_range(1, 4096), default=d.shards)
-    p.add_argument("--validation_fraction", type=_fraction, default=d.validation_fraction)
-    p.add_argument("--test_fraction", type=_fraction, default=d.test_fraction)
-    p.add_argument("--seed", type=_int_range(0, 2**31 - 1), default=d.seed)
+    p.add_argument("--shards", type=int_in(1, 4096), default=d.shards)
+    p.add_argument(
+        "--validation_fraction",
+        type=float_in(0, 0.5, low_open=True, high_open=True),
+        default=d.validation_fraction,
+    )
+    p.add_argument(
+        "--test_fraction", type=float_in(0, 0.5, low_open=True, high_open=True), default=d.test_fraction
+    )
+    p.add_argument("--seed", type=int_in(0, 2**31 - 1), default=d.seed)
     p.add_argument("--tfds_data_dir", default=None, help="TFDS data folder. Default: TFDS's own.")
-    p.add_argument("--synthetic_per_class", type=_int_range(3, 100_000), default=d.synthetic_per_class)
-    p.add_argument("--synthetic_source_size", type=_int_range(32, 2048), default=d.synthetic_source_size)
+    p.add_argument("--synthetic_per_class", type=int_in(3, 100_000), default=d.synthetic_per_class)
+    p.add_argument("--synthetic_source_size", type=int_in(32, 2048), default=d.synthetic_source_size)
     p.add_argument("--overwrite", action="store_true", help="Replace a dataset already in --output_dir.")
     return p
 

@@ -31,8 +31,8 @@ def test_chief_and_worker_train_together_and_only_the_chief_publishes(
     assert metrics["num_workers"] == 2
     assert metrics["replicas"] == 2
     assert metrics["global_batch_size"] == 32  # per-replica 16 x 2 replicas
-    assert metrics["val_accuracy"] >= 0.9
-    assert metrics["test_accuracy"] >= 0.9
+    assert metrics["val_accuracy"] >= 0.9, metrics
+    assert metrics["test_accuracy"] >= 0.9, metrics
     assert metrics["epochs_completed"] == 3
     # Only the chief's files: the SavedModel and its reports, nothing a worker left behind.
     assert sorted(p.name for p in model_dir.iterdir()) == [
