@@ -1,0 +1,98 @@
+"""The validator against the GPU compatibility table in ../shared/seeds/001_*.txt, cell by cell."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from components.hardware import (
+    FIXED_GPU_MACHINES,
+    K80,
+    P4,
+    P100,
+    T4,
+    V100,
+    validate_machine,
+)
+
+GPUS = (K80, P4, P100, T4, V100)
+# The seed's table as printed: machine type -> allowed counts per GPU column ("" = none).
+SEED_TABLE = """
+n1-standard-4   1,2,4,8 1,2,4 1,2,4 1,2,4 1,2,4,8
+n1-standard-8   1,2,4,8 1,2,4 1,2,4 1,2,4 1,2,4,8
+n1-standard-16  2,4,8   1,2,4 1,2,4 1,2,4 2,4,8
+n1-standard-32  4,8     2,4   2,4   2,4   4,8
+n1-standard-64  -       4     -     4     8
+n1-standard-96  -       4     -     4     8
+n1-highmem-2    1,2,4,8 1,2,4 1,2,4 1,2,4 1,2,4,8
+n1-highmem-4    1,2,4,8 1,2,4 1,2,4 1,2,4 1,2,4,8
+n1-highmem-8    1,2,4,8 1,2,4 1,2,4 1,2,4 1,2,4,8
+n1-highmem-16   2,4,8   1,2,4 1,2,4 1,2,4 2,4,8
+n1-highmem-32   4,8     2,4   2,4   2,4   4,8
+n1-highmem-64   -       4     -     4     8
+n1-highmem-96   -       4     -     4     8
+n1-highcpu-16   2,4,8   1,2,4 1,2,4 1,2,4 2,4,8
+n1-highcpu-32   4,8     2,4   2,4   2,4   4,8
+n1-highcpu-64   8       4     4     4     8
+n1-highcpu-96   -       4     -     4     8
+"""
+
+
+def cells() -> list[tuple[str, str, int, bool]]:
+    out = []
+    for line in SEED_TABLE.strip().splitlines():
+        machine, *columns = line.split()
+        for gpu, column in zip(GPUS, columns, strict=True):
+            allowed = set() if column == "-" else {int(c) for c in column.split(",")}
+            out += [(machine, gpu, count, count in allowed) for count in (1, 2, 3, 4, 8, 16)]
+    return out
+
+
+@pytest.mark.parametrize(("machine", "gpu", "count", "ok"), cells())
+def test_every_cell_of_the_n1_table(machine: str, gpu: str, count: int, ok: bool) -> None:
+    if ok:
+        validate_machine(machine, gpu, count)
+    else:
+        with pytest.raises(ValueError, match=f"{gpu}|{machine}"):
+            validate_machine(machine, gpu, count)
+
+
+@pytest.mark.parametrize(("machine", "spec"), sorted(FIXED_GPU_MACHINES.items()))
+def test_gpu_families_take_exactly_their_built_in_gpus(machine: str, spec: tuple[str, int]) -> None:
+    gpu, count = spec
+    validate_machine(machine, gpu, count)
+    with pytest.raises(ValueError, match=f"takes {count} x {gpu}, not {count * 2}"):
+        validate_machine(machine, gpu, count * 2)
+    with pytest.raises(ValueError, match=f"comes with {count} x {gpu}"):
+        validate_machine(machine, T4 if gpu != T4 else V100, count)
+    with pytest.raises(ValueError, match=f"comes with {count} x {gpu}: set that"):
+        validate_machine(machine, None, 0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("n1-standard-8", V100, 0), "needs an accelerator count"),
+        (("n1-standard-8", None, 2), "given without an accelerator type"),
+        (("n1-standard-8", "NVIDIA_TESLA_X9", 1), "unknown accelerator type 'NVIDIA_TESLA_X9'; allowed:"),
+        (("n1-standard-8", V100, -1), "must be a whole number >= 0"),
+        (("n1-standard-2", V100, 1), "NVIDIA_TESLA_V100 cannot be attached to n1-standard-2; machine types"),
+        (("N1 standard", V100, 1), "is not a Compute Engine machine type name"),
+        (("n1-standard-8", V100, 1, "mars-central1"), "unknown region 'mars-central1'"),
+        (
+            ("a3-highgpu-8g", "NVIDIA_H100_80GB", 8, "southamerica-east1"),
+            "is not offered in southamerica-east1",
+        ),
+    ],
+)
+def test_inconsistent_or_incomplete_settings_are_named(args: tuple[Any, ...], message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        validate_machine(*args)
+    assert message in str(err.value)
+
+
+def test_cpu_machines_and_the_codelab_defaults_pass() -> None:
+    validate_machine("n1-standard-4", None, 0)
+    validate_machine("e2-standard-8", "ACCELERATOR_TYPE_UNSPECIFIED", 0)
+    validate_machine("n1-standard-8", V100, 1, region="us-central1")
