@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from trainer import storage
-from trainer._tf import keras
+from trainer._tf import keras, tf
 
 
 def log(prefix: str, message: str) -> None:
@@ -87,8 +87,6 @@ class EpochRecorder(keras.callbacks.Callback):
 
 
 def load_history(path: str) -> dict[str, dict[str, float]]:
-    from trainer._tf import tf
-
     if not tf.io.gfile.exists(storage.resolve(path)):
         return {}
     history: dict[str, dict[str, float]] = storage.read_json(path)
