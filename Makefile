@@ -16,7 +16,7 @@ help: ## Show this help
 
 $(UV):
 	@echo "uv not found: installing it with pip (user site)"
-	python3 -m pip install --quiet --user uv
+	python3 -m pip install --quiet --user uv || python3 -m pip install --quiet --user --break-system-packages uv
 
 $(STAMP): pyproject.toml uv.lock | $(UV)
 	$(UV) sync --frozen
