@@ -6,7 +6,8 @@ message naming what is allowed, not minutes later in the Vertex console.
 `N1_GPU_COUNTS` is the compatibility table of GPUs per N1 machine type from the GPU training
 guide (`../shared/seeds/001_*.txt`), cell by cell. `FIXED_GPU_MACHINES` are the current GPU
 machine families, whose GPUs come with the machine (A100 on a2, L4 on g2, H100/H200 on a3).
-`REGION_GPUS` is a snapshot of Vertex AI's "accelerators by region" page; a region missing
+`REGION_GPUS` is a snapshot of Vertex AI's "accelerators by region" page, NOT yet checked against
+it (written from memory, 2026-11): verify it before trusting a rejection. A region missing
 from it is rejected with the list of known regions, so extend it when Google adds one.
 """
 
