@@ -155,10 +155,10 @@ def validate_machine(
 
     counts = allowed_counts(machine_type, gpu)
     if not counts:
-        hosts = sorted(m for m in [*N1_GPU_COUNTS, *FIXED_GPU_MACHINES] if allowed_counts(m, gpu))
         if machine_type in FIXED_GPU_MACHINES:
             fixed_gpu, fixed_count = FIXED_GPU_MACHINES[machine_type]
             raise ValueError(f"{machine_type} comes with {fixed_count} x {fixed_gpu}, not {gpu}")
+        hosts = sorted(m for m in [*N1_GPU_COUNTS, *FIXED_GPU_MACHINES] if allowed_counts(m, gpu))
         raise ValueError(
             f"{gpu} cannot be attached to {machine_type}; machine types that take it: {', '.join(hosts)}"
         )

@@ -23,6 +23,8 @@ HP_METRICS = ("val_accuracy", "val_loss", "accuracy", "loss")
 """Metrics the trainer computes every epoch, and so the only valid `--hp_metric` tags."""
 
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 32, 1024
+SPLITS = ("train", "validation", "test")
+"""The splits every prepared dataset has."""
 ENCODINGS = ("raw", "jpeg", "png")
 """How prepared images are stored: `raw` uint8 pixels (no decode cost, the default), or
 JPEG/PNG (smaller files, decoded once before the cache)."""

@@ -14,10 +14,10 @@ from typing import Any
 
 from trainer import images, storage
 from trainer._tf import tf
+from trainer.config import SPLITS
 
 FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
-SPLITS = ("train", "validation", "test")
 FEATURES = {
     "image": tf.io.FixedLenFeature([], tf.string),
     "label": tf.io.FixedLenFeature([], tf.int64),

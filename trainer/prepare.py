@@ -27,10 +27,9 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from trainer.config import ENCODINGS, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, float_in, int_in
+from trainer.config import ENCODINGS, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, SPLITS, float_in, int_in
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
-SPLITS = ("train", "validation", "test")
 CARVED_SPLITS = ("validation", "test")
 
 
