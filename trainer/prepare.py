@@ -24,7 +24,7 @@ import hashlib
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from trainer.config import ENCODINGS, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, SPLITS, float_in, int_in
@@ -90,7 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--source", type=_source, default="tfds:cassava", help="tfds:NAME, folder:PATH or synthetic"
     )
     p.add_argument(
-        "--output_dir", required=True, help="Where to publish the prepared dataset (local or gs://)."
+        "--output_dir",
+        default=None,
+        help="Where to publish the prepared dataset (local, gs:// or /gcs/). Default: $AIP_MODEL_DIR, "
+        "the output folder Vertex gives a custom job.",
     )
     p.add_argument("--image_size", type=int_in(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE), default=d.image_size)
     p.add_argument("--encoding", choices=ENCODINGS, default=d.encoding)
@@ -111,8 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> PrepareConfig:
-    ns = build_parser().parse_args(argv)
+def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> PrepareConfig:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    ns.output_dir = ns.output_dir or (os.environ if environ is None else environ).get(
+        "AIP_MODEL_DIR", ""
+    ).rstrip("/")
+    if not ns.output_dir:
+        parser.error("--output_dir is required when AIP_MODEL_DIR is not set")
     return PrepareConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(PrepareConfig)})
 
 

@@ -167,3 +167,22 @@ def test_bad_flags_exit_2(flags: list[str], expected: str, capsys: pytest.Captur
         parse_args(["--output_dir=/tmp/x", *flags])
     assert exit_info.value.code == 2
     assert expected in capsys.readouterr().err
+
+
+def test_output_dir_defaults_to_aip_model_dir_and_is_required_without_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from trainer.prepare import parse_args
+
+    config = parse_args(
+        ["--source", "synthetic", "--image_size", "64"], {"AIP_MODEL_DIR": "gs://b/job/model/"}
+    )
+    assert config.output_dir == "gs://b/job/model"
+    assert (
+        parse_args(["--source", "synthetic", "--output_dir", "/x"], {"AIP_MODEL_DIR": "/y"}).output_dir
+        == "/x"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--source", "synthetic"], {})
+    assert exit_info.value.code == 2
+    assert "--output_dir is required when AIP_MODEL_DIR is not set" in capsys.readouterr().err

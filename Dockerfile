@@ -1,0 +1,65 @@
+# The trainer image: `python -m trainer.task` on Vertex AI GPU worker pools (CustomJob and the
+# tuning job's trials), and `python -m trainer.prepare` when the pipeline replaces the command.
+#
+# Build context (see .dockerignore): this file, trainer/, pyproject.toml and uv.lock, nothing else.
+#   docker build -t trainer .
+#   docker run --rm trainer --help                  # trainer.task's flags
+#   docker run --rm --entrypoint python trainer -m trainer.prepare --help
+
+# uv, only to turn uv.lock into an install: the version cloudbuild.yaml and ci.yml use too
+# (tests/ci check they agree). Its digest, like the base's below, is still to be filled in.
+FROM ghcr.io/astral-sh/uv:0.13.8 AS uv
+
+# CUDA-enabled TensorFlow. The tag's version must equal the tensorflow version locked in uv.lock
+# (tests/ci/test_dockerfile.py checks it): the base then already satisfies the lock's tensorflow
+# pin and contributes the CUDA/cuDNN libraries that match it, and uv installs everything else at
+# the locked versions. Bump the tag together with the lock.
+# TODO(pin): append the digest once it can be read from the registry; it is deliberately not
+# written from memory:  docker buildx imagetools inspect tensorflow/tensorflow:2.21.0-gpu
+# then FROM tensorflow/tensorflow:2.21.0-gpu@sha256:<digest>
+FROM tensorflow/tensorflow:2.21.0-gpu
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PYTHONPATH=/app \
+    TF_USE_LEGACY_KERAS=1 \
+    UV_PYTHON_DOWNLOADS=never \
+    UV_NO_CACHE=1
+
+COPY --from=uv /uv /usr/local/bin/uv
+
+WORKDIR /app
+
+# Dependencies first, so that editing trainer/ does not reinstall them.
+# - The `trainer` dependency group exactly as locked, hashes included (uv export --frozen never
+#   re-resolves). `uv pip install` (not `sync`) into the base's own interpreter: packages the
+#   base already has at the locked version, tensorflow above all, are kept as they are (no
+#   second TensorFlow download, and the base's CUDA setup stays intact); every other package is
+#   installed or moved to its locked version.
+# - --break-system-packages: the image is this application's alone, so the interpreter the base
+#   ships is ours to install into even where it is marked externally managed.
+# - `python` is the entry point's interpreter: make sure the name exists (python3 otherwise).
+# - The import check fails the build, not the first job, if the group does not import.
+COPY pyproject.toml uv.lock /app/
+RUN (command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python) \
+    && uv export --quiet --frozen --only-group trainer --no-emit-project --output-file /tmp/requirements.txt \
+    && uv pip install --system --break-system-packages --require-hashes -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt \
+    && TF_CPP_MIN_LOG_LEVEL=2 python -c "import tensorflow as tf, tf_keras, tensorflow_datasets, hypertune, importlib_resources; print('tensorflow', tf.__version__, 'tf_keras', tf_keras.__version__)"
+
+# An unprivileged user. cloudml-hypertune writes the tuning metric where $CLOUD_ML_HP_METRIC_FILE
+# says; on Vertex that is reported to be under /var/hypertune/, which only root could create
+# (GoogleCloudPlatform/cloudml-hypertune#6), so the folder is created here and handed to the
+# user. Not yet verified on a real tuning job: if trials report no metric, look here first.
+RUN groupadd --gid 10001 trainer \
+    && useradd --no-log-init --create-home --uid 10001 --gid 10001 --shell /bin/bash trainer \
+    && install -d -o trainer -g trainer /var/hypertune
+
+COPY trainer/ /app/trainer/
+
+# Numeric, so that runAsNonRoot-style checks can tell it is not root without /etc/passwd.
+USER 10001:10001
+
+# Vertex's containerSpec.command replaces the entry point (the pipeline runs trainer.prepare so);
+# containerSpec.args become trainer.task's flags.
+ENTRYPOINT ["python", "-m", "trainer.task"]

@@ -1,0 +1,10 @@
+"""Benchmarks: `python -m benchmarks run [--bench NAME]` (what `make bench` runs).
+
+Speed is measured here, never by timed tests, and always as a ratio against a baseline measured
+in the same run (these machines are noisy). Every side of a comparison runs in its own process,
+so its peak memory is its own and no TensorFlow state (mixed-precision policy, XLA, caches)
+leaks from one side to the other. The runner itself never imports TensorFlow.
+
+Each benchmark writes `benchmarks/results/<name>.json` (see `common.RESULT_KEYS`) and the table
+in `BENCHMARKS.md` is regenerated from those files (`table.py`).
+"""

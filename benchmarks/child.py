@@ -1,0 +1,33 @@
+"""One measurement in its own process: `python -m benchmarks.child MODULE:FUNCTION ARGS.json OUT.json`.
+
+Calls FUNCTION(**ARGS) and writes the dict it returns, plus the process's own peak RSS, to
+OUT.json. Started by `common.run_child`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+
+from benchmarks.common import peak_rss_self_mib
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) != 3:
+        raise SystemExit("usage: python -m benchmarks.child MODULE:FUNCTION ARGS.json OUT.json")
+    target, args_path, out_path = argv
+    module_name, _, function_name = target.partition(":")
+    function = getattr(importlib.import_module(module_name), function_name)
+    with open(args_path, encoding="utf-8") as f:
+        kwargs = json.load(f)
+    figures = dict(function(**kwargs))
+    figures.setdefault("peak_rss_mib_self", peak_rss_self_mib())
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(figures, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

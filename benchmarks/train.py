@@ -1,0 +1,182 @@
+"""`train`: training images per second on this CPU, ours versus the codelab-style trainer.
+
+A small configuration, so that it finishes in minutes on 2 cores: ResNet50 (random weights,
+every layer trained, as the codelab trains every layer), 64x64 images, batch 32, both sides
+reading the same 1,000 cassava-like JPEGs:
+- codelab: `codelab.create_dataset` (decode + resize + float32/255 every epoch, shuffle 1000)
+  and `codelab.create_model` under `MultiWorkerMirroredStrategy()`, as the codelab's `main()`;
+- ours: `trainer.data.make_dataset` over the prepared uint8 images and
+  `trainer.model.build_model`/`compile_model` under `trainer.distribute.create_strategy`, the
+  exact pieces `trainer.task.run` uses, with the trainer's defaults (augmentation, dropout).
+  Variants: float32 (the trainer's default) and `--xla true`; `--mixed_precision` would mean
+  bfloat16 on a CPU.
+
+Each side trains `EPOCHS` whole epochs in its own process; the figure is the last epoch's
+images per second (tracing and the first pipeline pass are in the earlier epochs). The
+headline ratio is our fastest variant over the codelab.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import fixtures
+from benchmarks.common import make_result, run_child, say
+
+NAME = "train"
+IMAGE_SIZE = 64
+BATCH_SIZE = 32
+EPOCHS = 2
+VARIANTS: dict[str, dict[str, Any]] = {
+    "ours": {"mixed_precision": False, "xla": False},
+    "ours_xla": {"mixed_precision": False, "xla": True},
+}
+GOAL = {"description": "none set (the issue's goals are for input and gpu); reported for tracking"}
+
+
+def run(work: Path) -> dict[str, Any]:
+    source = fixtures.cassava_source(work=work)
+    ours_dir = fixtures.prepared(source, IMAGE_SIZE, work)
+    common = {"image_size": IMAGE_SIZE, "batch_size": BATCH_SIZE, "epochs": EPOCHS}
+    sides: dict[str, tuple[str, dict[str, Any]]] = {
+        "codelab": ("benchmarks.train:measure_codelab", {"data_dir": str(source.tfds_dir), **common}),
+        **{
+            name: ("benchmarks.train:measure_ours", {"data_dir": str(ours_dir), **common, **flags})
+            for name, flags in VARIANTS.items()
+        },
+    }
+    runs: dict[str, dict[str, Any]] = {}
+    for side, (target, kwargs) in sides.items():
+        child = run_child(target, kwargs, log=work / "logs" / f"train-{side}.log")
+        runs[side] = {**child.figures, "peak_rss_mib": child.peak_rss_mib}
+        say(f"train {side}: {runs[side]['images_per_second']:,.1f} img/s (last epoch)")
+
+    rate = {side: float(r["images_per_second"]) for side, r in runs.items()}
+    fastest = max(VARIANTS, key=lambda v: rate[v])
+    ratio = rate[fastest] / rate["codelab"]
+    return make_result(
+        NAME,
+        inputs={
+            "backbone": "resnet50",
+            "weights": None,
+            "trained_layers": "all",
+            "train_images": source.spec.train_images,
+            "image_size": IMAGE_SIZE,
+            "batch_size": BATCH_SIZE,
+            "epochs": EPOCHS,
+            "measured": "last epoch",
+            "variants": VARIANTS,
+        },
+        figures={"images_per_second": rate, "fastest_ours": fastest, "runs": runs},
+        ratio=ratio,
+        goal=GOAL,
+        goal_met=None,
+        summary=(
+            f"ours ({fastest}) {rate[fastest]:,.1f} img/s vs codelab {rate['codelab']:,.1f} img/s "
+            f"(ResNet50, {IMAGE_SIZE}px, batch {BATCH_SIZE}, CPU)"
+        ),
+    )
+
+
+# --- run in child processes -----------------------------------------------------------------
+
+
+def epoch_timer(batch_size: int | None = None) -> Any:
+    """A Keras callback recording each epoch's seconds and images (counted per batch)."""
+    from trainer._tf import keras
+
+    class EpochTimer(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.epochs: list[dict[str, float]] = []
+            self._start = 0.0
+            self._steps = 0
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._start, self._steps = time.perf_counter(), 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self._steps += 1
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            seconds = time.perf_counter() - self._start
+            self.epochs.append({"steps": self._steps, "seconds": round(seconds, 3)})
+
+    return EpochTimer()
+
+
+def _figures(timer: Any, images_per_epoch: int, rss_before: float | None) -> dict[str, Any]:
+    epochs = [{**e, "images": images_per_epoch} for e in timer.epochs]
+    for e in epochs:
+        e["images_per_second"] = round(e["images"] / e["seconds"], 2)
+    return {
+        "images_per_second": epochs[-1]["images_per_second"],
+        "epochs": epochs,
+        "rss_after_import_mib": rss_before,
+    }
+
+
+def _tfds_train_images(data_dir: str) -> int:
+    """Examples in the TFDS train split: what one codelab epoch delivers."""
+    import tensorflow_datasets as tfds
+
+    return int(tfds.builder("cassava", data_dir=data_dir).info.splits["train"].num_examples)
+
+
+def measure_codelab(data_dir: str, image_size: int, batch_size: int, epochs: int) -> dict[str, Any]:
+    from benchmarks import codelab
+    from benchmarks.common import rss_self_mib
+    from trainer._tf import tf
+
+    rss_before = rss_self_mib()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    train_data, number_of_classes = codelab.create_dataset(
+        batch_size, data_dir=data_dir, image_size=image_size
+    )
+    with strategy.scope():
+        model = codelab.create_model(number_of_classes)
+    timer = epoch_timer()
+    model.fit(train_data, epochs=epochs, callbacks=[timer], verbose=0)
+    return _figures(timer, _tfds_train_images(data_dir), rss_before)
+
+
+def measure_ours(
+    data_dir: str, image_size: int, batch_size: int, epochs: int, mixed_precision: bool, xla: bool
+) -> dict[str, Any]:
+    from benchmarks.common import rss_self_mib
+    from trainer import data, distribute, task
+    from trainer import model as model_lib
+    from trainer._tf import keras, tf
+    from trainer.config import TrainConfig
+
+    rss_before = rss_self_mib()
+    strategy = distribute.create_strategy(distribute.ClusterInfo())
+    config = TrainConfig(
+        data_dir=data_dir,
+        model_dir="unused",
+        checkpoint_dir="unused",
+        tensorboard_dir="unused",
+        epochs=epochs,
+        per_replica_batch_size=batch_size,
+        image_size=image_size,
+        backbone="resnet50",
+        weights="none",
+        fine_tune_fraction=1.0,
+        mixed_precision=mixed_precision,
+        xla=xla,
+    )
+    meta = data.load_metadata(data_dir)
+    keras.mixed_precision.set_global_policy(
+        task._precision_policy(mixed_precision, bool(tf.config.list_physical_devices("GPU")))
+    )
+    global_batch = batch_size * strategy.num_replicas_in_sync
+    steps = data.steps_per_epoch(meta, global_batch)
+    ds = data.make_dataset(data_dir, meta, "train", batch_size=global_batch, training=True)
+    with strategy.scope():
+        model = model_lib.build_model(config, meta.num_classes, meta.image_size)
+        model_lib.compile_model(model, config)
+    timer = epoch_timer()
+    model.fit(ds, epochs=epochs, steps_per_epoch=steps, callbacks=[timer], verbose=0)
+    return _figures(timer, steps * global_batch, rss_before)

@@ -1,0 +1,56 @@
+"""Step 6, evaluation and the promotion gate.
+
+Reads the trainer's `metrics.json` (written by the chief beside the SavedModel, from the
+reloaded model on the test split), logs `dsl.Metrics` and the confusion matrix as
+`dsl.ClassificationMetrics` so the Vertex console draws them, and decides whether the new model
+may become the champion: test accuracy at least `min_accuracy` and not below the current
+champion's (`champion_accuracy` < 0: there is none).
+"""
+
+from typing import NamedTuple
+
+from kfp import dsl
+
+from components import runtime
+from components.runtime import fuse_path
+
+
+@dsl.component(base_image=runtime.BASE_IMAGE, additional_funcs=[fuse_path])
+def evaluate_model(
+    model: dsl.Input[dsl.Model],
+    min_accuracy: float,
+    champion_accuracy: float,
+    metrics: dsl.Output[dsl.Metrics],
+    confusion: dsl.Output[dsl.ClassificationMetrics],
+) -> NamedTuple("Outputs", promote=bool, test_accuracy=float, reason=str):
+    """Logs the model's metrics and returns the gate's decision and its reason."""
+    import collections
+    import json
+    import os
+
+    if not 0.0 <= min_accuracy <= 1.0:
+        raise ValueError(f"min_accuracy must be from 0 to 1, got {min_accuracy}")
+    with open(os.path.join(fuse_path(model.uri), "metrics.json")) as f:
+        m = json.load(f)
+    for key in ("test_accuracy", "test_loss", "val_accuracy", "val_loss", "images_per_second"):
+        if m.get(key) is not None:
+            metrics.log_metric(key, float(m[key]))
+    metrics.log_metric("epochs_completed", int(m["epochs_completed"]))
+    cm = m["confusion_matrix"]
+    confusion.log_confusion_matrix(list(cm["labels"]), [[int(c) for c in row] for row in cm["matrix"]])
+
+    accuracy = float(m["test_accuracy"])
+    if accuracy < min_accuracy:
+        promote, reason = False, f"test accuracy {accuracy:.4f} is below min_accuracy {min_accuracy:.4f}"
+    elif champion_accuracy >= 0 and accuracy < champion_accuracy:
+        promote, reason = (
+            False,
+            f"test accuracy {accuracy:.4f} is below the champion's {champion_accuracy:.4f}",
+        )
+    elif champion_accuracy >= 0:
+        promote, reason = True, f"test accuracy {accuracy:.4f} >= champion's {champion_accuracy:.4f}"
+    else:
+        promote, reason = True, f"test accuracy {accuracy:.4f} >= {min_accuracy:.4f}; no champion yet"
+    print(("PROMOTE: " if promote else "HOLD: ") + reason)
+    Outputs = collections.namedtuple("Outputs", ["promote", "test_accuracy", "reason"])
+    return Outputs(promote, accuracy, reason)

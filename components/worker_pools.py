@@ -1,0 +1,176 @@
+"""Step 2, worker pool specs: built at run time by a typed component from pipeline parameters.
+
+Pipeline parameters placed inside a `worker_pool_specs` literal would reach the GCPC launcher as
+strings, and it rejects string int32 fields (DESIGN.md fact 8); so the specs are built here, as
+data, and validated (`components.hardware.validate_machine`) before anything is submitted.
+
+Layout (what Vertex gives the containers as TF_CONFIG/CLUSTER_SPEC):
+  pool 0: the chief, exactly one replica;
+  pool 1: `worker_count` workers (may be 0: then the job is one machine);
+  pool 2: optional Reduction Server replicas (NCCL all-reduce offload; needs GPU workers).
+The same specs feed `CustomTrainingJobOp`, `HyperparameterTuningJobRunOp` and, on the local
+target, the local job runner (`components.training`).
+"""
+
+from typing import Any, NamedTuple
+
+from kfp import dsl
+
+from components import hardware, runtime
+from components.hardware import validate_machine
+
+
+def build_worker_pool_specs(
+    image_uri: str,
+    command: list[str],
+    args: list[str],
+    chief_machine_type: str,
+    chief_accelerator_type: str = "",
+    chief_accelerator_count: int = 0,
+    worker_count: int = 0,
+    worker_machine_type: str = "",
+    worker_accelerator_type: str = "",
+    worker_accelerator_count: int = 0,
+    boot_disk_type: str = "pd-ssd",
+    boot_disk_size_gb: int = 100,
+    reduction_server_count: int = 0,
+    reduction_server_machine_type: str = "n1-highcpu-16",
+    region: str = "",
+) -> list[dict[str, Any]]:
+    """The `worker_pool_specs` of a Vertex CustomJob, validated. Raises ValueError naming the
+    bad setting and what is allowed. Empty worker settings copy the chief's."""
+    if not image_uri or not isinstance(image_uri, str):
+        raise ValueError("image_uri is required (the trainer image, ideally pinned by digest)")
+    if not command or not all(isinstance(c, str) and c for c in command):
+        raise ValueError(f"command must be a non-empty list of strings, got {command!r}")
+    if not all(isinstance(a, str) for a in args):
+        raise ValueError(f"args must be a list of strings, got {args!r}")
+    if isinstance(worker_count, bool) or not isinstance(worker_count, int) or not 0 <= worker_count <= 512:
+        raise ValueError(f"worker_count must be a whole number from 0 to 512, got {worker_count!r}")
+    if boot_disk_type not in ("pd-ssd", "pd-standard", "pd-balanced", "hyperdisk-balanced"):
+        raise ValueError(
+            f"boot_disk_type {boot_disk_type!r} is not one of pd-ssd, pd-standard, pd-balanced, "
+            "hyperdisk-balanced"
+        )
+    if not isinstance(boot_disk_size_gb, int) or not 100 <= boot_disk_size_gb <= 64_000:
+        raise ValueError(
+            f"boot_disk_size_gb must be from 100 to 64000 (Vertex's range), got {boot_disk_size_gb!r}"
+        )
+    if not isinstance(reduction_server_count, int) or reduction_server_count < 0:
+        raise ValueError(
+            f"reduction_server_count must be a whole number >= 0, got {reduction_server_count!r}"
+        )
+    if not worker_machine_type:
+        worker_machine_type = chief_machine_type
+        worker_accelerator_type = worker_accelerator_type or chief_accelerator_type
+        worker_accelerator_count = worker_accelerator_count or chief_accelerator_count
+    place = region or None
+    for role, machine, gpu, count in (
+        ("chief", chief_machine_type, chief_accelerator_type, chief_accelerator_count),
+        *(
+            [("worker", worker_machine_type, worker_accelerator_type, worker_accelerator_count)]
+            if worker_count
+            else []
+        ),
+    ):
+        try:
+            validate_machine(machine, gpu, count, place)
+        except ValueError as err:
+            raise ValueError(f"{role} pool: {err}") from None
+
+    def pool(machine: str, gpu: str, count: int, replicas: int, container: dict[str, Any]) -> dict[str, Any]:
+        machine_spec: dict[str, Any] = {"machine_type": machine}
+        if gpu and gpu != "ACCELERATOR_TYPE_UNSPECIFIED" and count:
+            machine_spec.update(accelerator_type=gpu, accelerator_count=count)
+        return {
+            "machine_spec": machine_spec,
+            "replica_count": replicas,
+            "disk_spec": {"boot_disk_type": boot_disk_type, "boot_disk_size_gb": boot_disk_size_gb},
+            "container_spec": container,
+        }
+
+    trainer = {"image_uri": image_uri, "command": list(command), "args": list(args)}
+    specs = [pool(chief_machine_type, chief_accelerator_type, chief_accelerator_count, 1, trainer)]
+    if worker_count:
+        specs.append(
+            pool(
+                worker_machine_type, worker_accelerator_type, worker_accelerator_count, worker_count, trainer
+            )
+        )
+    if reduction_server_count:
+        if not worker_count or not (worker_accelerator_type and worker_accelerator_count):
+            raise ValueError("a Reduction Server pool needs GPU workers (worker_count > 0 with accelerators)")
+        validate_machine(reduction_server_machine_type, "", 0, None)
+        specs.append(
+            {
+                "machine_spec": {"machine_type": reduction_server_machine_type},
+                "replica_count": reduction_server_count,
+                "container_spec": {
+                    "image_uri": "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
+                },
+            }
+        )
+    return specs
+
+
+@dsl.component(
+    base_image=runtime.BASE_IMAGE,
+    additional_funcs=[
+        hardware.gpu_tables,
+        hardware.allowed_counts,
+        hardware.validate_machine,
+        build_worker_pool_specs,
+    ],
+)
+def worker_pool_specs(
+    image_uri: str,
+    command: list,
+    args: list,
+    chief_machine_type: str,
+    chief_accelerator_type: str,
+    chief_accelerator_count: int,
+    worker_count: int,
+    worker_machine_type: str,
+    worker_accelerator_type: str,
+    worker_accelerator_count: int,
+    job_dir: dsl.Output[dsl.Artifact],
+    boot_disk_type: str = "pd-ssd",
+    boot_disk_size_gb: int = 100,
+    reduction_server_count: int = 0,
+    reduction_server_machine_type: str = "n1-highcpu-16",
+    region: str = "",
+) -> NamedTuple("Outputs", worker_pool_specs=list, base_output_directory=str):
+    """Typed, validated worker pool specs for one job, and the job's base output directory.
+
+    `job_dir` is an output artifact only for its URI: the backend places it under the pipeline
+    root (gs:// on Vertex, a local folder on the local target), and it becomes the job's
+    `base_output_directory` (Vertex derives AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and
+    AIP_TENSORBOARD_LOG_DIR from it: model/, checkpoints/, logs/).
+    """
+    import collections
+
+    specs = build_worker_pool_specs(
+        image_uri=image_uri,
+        command=command,
+        args=args,
+        chief_machine_type=chief_machine_type,
+        chief_accelerator_type=chief_accelerator_type,
+        chief_accelerator_count=chief_accelerator_count,
+        worker_count=worker_count,
+        worker_machine_type=worker_machine_type,
+        worker_accelerator_type=worker_accelerator_type,
+        worker_accelerator_count=worker_accelerator_count,
+        boot_disk_type=boot_disk_type,
+        boot_disk_size_gb=boot_disk_size_gb,
+        reduction_server_count=reduction_server_count,
+        reduction_server_machine_type=reduction_server_machine_type,
+        region=region,
+    )
+    job_dir.metadata["worker_pools"] = len(specs)
+    print(f"worker pools for {job_dir.uri}:")
+    for index, spec in enumerate(specs):
+        m = spec["machine_spec"]
+        gpus = f" + {m['accelerator_count']} x {m['accelerator_type']}" if "accelerator_type" in m else ""
+        print(f"  pool {index}: {spec['replica_count']} x {m['machine_type']}{gpus}")
+    Outputs = collections.namedtuple("Outputs", ["worker_pool_specs", "base_output_directory"])
+    return Outputs(specs, job_dir.uri.rstrip("/"))

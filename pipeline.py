@@ -1,0 +1,494 @@
+"""The pipeline: the DAG and nothing else.
+
+    image build -> prepare dataset -> [tune -> best trial] -> train -> evaluate + gate
+        -> upload a new model version -> [move the champion alias]
+
+`create_pipeline("vertex")` wires the Google Cloud Pipeline Components (compiled to
+`compiled/pipeline.json` by `make compile`); `create_pipeline("local")` wires the same DAG with
+the local stand-ins that take the same specs (run by `make run` with no project configured).
+Every parameter, its type, its defaults and its help live once, in `PARAMETERS`: the compiled
+spec, the local run's flags and the docs are all generated from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kfp import compiler, dsl
+
+from components import evaluation, image, prepare, registry, training, tuning, worker_pools
+
+PIPELINE_NAME = "multiworker-cassava-training"
+TARGETS = ("vertex", "local")
+ROOT = Path(__file__).resolve().parent
+COMPILED = ROOT / "compiled" / "pipeline.json"
+_REQUIRED = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """One pipeline parameter. `default` is the compiled (Vertex) default (`_REQUIRED`: none,
+    the submitter must give it); `local` the local run's default; `targets` where it exists."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    local: Any = None
+    targets: tuple[str, ...] = TARGETS
+
+    def default_for(self, target: str) -> Any:
+        if target == "local" and self.local is not None:
+            return self.local
+        return self.default
+
+
+def _p(
+    name: str, type_: type, default: Any, help_: str, local: Any = None, targets: tuple[str, ...] = TARGETS
+) -> Parameter:
+    return Parameter(name, type_, default, help_, local, targets)
+
+
+V100 = "NVIDIA_TESLA_V100"
+PARAMETERS: tuple[Parameter, ...] = (
+    # Where: given by the submitter (make run / schedule), never baked into the compiled JSON.
+    _p("project", str, _REQUIRED, "Google Cloud project of every job and of the model.", "local"),
+    _p("location", str, _REQUIRED, "Region of every job and of the model (e.g. us-central1).", "us-central1"),
+    _p(
+        "context_uri",
+        str,
+        _REQUIRED,
+        "gs:// URI of the build context tarball (Vertex) or the checkout folder (local).",
+        ".",
+    ),
+    _p(
+        "artifact_repository",
+        str,
+        _REQUIRED,
+        "Artifact Registry repository, <region>-docker.pkg.dev/<project>/<repo>.",
+        "local",
+    ),
+    _p("source_commit", str, "", "Git commit of the source, recorded on the model version."),
+    _p("registry_dir", str, "local_runs/registry", "Folder of the local model registry.", targets=("local",)),
+    # Data.
+    _p("dataset_source", str, "tfds:cassava", "tfds:NAME, folder:PATH or synthetic.", "synthetic"),
+    _p("image_size", int, 300, "Image side in pixels (the codelab resizes to 300).", 64),
+    _p("dataset_shards", int, 32, "TFRecord shards per split (>= workers, for FILE sharding).", 8),
+    _p("synthetic_per_class", int, 60, "Training images per class of the synthetic source."),
+    _p("seed", int, 42, "Seed of the split carving and of training."),
+    _p("prepare_machine_type", str, "n1-standard-8", "CPU machine of the preparation job."),
+    # Model and training.
+    _p("backbone", str, "resnet50", "resnet50, resnet101, efficientnet_b0, mobilenet_v2 or tiny.", "tiny"),
+    _p("weights", str, "imagenet", "imagenet, none, or a weights file (gs://...).", "none"),
+    _p("fine_tune_fraction", float, -1.0, "Backbone fraction trained (-1: the trainer's default)."),
+    _p("epochs", int, 2, "Training epochs.", 4),
+    _p("learning_rate", float, 1e-4, "Adam learning rate.", 3e-3),
+    _p("per_replica_batch_size", int, 64, "Batch size per replica (global = x replicas).", 16),
+    _p("dense_units", int, 1016, "Units of the dense layer of the head (0: none).", 64),
+    _p("dropout", float, 0.2, "Dropout before the classifier."),
+    _p("mixed_precision", bool, True, "mixed_float16 compute (GPUs).", False),
+    _p("xla", bool, True, "Compile the train step with XLA.", False),
+    # Hardware.
+    _p("chief_machine_type", str, "n1-standard-8", "Machine of the chief (pool 0, one replica)."),
+    _p("chief_accelerator_type", str, V100, "GPU of the chief ('' for none).", ""),
+    _p("chief_accelerator_count", int, 1, "GPUs of the chief.", 0),
+    _p("worker_count", int, 1, "Workers in pool 1 (0: the chief trains alone)."),
+    _p("worker_machine_type", str, "n1-standard-8", "Machine of each worker."),
+    _p("worker_accelerator_type", str, V100, "GPU of each worker ('' for none).", ""),
+    _p("worker_accelerator_count", int, 1, "GPUs of each worker.", 0),
+    _p("boot_disk_type", str, "pd-ssd", "Boot disk type of every replica."),
+    _p("boot_disk_size_gb", int, 100, "Boot disk size of every replica."),
+    _p("reduction_server_count", int, 0, "Reduction Server replicas (pool 2; 0: none)."),
+    _p("reduction_server_machine_type", str, "n1-highcpu-16", "Machine of each Reduction Server replica."),
+    # Job settings.
+    _p("timeout", str, "86400s", "Longest run of each job.", "1800s"),
+    _p(
+        "restart_job_on_worker_restart",
+        bool,
+        True,
+        "Restart the whole job when a replica restarts (resumes from backup).",
+    ),
+    _p("scheduling_strategy", str, "STANDARD", "STANDARD, SPOT or FLEX_START."),
+    _p("service_account", str, "", "Service account the jobs run as ('' : Vertex's default)."),
+    _p("network", str, "", "VPC network to peer, projects/<number>/global/networks/<name>."),
+    _p("encryption_spec_key_name", str, "", "CMEK key of the jobs and the model."),
+    _p("tensorboard", str, "", "Vertex TensorBoard resource for the training job."),
+    _p("labels", dict, {}, "Labels of the jobs and the model version."),
+    # Tuning.
+    _p("tune", bool, False, "Run a hyperparameter tuning job first; train with the best trial."),
+    _p("max_trial_count", int, 8, "Trials of the tuning job.", 2),
+    _p("parallel_trial_count", int, 2, "Trials run at once.", 1),
+    _p("max_failed_trial_count", int, 0, "Failed trials that fail the tuning job (0: Vertex decides)."),
+    _p(
+        "search_algorithm",
+        str,
+        "ALGORITHM_UNSPECIFIED",
+        "ALGORITHM_UNSPECIFIED (Bayesian), GRID_SEARCH or RANDOM_SEARCH.",
+    ),
+    # Gate and registry.
+    _p("min_accuracy", float, 0.5, "Test accuracy the model needs to become the champion.", 0.9),
+    _p(
+        "model_display_name", str, "cassava-classifier", "The registry model that gets a new version per run."
+    ),
+    _p("serving_accelerator", str, "cpu", "cpu or gpu: which prebuilt TensorFlow serving image."),
+    _p(
+        "serving_image",
+        str,
+        "",
+        "Serving image ('' : Vertex's prebuilt TensorFlow image for the trainer's TF).",
+    ),
+    _p(
+        "serving_tf_version",
+        str,
+        registry.tf_version_from_lock((ROOT / "uv.lock").read_text()),
+        "TF version of the serving image.",
+    ),
+    _p(
+        "notification_emails",
+        list,
+        [],
+        "Who gets an e-mail when the run fails (Vertex only).",
+        targets=("vertex",),
+    ),
+)
+
+
+def parameters_for(target: str) -> tuple[Parameter, ...]:
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+    return tuple(p for p in PARAMETERS if target in p.targets)
+
+
+def _dag(target: str, p: dict[str, Any]) -> None:
+    """The DAG, for either target; `p` maps parameter names to pipeline channels."""
+    vertex = target == "vertex"
+    where = {"project": p["project"], "location": p["location"]}
+    job_settings = {
+        "timeout": p["timeout"],
+        "restart_job_on_worker_restart": p["restart_job_on_worker_restart"],
+        "service_account": p["service_account"],
+        "network": p["network"],
+        "encryption_spec_key_name": p["encryption_spec_key_name"],
+        "labels": p["labels"],
+    }
+    hardware = {
+        k: p[k]
+        for k in (
+            "chief_machine_type",
+            "chief_accelerator_type",
+            "chief_accelerator_count",
+            "worker_count",
+            "worker_machine_type",
+            "worker_accelerator_type",
+            "worker_accelerator_count",
+            "boot_disk_type",
+            "boot_disk_size_gb",
+            "reduction_server_count",
+            "reduction_server_machine_type",
+        )
+    }
+    model_flags = {
+        k: p[k]
+        for k in (
+            "backbone",
+            "weights",
+            "epochs",
+            "learning_rate",
+            "per_replica_batch_size",
+            "dense_units",
+            "dropout",
+            "mixed_precision",
+            "xla",
+            "fine_tune_fraction",
+        )
+    }
+
+    # 1. The trainer image.
+    if vertex:
+        built = image.build_trainer_image(
+            **where, context_uri=p["context_uri"], repository=p["artifact_repository"]
+        ).set_display_name("build-trainer-image")
+    else:
+        built = image.check_build_context(context_dir=p["context_uri"], repository=p["artifact_repository"])
+    image_uri = built.outputs["image_uri"]
+
+    # 2-3. The dataset, prepared by a one-replica CPU job.
+    prep_args = prepare.prepare_args(
+        source=p["dataset_source"],
+        image_size=p["image_size"],
+        shards=p["dataset_shards"],
+        seed=p["seed"],
+        synthetic_per_class=p["synthetic_per_class"],
+    )
+    prep_pools = worker_pools.worker_pool_specs(
+        image_uri=image_uri,
+        command=prepare.PREPARE_COMMAND,
+        args=prep_args.output,
+        chief_machine_type=p["prepare_machine_type"],
+        chief_accelerator_type="",
+        chief_accelerator_count=0,
+        worker_count=0,
+        worker_machine_type="",
+        worker_accelerator_type="",
+        worker_accelerator_count=0,
+        boot_disk_type=p["boot_disk_type"],
+        boot_disk_size_gb=p["boot_disk_size_gb"],
+        region=p["location"],
+    ).set_display_name("prepare-worker-pools")
+    prep_job = _custom_job(
+        target,
+        "prepare-dataset",
+        where,
+        prep_pools,
+        {**job_settings, "restart_job_on_worker_restart": False},
+    )
+    dataset = prepare.register_dataset(
+        base_output_directory=prep_pools.outputs["base_output_directory"]
+    ).after(prep_job)
+
+    # 4-5. Tuning (optional), then the final multi-worker training.
+    with dsl.If(p["tune"] == True, name="tuning-enabled"):  # noqa: E712 (a KFP condition)
+        tune_args = training.trainer_args(
+            dataset=dataset.outputs["dataset"],
+            **model_flags,
+            leave_out=[str(s["parameter_id"]) for s in tuning.study_parameters()],
+        ).set_display_name("tuning-trainer-args")
+        tune_pools = worker_pools.worker_pool_specs(
+            image_uri=image_uri,
+            command=training.TRAIN_COMMAND,
+            args=tune_args.outputs["args"],
+            **hardware,
+            region=p["location"],
+        ).set_display_name("tuning-worker-pools")
+        best_hyperparameters = _tuning(target, where, p, tune_pools)
+    with dsl.Else(name="tuning-disabled"):
+        no_tuning = training.no_overrides()
+    train_args = training.trainer_args(
+        dataset=dataset.outputs["dataset"],
+        **model_flags,
+        hyperparameters=dsl.OneOf(best_hyperparameters, no_tuning.output),
+    ).set_display_name("training-trainer-args")
+    train_pools = worker_pools.worker_pool_specs(
+        image_uri=image_uri,
+        command=training.TRAIN_COMMAND,
+        args=train_args.outputs["args"],
+        **hardware,
+        region=p["location"],
+    ).set_display_name("training-worker-pools")
+    train_job = _custom_job(
+        target,
+        "train-model",
+        where,
+        train_pools,
+        job_settings,
+        strategy=p["scheduling_strategy"],
+        tensorboard=p["tensorboard"],
+    )
+    model = training.model_from_job(base_output_directory=train_pools.outputs["base_output_directory"]).after(
+        train_job
+    )
+
+    # 6-7. Gate against the champion, upload a new version, move the alias when it passed.
+    settings = registry.upload_settings(
+        location=p["location"],
+        tf_version=p["serving_tf_version"],
+        serving_accelerator=p["serving_accelerator"],
+        serving_image=p["serving_image"],
+        labels=p["labels"],
+        source_commit=p["source_commit"],
+        pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+    )
+    if vertex:
+        _vertex_registry(where, p, model, settings)
+    else:
+        _local_registry(p, model, settings)
+
+
+def _custom_job(
+    target: str,
+    name: str,
+    where: dict[str, Any],
+    pools: dsl.PipelineTask,
+    settings: dict[str, Any],
+    **extra: Any,
+) -> dsl.PipelineTask:
+    if target == "vertex":
+        from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp
+
+        return CustomTrainingJobOp(
+            **where,
+            display_name=name,
+            worker_pool_specs=pools.outputs["worker_pool_specs"],
+            base_output_directory=pools.outputs["base_output_directory"],
+            **settings,
+            **extra,
+        ).set_display_name(name)
+    from components import local
+
+    return local.custom_job(
+        display_name=name,
+        project=where["project"],
+        worker_pool_specs=pools.outputs["worker_pool_specs"],
+        base_output_directory=pools.outputs["base_output_directory"],
+        timeout=settings["timeout"],
+        restart_job_on_worker_restart=settings["restart_job_on_worker_restart"],
+    ).set_display_name(name)
+
+
+def _tuning(target: str, where: dict[str, Any], p: dict[str, Any], pools: dsl.PipelineTask) -> Any:
+    """The tuning job and the best-trial step; returns the best hyperparameters channel."""
+    study = {
+        "study_spec_metrics": tuning.study_metrics(),
+        "study_spec_parameters": tuning.study_parameters(),
+        "max_trial_count": p["max_trial_count"],
+        "parallel_trial_count": p["parallel_trial_count"],
+    }
+    if target == "vertex":
+        from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import (
+            HyperparameterTuningJobRunOp,
+        )
+
+        job = HyperparameterTuningJobRunOp(
+            **where,
+            display_name="tune-hyperparameters",
+            base_output_directory=pools.outputs["base_output_directory"],
+            worker_pool_specs=pools.outputs["worker_pool_specs"],
+            **study,
+            max_failed_trial_count=p["max_failed_trial_count"],
+            study_spec_algorithm=p["search_algorithm"],
+            encryption_spec_key_name=p["encryption_spec_key_name"],
+            service_account=p["service_account"],
+            network=p["network"],
+        ).set_display_name("tune-hyperparameters")
+        best = tuning.best_trial(
+            **where, gcp_resources=job.outputs["gcp_resources"], metric_id=tuning.METRIC_ID
+        )
+    else:
+        from components import local
+
+        job = local.tuning_job(
+            project=where["project"],
+            worker_pool_specs=pools.outputs["worker_pool_specs"],
+            base_output_directory=pools.outputs["base_output_directory"],
+            **study,
+            max_failed_trial_count=p["max_failed_trial_count"],
+            study_spec_algorithm=p["search_algorithm"],
+            timeout=p["timeout"],
+        ).set_display_name("tune-hyperparameters")
+        best = local.best_trial(trials=job.outputs["trials"], metric_id=tuning.METRIC_ID)
+    return best.outputs["hyperparameters"]
+
+
+def _vertex_registry(
+    where: dict[str, Any], p: dict[str, Any], model: dsl.PipelineTask, settings: dsl.PipelineTask
+) -> None:
+    from google_cloud_pipeline_components.types.artifact_types import UnmanagedContainerModel, VertexModel
+    from google_cloud_pipeline_components.v1.model import ModelUploadOp
+
+    champion = registry.find_champion(**where, model_display_name=p["model_display_name"])
+    gate = evaluation.evaluate_model(
+        model=model.outputs["model"],
+        min_accuracy=p["min_accuracy"],
+        champion_accuracy=champion.outputs["champion_accuracy"],
+    )
+    unmanaged = dsl.importer(
+        artifact_uri=model.outputs["model_uri"],
+        artifact_class=UnmanagedContainerModel,
+        metadata={"containerSpec": {"imageUri": settings.outputs["serving_image"]}},
+    ).set_display_name("serving-container")
+    upload = {
+        **where,
+        "display_name": p["model_display_name"],
+        "unmanaged_container_model": unmanaged.output,
+        "labels": settings.outputs["labels"],
+        "encryption_spec_key_name": p["encryption_spec_key_name"],
+    }
+    with dsl.If(champion.outputs["exists"] == True, name="model-exists"):  # noqa: E712
+        parent = dsl.importer(
+            artifact_uri=champion.outputs["resource_uri"],
+            artifact_class=VertexModel,
+            metadata={"resourceName": champion.outputs["resource_name"]},
+        ).set_display_name("parent-model")
+        as_version = ModelUploadOp(**upload, parent_model=parent.output).set_display_name(
+            "upload-new-version"
+        )
+        as_version.after(gate)
+    with dsl.Else(name="first-model"):
+        as_first = ModelUploadOp(**upload).set_display_name("upload-first-version")
+        as_first.after(gate)
+    uploaded = dsl.OneOf(as_version.outputs["model"], as_first.outputs["model"])
+    with dsl.If(gate.outputs["promote"] == True, name="gate-passed"):  # noqa: E712
+        registry.set_champion(**where, model=uploaded)
+
+
+def _local_registry(p: dict[str, Any], model: dsl.PipelineTask, settings: dsl.PipelineTask) -> None:
+    from components import local
+
+    champion = local.find_champion(registry_dir=p["registry_dir"], model_display_name=p["model_display_name"])
+    gate = evaluation.evaluate_model(
+        model=model.outputs["model"],
+        min_accuracy=p["min_accuracy"],
+        champion_accuracy=champion.outputs["champion_accuracy"],
+    )
+    local.upload_model(
+        model=model.outputs["model"],
+        registry_dir=p["registry_dir"],
+        model_display_name=p["model_display_name"],
+        serving_image=settings.outputs["serving_image"],
+        labels=settings.outputs["labels"],
+        promote=gate.outputs["promote"],
+        gate_reason=gate.outputs["reason"],
+    )
+
+
+def create_pipeline(target: str = "vertex") -> Callable[..., Any]:
+    """The pipeline for `target` ("vertex" or "local"), with the parameters of `PARAMETERS`."""
+    params = parameters_for(target)
+
+    def pipeline_func(*args: Any) -> None:
+        bound = dict(zip((q.name for q in params), args, strict=True))
+        if target == "vertex":
+            from google_cloud_pipeline_components.v1.vertex_notification_email import (
+                VertexNotificationEmailOp,
+            )
+
+            notify = VertexNotificationEmailOp(recipients=bound["notification_emails"])
+            with dsl.ExitHandler(notify, name="train-and-register"):
+                _dag(target, bound)
+        else:
+            _dag(target, bound)
+
+    pipeline_func.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(
+                q.name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                annotation=q.type,
+                **({} if q.default_for(target) is _REQUIRED else {"default": q.default_for(target)}),
+            )
+            for q in params
+        ]
+    )
+    pipeline_func.__doc__ = (
+        "Multi-worker TensorFlow training, from source to the Model Registry.\n\nArgs:\n"
+        + "".join(f"    {q.name}: {q.help}\n" for q in params)
+    )
+    pipeline_func.__name__ = pipeline_func.__qualname__ = PIPELINE_NAME.replace("-", "_")
+    return dsl.pipeline(name=PIPELINE_NAME if target == "vertex" else f"{PIPELINE_NAME}-local")(pipeline_func)
+
+
+def compile_pipeline(path: str | Path = COMPILED) -> Path:
+    """Writes the Vertex pipeline's spec; the bytes depend only on the sources."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(create_pipeline("vertex"), str(out))
+    return out
+
+
+if __name__ == "__main__":
+    print(f"wrote {compile_pipeline(sys.argv[1] if len(sys.argv) > 1 else COMPILED)}")  # noqa: T201

@@ -1,0 +1,267 @@
+"""The trainer image's Dockerfile and build context: hadolint-clean, pinned to the locked TF."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.ci.tools import ROOT, run, tool
+
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+# What the image needs, and all it may see.
+CONTEXT = {"Dockerfile", "trainer", "pyproject.toml", "uv.lock"}
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    args: str
+
+
+def instructions(text: str) -> list[Instruction]:
+    """Dockerfile instructions, with line continuations joined and comments dropped."""
+    result: list[Instruction] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        keyword, _, args = full.partition(" ")
+        result.append(Instruction(keyword.upper(), args.strip()))
+    assert not pending, "the Dockerfile ends inside a continued line"
+    return result
+
+
+def final_stage(items: list[Instruction]) -> list[Instruction]:
+    starts = [i for i, item in enumerate(items) if item.keyword == "FROM"]
+    assert starts, "no FROM"
+    return items[starts[-1] :]
+
+
+@pytest.fixture(scope="module")
+def stage() -> list[Instruction]:
+    return final_stage(instructions(DOCKERFILE.read_text()))
+
+
+def locked_version(name: str) -> str:
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    versions = {p["version"] for p in lock["package"] if p["name"] == name}
+    assert len(versions) == 1, f"uv.lock locks {name} at {sorted(versions) or 'no version'}"
+    return versions.pop()
+
+
+# --- hadolint ---------------------------------------------------------------------------------
+
+
+def hadolint(path: Path, home: Path) -> tuple[int, str]:
+    return run([tool("hadolint"), "--no-color", "--format", "tty", path], cwd=path.parent, home=home)
+
+
+def test_hadolint_reports_nothing(tmp_path: Path) -> None:
+    code, output = hadolint(DOCKERFILE, tmp_path)
+    assert (code, output) == (0, ""), f"hadolint findings:\n{output}"
+
+
+def test_hadolint_does_report_a_bad_dockerfile(tmp_path: Path) -> None:
+    """The check above is only worth something if this hadolint does find things."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python\nRUN pip install requests\nUSER root\n")
+    code, output = hadolint(bad, tmp_path)
+    assert code != 0
+    for rule in ("DL3006", "DL3013", "DL3002"):  # untagged image, unpinned pip, root last
+        assert rule in output, output
+
+
+# --- the base image and the lock ----------------------------------------------------------------
+
+BASE = re.compile(
+    r"^tensorflow/tensorflow:(?P<version>\d+\.\d+\.\d+)-gpu(?:@sha256:(?P<digest>[0-9a-f]{64}))?$"
+)
+
+
+def test_base_is_the_cuda_tensorflow_image_of_the_locked_version(stage: list[Instruction]) -> None:
+    image = stage[0].args.split()[0]
+    match = BASE.match(image)
+    assert match, f"final stage FROM {image!r}: want tensorflow/tensorflow:<version>-gpu[@sha256:...]"
+    assert match["version"] == locked_version("tensorflow"), (
+        f"the base image carries TensorFlow {match['version']} but uv.lock locks "
+        f"{locked_version('tensorflow')}: bump the tag together with the lock"
+    )
+
+
+def test_tf_keras_is_locked_to_tensorflows_minor() -> None:
+    """DESIGN.md fact 1: tf-keras must track TensorFlow's minor version."""
+    minor = locked_version("tensorflow").split(".")[:2]
+    assert locked_version("tf-keras").split(".")[:2] == minor
+
+
+def test_uv_stage_is_pinned() -> None:
+    froms = [i.args.split() for i in instructions(DOCKERFILE.read_text()) if i.keyword == "FROM"]
+    uv_images = [f[0] for f in froms if f[0].startswith("ghcr.io/astral-sh/uv")]
+    assert len(uv_images) == 1, froms
+    assert re.fullmatch(r"ghcr\.io/astral-sh/uv:\d+\.\d+\.\d+(@sha256:[0-9a-f]{64})?", uv_images[0])
+
+
+def test_dependencies_come_from_the_lock_before_the_code(stage: list[Instruction]) -> None:
+    keywords = [(i.keyword, i.args) for i in stage]
+    copy_lock = next(n for n, (k, a) in enumerate(keywords) if k == "COPY" and "uv.lock" in a.split())
+    install = next(
+        n for n, (k, a) in enumerate(keywords) if k == "RUN" and "uv export" in a and "uv pip install" in a
+    )
+    copy_code = next(n for n, (k, a) in enumerate(keywords) if k == "COPY" and a.split()[0] == "trainer/")
+    assert copy_lock < install < copy_code, "COPY lock, install, then COPY trainer/ (layer cache)"
+    run_args = keywords[install][1]
+    assert "--frozen" in run_args and "--only-group trainer" in run_args, run_args
+    assert "-r /tmp/requirements.txt" in run_args, run_args
+
+
+def test_environment(stage: list[Instruction]) -> None:
+    env: dict[str, str] = {}
+    for item in stage:
+        if item.keyword == "ENV":
+            env.update(dict(word.split("=", 1) for word in shlex.split(item.args)))
+    for key in ("PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "TF_USE_LEGACY_KERAS"):
+        assert env.get(key) == "1", f"ENV {key}=1 missing ({env})"
+    # `python -m trainer.task` resolves from any working directory the platform picks.
+    assert env.get("PYTHONPATH") == "/app"
+
+
+def test_entry_point_runs_the_trainer_and_can_be_replaced(stage: list[Instruction]) -> None:
+    entrypoints = [i.args for i in stage if i.keyword == "ENTRYPOINT"]
+    assert len(entrypoints) == 1, entrypoints
+    # Exec form: signals reach python directly, and Vertex's containerSpec.command replaces it
+    # whole (the pipeline runs `python -m trainer.prepare` that way).
+    assert json.loads(entrypoints[0]) == ["python", "-m", "trainer.task"]
+    assert not [i for i in stage if i.keyword == "CMD"], "containerSpec.args are the only flags"
+
+
+def test_runs_as_a_user_that_is_not_root(stage: list[Instruction]) -> None:
+    users = [i.args for i in stage if i.keyword == "USER"]
+    assert users, "no USER: the trainer would run as root"
+    user, _, group = users[-1].partition(":")
+    assert user not in ("root", "0") and group not in ("root", "0"), users[-1]
+    assert user.isdigit(), "a numeric uid lets the platform see it is not root without /etc/passwd"
+    created = [i.args for i in stage if i.keyword == "RUN" and "useradd" in i.args]
+    assert created and f"--uid {user}" in created[0], "USER must be the uid the image creates"
+    last_user = max(n for n, i in enumerate(stage) if i.keyword == "USER")
+    assert not [i for i in stage[last_user:] if i.keyword == "RUN"], "nothing runs as root after USER"
+
+
+# --- the build context ----------------------------------------------------------------------------
+
+
+def dockerignore_patterns(text: str) -> list[tuple[re.Pattern[str], bool]]:
+    """(regex, is_exception) per rule, as Docker's patternmatcher reads .dockerignore."""
+    rules = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        exception = line.startswith("!")
+        line = posixpath.normpath(line[1:].strip() if exception else line).lstrip("/")
+        rules.append((re.compile("^" + glob_to_regex(line) + "$"), exception))
+    return rules
+
+
+def glob_to_regex(pattern: str) -> str:
+    out, i = "", 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out, i = out + "(.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif c == "*":
+            out, i = out + "[^/]*", i + 1
+        elif c == "?":
+            out, i = out + "[^/]", i + 1
+        elif c == "[":
+            end = pattern.index("]", i)
+            out, i = out + pattern[i : end + 1], end + 1
+        else:
+            out, i = out + re.escape(c), i + 1
+    return out
+
+
+def sent(path: str, rules: list[tuple[re.Pattern[str], bool]]) -> bool:
+    """Whether Docker sends `path` to the builder: the last rule matching it or a parent wins."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+    excluded = False
+    for regex, exception in rules:
+        if any(regex.match(p) for p in prefixes):
+            excluded = not exception
+    return not excluded
+
+
+@pytest.fixture(scope="module")
+def rules() -> list[tuple[re.Pattern[str], bool]]:
+    return dockerignore_patterns(DOCKERIGNORE.read_text())
+
+
+def test_matcher_follows_docker_semantics() -> None:
+    rules = dockerignore_patterns("*\n!keep/\n**/__pycache__\n")
+    assert not sent("a.txt", rules) and not sent("dir/a.txt", rules)
+    assert sent("keep/a.py", rules) and sent("keep/deep/b.py", rules)
+    assert not sent("keep/__pycache__/a.pyc", rules)
+
+
+def test_context_is_exactly_the_dockerfile_trainer_and_the_lock(rules: list) -> None:
+    top_level = {p.name for p in ROOT.iterdir()}
+    assert top_level >= CONTEXT
+    assert {name for name in top_level if sent(name, rules)} == CONTEXT
+    # Folders: nothing below any of them is let back in, except below trainer/.
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir()}
+    assert {name for name in folders if sent(f"{name}/any/file.py", rules)} == {"trainer"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tests/ci/test_dockerfile.py",
+        ".venv/bin/python",
+        "compiled/pipeline.json",
+        "local_runs/run-1/report.html",
+        "components/hardware.py",
+        "pipeline.py",
+        "README.md",
+        ".git/HEAD",
+        "env.sh",
+        "trainer/__pycache__/task.cpython-311.pyc",
+        "trainer/task.pyc",
+    ],
+)
+def test_kept_out_of_the_context(path: str, rules: list) -> None:
+    assert not sent(path, rules)
+
+
+def test_every_trainer_source_file_is_in_the_context(rules: list) -> None:
+    sources = [
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "trainer").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    ]
+    assert "trainer/task.py" in sources
+    assert [s for s in sources if not sent(s, rules)] == []
+
+
+def test_everything_the_dockerfile_copies_is_in_the_context(stage: list[Instruction], rules: list) -> None:
+    copies = [i.args.split() for i in stage if i.keyword in ("COPY", "ADD")]
+    sources = [s for c in copies if not c[0].startswith("--from") for s in c[:-1]]
+    assert {"pyproject.toml", "uv.lock", "trainer/"} <= set(sources)
+    assert [s for s in sources if not sent(s.rstrip("/"), rules)] == []

@@ -1,0 +1,133 @@
+"""Local fakes of Google's services, at the protocol level, for the real client libraries.
+
+- `GrpcFake`: an insecure gRPC server on a loopback port serving hand-written handlers for
+  chosen methods (Cloud Build, Vertex JobService/ModelService, long-running operations).
+  Clients reach it through `insecure_client`.
+- `RegistryFake`: the Docker Registry v2 manifest API that Artifact Registry speaks.
+- `storage_emulator`: gcp-storage-emulator (the real google-cloud-storage client talks to it
+  when STORAGE_EMULATOR_HOST is set).
+Every request a fake receives is kept in `.requests` so tests assert on what was sent.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from typing import Any
+
+import grpc
+
+from tests.processes import free_port
+
+
+class GrpcFake:
+    """A gRPC server; `add(service, method, request_type, handler)` before `start()`.
+
+    `request_type`/the handler's return value are proto-plus messages or raw protobuf
+    messages; handlers get the request and return the response (or raise `Abort`)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.requests: list[tuple[str, Any]] = []
+        self._methods: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+        self._server: grpc.Server | None = None
+
+    def add(self, service: str, method: str, request_type: Any, handler: Callable[[Any], Any]) -> None:
+        deserialize = getattr(request_type, "deserialize", None) or request_type.FromString
+
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            self.requests.append((method, request))
+            try:
+                return handler(request)
+            except Abort as abort:
+                context.abort(abort.code, abort.message)
+
+        def serialize(message: Any) -> bytes:
+            return (
+                type(message).serialize(message)
+                if hasattr(type(message), "serialize")
+                else message.SerializeToString()
+            )
+
+        self._methods.setdefault(service, {})[method] = grpc.unary_unary_rpc_method_handler(
+            call, request_deserializer=deserialize, response_serializer=serialize
+        )
+
+    def start(self) -> GrpcFake:
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        for service, methods in self._methods.items():
+            self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
+        self._server.add_insecure_port(self.address)
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.stop(grace=None)
+
+    def calls(self, method: str) -> list[Any]:
+        return [request for name, request in self.requests if name == method]
+
+
+class Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def insecure_client(client_class: type, transport_class: type, address: str) -> Callable[..., Any]:
+    """A drop-in for a GAPIC client class whose instances talk to `address` without TLS,
+    whatever endpoint the caller asked for (the code under test picks regional endpoints)."""
+
+    def make(*_args: Any, **_kwargs: Any) -> Any:
+        return client_class(transport=transport_class(channel=grpc.insecure_channel(address)))
+
+    return make
+
+
+class RegistryFake:
+    """Docker Registry v2 `HEAD /v2/<name>/manifests/<tag>`: 200 with a digest for known tags."""
+
+    def __init__(self) -> None:
+        self.manifests: dict[str, str] = {}  # "<name>:<tag>" -> digest
+        self.requests: list[str] = []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_HEAD(self) -> None:
+                fake.requests.append(self.path)
+                name, _, tag = self.path.removeprefix("/v2/").partition("/manifests/")
+                digest = fake.manifests.get(f"{name}:{tag}")
+                self.send_response(200 if digest else 404)
+                if digest:
+                    self.send_header("Docker-Content-Digest", digest)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+
+
+@contextmanager
+def storage_emulator() -> Iterator[str]:
+    """A gcp-storage-emulator on a loopback port; yields its URL (for STORAGE_EMULATOR_HOST)."""
+    from gcp_storage_emulator.server import create_server
+
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
