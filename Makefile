@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 export UV_PYTHON := 3.11
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: help setup test test-fast lint format clean
+.PHONY: help setup test test-fast compile lint format clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -29,6 +29,9 @@ test: $(STAMP) ## Run the whole test suite (unit, multi-worker, resume, preparat
 
 test-fast: $(STAMP) ## Run the tests that start no extra TensorFlow processes
 	$(PY) -m pytest -m "not slow"
+
+compile: $(STAMP) ## Compile pipeline.py to compiled/pipeline.json (byte-identical on every run)
+	$(PY) pipeline.py
 
 lint: $(STAMP) ## Check formatting, lint rules and types (ruff format --check, ruff, mypy)
 	$(VENV)/bin/ruff format --check .

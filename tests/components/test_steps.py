@@ -1,0 +1,307 @@
+"""The typed spec/args/evaluation components, through their Python functions."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kfp import dsl
+
+from components import evaluation, prepare, registry, runtime, training, worker_pools
+
+ROOT = Path(__file__).resolve().parents[2]
+V100 = "NVIDIA_TESLA_V100"
+
+
+def pools(**overrides: Any) -> list[dict[str, Any]]:
+    args: dict[str, Any] = {
+        "image_uri": "img@sha256:" + "0" * 64,
+        "command": ["python", "-m", "trainer.task"],
+        "args": ["--epochs=2"],
+        "chief_machine_type": "n1-standard-8",
+        "chief_accelerator_type": V100,
+        "chief_accelerator_count": 1,
+        "worker_count": 1,
+        "worker_machine_type": "n1-standard-8",
+        "worker_accelerator_type": V100,
+        "worker_accelerator_count": 1,
+    }
+    return worker_pools.build_worker_pool_specs(**{**args, **overrides})
+
+
+def test_the_defaults_give_one_chief_and_workers_with_gpus(tmp_path: Path) -> None:
+    job_dir = dsl.Artifact(uri=str(tmp_path / "job") + "/")
+    out = worker_pools.worker_pool_specs.python_func(
+        image_uri="img",
+        command=["python", "-m", "trainer.task"],
+        args=["--epochs=2"],
+        chief_machine_type="n1-standard-8",
+        chief_accelerator_type=V100,
+        chief_accelerator_count=1,
+        worker_count=3,
+        worker_machine_type="n1-standard-8",
+        worker_accelerator_type=V100,
+        worker_accelerator_count=1,
+        job_dir=job_dir,
+        region="us-central1",
+    )
+    chief, workers = out.worker_pool_specs
+    assert chief["replica_count"] == 1 and workers["replica_count"] == 3
+    for pool in (chief, workers):
+        assert pool["machine_spec"] == {
+            "machine_type": "n1-standard-8",
+            "accelerator_type": V100,
+            "accelerator_count": 1,
+        }
+        assert pool["container_spec"] == {
+            "image_uri": "img",
+            "command": ["python", "-m", "trainer.task"],
+            "args": ["--epochs=2"],
+        }
+        assert pool["disk_spec"] == {"boot_disk_type": "pd-ssd", "boot_disk_size_gb": 100}
+    assert out.base_output_directory == str(tmp_path / "job")
+
+
+def test_no_workers_is_one_pool_and_cpu_pools_carry_no_accelerator() -> None:
+    [chief] = pools(worker_count=0, chief_accelerator_type="", chief_accelerator_count=0)
+    assert chief["machine_spec"] == {"machine_type": "n1-standard-8"}
+
+
+def test_empty_worker_settings_copy_the_chiefs() -> None:
+    _, workers = pools(worker_machine_type="", worker_accelerator_type="", worker_accelerator_count=0)
+    assert workers["machine_spec"] == {
+        "machine_type": "n1-standard-8",
+        "accelerator_type": V100,
+        "accelerator_count": 1,
+    }
+
+
+def test_reduction_server_is_pool_two() -> None:
+    specs = pools(worker_count=2, reduction_server_count=2)
+    assert len(specs) == 3
+    assert specs[2]["replica_count"] == 2
+    assert specs[2]["container_spec"]["image_uri"].endswith("/reductionserver:latest")
+    with pytest.raises(ValueError, match="Reduction Server pool needs GPU workers"):
+        pools(worker_count=0, reduction_server_count=1)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (
+            {"chief_accelerator_count": 3},
+            r"chief pool: n1-standard-8 takes 1 or 2 or 4 or 8 x NVIDIA_TESLA_V100, not 3",
+        ),
+        (
+            {"worker_accelerator_type": "NVIDIA_L4"},
+            r"worker pool: NVIDIA_L4 cannot be attached to n1-standard-8",
+        ),
+        (
+            {"worker_accelerator_count": 0},
+            r"worker pool: accelerator type NVIDIA_TESLA_V100 needs an accelerator count",
+        ),
+        ({"region": "europe-west2"}, r"chief pool: NVIDIA_TESLA_V100 is not offered in europe-west2"),
+        ({"worker_count": -1}, "worker_count must be a whole number from 0 to 512"),
+        ({"boot_disk_type": "ssd"}, "boot_disk_type 'ssd' is not one of pd-ssd"),
+        ({"boot_disk_size_gb": 10}, "boot_disk_size_gb must be from 100 to 64000"),
+        ({"image_uri": ""}, "image_uri is required"),
+        ({"command": []}, "command must be a non-empty list"),
+    ],
+)
+def test_bad_settings_are_named(overrides: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        pools(**overrides)
+
+
+def test_prepare_args() -> None:
+    args = prepare.prepare_args.python_func(
+        source="synthetic", image_size=64, shards=8, synthetic_per_class=30
+    )
+    assert args[:4] == ["--source=synthetic", "--image_size=64", "--shards=8", "--seed=42"]
+    assert "--synthetic_per_class=30" in args and args[-1] == "--overwrite"
+    assert not any(a.startswith("--output_dir") for a in args)  # AIP_MODEL_DIR is the output
+    assert "--synthetic_per_class=60" not in prepare.prepare_args.python_func(
+        source="tfds:cassava", image_size=300
+    )
+    with pytest.raises(ValueError, match="source must be tfds:NAME, folder:PATH or synthetic"):
+        prepare.prepare_args.python_func(source="cassava", image_size=300)
+
+
+def write_dataset(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    meta = {
+        "class_names": ["cbb", "cbsd", "cgm", "cmd", "healthy"],
+        "image_size": 64,
+        "fingerprint": "sha256:abc",
+        "splits": {"train": {"count": 300}, "validation": {"count": 100}, "test": {"count": 100}},
+    }
+    (folder / "metadata.json").write_text(json.dumps(meta))
+
+
+def test_register_dataset_points_at_the_job_output(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "job" / "model")
+    dataset = dsl.Dataset(uri=str(tmp_path / "elsewhere"))
+    out = prepare.register_dataset.python_func(base_output_directory=str(tmp_path / "job"), dataset=dataset)
+    assert dataset.uri == str(tmp_path / "job" / "model")
+    assert (out.num_classes, out.train_examples) == (5, 300)
+    assert dataset.metadata["image_size"] == 64 and dataset.metadata["test_examples"] == 100
+    with pytest.raises(RuntimeError, match=r"left no readable dataset in .*empty/model"):
+        prepare.register_dataset.python_func(base_output_directory=str(tmp_path / "empty"), dataset=dataset)
+
+
+def trainer_args(**overrides: Any) -> Any:
+    dataset = dsl.Dataset(uri="gs://b/data", metadata={"image_size": 64.0})
+    args: dict[str, Any] = {
+        "dataset": dataset,
+        "backbone": "tiny",
+        "weights": "none",
+        "epochs": 3,
+        "learning_rate": 0.003,
+        "per_replica_batch_size": 16,
+        "dense_units": 64,
+        "dropout": 0.2,
+        "mixed_precision": False,
+        "xla": False,
+    }
+    return training.trainer_args.python_func(**{**args, **overrides})
+
+
+def test_trainer_args_apply_the_best_trial_and_leave_out_tuned_flags() -> None:
+    plain = trainer_args()
+    assert plain.args == [
+        "--data_dir=gs://b/data",
+        "--backbone=tiny",
+        "--weights=none",
+        "--image_size=64",
+        "--mixed_precision=false",
+        "--xla=false",
+        "--learning_rate=0.003",
+        "--per_replica_batch_size=16",
+        "--dense_units=64",
+        "--dropout=0.2",
+        "--epochs=3",
+    ]
+    tuned = trainer_args(
+        hyperparameters={"learning_rate": 0.0007, "dense_units": 256.0, "per_replica_batch_size": 32}
+    )
+    assert "--learning_rate=0.0007" in tuned.args and "--dense_units=256" in tuned.args
+    assert "--per_replica_batch_size=32" in tuned.args
+    assert tuned.hyperparameters["dense_units"] == 256 and isinstance(
+        tuned.hyperparameters["dense_units"], int
+    )
+    trial = trainer_args(leave_out=["learning_rate", "dropout"], fine_tune_fraction=0.5)
+    assert not any(a.startswith(("--learning_rate", "--dropout")) for a in trial.args)
+    assert "--fine_tune_fraction=0.5" in trial.args
+
+
+def test_trainer_args_reject_unknown_or_fractional_hyperparameters() -> None:
+    with pytest.raises(ValueError, match=r"unknown hyperparameters \['momentum'\]"):
+        trainer_args(hyperparameters={"momentum": 0.9})
+    with pytest.raises(ValueError, match="dense_units must be a whole number"):
+        trainer_args(hyperparameters={"dense_units": 12.5})
+
+
+def write_model(folder: Path, accuracy: float = 0.93) -> None:
+    folder.mkdir(parents=True)
+    (folder / "saved_model.pb").write_bytes(b"pb")
+    metrics = {
+        "test_accuracy": accuracy,
+        "test_loss": 0.2,
+        "val_accuracy": 0.91,
+        "val_loss": 0.25,
+        "images_per_second": 150.0,
+        "epochs_completed": 3,
+        "num_workers": 2,
+        "confusion_matrix": {"labels": ["a", "b"], "matrix": [[9, 1], [0, 10]]},
+    }
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+
+
+def test_model_from_job_requires_a_saved_model(tmp_path: Path) -> None:
+    write_model(tmp_path / "job" / "model")
+    model = dsl.Model(uri=str(tmp_path / "x"))
+    out = training.model_from_job.python_func(base_output_directory=str(tmp_path / "job"), model=model)
+    assert model.uri == out.model_uri == str(tmp_path / "job" / "model")
+    assert out.test_accuracy == 0.93 and model.metadata["num_workers"] == 2
+    (tmp_path / "bad" / "model").mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="published no SavedModel"):
+        training.model_from_job.python_func(base_output_directory=str(tmp_path / "bad"), model=model)
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "champion", "promote", "reason"),
+    [
+        (0.93, -1.0, True, "no champion yet"),
+        (0.93, 0.90, True, ">= champion's 0.9000"),
+        (0.93, 0.93, True, ">= champion's 0.9300"),
+        (0.93, 0.95, False, "below the champion's 0.9500"),
+        (0.80, -1.0, False, "below min_accuracy 0.9000"),
+    ],
+)
+def test_gate(tmp_path: Path, accuracy: float, champion: float, promote: bool, reason: str) -> None:
+    write_model(tmp_path / "model", accuracy)
+    metrics, confusion = (
+        dsl.Metrics(uri=str(tmp_path / "m")),
+        dsl.ClassificationMetrics(uri=str(tmp_path / "c")),
+    )
+    out = evaluation.evaluate_model.python_func(
+        model=dsl.Model(uri=str(tmp_path / "model")),
+        min_accuracy=0.9,
+        champion_accuracy=champion,
+        metrics=metrics,
+        confusion=confusion,
+    )
+    assert out.promote is promote and reason in out.reason and out.test_accuracy == accuracy
+    assert metrics.metadata["test_accuracy"] == accuracy and metrics.metadata["epochs_completed"] == 3
+    matrix = confusion.metadata["confusionMatrix"]
+    assert [c["displayName"] for c in matrix["annotationSpecs"]] == ["a", "b"]
+    assert [r["row"] for r in matrix["rows"]] == [[9, 1], [0, 10]]
+
+
+def test_serving_image_and_labels() -> None:
+    out = registry.upload_settings.python_func(
+        location="europe-west4",
+        tf_version="2.21",
+        serving_accelerator="gpu",
+        serving_image="",
+        labels={"Team": "ML Ops"},
+        source_commit="ABC123",
+        pipeline_run="multiworker-cassava-training-20261121",
+    )
+    assert out.serving_image == "europe-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-21:latest"
+    assert out.labels == {
+        "team": "ml-ops",
+        "pipeline_run": "multiworker-cassava-training-20261121",
+        "source_commit": "abc123",
+    }
+    assert registry.serving_container_uri("2.21", "cpu", "us-central1").startswith("us-docker.pkg.dev/")
+    assert registry.serving_container_uri("2.21", "cpu", "asia-northeast1").startswith("asia-docker.pkg.dev/")
+    with pytest.raises(ValueError, match="serving accelerator must be cpu or gpu"):
+        registry.serving_container_uri("2.21", "tpu", "us-central1")
+    custom = registry.upload_settings.python_func(
+        location="us-central1",
+        tf_version="2.21",
+        serving_accelerator="cpu",
+        serving_image="my/serving:1",
+        labels={},
+        source_commit="",
+        pipeline_run="r",
+    )
+    assert custom.serving_image == "my/serving:1" and "source_commit" not in custom.labels
+
+
+def locked() -> dict[str, str]:
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    return {p["name"]: p["version"] for p in lock["package"]}
+
+
+def test_component_pins_and_serving_version_follow_uv_lock() -> None:
+    versions = locked()
+    for pin in runtime.PINNED:
+        name, version = pin.split("==")
+        assert versions[name] == version, f"{pin} differs from uv.lock's {versions[name]}"
+    tf = versions["tensorflow"]
+    assert registry.tf_version_from_lock((ROOT / "uv.lock").read_text()) == ".".join(tf.split(".")[:2])

@@ -1,0 +1,325 @@
+"""The compiled pipeline: fresh, strictly valid, the expected DAG, explicit placement of every
+GCPC op, no unresolved channels, and job payloads that parse into the real API types."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.cloud import aiplatform_v1
+from google.protobuf import json_format
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+import pipeline
+from components import worker_pools
+
+GCPC_IMAGE = "gcr.io/ml-pipeline/google-cloud-pipeline-components"
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return pipeline.compile_pipeline(tmp_path_factory.mktemp("compiled") / "pipeline.json")
+
+
+@pytest.fixture(scope="module")
+def spec(fresh: Path) -> dict[str, Any]:
+    return json.loads(fresh.read_text())
+
+
+def test_committed_spec_is_fresh(fresh: Path) -> None:
+    committed = pipeline.COMPILED.read_text() if pipeline.COMPILED.exists() else ""
+    if committed != fresh.read_text():
+        diff = "".join(
+            list(
+                difflib.unified_diff(
+                    committed.splitlines(True), fresh.read_text().splitlines(True), "committed", "fresh", n=1
+                )
+            )[:40]
+        )
+        pytest.fail(f"compiled/pipeline.json is stale: run `make compile` and commit it.\n{diff[:3000]}")
+
+
+def test_compiling_twice_gives_the_same_bytes(fresh: Path, tmp_path: Path) -> None:
+    again = pipeline.compile_pipeline(tmp_path / "again.json")
+    assert again.read_bytes() == fresh.read_bytes()
+
+
+def test_parses_strictly_into_pipeline_spec(spec: dict[str, Any]) -> None:
+    parsed = json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec(), ignore_unknown_fields=False)
+    assert parsed.pipeline_info.name == pipeline.PIPELINE_NAME
+
+
+def test_no_unresolved_channels(fresh: Path) -> None:
+    assert "{{channel:" not in fresh.read_text()
+
+
+def walk(
+    spec: dict[str, Any], dag: dict[str, Any] | None = None, parents: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """display name -> (task, its component, the enclosing task names) over all nested DAGs."""
+    out: dict[str, Any] = {}
+    for name, task in (dag or spec["root"]["dag"])["tasks"].items():
+        component = spec["components"][task["componentRef"]["name"]]
+        out[task["taskInfo"]["name"]] = {
+            "key": name,
+            "task": task,
+            "component": component,
+            "parents": parents,
+        }
+        if "dag" in component:
+            out.update(walk(spec, component["dag"], (*parents, task["taskInfo"]["name"])))
+    return out
+
+
+def test_the_dag_has_every_step(spec: dict[str, Any]) -> None:
+    tasks = walk(spec)
+    for step in (
+        "build-trainer-image",
+        "prepare-dataset",
+        "register-dataset",
+        "tune-hyperparameters",
+        "best-trial",
+        "train-model",
+        "model-from-job",
+        "evaluate-model",
+        "find-champion",
+        "serving-container",
+        "upload-new-version",
+        "upload-first-version",
+        "set-champion",
+        "vertex-pipelines-notification-email",
+    ):
+        assert step in tasks, f"no task {step}; tasks: {sorted(tasks)}"
+    # Everything but the e-mail runs under the exit handler.
+    assert tasks["train-model"]["parents"][0] == "train-and-register"
+    assert tasks["vertex-pipelines-notification-email"]["parents"] == ()
+
+
+def dependencies(tasks: dict[str, Any], name: str) -> set[str]:
+    keys = {t["key"]: display for display, t in tasks.items()}
+    return {keys[d] for d in tasks[name]["task"].get("dependentTasks", [])}
+
+
+def test_dependencies_and_conditions(spec: dict[str, Any]) -> None:
+    tasks = walk(spec)
+    assert tasks["tune-hyperparameters"]["parents"][-1] == "tuning-enabled"
+    conditions = {t["task"].get("triggerPolicy", {}).get("condition", "") for t in tasks.values()}
+    assert "inputs.parameter_values['pipelinechannel--tune'] == true" in conditions
+    assert "!(inputs.parameter_values['pipelinechannel--tune'] == true)" in conditions
+    assert "inputs.parameter_values['pipelinechannel--evaluate-model-promote'] == true" in conditions
+    assert tasks["set-champion"]["parents"][-1] == "gate-passed"
+    assert dependencies(tasks, "best-trial") == {"tune-hyperparameters"}
+    assert {"prepare-dataset", "prepare-worker-pools"} <= dependencies(tasks, "register-dataset")
+    assert {"train-model", "training-worker-pools"} <= dependencies(tasks, "model-from-job")
+    assert {"register-dataset"} <= dependencies(tasks, "training-trainer-args")
+    # The final training waits for the tuning branch (its hyperparameters come out of it).
+    assert any(d.startswith("condition-branches") for d in dependencies(tasks, "training-trainer-args"))
+    assert {"model-from-job", "find-champion"} <= dependencies(tasks, "evaluate-model")
+    assert "parent-model" in dependencies(tasks, "upload-new-version")
+    # The upload waits for the gate (the .after() lands on the enclosing If/Else group).
+    [branches] = {p for p in tasks["upload-new-version"]["parents"] if p.startswith("condition-branches")}
+    assert "evaluate-model" in dependencies(tasks, branches)
+
+
+def test_every_gcpc_op_is_placed_explicitly(spec: dict[str, Any]) -> None:
+    executors = spec["deploymentSpec"]["executors"]
+    checked = 0
+    for display, t in walk(spec).items():
+        executor = executors.get(t["component"].get("executorLabel", ""), {})
+        if not executor.get("container", {}).get("image", "").startswith(GCPC_IMAGE):
+            continue
+        if display == "vertex-pipelines-notification-email":
+            continue
+        params = t["task"]["inputs"]["parameters"]
+        for key in ("project", "location"):
+            assert key in params, f"{display} has no explicit {key} (GCPC defaults to us-central1)"
+            assert params[key]["componentInputParameter"] in (key, f"pipelinechannel--{key}"), display
+        checked += 1
+    assert checked == 5  # prepare, tune, train, upload x2
+
+
+def test_defaults_are_the_codelab_and_nothing_from_this_machine(spec: dict[str, Any], fresh: Path) -> None:
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    required = {name for name, p in params.items() if "defaultValue" not in p}
+    assert required == {"project", "location", "context_uri", "artifact_repository"}
+    defaults = {name: p["defaultValue"] for name, p in params.items() if "defaultValue" in p}
+    assert defaults["dataset_source"] == "tfds:cassava"
+    assert defaults["backbone"] == "resnet50" and defaults["weights"] == "imagenet"
+    assert (defaults["epochs"], defaults["per_replica_batch_size"]) == (2, 64)
+    for role in ("chief", "worker"):
+        assert defaults[f"{role}_machine_type"] == "n1-standard-8"
+        assert defaults[f"{role}_accelerator_type"] == "NVIDIA_TESLA_V100"
+        assert defaults[f"{role}_accelerator_count"] == 1
+    assert defaults["worker_count"] == 1 and defaults["tune"] is False
+    text = fresh.read_text()
+    for leak in (str(Path.home()), str(pipeline.ROOT), "/tmp/"):
+        assert leak not in text, f"{leak!r} is baked into the compiled pipeline"
+
+
+# --- job payloads, placeholders rendered, into the real API types ------------------------------
+
+
+def root_values(spec: dict[str, Any], **given: Any) -> dict[str, Any]:
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    values = {
+        # JSON has one number type: the backend hands NUMBER_INTEGER parameters over as ints.
+        name: int(p["defaultValue"]) if p["parameterType"] == "NUMBER_INTEGER" else p["defaultValue"]
+        for name, p in params.items()
+        if "defaultValue" in p
+    }
+    return {**values, **given}
+
+
+def render_payload(
+    spec: dict[str, Any], display: str, given: dict[tuple[str, str], Any], root: dict[str, Any]
+) -> dict[str, Any]:
+    """The `--payload` of a GCPC task with its input placeholders replaced by values: pipeline
+    parameters from `root`, upstream outputs from `given` ((task display name, output) ->
+    value), else the component defaults."""
+    tasks = walk(spec)
+    upstream = {f"{tasks[task]['key']}-{output}": value for (task, output), value in given.items()}
+    t = tasks[display]
+    component = t["component"]
+    inputs: dict[str, Any] = {
+        name: p["defaultValue"]
+        for name, p in component.get("inputDefinitions", {}).get("parameters", {}).items()
+        if "defaultValue" in p
+    }
+    for name, source in t["task"]["inputs"].get("parameters", {}).items():
+        if "runtimeValue" in source:
+            inputs[name] = source["runtimeValue"]["constant"]
+        elif "componentInputParameter" in source:
+            ref = source["componentInputParameter"].removeprefix("pipelinechannel--")
+            inputs[name] = root[ref] if ref in root else upstream[ref]
+        else:
+            producer = source["taskOutputParameter"]
+            inputs[name] = upstream[f"{producer['producerTask']}-{producer['outputParameterKey']}"]
+    args = spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]["args"]
+    payload = args[args.index("--payload") + 1]
+    if payload.startswith('{"Concat"'):
+        payload = "".join(json.loads(payload)["Concat"])
+
+    def value(match: re.Match[str]) -> str:
+        v = inputs[match.group(1)]
+        return v if isinstance(v, str) else json.dumps(v)
+
+    rendered = re.sub(r"\{\{\$\.inputs\.parameters\['([^']+)'\]\}\}", value, payload)
+    # What Vertex substitutes for its own placeholders (no persistent resource: empty).
+    rendered = rendered.replace("{{$.pipeline_job_uuid}}", "123")
+    rendered = rendered.replace("{{$.pipeline_persistent_resource_id}}", "")
+    assert "{{$" not in rendered, rendered
+    return json.loads(rendered)
+
+
+HARDWARE = (
+    "chief_machine_type",
+    "chief_accelerator_type",
+    "chief_accelerator_count",
+    "worker_count",
+    "worker_machine_type",
+    "worker_accelerator_type",
+    "worker_accelerator_count",
+    "boot_disk_type",
+    "boot_disk_size_gb",
+    "reduction_server_count",
+    "reduction_server_machine_type",
+)
+
+
+def default_pools(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    d = root_values(spec)
+    return worker_pools.build_worker_pool_specs(
+        image_uri="us-central1-docker.pkg.dev/p/r/trainer@sha256:" + "0" * 64,
+        command=["python", "-m", "trainer.task"],
+        args=["--data_dir=gs://b/data", "--epochs=2"],
+        **{k: d[k] for k in HARDWARE},
+        region="us-central1",
+    )
+
+
+def test_training_payload_is_a_custom_job(spec: dict[str, Any]) -> None:
+    pools = default_pools(spec)
+    root = root_values(spec, project="p", location="us-central1", labels={"team": "ml"})
+    upstream = {
+        ("training-worker-pools", "worker_pool_specs"): pools,
+        ("training-worker-pools", "base_output_directory"): "gs://b/root/run/train",
+    }
+    payload = render_payload(spec, "train-model", upstream, root)
+    job = json_format.ParseDict(
+        payload, aiplatform_v1.CustomJob.pb(aiplatform_v1.CustomJob()), ignore_unknown_fields=False
+    )
+    chief, workers = job.job_spec.worker_pool_specs
+    assert (chief.replica_count, workers.replica_count) == (1, 1)
+    for pool in (chief, workers):
+        assert pool.machine_spec.machine_type == "n1-standard-8"
+        assert aiplatform_v1.AcceleratorType(pool.machine_spec.accelerator_type).name == "NVIDIA_TESLA_V100"
+        assert pool.machine_spec.accelerator_count == 1
+        assert list(pool.container_spec.command) == ["python", "-m", "trainer.task"]
+    assert job.job_spec.scheduling.restart_job_on_worker_restart is True
+    assert job.job_spec.base_output_directory.output_uri_prefix == "gs://b/root/run/train"
+    assert dict(job.labels) == {"team": "ml"}
+
+
+def test_preparation_payload_is_one_cpu_replica(spec: dict[str, Any]) -> None:
+    pools = worker_pools.build_worker_pool_specs(
+        image_uri="img@sha256:" + "0" * 64,
+        command=["python", "-m", "trainer.prepare"],
+        args=["--source=tfds:cassava"],
+        chief_machine_type="n1-standard-8",
+    )
+    upstream = {
+        ("prepare-worker-pools", "worker_pool_specs"): pools,
+        ("prepare-worker-pools", "base_output_directory"): "gs://b/root/run/prep",
+    }
+    payload = render_payload(
+        spec, "prepare-dataset", upstream, root_values(spec, project="p", location="us-central1")
+    )
+    job = json_format.ParseDict(
+        payload, aiplatform_v1.CustomJob.pb(aiplatform_v1.CustomJob()), ignore_unknown_fields=False
+    )
+    [pool] = job.job_spec.worker_pool_specs
+    assert pool.replica_count == 1 and pool.machine_spec.accelerator_count == 0
+    assert job.job_spec.scheduling.restart_job_on_worker_restart is False
+
+
+def test_tuning_payload_is_a_hyperparameter_tuning_job(spec: dict[str, Any]) -> None:
+    upstream = {
+        ("tuning-worker-pools", "worker_pool_specs"): default_pools(spec),
+        ("tuning-worker-pools", "base_output_directory"): "gs://b/root/run/tune",
+    }
+    root = root_values(spec, project="p", location="europe-west4", search_algorithm="RANDOM_SEARCH")
+    payload = render_payload(spec, "tune-hyperparameters", upstream, root)
+    job = json_format.ParseDict(
+        payload,
+        aiplatform_v1.HyperparameterTuningJob.pb(aiplatform_v1.HyperparameterTuningJob()),
+        ignore_unknown_fields=False,
+    )
+    assert (job.max_trial_count, job.parallel_trial_count) == (8, 2)
+    assert job.study_spec.algorithm == aiplatform_v1.StudySpec.Algorithm.RANDOM_SEARCH
+    assert {p.parameter_id for p in job.study_spec.parameters} == {
+        "learning_rate",
+        "dense_units",
+        "dropout",
+        "per_replica_batch_size",
+    }
+    assert [m.metric_id for m in job.study_spec.metrics] == ["val_accuracy"]
+    assert len(job.trial_job_spec.worker_pool_specs) == 2
+    tuned_args = walk(spec)["tuning-trainer-args"]["task"]["inputs"]["parameters"]["leave_out"]
+    assert set(tuned_args["runtimeValue"]["constant"]) == {p.parameter_id for p in job.study_spec.parameters}
+
+
+def test_upload_payload_is_a_model(spec: dict[str, Any]) -> None:
+    root = root_values(spec, project="p", location="us-central1")
+    upstream = {("upload-settings", "labels"): {"pipeline_run": "run-1", "source_commit": "abc"}}
+    payload = render_payload(spec, "upload-new-version", upstream, root)
+    payload.pop("pipeline_job")  # an UploadModelRequest field the launcher moves out of the Model
+    model = json_format.ParseDict(
+        payload, aiplatform_v1.Model.pb(aiplatform_v1.Model()), ignore_unknown_fields=False
+    )
+    assert model.display_name == "cassava-classifier"
+    assert dict(model.labels) == {"pipeline_run": "run-1", "source_commit": "abc"}
+    assert list(model.version_aliases) == []  # the alias moves only after the gate (set-champion)
