@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 export UV_PYTHON := 3.11
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: help setup test test-fast compile lint format clean
+.PHONY: help setup test test-fast compile run bench lint format clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -32,6 +32,15 @@ test-fast: $(STAMP) ## Run the tests that start no extra TensorFlow processes
 
 compile: $(STAMP) ## Compile pipeline.py to compiled/pipeline.json (byte-identical on every run)
 	$(PY) pipeline.py
+
+TARGET ?= auto
+ARGS ?=
+run: $(STAMP) ## Run the pipeline: locally when no PROJECT_ID is configured (env or env.sh), else on Vertex. ARGS="--epochs 5 --tune true"
+	$(PY) -m components.cli run --target $(TARGET) $(ARGS)
+
+BENCH ?=
+bench: $(STAMP) ## Run the benchmarks (all, or BENCH=input|train|gpu|prepare); writes benchmarks/results/ and the BENCHMARKS.md table
+	$(PY) -m benchmarks run $(if $(BENCH),--bench $(BENCH))
 
 lint: $(STAMP) ## Check formatting, lint rules and types (ruff format --check, ruff, mypy)
 	$(VENV)/bin/ruff format --check .

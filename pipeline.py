@@ -214,7 +214,9 @@ def _dag(target: str, p: dict[str, Any]) -> None:
             **where, context_uri=p["context_uri"], repository=p["artifact_repository"]
         ).set_display_name("build-trainer-image")
     else:
-        built = image.check_build_context(context_dir=p["context_uri"], repository=p["artifact_repository"])
+        built = image.check_build_context(
+            context_dir=p["context_uri"], repository=p["artifact_repository"]
+        ).set_display_name("build-trainer-image")
     image_uri = built.outputs["image_uri"]
 
     # 2-3. The dataset, prepared by a one-replica CPU job.
@@ -328,9 +330,7 @@ def _custom_job(
             **settings,
             **extra,
         ).set_display_name(name)
-    from components import local
-
-    return local.custom_job(
+    return training.local_custom_job(
         display_name=name,
         project=where["project"],
         worker_pool_specs=pools.outputs["worker_pool_specs"],
@@ -369,9 +369,7 @@ def _tuning(target: str, where: dict[str, Any], p: dict[str, Any], pools: dsl.Pi
             **where, gcp_resources=job.outputs["gcp_resources"], metric_id=tuning.METRIC_ID
         )
     else:
-        from components import local
-
-        job = local.tuning_job(
+        job = tuning.local_tuning_job(
             project=where["project"],
             worker_pool_specs=pools.outputs["worker_pool_specs"],
             base_output_directory=pools.outputs["base_output_directory"],
@@ -380,7 +378,9 @@ def _tuning(target: str, where: dict[str, Any], p: dict[str, Any], pools: dsl.Pi
             study_spec_algorithm=p["search_algorithm"],
             timeout=p["timeout"],
         ).set_display_name("tune-hyperparameters")
-        best = local.best_trial(trials=job.outputs["trials"], metric_id=tuning.METRIC_ID)
+        best = tuning.local_best_trial(
+            trials=job.outputs["trials"], metric_id=tuning.METRIC_ID
+        ).set_display_name("best-trial")
     return best.outputs["hyperparameters"]
 
 
@@ -427,15 +427,15 @@ def _vertex_registry(
 
 
 def _local_registry(p: dict[str, Any], model: dsl.PipelineTask, settings: dsl.PipelineTask) -> None:
-    from components import local
-
-    champion = local.find_champion(registry_dir=p["registry_dir"], model_display_name=p["model_display_name"])
+    champion = registry.local_find_champion(
+        registry_dir=p["registry_dir"], model_display_name=p["model_display_name"]
+    ).set_display_name("find-champion")
     gate = evaluation.evaluate_model(
         model=model.outputs["model"],
         min_accuracy=p["min_accuracy"],
         champion_accuracy=champion.outputs["champion_accuracy"],
     )
-    local.upload_model(
+    registry.local_upload_model(
         model=model.outputs["model"],
         registry_dir=p["registry_dir"],
         model_display_name=p["model_display_name"],
@@ -443,7 +443,7 @@ def _local_registry(p: dict[str, Any], model: dsl.PipelineTask, settings: dsl.Pi
         labels=settings.outputs["labels"],
         promote=gate.outputs["promote"],
         gate_reason=gate.outputs["reason"],
-    )
+    ).set_display_name("upload-model")
 
 
 def create_pipeline(target: str = "vertex") -> Callable[..., Any]:

@@ -34,7 +34,7 @@ GOAL = {
 }
 
 
-def run(work: Path) -> dict[str, Any]:
+def run(work: Path, results_dir: Path) -> dict[str, Any]:
     source = fixtures.cassava_source(work=work)
     ours_dir = fixtures.prepared(source, IMAGE_SIZE, work)
     sides = {

@@ -15,7 +15,7 @@ from components import runtime
 from components.runtime import fuse_path
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, additional_funcs=[fuse_path])
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[fuse_path])
 def evaluate_model(
     model: dsl.Input[dsl.Model],
     min_accuracy: float,

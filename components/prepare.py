@@ -19,7 +19,7 @@ from components.runtime import fuse_path
 PREPARE_COMMAND = ["python", "-m", "trainer.prepare"]
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE)
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
 def prepare_args(
     source: str,
     image_size: int,
@@ -39,7 +39,7 @@ def prepare_args(
     return [*args, "--overwrite"]
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, additional_funcs=[fuse_path])
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[fuse_path])
 def register_dataset(base_output_directory: str, dataset: dsl.Output[dsl.Dataset]) -> NamedTuple(
     "Outputs", num_classes=int, train_examples=int
 ):

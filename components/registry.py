@@ -40,7 +40,11 @@ def label_value(value: str) -> str:
     return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, additional_funcs=[serving_container_uri, label_value])
+@dsl.component(
+    base_image=runtime.BASE_IMAGE,
+    install_kfp_package=False,
+    additional_funcs=[serving_container_uri, label_value],
+)
 def upload_settings(
     location: str,
     tf_version: str,
@@ -66,7 +70,7 @@ def upload_settings(
 
 @dsl.component(
     base_image=runtime.BASE_IMAGE,
-    packages_to_install=[runtime.AIPLATFORM, runtime.STORAGE],
+    install_kfp_package=False,
 )
 def find_champion(
     project: str, location: str, model_display_name: str, alias: str = "champion"
@@ -119,7 +123,7 @@ def find_champion(
     return Outputs(True, parent, uri, accuracy)
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, packages_to_install=[runtime.AIPLATFORM])
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
 def set_champion(project: str, location: str, model: dsl.Input[dsl.Artifact], alias: str = "champion") -> str:
     """Moves `alias` to the uploaded version (`model` is ModelUploadOp's VertexModel output,
     whose resourceName is `projects/.../models/ID@VERSION`). Returns that versioned name."""
@@ -142,3 +146,116 @@ def tf_version_from_lock(lock_text: str) -> str:
     if not match:
         raise ValueError("uv.lock pins no tensorflow version")
     return match.group(1)
+
+
+# --- the local form -------------------------------------------------------------------------
+# <registry_dir>/<model>/<version>/model/  the SavedModel (and its metrics.json, config.json)
+# <registry_dir>/<model>/<version>/version.json  labels, serving image, metrics, gate, source
+# <registry_dir>/<model>/aliases.json  {"default": "1", "champion": "<version>"}
+
+
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
+def local_find_champion(registry_dir: str, model_display_name: str, alias: str = "champion") -> NamedTuple(
+    "Outputs", exists=bool, resource_name=str, resource_uri=str, champion_accuracy=float
+):
+    """Local form of `find_champion`, on the local registry folder."""
+    import collections
+    import json
+    import os
+
+    Outputs = collections.namedtuple(
+        "Outputs", ["exists", "resource_name", "resource_uri", "champion_accuracy"]
+    )
+    model_dir = os.path.abspath(os.path.join(registry_dir, model_display_name))
+    aliases_path = os.path.join(model_dir, "aliases.json")
+    if not os.path.exists(aliases_path):
+        print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
+        return Outputs(False, "", "", -1.0)
+    with open(aliases_path) as f:
+        version = json.load(f).get(alias)
+    if version is None:
+        print(f"{model_display_name} has no {alias!r} version yet")
+        return Outputs(True, model_dir, model_dir, -1.0)
+    with open(os.path.join(model_dir, version, "model", "metrics.json")) as f:
+        accuracy = float(json.load(f)["test_accuracy"])
+    print(f"{model_display_name}: {alias} is version {version}, test_accuracy {accuracy:.4f}")
+    return Outputs(True, model_dir, model_dir, accuracy)
+
+
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
+def local_upload_model(
+    model: dsl.Input[dsl.Model],
+    registry_dir: str,
+    model_display_name: str,
+    serving_image: str,
+    labels: dict,
+    promote: bool,
+    gate_reason: str,
+) -> NamedTuple("Outputs", version=str, path=str, champion=bool):
+    """Local form of `ModelUploadOp` + `set_champion`: checks that the SavedModel serves
+    (`python -m trainer.serve`, its `serving_default` on test images), then registers it as the
+    next version of `model_display_name` and moves the champion alias when `promote`."""
+    import collections
+    import fcntl
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    check = subprocess.run(
+        [sys.executable, "-m", "trainer.serve", "--model_dir", model.path],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if check.returncode != 0:
+        raise RuntimeError(f"the model in {model.path} does not serve: {check.stderr.strip()[-2000:]}")
+    answers = [json.loads(line) for line in check.stdout.splitlines() if line.startswith("{")]
+    print(
+        f"serving check: {len(answers)} test images answered, e.g. {answers[0]['image']} -> {answers[0]['class_name']}"
+    )
+
+    root = os.path.abspath(os.path.join(registry_dir, model_display_name))
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two local runs never get the same version
+        versions = [int(v) for v in os.listdir(root) if v.isdigit()]
+        version = str(max(versions, default=0) + 1)
+        staging = os.path.join(root, f".{version}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(model.path, os.path.join(staging, "model"))
+        with open(os.path.join(model.path, "metrics.json")) as f:
+            metrics = json.load(f)
+        record = {
+            "model": model_display_name,
+            "version": version,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "source_uri": model.uri,
+            "serving_image": serving_image,
+            "labels": labels,
+            "test_accuracy": metrics["test_accuracy"],
+            "gate": {"promoted": promote, "reason": gate_reason},
+            "serving_check": answers,
+        }
+        with open(os.path.join(staging, "version.json"), "w") as f:
+            json.dump(record, f, indent=1)
+        os.rename(staging, os.path.join(root, version))
+        aliases_path = os.path.join(root, "aliases.json")
+        aliases = {}
+        if os.path.exists(aliases_path):
+            with open(aliases_path) as f:
+                aliases = json.load(f)
+        aliases.setdefault("default", version)
+        if promote:
+            aliases["champion"] = version
+        with open(aliases_path + ".tmp", "w") as f:
+            json.dump(aliases, f, indent=1)
+        os.replace(aliases_path + ".tmp", aliases_path)
+    where = os.path.join(root, version)
+    print(
+        f"registered {model_display_name} version {version} at {where}" + (" (champion)" if promote else "")
+    )
+    Outputs = collections.namedtuple("Outputs", ["version", "path", "champion"])
+    return Outputs(version, where, promote)

@@ -1,20 +1,22 @@
 """Where our lightweight components run on Vertex AI Pipelines.
 
 Each component's function body is self-contained (imports inside, helpers shipped with KFP's
-`additional_funcs`), so it runs on a stock Python image with the client libraries below; the
-versions are the ones in `uv.lock` (a test keeps them in step). On the local target
-(`SubprocessRunner(use_venv=False)`) the same functions run in this checkout's environment.
+`additional_funcs`) and runs on the Google Cloud Pipeline Components image of the GCPC version
+in `uv.lock`, which already holds kfp, google-cloud-aiplatform and google-cloud-storage: so no
+component installs anything at run time (`install_kfp_package=False`), which is also what the
+local target needs (`SubprocessRunner(use_venv=False)` runs the same functions in this
+checkout's environment, where pip is not even present). Only the Vertex-only image build adds
+the Cloud Build client, pinned to uv.lock's version (a test keeps the pins in step).
 """
 
 from __future__ import annotations
 
-BASE_IMAGE = "python:3.11-slim"
+GCPC_VERSION = "2.22.0"
+BASE_IMAGE = f"gcr.io/ml-pipeline/google-cloud-pipeline-components:{GCPC_VERSION}"
 
-AIPLATFORM = "google-cloud-aiplatform==1.165.1"
 CLOUD_BUILD = "google-cloud-build==3.42.0"
-STORAGE = "google-cloud-storage==3.17.1"
 
-PINNED = (AIPLATFORM, CLOUD_BUILD, STORAGE)
+PINNED = (f"google-cloud-pipeline-components=={GCPC_VERSION}", CLOUD_BUILD)
 
 
 def fuse_path(uri: str) -> str:

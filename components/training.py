@@ -21,7 +21,7 @@ from components.runtime import fuse_path
 TRAIN_COMMAND = ["python", "-m", "trainer.task"]
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE)
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
 def trainer_args(
     dataset: dsl.Input[dsl.Dataset],
     backbone: str,
@@ -78,7 +78,7 @@ def trainer_args(
     return Outputs(args, resolved)
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, additional_funcs=[fuse_path])
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[fuse_path])
 def model_from_job(base_output_directory: str, model: dsl.Output[dsl.Model]) -> NamedTuple(
     "Outputs", model_uri=str, test_accuracy=float
 ):
@@ -109,7 +109,39 @@ def model_from_job(base_output_directory: str, model: dsl.Output[dsl.Model]) -> 
     return Outputs(uri, metrics["test_accuracy"])
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE)
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
 def no_overrides() -> dict:
     """With tuning off, the final training overrides none of the pipeline's hyperparameters."""
     return {}
+
+
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
+def local_custom_job(
+    display_name: str,
+    project: str,
+    worker_pool_specs: list,
+    base_output_directory: str,
+    timeout: str = "3600s",
+    restart_job_on_worker_restart: bool = False,
+    max_restarts: int = 3,
+) -> NamedTuple("Outputs", attempts=int, seconds=float):
+    """Local form of `CustomTrainingJobOp`: the same worker pool specs, one process per
+    replica, Vertex's environment (see `components.localjob`)."""
+    import collections
+    import os
+
+    from components import localjob
+
+    result = localjob.run_job(
+        worker_pool_specs,
+        base_output_directory,
+        display_name=display_name,
+        project=project,
+        log_dir=os.path.join(base_output_directory, "replica_logs"),
+        timeout=timeout,
+        restart_job_on_worker_restart=restart_job_on_worker_restart,
+        max_restarts=max_restarts,
+    )
+    print(f"done in {result.seconds:.1f}s, {result.attempts} attempt(s)")
+    Outputs = collections.namedtuple("Outputs", ["attempts", "seconds"])
+    return Outputs(result.attempts, result.seconds)

@@ -88,7 +88,7 @@ def pick_best_trial(trials: list[dict[str, Any]], metric_id: str, goal: str) -> 
 
 @dsl.component(
     base_image=runtime.BASE_IMAGE,
-    packages_to_install=[runtime.AIPLATFORM],
+    install_kfp_package=False,
     additional_funcs=[pick_best_trial],
 )
 def best_trial(
@@ -140,3 +140,59 @@ def best_trial(
     print(f"best trial {best['trial_id']} of {len(table)}: {metric_id}={best['value']:.4f} {params}")
     Outputs = collections.namedtuple("Outputs", ["hyperparameters", "trial_id", "value"])
     return Outputs(params, best["trial_id"], best["value"])
+
+
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
+def local_tuning_job(
+    project: str,
+    worker_pool_specs: list,
+    base_output_directory: str,
+    study_spec_metrics: list,
+    study_spec_parameters: list,
+    max_trial_count: int,
+    parallel_trial_count: int,
+    trials: dsl.Output[dsl.Artifact],
+    max_failed_trial_count: int = 0,
+    study_spec_algorithm: str = "ALGORITHM_UNSPECIFIED",
+    timeout: str = "3600s",
+) -> int:
+    """Local form of `HyperparameterTuningJobRunOp`: real trials chosen by Optuna from the same
+    study spec (see `components.localtune`). `trials` gets the trials table; returns its size."""
+    import json
+
+    from components import localtune
+
+    table = localtune.run_tuning(
+        worker_pool_specs,
+        base_output_directory,
+        study_spec_metrics,
+        study_spec_parameters,
+        max_trial_count=max_trial_count,
+        parallel_trial_count=parallel_trial_count,
+        max_failed_trial_count=max_failed_trial_count,
+        algorithm=study_spec_algorithm,
+        project=project,
+        timeout=timeout,
+    )
+    with open(trials.path, "w") as f:
+        json.dump(table, f, indent=1)
+    trials.metadata["count"] = len(table)
+    return len(table)
+
+
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[pick_best_trial])
+def local_best_trial(
+    trials: dsl.Input[dsl.Artifact], metric_id: str = "val_accuracy", goal: str = "MAXIMIZE"
+) -> NamedTuple("Outputs", hyperparameters=dict, trial_id=str, value=float):
+    """Local form of `best_trial`: the same rule, on the local tuner's trials table."""
+    import collections
+    import json
+
+    with open(trials.path) as f:
+        table = json.load(f)
+    best = pick_best_trial(table, metric_id, goal)
+    print(
+        f"best trial {best['trial_id']} of {len(table)}: {metric_id}={best['value']:.4f} {best['parameters']}"
+    )
+    Outputs = collections.namedtuple("Outputs", ["hyperparameters", "trial_id", "value"])
+    return Outputs(best["parameters"], best["trial_id"], best["value"])

@@ -115,6 +115,7 @@ def build_worker_pool_specs(
 
 @dsl.component(
     base_image=runtime.BASE_IMAGE,
+    install_kfp_package=False,
     additional_funcs=[
         hardware.gpu_tables,
         hardware.allowed_counts,

@@ -1,0 +1,94 @@
+"""`python -m benchmarks run [--bench NAME]`, `python -m benchmarks table`, `python -m benchmarks list`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks import registry, table
+from benchmarks.common import BENCHMARKS_MD, RESULTS_DIR, WORK_DIR, load_results, say, write_result
+
+
+def regenerate_table(results_dir: Path, markdown: Path) -> None:
+    rendered = table.render_table(load_results(results_dir), registry.TITLES, registry.not_implemented())
+    table.update_markdown(markdown, rendered)
+    say(f"table regenerated in {markdown}")
+
+
+def run(names: Sequence[str], results_dir: Path, work: Path, markdown: Path) -> int:
+    failed = []
+    for name in names:
+        module = registry.module(name)
+        if not getattr(module, "IMPLEMENTED", True):
+            say(f"{name}: {getattr(module, 'NOT_IMPLEMENTED', 'not yet implemented')}; skipped")
+            continue
+        say(f"{name}: running")
+        started = time.perf_counter()
+        try:
+            result = module.run(work, results_dir)
+        except Exception:  # noqa: BLE001 - report it, run the others, fail at the end
+            failed.append(name)
+            say(f"{name}: FAILED\n{traceback.format_exc()}")
+            continue
+        path = write_result(result, results_dir)
+        say(f"{name}: {result.get('summary', '')} -> {path} ({time.perf_counter() - started:.0f}s)")
+    regenerate_table(results_dir, markdown)
+    if failed:
+        say(f"failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+def _names(values: Sequence[str] | None) -> list[str]:
+    if not values:
+        return list(registry.BENCHMARKS)
+    names = [n.strip() for value in values for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in registry.BENCHMARKS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(registry.BENCHMARKS)}"
+        )
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="run benchmarks, write their results, regenerate the table")
+    run_parser.add_argument(
+        "--bench",
+        action="append",
+        metavar="NAME",
+        help=f"a benchmark to run (repeatable or comma-separated; default: all of {', '.join(registry.BENCHMARKS)})",
+    )
+    run_parser.add_argument("--work-dir", type=Path, default=WORK_DIR, help="cached datasets and logs")
+    for p in (
+        run_parser,
+        sub.add_parser("table", help="regenerate the BENCHMARKS.md table from the results"),
+    ):
+        p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+        p.add_argument("--markdown", type=Path, default=BENCHMARKS_MD)
+    sub.add_parser("list", help="list the benchmarks")
+    args = parser.parse_args(argv)
+
+    if args.command == "list":
+        missing = registry.not_implemented()
+        for name, title in registry.TITLES.items():
+            print(f"{name:10} {title}" + (f"  [{missing[name]}]" if name in missing else ""))  # noqa: T201
+        return 0
+    if args.command == "table":
+        regenerate_table(args.results_dir, args.markdown)
+        return 0
+    try:
+        names = _names(args.bench)
+    except argparse.ArgumentTypeError as e:
+        parser.error(str(e))
+    return run(names, args.results_dir, args.work_dir, args.markdown)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

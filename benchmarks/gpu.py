@@ -1,0 +1,228 @@
+"""`gpu`: ResNet50 training images per second on one NVIDIA GPU, ours versus the codelab's.
+
+Run it on a machine with a GPU: `python -m benchmarks run --bench gpu` (or `make bench
+BENCH=gpu`). Without one (`tf.config.list_physical_devices('GPU')` is empty) it writes a result
+that says `"skipped": "no GPU"` and does not fail.
+
+Per image size (224 and 300), each in its own process, on synthetic in-memory data (no dataset
+needed; the input pipeline is the `input` benchmark's business, so both sides get theirs free):
+- codelab: `codelab.create_model` (float32, no XLA) under `MultiWorkerMirroredStrategy()`, fed
+  float32 images in [0, 1] as the codelab's `preprocess_data` makes them;
+- ours: `trainer.model.build_model`/`compile_model` under `trainer.distribute.create_strategy`
+  with `--mixed_precision true --xla true` (mixed_float16, jit-compiled step), fed uint8 images
+  (the cast and preprocessing run in the model, on the device), trainer defaults otherwise.
+Both train every layer of a randomly initialised ResNet50 at the codelab's batch of 64; ours is
+also measured at batch 256 at 224 pixels, what one would run on an H100.
+
+Each run trains `WARMUP_STEPS` (tracing, XLA compilation, cuDNN autotuning) and then
+`STEPS` timed steps in a second `fit`, which returns only once the device is done. Every run's
+raw output is kept in the result (`raw_output`) and in `results/gpu.raw.txt`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import RESULTS_DIR, ChildError, make_result, run_child, say, tail
+
+NAME = "gpu"
+IMAGE_SIZES = (224, 300)
+BATCH_SIZE = 64
+LARGE_BATCH = 256
+WARMUP_STEPS = 30
+STEPS = 150
+NUM_CLASSES = 5
+GOAL = {
+    "description": ">= 2.5x the codelab trainer, and >= 3,000 img/s on one H100 at 224 pixels",
+    "min_ratio": 2.5,
+    "min_images_per_second_h100_224": 3000,
+}
+
+
+def run(work: Path, results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
+    probe = run_child("benchmarks.gpu:probe", {}, log=work / "logs" / "gpu-probe.log")
+    inputs = {
+        "backbone": "resnet50",
+        "weights": None,
+        "trained_layers": "all",
+        "image_sizes": list(IMAGE_SIZES),
+        "batch_size": BATCH_SIZE,
+        "large_batch_ours_224": LARGE_BATCH,
+        "warmup_steps": WARMUP_STEPS,
+        "timed_steps": STEPS,
+        "data": "synthetic, in memory (codelab: float32 in [0, 1]; ours: uint8)",
+        "ours_flags": "--mixed_precision true --xla true",
+    }
+    if not probe.figures["gpus"]:
+        say("gpu: no GPU visible to TensorFlow; skipped")
+        return make_result(
+            NAME,
+            inputs=inputs,
+            figures={"tensorflow_gpus": []},
+            ratio=None,
+            goal=GOAL,
+            goal_met=None,
+            skipped="no GPU",
+            summary="skipped: no GPU on this machine",
+        )
+
+    device = probe.figures["gpus"][0]["name"]
+    plan = [(side, size, BATCH_SIZE) for size in IMAGE_SIZES for side in ("codelab", "ours")]
+    plan.append(("ours", IMAGE_SIZES[0], LARGE_BATCH))
+    runs: dict[str, dict[str, Any]] = {}
+    raw: dict[str, str] = {}
+    for side, size, batch in plan:
+        key = f"{side}_{size}_b{batch}"
+        log = work / "logs" / f"gpu-{key}.log"
+        try:
+            child = run_child(
+                "benchmarks.gpu:measure",
+                {
+                    "side": side,
+                    "image_size": size,
+                    "batch_size": batch,
+                    "warmup": WARMUP_STEPS,
+                    "steps": STEPS,
+                },
+                log=log,
+            )
+            runs[key] = {**child.figures, "peak_rss_mib": child.peak_rss_mib}
+            say(f"gpu {key}: {runs[key]['images_per_second']:,.0f} img/s on {device}")
+        except ChildError as e:  # e.g. out of memory at the large batch: keep the others
+            runs[key] = {"error": str(e).splitlines()[0]}
+            say(f"gpu {key}: failed ({runs[key]['error']})")
+        raw[key] = tail(log, 400)
+
+    def rate(key: str) -> float | None:
+        value = runs.get(key, {}).get("images_per_second")
+        return float(value) if value is not None else None
+
+    ratios = {}
+    for size in IMAGE_SIZES:
+        ours, codelab = rate(f"ours_{size}_b{BATCH_SIZE}"), rate(f"codelab_{size}_b{BATCH_SIZE}")
+        ratios[str(size)] = round(ours / codelab, 3) if ours and codelab else None
+    ours_224 = max(
+        (r for r in (rate(f"ours_224_b{BATCH_SIZE}"), rate(f"ours_224_b{LARGE_BATCH}")) if r), default=None
+    )
+    known = [r for r in ratios.values() if r is not None]
+    ratio = min(known) if known else None
+    is_h100 = "H100" in device.upper()
+    goal_met: bool | None = None
+    if ratio is not None:
+        goal_met = ratio >= GOAL["min_ratio"]
+        if is_h100:
+            goal_met = goal_met and bool(ours_224 and ours_224 >= GOAL["min_images_per_second_h100_224"])
+    (results_dir / "gpu.raw.txt").write_text(
+        "".join(f"===== {key} =====\n{text}\n" for key, text in raw.items()), encoding="utf-8"
+    )
+    return make_result(
+        NAME,
+        inputs=inputs,
+        figures={
+            "device": device,
+            "tensorflow_gpus": probe.figures["gpus"],
+            "images_per_second": {key: r.get("images_per_second") for key, r in runs.items()},
+            "ratio_by_image_size": ratios,
+            "ours_best_224": ours_224,
+            "runs": runs,
+        },
+        ratio=ratio,
+        goal=GOAL,
+        goal_met=goal_met,
+        raw_output=raw,
+        summary=(
+            f"{device}: at 224 ours {rate(f'ours_224_b{BATCH_SIZE}') or 0:,.0f} vs codelab "
+            f"{rate(f'codelab_224_b{BATCH_SIZE}') or 0:,.0f} img/s (batch {BATCH_SIZE}), ours "
+            f"{rate(f'ours_224_b{LARGE_BATCH}') or 0:,.0f} at batch {LARGE_BATCH}; at 300 ours "
+            f"{rate(f'ours_300_b{BATCH_SIZE}') or 0:,.0f} vs {rate(f'codelab_300_b{BATCH_SIZE}') or 0:,.0f}"
+            + ("" if is_h100 else " (not an H100: the 3,000 img/s goal is not judged)")
+        ),
+    )
+
+
+# --- run in child processes -----------------------------------------------------------------
+
+
+def probe() -> dict[str, Any]:
+    from trainer._tf import tf
+
+    gpus = []
+    for device in tf.config.list_physical_devices("GPU"):
+        details = tf.config.experimental.get_device_details(device)
+        gpus.append(
+            {
+                "name": details.get("device_name", device.name),
+                "compute_capability": list(details.get("compute_capability") or []),
+            }
+        )
+    return {"gpus": gpus, "tensorflow": tf.__version__, "built_with_cuda": tf.test.is_built_with_cuda()}
+
+
+def measure(side: str, image_size: int, batch_size: int, warmup: int, steps: int) -> dict[str, Any]:
+    """Steady-state training images per second of one side, on synthetic in-memory batches."""
+    import numpy as np
+
+    from trainer._tf import keras, tf
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (batch_size, image_size, image_size, 3), dtype=np.uint8)
+    labels = rng.integers(0, NUM_CLASSES, (batch_size,), dtype=np.int32)
+    if side == "codelab":
+        from benchmarks import codelab
+
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        x: Any = images.astype(np.float32) / 255.0  # what codelab.preprocess_data yields
+        with strategy.scope():
+            model = codelab.create_model(NUM_CLASSES)
+        precision = "float32"
+    elif side == "ours":
+        from trainer import distribute
+        from trainer import model as model_lib
+        from trainer.config import TrainConfig
+
+        strategy = distribute.create_strategy(distribute.ClusterInfo())
+        config = TrainConfig(
+            data_dir="unused",
+            model_dir="unused",
+            checkpoint_dir="unused",
+            tensorboard_dir="unused",
+            per_replica_batch_size=batch_size,
+            image_size=image_size,
+            backbone="resnet50",
+            weights="none",
+            fine_tune_fraction=1.0,
+            mixed_precision=True,
+            xla=True,
+        )
+        has_gpu = bool(tf.config.list_physical_devices("GPU"))
+        precision = "mixed_float16" if has_gpu else "mixed_bfloat16"  # trainer.task's choice
+        keras.mixed_precision.set_global_policy(precision)
+        x = images
+        with strategy.scope():
+            model = model_lib.build_model(config, NUM_CLASSES, image_size)
+            model_lib.compile_model(model, config)
+    else:
+        raise ValueError(f"unknown side {side!r}")
+
+    ds = tf.data.Dataset.from_tensors((x, labels)).repeat().prefetch(tf.data.AUTOTUNE)
+    started = time.perf_counter()
+    model.fit(ds, epochs=1, steps_per_epoch=warmup, verbose=0)
+    warmup_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    model.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0)
+    seconds = time.perf_counter() - started
+    gpus = tf.config.list_physical_devices("GPU")
+    memory = tf.config.experimental.get_memory_info("GPU:0")["peak"] if gpus else None
+    return {
+        "images_per_second": round(steps * batch_size / seconds, 1),
+        "step_ms": round(1000 * seconds / steps, 2),
+        "timed_seconds": round(seconds, 3),
+        "warmup_seconds": round(warmup_seconds, 3),
+        "precision": precision,
+        "xla": side == "ours",
+        "input_dtype": str(x.dtype),
+        "gpu_peak_memory_mib": round(memory / 2**20, 1) if memory else None,
+        "device": tf.config.experimental.get_device_details(gpus[0]).get("device_name") if gpus else "CPU",
+    }

@@ -1,0 +1,454 @@
+"""`make run`: runs the pipeline, locally or on Vertex AI.
+
+    python -m components.cli run [--target auto|local|vertex] [--<parameter> VALUE ...]
+
+`auto` (the default) picks `vertex` when a Google Cloud project is configured (PROJECT_ID in the
+environment or in env.sh) and `local` otherwise, and says which in its first line. Every
+pipeline parameter is a flag (`--epochs 5 --tune true --labels '{"team": "ml"}'`); the local
+target starts from the local defaults (synthetic data, tiny model, one chief and one worker).
+
+The local target runs the DAG of `pipeline.create_pipeline("local")` with kfp.local
+(`SubprocessRunner(use_venv=False)`) and leaves `local_runs/<run_id>/` with every step's
+artifacts (`pipeline_root/`) and log (`logs/<step>.log`), `summary.json` and `report.html`;
+`local_runs/latest` points to it. Exit status: 0 when the run succeeded, 1 when a step failed
+(its log tail is shown), 2 on bad flags, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import re
+import secrets
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+RUNS_DIR = Path("local_runs")
+TARGETS = ("auto", "local", "vertex")
+
+
+# --- flags ------------------------------------------------------------------------------------
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _json_of(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = json.loads(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"expected a JSON {kind.__name__}, got {text!r}") from err
+        if not isinstance(value, kind):
+            raise argparse.ArgumentTypeError(f"expected a JSON {kind.__name__}, got {text!r}")
+        return value
+
+    return parse
+
+
+def build_parser(parameters: Sequence[Any]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="make run ARGS=...",
+        description="Run the pipeline: locally with no project configured, else on Vertex AI.",
+    )
+    p.add_argument("--target", choices=TARGETS, default="auto", help="Where to run (default: auto).")
+    p.add_argument("--runs_dir", default=str(RUNS_DIR), help="Local runs folder (local target).")
+    group = p.add_argument_group("pipeline parameters")
+    for q in parameters:
+        parse = {bool: parse_bool, list: _json_of(list), dict: _json_of(dict)}.get(q.type, q.type)
+        group.add_argument(
+            f"--{q.name}", type=parse, default=None, metavar=q.type.__name__.upper(), help=q.help
+        )
+    return p
+
+
+def configured_project(environ: Mapping[str, str], env_file: Path = Path("env.sh")) -> str:
+    """PROJECT_ID from the environment, else from env.sh (KEY=VALUE lines, `export` allowed)."""
+    if environ.get("PROJECT_ID"):
+        return environ["PROJECT_ID"]
+    if env_file.exists():
+        for line in env_file.read_text().splitlines():
+            match = re.match(r"^\s*(?:export\s+)?PROJECT_ID\s*=\s*['\"]?([^'\"#\s]*)", line)
+            if match and match.group(1):
+                return match.group(1)
+    return ""
+
+
+def local_arguments(ns: argparse.Namespace, parameters: Sequence[Any]) -> dict[str, Any]:
+    return {
+        q.name: q.default_for("local") if getattr(ns, q.name) is None else getattr(ns, q.name)
+        for q in parameters
+    }
+
+
+def validate_local(args: Mapping[str, Any]) -> None:
+    """Checks that fail fast, before any step starts; raises ValueError naming the parameter."""
+    from components import localjob, worker_pools
+
+    worker_pools.build_worker_pool_specs(
+        image_uri="local",
+        command=["python"],
+        args=[],
+        chief_machine_type=args["chief_machine_type"],
+        chief_accelerator_type=args["chief_accelerator_type"],
+        chief_accelerator_count=args["chief_accelerator_count"],
+        worker_count=args["worker_count"],
+        worker_machine_type=args["worker_machine_type"],
+        worker_accelerator_type=args["worker_accelerator_type"],
+        worker_accelerator_count=args["worker_accelerator_count"],
+        boot_disk_type=args["boot_disk_type"],
+        boot_disk_size_gb=args["boot_disk_size_gb"],
+    )
+    if args["chief_accelerator_count"] or (args["worker_count"] and args["worker_accelerator_count"]):
+        raise ValueError(
+            "the local target has no GPUs: set chief_accelerator_count and worker_accelerator_count to 0"
+        )
+    if args["worker_count"] > 8:
+        raise ValueError(
+            f"worker_count {args['worker_count']} is more processes than a local run should start (max 8)"
+        )
+    source = args["dataset_source"]
+    if not (source == "synthetic" or source.startswith(("tfds:", "folder:"))):
+        raise ValueError(f"dataset_source must be synthetic, tfds:NAME or folder:PATH, got {source!r}")
+    if source.startswith("folder:") and not Path(source.removeprefix("folder:")).is_dir():
+        raise ValueError(f"dataset_source {source}: no such folder")
+    if args["search_algorithm"] not in ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH"):
+        raise ValueError(
+            f"search_algorithm must be ALGORITHM_UNSPECIFIED, GRID_SEARCH or RANDOM_SEARCH, got {args['search_algorithm']!r}"
+        )
+    if not 1 <= args["parallel_trial_count"] <= max(1, args["max_trial_count"]):
+        raise ValueError("parallel_trial_count must be from 1 to max_trial_count")
+    if not 0 <= args["min_accuracy"] <= 1:
+        raise ValueError(f"min_accuracy must be from 0 to 1, got {args['min_accuracy']}")
+    if args["serving_accelerator"] not in ("cpu", "gpu"):
+        raise ValueError(f"serving_accelerator must be cpu or gpu, got {args['serving_accelerator']!r}")
+    localjob.parse_duration(args["timeout"])
+    for name in ("epochs", "per_replica_batch_size", "image_size", "dataset_shards", "max_trial_count"):
+        if args[name] < 1:
+            raise ValueError(f"{name} must be >= 1, got {args[name]}")
+
+
+# --- the local run ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Step:
+    name: str
+    status: str = "RUNNING"
+    seconds: float = 0.0
+    log: str = ""
+    outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+_KFP_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} - (INFO|WARNING|ERROR) - ")
+
+
+class StepTee(io.TextIOBase):
+    """Stands in for sys.stdout during a local run: everything goes to the current step's log
+    file; the screen gets the steps' own output (replica lines, component messages) without
+    kfp.local's bookkeeping (executor input dumps, output listings)."""
+
+    def __init__(self, screen: TextIO) -> None:
+        self.screen = screen
+        self.log: TextIO | None = None
+        self.step = ""
+        self._buffer = ""
+        self._hiding_json = False
+        self._hiding_outputs = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if self.log:
+            self.log.write(text)
+            self.log.flush()
+        self._buffer += text
+        while "\n" in self._buffer:
+            line, self._buffer = self._buffer.split("\n", 1)
+            shown = self._filter(line)
+            if shown is not None:
+                self.screen.write(shown + "\n")
+                self.screen.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self.screen.flush()
+
+    def _filter(self, line: str) -> str | None:
+        body = line[4:] if line.startswith("    ") else line
+        if self._hiding_json:
+            self._hiding_json = line != "    }"
+            return None
+        if _KFP_LINE.match(line):
+            self._hiding_outputs = line.rstrip().endswith("outputs:")
+            return None
+        if self._hiding_outputs and (line.startswith("    ") or not line.strip()):
+            return None
+        self._hiding_outputs = False
+        if body.startswith("[KFP Executor"):
+            self._hiding_json = body.rstrip().endswith("Got executor_input:")
+            return None
+        if not body.strip() or set(body.strip()) == {"-"}:
+            return None
+        return body if body.startswith("[") else f"  {self.step}: {body}"
+
+
+def _display_names(spec: Mapping[str, Any]) -> dict[str, str]:
+    """component name -> the task's display name, over every nested DAG."""
+    names: dict[str, str] = {}
+
+    def walk(dag: Mapping[str, Any]) -> None:
+        for task in dag.get("tasks", {}).values():
+            ref = task["componentRef"]["name"]
+            names.setdefault(ref, task["taskInfo"]["name"])
+            component = spec["components"][ref]
+            if "dag" in component:
+                walk(component["dag"])
+
+    walk(spec["root"]["dag"])
+    return names
+
+
+@contextlib.contextmanager
+def _watch_steps(tee: StepTee, names: Mapping[str, str], logs: Path, steps: list[Step]) -> Iterator[None]:
+    """Times every kfp.local task, sends its output to logs/<step>.log and shows progress."""
+    from kfp.local import task_dispatcher
+
+    original = task_dispatcher.run_single_task_implementation
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        component = kwargs.get("component_name") or args[1]
+        name = names.get(component, component.removeprefix("comp-"))
+        step = Step(name, log=str(logs / f"{name}.log"))
+        steps.append(step)
+        tee.screen.write(f"▶ {name}\n")
+        tee.screen.flush()
+        start = time.monotonic()
+        with open(step.log, "a") as log_file:
+            tee.log, tee.step = log_file, name
+            try:
+                outputs, status = original(*args, **kwargs)
+            finally:
+                tee.log = None
+                step.seconds = time.monotonic() - start
+        step.status = str(getattr(status, "name", status))
+        step.outputs = dict(outputs or {})
+        mark = "✓" if step.status == "SUCCESS" else "✗"
+        tee.screen.write(f"{mark} {name} {step.status.lower()} in {step.seconds:.1f}s\n")
+        tee.screen.flush()
+        return outputs, status
+
+    task_dispatcher.run_single_task_implementation = watched
+    try:
+        yield
+    finally:
+        task_dispatcher.run_single_task_implementation = original
+
+
+def _log_tail(path: str, lines: int = 25) -> str:
+    """The end of a step's log, without kfp.local's bookkeeping."""
+    tee = StepTee(io.StringIO())
+    tee.step = Path(path).stem
+    with contextlib.suppress(OSError):
+        tee.write(Path(path).read_text() + "\n")
+    shown = tee.screen.getvalue().splitlines()  # type: ignore[attr-defined]
+    return "\n".join(shown[-lines:])
+
+
+def _artifact_path(outputs: Mapping[str, Any], name: str) -> str | None:
+    artifact = outputs.get(name)
+    return getattr(artifact, "path", None) if artifact is not None else None
+
+
+def run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout) -> int:
+    """Runs the local pipeline; writes summary.json and report.html; returns the exit status."""
+    from kfp import local
+
+    import pipeline
+    from components import report
+
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    run_dir = (runs_dir / run_id).resolve()
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True)
+    latest = runs_dir / "latest"
+    with contextlib.suppress(FileNotFoundError):
+        latest.unlink()
+    latest.symlink_to(run_id)
+    args = {**args, "registry_dir": str(Path(args["registry_dir"]).resolve())}
+    (run_dir / "parameters.json").write_text(json.dumps(args, indent=1))
+    screen.write(f"run {run_id}: {run_dir}\n")
+
+    pipeline_func = pipeline.create_pipeline("local")
+    names = _display_names(_spec_dict(pipeline_func))
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(run_dir / "pipeline_root"),
+        raise_on_error=False,
+    )
+    steps: list[Step] = []
+    tee = StepTee(screen)
+    status, error = "SUCCEEDED", ""
+    start = time.monotonic()
+    warnings.filterwarnings("ignore", message="You may be attemping to run a task")
+    warnings.filterwarnings("ignore", message=".*have no effect in the current local runner")
+    try:
+        with _watch_steps(tee, names, logs, steps), contextlib.redirect_stdout(tee):
+            pipeline_func(**args)
+    except KeyboardInterrupt:
+        status, error = "CANCELLED", "interrupted"
+    except Exception as err:  # kfp.local's own failure (not a step's): report it, do not dump a traceback
+        status, error = "FAILED", f"{type(err).__name__}: {err}"
+    wall = time.monotonic() - start
+    failed = [s for s in steps if s.status != "SUCCESS"]
+    if failed and status == "SUCCEEDED":
+        status = "FAILED"
+    by_name = {s.name: s for s in steps}
+
+    metrics, trials = None, None
+    model_step = by_name.get("model-from-job")
+    if model_step and model_step.status == "SUCCESS":
+        metrics_path = Path(model_step.outputs["model_uri"]) / "metrics.json"
+        metrics = json.loads(metrics_path.read_text())
+    trials_path = (
+        _artifact_path(by_name["tune-hyperparameters"].outputs, "trials")
+        if "tune-hyperparameters" in by_name
+        else None
+    )
+    if trials_path and Path(trials_path).exists():
+        trials = json.loads(Path(trials_path).read_text())
+    summary: dict[str, Any] = {
+        "pipeline": pipeline.PIPELINE_NAME,
+        "run_id": run_id,
+        "target": "local",
+        "status": status,
+        "error": error or (f"step {failed[0].name} failed" if failed else ""),
+        "steps": [
+            {"name": s.name, "status": s.status, "seconds": round(s.seconds, 2), "log": s.log} for s in steps
+        ],
+        "metrics": {
+            k: metrics[k]
+            for k in (
+                "test_accuracy",
+                "test_loss",
+                "val_accuracy",
+                "val_loss",
+                "images_per_second",
+                "epochs_completed",
+                "num_workers",
+            )
+            if k in metrics
+        }
+        if metrics
+        else {},
+        "model": None,
+        "report": str(run_dir / "report.html"),
+        "wall_seconds": round(wall, 2),
+        "parameters": args,
+    }
+    if "evaluate-model" in by_name and by_name["evaluate-model"].status == "SUCCESS":
+        gate = by_name["evaluate-model"].outputs
+        summary["gate"] = {"promote": gate["promote"], "reason": gate["reason"]}
+    upload = by_name.get("upload-model")
+    if upload and upload.status == "SUCCESS":
+        summary["model"] = {
+            "name": args["model_display_name"],
+            "version": upload.outputs["version"],
+            "path": upload.outputs["path"],
+            "champion": upload.outputs["champion"],
+        }
+    if trials is not None:
+        best = by_name.get("best-trial")
+        summary["tuning"] = {
+            "metric_id": "val_accuracy",
+            "trials": trials,
+            "best": {k: best.outputs[k] for k in ("trial_id", "value", "hyperparameters")}
+            if best and best.status == "SUCCESS"
+            else None,
+        }
+    final_args = by_name.get("training-trainer-args")
+    if final_args and final_args.status == "SUCCESS":
+        summary["training_hyperparameters"] = final_args.outputs["hyperparameters"]
+    report.write_report(run_dir / "report.html", summary, metrics, trials)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+
+    screen.write("\n" + "\n".join(f"  {s.name:<28} {s.status:<8} {s.seconds:6.1f}s" for s in steps) + "\n")
+    if status == "SUCCEEDED":
+        m, model = summary["metrics"], summary["model"]
+        screen.write(
+            f"SUCCEEDED in {wall:.0f}s: test_accuracy {m.get('test_accuracy', float('nan')):.4f}; "
+            f"{model['name']} version {model['version']}{' (champion)' if model['champion'] else ''} at {model['path']}\n"
+            f"summary: {run_dir / 'summary.json'}\nreport:  {run_dir / 'report.html'}\n"
+        )
+        return 0
+    if failed:
+        screen.write(f"\n{status}: step {failed[0].name} failed; the end of its log ({failed[0].log}):\n")
+        screen.write(_log_tail(failed[0].log) + "\n")
+    else:
+        screen.write(f"\n{status}: {error}\n")
+    screen.write(f"summary: {run_dir / 'summary.json'}\n")
+    return 130 if status == "CANCELLED" else 1
+
+
+def _spec_dict(pipeline_func: Any) -> dict[str, Any]:
+    from google.protobuf import json_format
+
+    return json_format.MessageToDict(pipeline_func.pipeline_spec)
+
+
+# --- entry point ------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    import pipeline
+
+    env = os.environ if environ is None else environ
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "run":
+        print(
+            "usage: python -m components.cli run [--target auto|local|vertex] [--<parameter> VALUE ...]",
+            file=sys.stderr,
+        )
+        return 2
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--target", choices=TARGETS, default="auto")
+    known, _ = peek.parse_known_args(argv[1:])
+    project = configured_project(env)
+    target = known.target if known.target != "auto" else ("vertex" if project else "local")
+    parser = build_parser(pipeline.parameters_for(target))
+    ns = parser.parse_args(argv[1:])
+    if target == "local":
+        why = (
+            "forced by --target local"
+            if known.target == "local"
+            else "no PROJECT_ID in the environment or env.sh"
+        )
+        print(f"make run: running the pipeline LOCALLY on this machine ({why})", flush=True)
+        args = local_arguments(ns, pipeline.parameters_for("local"))
+        try:
+            validate_local(args)
+        except ValueError as err:
+            parser.error(str(err))
+        return run_local(args, Path(ns.runs_dir))
+    from components import submit
+
+    return submit.main(ns, env, project)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""The local stand-in for a Vertex HyperparameterTuningJob: real trials chosen by Optuna.
+
+It takes the same study spec the Vertex job gets (GCPC's `serialize_parameters` and
+`serialize_metrics` output, parsed with the real `aiplatform_v1.StudySpec` types) and honours
+parameter types, ranges and scales, the goal, the maximum, parallel and failed trial counts and
+the algorithm (ALGORITHM_UNSPECIFIED: TPE, Optuna's Bayesian optimiser; RANDOM_SEARCH;
+GRID_SEARCH). Each trial is a local custom job (`components.localjob`) with
+`--<parameter_id>=<value>` flags appended and its own AIP directories under
+`<base>/<trial_id>/`; its measurements come from the cloudml-hypertune file it writes. The
+trials table is a list in the `aiplatform_v1.Trial` JSON form, like the Vertex job's trials.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, TextIO
+
+from components import localjob
+
+
+def parse_study(metrics: Sequence[Mapping[str, Any]], parameters: Sequence[Mapping[str, Any]]) -> Any:
+    """The study as the real API type (raises on anything the API would reject)."""
+    from google.cloud import aiplatform_v1
+
+    def whole(value: Any) -> Any:  # kfp.local hands JSON numbers over as floats (2.0 for an enum)
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, dict):
+            return {k: whole(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [whole(v) for v in value]
+        return value
+
+    spec = aiplatform_v1.StudySpec(metrics=whole(list(metrics)), parameters=whole(list(parameters)))
+    if len(spec.metrics) != 1:
+        raise ValueError(f"the study needs exactly one metric, got {len(spec.metrics)}")
+    if not spec.parameters:
+        raise ValueError("the study has no parameters")
+    return spec
+
+
+def make_sampler(algorithm: str, spec: Any, seed: int) -> Any:
+    import optuna
+    from google.cloud import aiplatform_v1
+
+    if algorithm in ("ALGORITHM_UNSPECIFIED", ""):
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=2)
+    if algorithm == "RANDOM_SEARCH":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if algorithm == "GRID_SEARCH":
+        grid: dict[str, list[Any]] = {}
+        for p in spec.parameters:
+            kind = aiplatform_v1.StudySpec.ParameterSpec.pb(p).WhichOneof("parameter_value_spec")
+            if kind == "integer_value_spec":
+                grid[p.parameter_id] = list(
+                    range(p.integer_value_spec.min_value, p.integer_value_spec.max_value + 1)
+                )
+            elif kind == "discrete_value_spec":
+                grid[p.parameter_id] = list(p.discrete_value_spec.values)
+            elif kind == "categorical_value_spec":
+                grid[p.parameter_id] = list(p.categorical_value_spec.values)
+            else:
+                raise ValueError(
+                    f"GRID_SEARCH needs integer, discrete or categorical parameters; {p.parameter_id} is a double"
+                )
+        return optuna.samplers.GridSampler(grid, seed=seed)
+    raise ValueError(
+        f"search algorithm must be ALGORITHM_UNSPECIFIED, RANDOM_SEARCH or GRID_SEARCH, got {algorithm!r}"
+    )
+
+
+def suggest(trial: Any, spec: Any) -> dict[str, Any]:
+    """One value per parameter, within its range and on its scale."""
+    from google.cloud import aiplatform_v1
+
+    log_scale = aiplatform_v1.StudySpec.ParameterSpec.ScaleType.UNIT_LOG_SCALE
+    values: dict[str, Any] = {}
+    for p in spec.parameters:
+        kind = aiplatform_v1.StudySpec.ParameterSpec.pb(p).WhichOneof("parameter_value_spec")
+        log = p.scale_type == log_scale
+        if kind == "double_value_spec":
+            values[p.parameter_id] = trial.suggest_float(
+                p.parameter_id, p.double_value_spec.min_value, p.double_value_spec.max_value, log=log
+            )
+        elif kind == "integer_value_spec":
+            values[p.parameter_id] = trial.suggest_int(
+                p.parameter_id, p.integer_value_spec.min_value, p.integer_value_spec.max_value, log=log
+            )
+        elif kind == "discrete_value_spec":
+            options = [int(v) if float(v).is_integer() else v for v in p.discrete_value_spec.values]
+            values[p.parameter_id] = trial.suggest_categorical(p.parameter_id, options)
+        elif kind == "categorical_value_spec":
+            values[p.parameter_id] = trial.suggest_categorical(
+                p.parameter_id, list(p.categorical_value_spec.values)
+            )
+        else:
+            raise ValueError(f"parameter {p.parameter_id} has no value spec")
+    return values
+
+
+def read_measurements(path: Path, metric_id: str) -> list[tuple[int, float]]:
+    """(step, value) pairs cloudml-hypertune wrote for `metric_id`."""
+    if not path.exists():
+        return []
+    out: list[tuple[int, float]] = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            if metric_id in entry:
+                out.append((int(float(entry.get("global_step") or len(out) + 1)), float(entry[metric_id])))
+    return out
+
+
+def run_tuning(
+    worker_pool_specs: Sequence[Mapping[str, Any]],
+    base_output_directory: str,
+    study_spec_metrics: Sequence[Mapping[str, Any]],
+    study_spec_parameters: Sequence[Mapping[str, Any]],
+    *,
+    max_trial_count: int,
+    parallel_trial_count: int,
+    max_failed_trial_count: int = 0,
+    algorithm: str = "ALGORITHM_UNSPECIFIED",
+    measurement_selection: str = "BEST_MEASUREMENT",
+    project: str = "local",
+    timeout: str = "3600s",
+    seed: int = 0,
+    out: TextIO | None = None,
+) -> list[dict[str, Any]]:
+    """Runs the trials; returns the trials table. Raises RuntimeError when more trials fail
+    than `max_failed_trial_count` allows (0: all but none, i.e. the job fails only when every
+    trial failed)."""
+    import optuna
+    from google.cloud import aiplatform_v1
+
+    stream = out or sys.stdout
+    if max_trial_count < 1 or parallel_trial_count < 1:
+        raise ValueError(
+            f"max_trial_count and parallel_trial_count must be >= 1, got {max_trial_count}, {parallel_trial_count}"
+        )
+    spec = parse_study(study_spec_metrics, study_spec_parameters)
+    metric = spec.metrics[0]
+    maximize = metric.goal == aiplatform_v1.StudySpec.MetricSpec.GoalType.MAXIMIZE
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        direction="maximize" if maximize else "minimize", sampler=make_sampler(algorithm, spec, seed)
+    )
+    base = base_output_directory.rstrip("/")
+    table: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    failed = 0
+
+    def run_trial(number: int, trial: Any, params: dict[str, Any]) -> dict[str, Any]:
+        trial_id = str(number)
+        trial_dir = Path(base) / trial_id
+        metric_file = trial_dir / "hypertune" / "output.metrics"
+        flags = [f"--{k}={v}" for k, v in params.items()]
+        specs = [
+            {
+                **s,
+                "container_spec": {
+                    **s["container_spec"],
+                    "args": [*s["container_spec"].get("args", []), *flags],
+                },
+            }
+            if s
+            else s
+            for s in worker_pool_specs
+        ]
+        started = time.time()
+        row: dict[str, Any] = {
+            "id": trial_id,
+            "parameters": [{"parameterId": k, "value": v} for k, v in params.items()],
+            "startTime": _timestamp(started),
+        }
+        stream.write(f"[tune] trial {trial_id} started: {' '.join(flags)}\n")
+        try:
+            localjob.run_job(
+                specs,
+                str(trial_dir),
+                display_name=f"trial-{trial_id}",
+                project=project,
+                log_dir=trial_dir / "replica_logs",
+                timeout=timeout,
+                job_id=f"local-trial-{trial_id}",
+                extra_env={"CLOUD_ML_HP_METRIC_FILE": str(metric_file), "CLOUD_ML_TRIAL_ID": trial_id},
+                out=stream,
+            )
+        except localjob.JobFailed as err:
+            row.update(
+                state="INFEASIBLE", infeasibleReason=str(err).splitlines()[0], endTime=_timestamp(time.time())
+            )
+            return row
+        measurements = read_measurements(metric_file, metric.metric_id)
+        if not measurements:
+            row.update(
+                state="INFEASIBLE",
+                infeasibleReason=f"the trial reported no {metric.metric_id} (cloudml-hypertune)",
+                endTime=_timestamp(time.time()),
+            )
+            return row
+        pick = max if maximize else min
+        step, value = (
+            pick(measurements, key=lambda m: m[1])
+            if measurement_selection == "BEST_MEASUREMENT"
+            else measurements[-1]
+        )
+        row.update(
+            state="SUCCEEDED",
+            measurements=[
+                {"stepCount": str(s), "metrics": [{"metricId": metric.metric_id, "value": v}]}
+                for s, v in measurements
+            ],
+            finalMeasurement={
+                "stepCount": str(step),
+                "metrics": [{"metricId": metric.metric_id, "value": value}],
+            },
+            endTime=_timestamp(time.time()),
+        )
+        stream.write(f"[tune] trial {trial_id} {metric.metric_id}={value:.4f}\n")
+        return row
+
+    with ThreadPoolExecutor(max_workers=parallel_trial_count) as pool:
+        pending: dict[Future[dict[str, Any]], Any] = {}
+        started = 0
+        while started < max_trial_count or pending:
+            while started < max_trial_count and len(pending) < parallel_trial_count:
+                trial = study.ask()
+                params = suggest(trial, spec)
+                started += 1
+                pending[pool.submit(run_trial, started, trial, params)] = trial
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                trial = pending.pop(future)
+                row = future.result()
+                with lock:
+                    table.append(row)
+                if row["state"] == "SUCCEEDED":
+                    study.tell(trial, row["finalMeasurement"]["metrics"][0]["value"])
+                else:
+                    failed += 1
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    stream.write(f"[tune] trial {row['id']} failed: {row['infeasibleReason']}\n")
+                    if max_failed_trial_count and failed >= max_failed_trial_count:
+                        raise RuntimeError(
+                            f"{failed} trials failed (max_failed_trial_count {max_failed_trial_count})"
+                        )
+    table.sort(key=lambda r: int(r["id"]))
+    for row in table:  # the table must be what the API would return
+        _check_trial(row)
+    if not any(r["state"] == "SUCCEEDED" for r in table):
+        raise RuntimeError(
+            "every trial failed: " + "; ".join(f"{r['id']}: {r['infeasibleReason']}" for r in table)
+        )
+    return table
+
+
+def _timestamp(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(math.modf(t)[0] * 1000):03d}Z"
+
+
+def _check_trial(row: Mapping[str, Any]) -> None:
+    from google.cloud import aiplatform_v1
+    from google.protobuf import json_format
+
+    json_format.ParseDict(row, aiplatform_v1.Trial.pb(aiplatform_v1.Trial()), ignore_unknown_fields=False)

@@ -1,0 +1,156 @@
+"""report.html for a local run: training curves, confusion matrix and tuning trials as pictures,
+with the run's steps and metrics as tables. Pictures are PNGs embedded in the page (one file to
+open or attach), drawn with matplotlib's Agg backend (no display needed)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _png(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def curves_png(history: Mapping[str, Sequence[float]]) -> str:
+    """Loss and accuracy per epoch, training and validation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
+        for key, style in ((metric, "-o"), (f"val_{metric}", "--s")):
+            values = history.get(key) or []
+            if values:
+                ax.plot(range(1, len(values) + 1), values, style, label=key)
+        ax.set_xlabel("epoch")
+        ax.set_title(metric)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _png(fig)
+
+
+def confusion_png(labels: Sequence[str], matrix: Sequence[Sequence[int]]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.8, 4.2))
+    ax.imshow(matrix, cmap="Blues")
+    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    peak = max((max(row) for row in matrix), default=0)
+    for i, row in enumerate(matrix):
+        for j, count in enumerate(row):
+            ax.text(
+                j, i, str(count), ha="center", va="center", color="white" if count > peak / 2 else "black"
+            )
+    ax.set_title("test confusion matrix")
+    return _png(fig)
+
+
+def trials_png(trials: Sequence[Mapping[str, Any]], metric_id: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ids, values, colours = [], [], []
+    for t in trials:
+        ids.append(t["id"])
+        final = t.get("finalMeasurement", {}).get("metrics", [])
+        values.append(final[0]["value"] if final else 0.0)
+        colours.append("tab:green" if t["state"] == "SUCCEEDED" else "tab:red")
+    ax.bar(ids, values, color=colours)
+    ax.set_xlabel("trial (red: failed)")
+    ax.set_ylabel(metric_id)
+    ax.set_title("tuning trials")
+    return _png(fig)
+
+
+def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def write_report(
+    path: Path,
+    summary: Mapping[str, Any],
+    metrics: Mapping[str, Any] | None,
+    trials: Sequence[Mapping[str, Any]] | None,
+) -> Path:
+    """Writes the page; returns its path. `metrics` is the trainer's metrics.json (or None when
+    training did not finish), `trials` the tuning trials table (or None)."""
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>Run {html.escape(summary['run_id'])}</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}img{max-width:100%}</style></head><body>",
+        f"<h1>{html.escape(summary['pipeline'])}: {html.escape(summary['status'])}</h1>",
+        f"<p>Run {html.escape(summary['run_id'])}, target {html.escape(summary['target'])}, "
+        f"{summary['wall_seconds']:.1f} s.</p>",
+        "<h2>Steps</h2>",
+        _table(
+            [(s["name"], s["status"], f"{s['seconds']:.1f}") for s in summary["steps"]],
+            ("step", "status", "seconds"),
+        ),
+    ]
+    if summary.get("model"):
+        m = summary["model"]
+        parts += [
+            "<h2>Model</h2>",
+            _table(
+                [(m["name"], m["version"], m["path"], m["champion"])],
+                ("model", "version", "path", "champion"),
+            ),
+        ]
+    if metrics:
+        rows = [
+            (k, metrics[k])
+            for k in ("test_accuracy", "test_loss", "val_accuracy", "val_loss", "images_per_second")
+            if k in metrics
+        ]
+        parts += ["<h2>Metrics</h2>", _table(rows, ("metric", "value"))]
+        history = metrics.get("history") or {}
+        if history:
+            parts.append(
+                f"<h2>Training curves</h2><img alt='training curves' src='data:image/png;base64,{curves_png(history)}'>"
+            )
+        cm = metrics.get("confusion_matrix")
+        if cm:
+            image = confusion_png(cm["labels"], cm["matrix"])
+            parts.append(
+                f"<h2>Confusion matrix</h2><img alt='confusion matrix' src='data:image/png;base64,{image}'>"
+            )
+    if trials:
+        image = trials_png(trials, summary.get("tuning", {}).get("metric_id", "val_accuracy"))
+        parts.append(f"<h2>Tuning</h2><img alt='tuning trials' src='data:image/png;base64,{image}'>")
+        rows = [
+            (
+                t["id"],
+                t["state"],
+                ", ".join(f"{p['parameterId']}={p['value']}" for p in t.get("parameters", [])),
+                (t.get("finalMeasurement", {}).get("metrics") or [{"value": ""}])[0]["value"],
+            )
+            for t in trials
+        ]
+        parts.append(_table(rows, ("trial", "state", "parameters", "final measurement")))
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts))
+    return path
