@@ -36,7 +36,7 @@ compile: $(STAMP) ## Compile pipeline.py to compiled/pipeline.json (byte-identic
 TARGET ?= auto
 ARGS ?=
 run: $(STAMP) ## Run the pipeline: locally when no PROJECT_ID is configured (env or env.sh), else on Vertex. ARGS="--epochs 5 --tune true"
-	$(PY) -m components.cli run --target $(TARGET) $(ARGS)
+	@$(PY) -m components.cli run --target $(TARGET) $(ARGS)
 
 BENCH ?=
 bench: $(STAMP) ## Run the benchmarks (all, or BENCH=input|train|gpu|prepare); writes benchmarks/results/ and the BENCHMARKS.md table

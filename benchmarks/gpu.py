@@ -34,7 +34,7 @@ LARGE_BATCH = 256
 WARMUP_STEPS = 30
 STEPS = 150
 NUM_CLASSES = 5
-GOAL = {
+GOAL: dict[str, Any] = {
     "description": ">= 2.5x the codelab trainer, and >= 3,000 img/s on one H100 at 224 pixels",
     "min_ratio": 2.5,
     "min_images_per_second_h100_224": 3000,

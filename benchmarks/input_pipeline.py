@@ -27,7 +27,7 @@ IMAGE_SIZE = 300
 BATCH_SIZE = 64
 EPOCHS = 3
 REPEATS = 2
-GOAL = {
+GOAL: dict[str, Any] = {
     "description": ">= 5x the codelab pipeline's images/s, with no more peak memory",
     "min_ratio": 5.0,
     "max_peak_memory_ratio": 1.0,
@@ -37,7 +37,7 @@ GOAL = {
 def run(work: Path, results_dir: Path) -> dict[str, Any]:
     source = fixtures.cassava_source(work=work)
     ours_dir = fixtures.prepared(source, IMAGE_SIZE, work)
-    sides = {
+    sides: dict[str, tuple[str, dict[str, Any]]] = {
         "codelab": (
             "benchmarks.input_pipeline:measure_codelab",
             {"data_dir": str(source.tfds_dir), "image_size": IMAGE_SIZE},

@@ -30,7 +30,7 @@ GOAL = {"description": "none set; reported for tracking"}
 
 def run(work: Path, results_dir: Path) -> dict[str, Any]:
     source = fixtures.cassava_source(work=work)
-    sources = {
+    sources: dict[str, dict[str, Any]] = {
         "synthetic": {"source": "synthetic", "synthetic_per_class": SYNTHETIC_PER_CLASS},
         "folder": {"source": f"folder:{source.archive / fixtures.ARCHIVE_FOLDER}"},
     }

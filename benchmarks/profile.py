@@ -23,7 +23,6 @@ from typing import Any
 from benchmarks import fixtures
 from benchmarks.common import WORK_DIR
 
-
 CONTAINERS = {"Process", "Run", "RunWithBorrowedArgs", "MakeIterator"}
 """Events that nest other events (whole steps, executor runs): not ops."""
 

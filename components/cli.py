@@ -312,7 +312,7 @@ def run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout)
             pipeline_func(**args)
     except KeyboardInterrupt:
         status, error = "CANCELLED", "interrupted"
-    except Exception as err:  # kfp.local's own failure (not a step's): report it, do not dump a traceback
+    except Exception as err:  # noqa: BLE001 (kfp.local's own failure, not a step's: reported, not dumped)
         status, error = "FAILED", f"{type(err).__name__}: {err}"
     wall = time.monotonic() - start
     failed = [s for s in steps if s.status != "SUCCESS"]

@@ -100,11 +100,15 @@ def write_report(
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>Run {html.escape(summary['run_id'])}</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}img{max-width:100%}</style></head><body>",
+        (
+            "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}"
+            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}img{max-width:100%}</style></head><body>"
+        ),
         f"<h1>{html.escape(summary['pipeline'])}: {html.escape(summary['status'])}</h1>",
-        f"<p>Run {html.escape(summary['run_id'])}, target {html.escape(summary['target'])}, "
-        f"{summary['wall_seconds']:.1f} s.</p>",
+        (
+            f"<p>Run {html.escape(summary['run_id'])}, target {html.escape(summary['target'])}, "
+            f"{summary['wall_seconds']:.1f} s.</p>"
+        ),
         "<h2>Steps</h2>",
         _table(
             [(s["name"], s["status"], f"{s['seconds']:.1f}") for s in summary["steps"]],
@@ -141,7 +145,7 @@ def write_report(
     if trials:
         image = trials_png(trials, summary.get("tuning", {}).get("metric_id", "val_accuracy"))
         parts.append(f"<h2>Tuning</h2><img alt='tuning trials' src='data:image/png;base64,{image}'>")
-        rows = [
+        trial_rows = [
             (
                 t["id"],
                 t["state"],
@@ -150,7 +154,7 @@ def write_report(
             )
             for t in trials
         ]
-        parts.append(_table(rows, ("trial", "state", "parameters", "final measurement")))
+        parts.append(_table(trial_rows, ("trial", "state", "parameters", "final measurement")))
     parts.append("</body></html>")
     path.write_text("\n".join(parts))
     return path

@@ -1,0 +1,87 @@
+"""The runner's plumbing: selection, the e2e placeholder, failures, no TensorFlow import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from benchmarks import __main__ as runner
+from benchmarks import registry
+from benchmarks.common import ROOT, load_results, make_result
+
+MACHINE = {"cpu_count": 2, "cpu_model": "Test CPU", "python": "3.11", "tensorflow": "2.21.0", "gpu": None}
+
+
+def test_e2e_is_a_placeholder_that_runs_cleanly_and_says_so(tmp_path: Path) -> None:
+    markdown = tmp_path / "BENCHMARKS.md"
+    rc = runner.main(
+        ["run", "--bench", "e2e", "--results-dir", str(tmp_path / "r"), "--markdown", str(markdown)]
+    )
+    assert rc == 0
+    assert not (tmp_path / "r" / "e2e.json").exists()
+    row = next(line for line in markdown.read_text(encoding="utf-8").splitlines() if "`e2e`" in line)
+    assert "not yet implemented" in row
+    assert registry.not_implemented() == {"e2e": registry.module("e2e").NOT_IMPLEMENTED}
+
+
+def test_unknown_benchmarks_are_refused_with_the_known_names(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        runner.main(["run", "--bench", "input,nope"])
+    assert exit_info.value.code == 2
+    assert "unknown benchmark(s) nope; known: input, train, gpu, prepare, e2e" in capsys.readouterr().err
+
+
+def test_list_names_every_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    assert runner.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in registry.BENCHMARKS:
+        assert name in out
+
+
+def test_a_failing_benchmark_fails_the_run_after_the_others_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def ok(work: Path, results_dir: Path) -> dict[str, Any]:
+        return make_result(
+            "prepare", inputs={}, figures={}, ratio=None, goal={}, goal_met=None, machine=MACHINE
+        )
+
+    def broken(work: Path, results_dir: Path) -> dict[str, Any]:
+        raise RuntimeError("boom")
+
+    fakes = {"train": SimpleNamespace(run=broken), "prepare": SimpleNamespace(run=ok)}
+    real = registry.module
+    monkeypatch.setattr(registry, "module", lambda name: fakes.get(name) or real(name))
+    results, markdown = tmp_path / "r", tmp_path / "B.md"
+    rc = runner.run(["train", "prepare"], results, tmp_path / "work", markdown)
+    assert rc == 1
+    assert list(load_results(results)) == ["prepare"]
+    assert "`prepare`" in markdown.read_text(encoding="utf-8")
+
+
+def test_the_runner_never_imports_tensorflow() -> None:
+    modules = ", ".join(sorted(set(registry.BENCHMARKS.values())))
+    code = (
+        "import sys, benchmarks.__main__, benchmarks.table, benchmarks.fixtures; "
+        f"import {modules}; "
+        "assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_gpu_without_a_gpu_writes_a_skipped_result(tmp_path: Path) -> None:
+    from benchmarks import gpu
+    from benchmarks.common import gpu_names
+
+    if gpu_names():
+        pytest.skip("this machine has a GPU: the benchmark would really run")
+    result = gpu.run(tmp_path / "work", tmp_path)
+    assert result["skipped"] == "no GPU"
+    assert result["ratio"] is None and result["goal_met"] is None
+    assert result["figures"]["tensorflow_gpus"] == []

@@ -1,0 +1,187 @@
+"""The local target end to end, as a user runs it: `python -m components.cli run` (what `make run`
+calls) with no Google Cloud configuration; a replica killed mid-training; a failing step."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components import localjob
+from tests.conftest import FAST_TRAIN_FLAGS
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def cli(runs: Path, *flags: str, timeout: float = 540) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PROJECT_ID"}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "components.cli",
+            "run",
+            "--runs_dir",
+            str(runs),
+            "--registry_dir",
+            str(runs / "registry"),
+            *flags,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def summary(runs: Path) -> dict[str, Any]:
+    return json.loads((runs / "latest" / "summary.json").read_text())
+
+
+def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    first = cli(runs)
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-3000:]
+    assert first.stdout.splitlines()[0].startswith("make run: running the pipeline LOCALLY")
+    s = summary(runs)
+    assert s["status"] == "SUCCEEDED" and s["target"] == "local"
+    assert s["metrics"]["test_accuracy"] >= 0.9, s["metrics"]
+    assert s["metrics"]["num_workers"] == 2  # one chief and one worker, really distributed
+    assert s["model"]["version"] == "1" and s["model"]["champion"] is True
+    steps = {step["name"]: step for step in s["steps"]}
+    for name in ("build-trainer-image", "prepare-dataset", "train-model", "evaluate-model", "upload-model"):
+        assert steps[name]["status"] == "SUCCESS" and steps[name]["seconds"] > 0
+    assert "tune-hyperparameters" not in steps
+    version = Path(s["model"]["path"])
+    record = json.loads((version / "version.json").read_text())
+    assert len(record["serving_check"]) == 5 and (version / "model" / "saved_model.pb").exists()
+    aliases = json.loads((runs / "registry" / "cassava-classifier" / "aliases.json").read_text())
+    assert aliases == {"default": "1", "champion": "1"}
+    report = Path(s["report"]).read_text()
+    assert len(re.findall(r"src='data:image/png;base64,iVBOR", report)) == 2  # curves + confusion matrix
+    assert s["wall_seconds"] > 0 and (runs / "latest").resolve() == Path(s["report"]).parent
+
+    second = cli(runs, "--tune", "true", "--max_trial_count", "2", "--parallel_trial_count", "1")
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-3000:]
+    t = summary(runs)
+    assert t["run_id"] != s["run_id"] and t["model"]["version"] == "2"
+    trials = t["tuning"]["trials"]
+    assert len(trials) >= 2 and all(tr["state"] in ("SUCCEEDED", "INFEASIBLE") for tr in trials)
+    best = t["tuning"]["best"]
+    for name, value in best["hyperparameters"].items():
+        assert t["training_hyperparameters"][name] == pytest.approx(float(value)), name
+    assert len(re.findall(r"src='data:image/png;base64,iVBOR", Path(t["report"]).read_text())) == 3
+
+
+def find_replica(job_id: str, role: str) -> int | None:
+    """The pid of a replica of `job_id` (its CLOUD_ML_JOB_ID) with this TF_CONFIG task type."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"CLOUD_ML_JOB_ID={job_id}".encode() in environ and any(
+            e.startswith(b"TF_CONFIG=") and f'"type": "{role}"'.encode() in e for e in environ
+        ):
+            return int(entry.name)
+    return None
+
+
+class KillOnLine(io.StringIO):
+    """The job's screen: SIGKILLs the worker the first time epoch 2 starts."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__()
+        self.job_id, self.killed = job_id, threading.Event()
+
+    def write(self, text: str) -> int:
+        if not self.killed.is_set() and "worker-0] epoch 2/" in text and "started" in text:
+            pid = find_replica(self.job_id, "worker")
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                self.killed.set()
+        return super().write(text)
+
+
+def test_a_replica_killed_mid_training_restarts_the_job_which_resumes(
+    synthetic_dir: Path, tmp_path: Path
+) -> None:
+    job_id = f"fault-{os.getpid()}-{time.time_ns()}"
+    flags = [
+        f"--data_dir={synthetic_dir}",
+        *[f for f in FAST_TRAIN_FLAGS if not f.startswith("--epochs")],
+        "--epochs=4",
+    ]
+    container = {"image_uri": "img", "command": ["python", "-m", "trainer.task"], "args": flags}
+    specs = [
+        {"replica_count": 1, "container_spec": container},
+        {"replica_count": 1, "container_spec": container},
+    ]
+    screen = KillOnLine(job_id)
+    result = localjob.run_job(
+        specs,
+        str(tmp_path / "job"),
+        display_name="train",
+        project="local",
+        log_dir=tmp_path / "logs",
+        timeout="400s",
+        restart_job_on_worker_restart=True,
+        job_id=job_id,
+        out=screen,
+    )
+    output = screen.getvalue()
+    assert screen.killed.is_set(), output[-3000:]
+    assert result.attempts == 2, output[-3000:]
+    assert "restarting the whole job" in output
+    metrics = json.loads((tmp_path / "job" / "model" / "metrics.json").read_text())
+    assert metrics["epochs_completed"] == 4
+    # The second attempt resumed from the backup instead of starting again at epoch 1.
+    second_attempt = output.split("restarting the whole job")[1]
+    assert "[train chief-0] [chief-0] epoch 1/4 started" not in second_attempt
+    assert re.search(r"\[train chief-0\] \[chief-0\] epoch [23]/4 started", second_attempt)
+
+
+def test_a_failing_step_fails_the_run_with_its_log_tail(tmp_path: Path) -> None:
+    empty = tmp_path / "images"
+    empty.mkdir()
+    result = cli(tmp_path / "runs", "--dataset_source", f"folder:{empty}", timeout=240)
+    assert result.returncode == 1
+    out = result.stdout
+    assert "FAILED: step prepare-dataset failed" in out
+    assert "replica chief-0 exited with status 1" in out  # the job's own report, from the step log
+    assert "kfp/local/pipeline_orchestrator.py" not in out + result.stderr  # no traceback from inside kfp
+    s = summary(tmp_path / "runs")
+    assert s["status"] == "FAILED" and s["error"] == "step prepare-dataset failed"
+    assert [st["name"] for st in s["steps"] if st["status"] != "SUCCESS"] == ["prepare-dataset"]
+    assert s["model"] is None
+
+
+def test_bad_flags_stop_before_any_step(tmp_path: Path) -> None:
+    result = cli(
+        tmp_path / "runs",
+        "--worker_accelerator_count",
+        "1",
+        "--worker_accelerator_type",
+        "NVIDIA_TESLA_T4",
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "the local target has no GPUs" in result.stderr
+    assert not (tmp_path / "runs").exists()
+    result = cli(tmp_path / "runs", "--epochs", "many", timeout=60)
+    assert result.returncode == 2 and "--epochs" in result.stderr
