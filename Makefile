@@ -12,7 +12,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 .PHONY: help setup test test-fast compile run bench lint format clean
 
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_ -]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(UV):
 	@echo "uv not found: installing it with pip (user site)"
@@ -35,8 +35,29 @@ compile: $(STAMP) ## Compile pipeline.py to compiled/pipeline.json (byte-identic
 
 TARGET ?= auto
 ARGS ?=
-run: $(STAMP) ## Run the pipeline: locally when no PROJECT_ID is configured (env or env.sh), else on Vertex. ARGS="--epochs 5 --tune true"
-	@$(PY) -m components.cli run --target $(TARGET) $(ARGS)
+WAIT ?=
+run: $(STAMP) ## Run the pipeline: locally when no PROJECT_ID is configured (env or env.sh), else on Vertex (WAIT=1 follows it). ARGS="--epochs 5 --tune true"
+	@WAIT=$(WAIT) $(PY) -m components.cli run --target $(TARGET) $(ARGS)
+
+CRON ?=
+TIMEZONE ?=
+MAX_CONCURRENT ?= 1
+START ?=
+END ?=
+NAME ?=
+schedule: $(STAMP) ## Schedule this commit's template on Vertex: CRON='0 6 * * 1' [TIMEZONE=Europe/Paris MAX_CONCURRENT=1 START=iso END=iso ARGS=...]
+	@test -n "$(CRON)" || { echo "make schedule needs CRON='<minute> <hour> <day> <month> <weekday>'" >&2; exit 2; }
+	$(PY) -m components.submit schedule --cron "$(CRON)" --max_concurrent_runs $(MAX_CONCURRENT) $(if $(TIMEZONE),--timezone "$(TIMEZONE)") $(if $(START),--start_time "$(START)") $(if $(END),--end_time "$(END)") $(ARGS)
+
+schedules: $(STAMP) ## List the project's pipeline schedules
+	$(PY) -m components.submit schedules
+
+schedule-pause schedule-resume schedule-delete: $(STAMP) ## Pause, resume or delete a schedule: NAME=projects/.../schedules/ID
+	@test -n "$(NAME)" || { echo "make $@ needs NAME=projects/<p>/locations/<r>/schedules/<id> (see make schedules)" >&2; exit 2; }
+	$(PY) -m components.submit $(subst schedule-,,$@) "$(NAME)"
+
+e2e: $(STAMP) ## A real run on Vertex AI (needs a project in env.sh): submit, wait, check the model version
+	$(PY) -m pytest -m e2e tests/e2e
 
 BENCH ?=
 bench: $(STAMP) ## Run the benchmarks (all, or BENCH=input|train|gpu|prepare); writes benchmarks/results/ and the BENCHMARKS.md table

@@ -131,3 +131,78 @@ def storage_emulator() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+class RestFake:
+    """An HTTP/JSON server: `route(method, path_regex, handler)`; handlers get (match, query,
+    body) and return (status, json). Requests are kept as (method, path, query, body)."""
+
+    def __init__(self) -> None:
+        import re
+        import urllib.parse
+
+        self.routes: list[tuple[str, Any, Callable[..., tuple[int, Any]]]] = []
+        self.requests: list[tuple[str, str, dict[str, list[str]], Any]] = []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _serve(self, method: str) -> None:
+                import json
+
+                url = urllib.parse.urlsplit(self.path)
+                query = urllib.parse.parse_qs(url.query)
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw
+                fake.requests.append((method, url.path, query, body))
+                for route_method, pattern, handler in fake.routes:
+                    match = re.fullmatch(pattern, url.path)
+                    if route_method == method and match:
+                        status, payload = handler(match, query, body)
+                        break
+                else:
+                    status, payload = (
+                        404,
+                        {"error": {"code": 404, "message": f"no route {method} {url.path}"}},
+                    )
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header(
+                    "Content-Type", "application/json" if not isinstance(payload, bytes) else "text/plain"
+                )
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._serve("GET")
+
+            def do_POST(self) -> None:
+                self._serve("POST")
+
+            def do_PATCH(self) -> None:
+                self._serve("PATCH")
+
+            def do_DELETE(self) -> None:
+                self._serve("DELETE")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def route(self, method: str, pattern: str, handler: Callable[..., tuple[int, Any]]) -> None:
+        self.routes.append((method, pattern, handler))
+
+    def bodies(self, method: str, pattern: str) -> list[Any]:
+        import re
+
+        return [body for m, path, _, body in self.requests if m == method and re.fullmatch(pattern, path)]
+
+    def stop(self) -> None:
+        self._server.shutdown()

@@ -1,0 +1,196 @@
+"""The Google Cloud settings of `make run` (Vertex target), `make schedule` and `make e2e`.
+
+Read from the environment, else from `env.sh` (KEY=VALUE lines; `env.sh.example` documents each
+one), and validated before any request is sent: every problem is reported at once, naming the
+setting, what it got and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+# Setting -> (what it is, required). The order is env.sh.example's.
+SETTINGS: dict[str, tuple[str, bool]] = {
+    "PROJECT_ID": ("Google Cloud project id (e.g. my-project)", True),
+    "REGION": ("Vertex AI region of every job, e.g. us-central1", True),
+    "PIPELINE_ROOT": ("gs://<bucket>/<path> where runs keep their artifacts (and the build context)", True),
+    "SERVICE_ACCOUNT": (
+        "service account the pipeline and its jobs run as (<name>@<project>.iam.gserviceaccount.com)",
+        False,
+    ),
+    "ARTIFACT_REPOSITORY": (
+        "Docker repository for the trainer image: <region>-docker.pkg.dev/<project>/<repo>",
+        True,
+    ),
+    "TEMPLATE_REPOSITORY": (
+        "KFP repository for schedule templates: https://<region>-kfp.pkg.dev/<project>/<repo>",
+        False,
+    ),
+    "NETWORK": ("VPC network to peer: projects/<project number>/global/networks/<name>", False),
+    "KMS_KEY": ("CMEK key: projects/<p>/locations/<region>/keyRings/<ring>/cryptoKeys/<key>", False),
+    "LABELS": ("labels of the run, its jobs and the model: key=value,key=value", False),
+    "API_ENDPOINT": (
+        "Vertex API endpoint: <region>-aiplatform.googleapis.com (default) or a Private Service Connect one",
+        False,
+    ),
+    "EXPERIMENT": ("Vertex Experiment the runs are recorded in", False),
+    "ENABLE_CACHING": ("true or false: reuse results of unchanged steps", False),
+}
+
+_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_BUCKET_URI = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?$")
+_SERVICE_ACCOUNT = re.compile(
+    r"^([a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com"
+    r"|[0-9]+-compute@developer\.gserviceaccount\.com)$"
+)
+_DOCKER_REPO = re.compile(
+    r"^([a-z0-9-]+)-docker\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z][a-z0-9-]{0,62}$"
+)
+_KFP_REPO = re.compile(
+    r"^https://([a-z0-9-]+)-kfp\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z][a-z0-9-]{0,62}$"
+)
+_NETWORK = re.compile(r"^projects/[0-9]+/global/networks/[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
+_KMS_KEY = re.compile(r"^projects/[^/]+/locations/([^/]+)/keyRings/[^/]+/cryptoKeys/[^/]+$")
+_LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_ENDPOINT = re.compile(
+    r"^([a-z0-9.-]+\.googleapis\.com|[a-z0-9.-]+\.p\.googleapis\.com|http://127\.0\.0\.1:[0-9]+)$"
+)
+
+
+class SettingsError(ValueError):
+    """Every bad setting, one per line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    project: str
+    region: str
+    pipeline_root: str
+    artifact_repository: str
+    service_account: str = ""
+    template_repository: str = ""
+    network: str = ""
+    kms_key: str = ""
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    api_endpoint: str = ""
+    experiment: str = ""
+    enable_caching: bool = True
+
+    @property
+    def bucket(self) -> str:
+        return self.pipeline_root.removeprefix("gs://").split("/", 1)[0]
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines (`export` allowed, quotes stripped, # comments)."""
+    values: dict[str, str] = {}
+    if not path.exists():
+        return values
+    for line in path.read_text().splitlines():
+        match = re.match(r"^\s*(?:export\s+)?([A-Z_][A-Z0-9_]*)\s*=\s*(.*)$", line)
+        if not match:
+            continue
+        raw = match.group(2).strip()
+        if raw[:1] in ("'", '"'):
+            quote = raw[0]
+            raw = raw[1:].split(quote, 1)[0]
+        else:
+            raw = raw.split("#", 1)[0].strip()
+        values[match.group(1)] = raw
+    return values
+
+
+def load(
+    environ: Mapping[str, str], env_file: Path = Path("env.sh"), required: tuple[str, ...] | None = None
+) -> Settings:
+    """Settings from the environment over env.sh; raises SettingsError naming every problem."""
+    values = {**read_env_file(env_file), **{k: v for k, v in environ.items() if k in SETTINGS and v}}
+    need = required if required is not None else tuple(k for k, (_, req) in SETTINGS.items() if req)
+    problems = [f"{key} is not set: {SETTINGS[key][0]}" for key in need if not values.get(key)]
+
+    def check(key: str, pattern: re.Pattern[str]) -> re.Match[str] | None:
+        value = values.get(key, "")
+        if not value:
+            return None
+        match = pattern.match(value)
+        if not match:
+            problems.append(f"{key}={value!r} is not valid: expected {SETTINGS[key][0]}")
+        return match
+
+    check("PROJECT_ID", _PROJECT)
+    check("REGION", _REGION)
+    check("PIPELINE_ROOT", _BUCKET_URI)
+    check("SERVICE_ACCOUNT", _SERVICE_ACCOUNT)
+    check("NETWORK", _NETWORK)
+    check("API_ENDPOINT", _ENDPOINT)
+    region = values.get("REGION", "")
+    for key, pattern in (
+        ("ARTIFACT_REPOSITORY", _DOCKER_REPO),
+        ("TEMPLATE_REPOSITORY", _KFP_REPO),
+        ("KMS_KEY", _KMS_KEY),
+    ):
+        match = check(key, pattern)
+        if match and region and match.group(1) not in (region, region.split("-")[0], "global"):
+            problems.append(f"{key}={values[key]!r} is in {match.group(1)}, not in REGION {region}")
+    labels: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in values.get("LABELS", "").split(","))):
+        key, _, value = item.partition("=")
+        if not _LABEL.match(key) or not _LABEL_VALUE.match(value):
+            problems.append(
+                f"LABELS item {item!r} is not valid: keys start with a lowercase letter; keys and values use "
+                "lowercase letters, digits, _ and -, at most 63 characters"
+            )
+        labels[key] = value
+    caching = values.get("ENABLE_CACHING", "true").lower()
+    if caching not in ("true", "false"):
+        problems.append(f"ENABLE_CACHING={caching!r} is not valid: expected true or false")
+    if problems:
+        raise SettingsError("\n".join(problems))
+    return Settings(
+        project=values.get("PROJECT_ID", ""),
+        region=region,
+        pipeline_root=values.get("PIPELINE_ROOT", "").rstrip("/"),
+        artifact_repository=values.get("ARTIFACT_REPOSITORY", ""),
+        service_account=values.get("SERVICE_ACCOUNT", ""),
+        template_repository=values.get("TEMPLATE_REPOSITORY", ""),
+        network=values.get("NETWORK", ""),
+        kms_key=values.get("KMS_KEY", ""),
+        labels=labels,
+        api_endpoint=values.get("API_ENDPOINT", ""),
+        experiment=values.get("EXPERIMENT", ""),
+        enable_caching=caching == "true",
+    )
+
+
+def example() -> str:
+    """The text of env.sh.example."""
+    lines = [
+        "# Google Cloud settings for `make run` (Vertex target), `make schedule` and `make e2e`.",
+        "# Copy to env.sh (git-ignored) and fill in; the environment overrides this file.",
+        "# With no PROJECT_ID, `make run` runs the pipeline locally instead.",
+        "",
+    ]
+    samples = {
+        "PROJECT_ID": "my-project",
+        "REGION": "us-central1",
+        "PIPELINE_ROOT": "gs://my-project-pipelines/root",
+        "SERVICE_ACCOUNT": "pipelines@my-project.iam.gserviceaccount.com",
+        "ARTIFACT_REPOSITORY": "us-central1-docker.pkg.dev/my-project/training",
+        "TEMPLATE_REPOSITORY": "https://us-central1-kfp.pkg.dev/my-project/pipelines",
+        "NETWORK": "",
+        "KMS_KEY": "",
+        "LABELS": "team=ml,env=dev",
+        "API_ENDPOINT": "",
+        "EXPERIMENT": "",
+        "ENABLE_CACHING": "true",
+    }
+    for key, (help_, required) in SETTINGS.items():
+        lines.append(f"# {help_}{' (required)' if required else ''}")
+        lines.append(f"export {key}={samples[key]}")
+        lines.append("")
+    return "\n".join(lines)

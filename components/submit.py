@@ -1,0 +1,380 @@
+"""Running the compiled pipeline on Vertex AI: submit (`make run` with a project), wait, and
+schedules (`make schedule`, `make schedules`, `make schedule-pause|resume|delete`).
+
+Everything is sent by the real client libraries (google-cloud-storage, google-cloud-aiplatform's
+`PipelineJob`/`PipelineJobSchedule`, kfp's `RegistryClient`); settings are validated first
+(`components.settings`), so a bad setting costs no request.
+
+    python -m components.submit schedule --cron '0 6 * * 1' [--timezone Europe/Paris]
+        [--max_concurrent_runs 1] [--start_time ISO] [--end_time ISO] [--<parameter> VALUE ...]
+    python -m components.submit schedules | pause NAME | resume NAME | delete NAME
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from components import settings as settings_mod
+from components.buildcontext import write_context_tarball
+from components.settings import Settings, SettingsError
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPILED = ROOT / "compiled" / "pipeline.json"
+TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
+
+
+def source_commit(root: Path = ROOT) -> str:
+    """The checkout's commit, with `-dirty` when it has uncommitted changes ('' outside git)."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return commit + ("-dirty" if dirty else "")
+
+
+def pipeline_parameters(
+    given: Mapping[str, Any], settings: Settings, context_uri: str, commit: str
+) -> dict[str, Any]:
+    """The PipelineJob's parameter values: the submitter's settings plus the flags given."""
+    values = {k: v for k, v in given.items() if v is not None}
+    labels = {**settings.labels, **values.pop("labels", {})}
+    values.update(
+        project=settings.project,
+        location=settings.region,
+        context_uri=context_uri,
+        artifact_repository=settings.artifact_repository,
+        source_commit=commit,
+    )
+    overrides = {
+        "service_account": settings.service_account,
+        "network": settings.network,
+        "encryption_spec_key_name": settings.kms_key,
+    }
+    values.update({k: v for k, v in overrides.items() if v and k not in given})
+    if labels:
+        values["labels"] = labels
+    return values
+
+
+def check_hardware(values: Mapping[str, Any], compiled: Mapping[str, Any], region: str) -> None:
+    """The worker pools the run will ask for, validated for `region` (GPU types it offers)."""
+    from components import worker_pools
+
+    defaults = {
+        name: p.get("defaultValue") for name, p in compiled["root"]["inputDefinitions"]["parameters"].items()
+    }
+    v = {**defaults, **values}
+    hardware: dict[str, Any] = {
+        k: int(v[k]) if isinstance(v[k], float) else v[k]
+        for k in (
+            "chief_machine_type",
+            "chief_accelerator_type",
+            "chief_accelerator_count",
+            "worker_count",
+            "worker_machine_type",
+            "worker_accelerator_type",
+            "worker_accelerator_count",
+            "boot_disk_type",
+            "boot_disk_size_gb",
+            "reduction_server_count",
+            "reduction_server_machine_type",
+        )
+    }
+    worker_pools.build_worker_pool_specs(
+        image_uri="check", command=["python"], args=[], **hardware, region=region
+    )
+
+
+def upload_context(settings: Settings, root: Path = ROOT, credentials: Any = None) -> str:
+    """Uploads the build context tarball to `<PIPELINE_ROOT>/contexts/<tag>.tar.gz` (once per
+    content) and returns its gs:// URI."""
+    import google.cloud.storage as storage
+
+    buf = io.BytesIO()
+    tag = write_context_tarball(root, buf)
+    prefix = settings.pipeline_root.removeprefix(f"gs://{settings.bucket}").strip("/")
+    name = "/".join(p for p in (prefix, "contexts", f"{tag}.tar.gz") if p)
+    client = storage.Client(project=settings.project, credentials=credentials)
+    blob = client.bucket(settings.bucket).blob(name)
+    if not blob.exists():
+        blob.upload_from_string(buf.getvalue(), content_type="application/gzip")
+        print(f"uploaded the build context to gs://{settings.bucket}/{name}")
+    else:
+        print(f"build context unchanged: gs://{settings.bucket}/{name}")
+    return f"gs://{settings.bucket}/{name}"
+
+
+def init_aiplatform(settings: Settings, credentials: Any = None, transport: str | None = None) -> None:
+    from google.cloud import aiplatform
+
+    kwargs: dict[str, Any] = {"project": settings.project, "location": settings.region}
+    if credentials is not None:
+        kwargs["credentials"] = credentials
+    if settings.api_endpoint:
+        kwargs["api_endpoint"] = settings.api_endpoint
+    if transport:
+        kwargs["api_transport"] = transport
+    if settings.kms_key:
+        kwargs["encryption_spec_key_name"] = settings.kms_key
+    aiplatform.init(**kwargs)
+
+
+def build_pipeline_job(
+    settings: Settings,
+    values: Mapping[str, Any],
+    template: Path = COMPILED,
+    display_name: str = "",
+    template_uri: str = "",
+) -> Any:
+    """The `aiplatform.PipelineJob` for the compiled template (unknown parameters are rejected
+    here, before any request)."""
+    from google.cloud import aiplatform
+
+    job = aiplatform.PipelineJob(
+        display_name=display_name or "multiworker-cassava-training",
+        template_path=str(template),
+        pipeline_root=settings.pipeline_root,
+        parameter_values=dict(values),
+        enable_caching=settings.enable_caching,
+        labels={**settings.labels, "source_commit": str(values.get("source_commit", ""))[:63] or "unknown"},
+        encryption_spec_key_name=settings.kms_key or None,
+        project=settings.project,
+        location=settings.region,
+    )
+    if template_uri:  # the same bytes, as uploaded to Artifact Registry: the run names its version
+        job._gca_resource.template_uri = template_uri
+    return job
+
+
+def watch(job: Any, out: Any = None, poll_seconds: float = 15.0) -> str:
+    """Waits for the job, printing each task's state as it changes; returns the final state."""
+    out = out or sys.stdout
+    seen: dict[str, str] = {}
+    while True:
+        state = job.state.name  # each read fetches the job
+        for task in job.task_details:
+            task_state = type(task).State(task.state).name
+            if seen.get(task.task_name) != task_state:
+                seen[task.task_name] = task_state
+                out.write(f"  {task.task_name:<32} {task_state}\n")
+                out.flush()
+        if state in TERMINAL:
+            return str(state)
+        time.sleep(poll_seconds)
+
+
+def submit(
+    settings: Settings,
+    given: Mapping[str, Any],
+    *,
+    wait: bool = False,
+    credentials: Any = None,
+    transport: str | None = None,
+    root: Path = ROOT,
+    template: Path = COMPILED,
+    poll_seconds: float = 15.0,
+) -> int:
+    """Uploads the context and submits the run; with `wait`, follows it to the end."""
+    compiled = json.loads(template.read_text())
+    check_hardware(given, compiled, settings.region)
+    init_aiplatform(settings, credentials, transport)
+    commit = source_commit(root)
+    context_uri = upload_context(settings, root, credentials)
+    values = pipeline_parameters(given, settings, context_uri, commit)
+    job = build_pipeline_job(settings, values, template)
+    job.submit(
+        service_account=settings.service_account or None,
+        network=settings.network or None,
+        experiment=settings.experiment or None,
+    )
+    print(f"submitted {job.resource_name}\nconsole: {job._dashboard_uri()}", flush=True)
+    if not wait:
+        return 0
+    state = watch(job, poll_seconds=poll_seconds)
+    print(f"run ended {state}")
+    return 0 if state == "PIPELINE_STATE_SUCCEEDED" else 1
+
+
+def main(ns: argparse.Namespace, environ: Mapping[str, str], project: str) -> int:
+    """`make run` with a project configured (called by components.cli)."""
+    import pipeline
+
+    try:
+        settings = settings_mod.load(environ)
+    except SettingsError as err:
+        print(
+            f"make run: cannot submit to Vertex AI; fix these settings (env or env.sh):\n{err}",
+            file=sys.stderr,
+        )
+        return 2
+    print(
+        f"make run: submitting to Vertex AI in project {settings.project}, {settings.region} (PROJECT_ID is set)",
+        flush=True,
+    )
+    given = {
+        q.name: getattr(ns, q.name)
+        for q in pipeline.parameters_for("vertex")
+        if getattr(ns, q.name, None) is not None
+    }
+    try:
+        return submit(settings, given, wait=environ.get("WAIT", "") not in ("", "0", "false"))
+    except ValueError as err:
+        print(f"make run: {err}", file=sys.stderr)
+        return 2
+
+
+# --- schedules ----------------------------------------------------------------------------------
+
+
+def upload_template(settings: Settings, template: Path = COMPILED, commit: str = "", auth: Any = None) -> str:
+    """Uploads the compiled template to Artifact Registry, tagged with the commit and `latest`;
+    returns the template version's URI."""
+    from kfp.registry import RegistryClient
+
+    if not settings.template_repository:
+        raise SettingsError(
+            f"TEMPLATE_REPOSITORY is not set: {settings_mod.SETTINGS['TEMPLATE_REPOSITORY'][0]}"
+        )
+    client = RegistryClient(host=settings.template_repository, auth=auth)
+    tags = [
+        t
+        for t in (
+            commit.replace("-dirty", "")[:40] if commit and not commit.endswith("-dirty") else "",
+            "latest",
+        )
+        if t
+    ]
+    package, version = client.upload_pipeline(file_name=str(template), tags=tags)
+    uri = f"{settings.template_repository.rstrip('/')}/{package}/{version}"
+    print(f"template {uri} (tags: {', '.join(tags)})")
+    return uri
+
+
+def create_schedule(
+    settings: Settings,
+    given: Mapping[str, Any],
+    *,
+    cron: str,
+    timezone: str = "",
+    max_concurrent_runs: int = 1,
+    start_time: str | None = None,
+    end_time: str | None = None,
+    credentials: Any = None,
+    transport: str | None = None,
+    registry_auth: Any = None,
+    root: Path = ROOT,
+    template: Path = COMPILED,
+) -> Any:
+    """A Vertex pipeline schedule of the template version pinned to this commit."""
+    from google.cloud import aiplatform
+
+    if len(cron.split()) != 5:
+        raise ValueError(f"CRON must have five fields (minute hour day month weekday), got {cron!r}")
+    if max_concurrent_runs < 1:
+        raise ValueError(f"max_concurrent_runs must be >= 1, got {max_concurrent_runs}")
+    commit = source_commit(root)
+    if commit.endswith("-dirty"):
+        raise ValueError(
+            "the checkout has uncommitted changes: a schedule must be pinned to a commit; commit first"
+        )
+    compiled = json.loads(template.read_text())
+    check_hardware(given, compiled, settings.region)
+    init_aiplatform(settings, credentials, transport)
+    context_uri = upload_context(settings, root, credentials)
+    template_uri = upload_template(settings, template, commit, registry_auth)
+    values = pipeline_parameters(given, settings, context_uri, commit)
+    job = build_pipeline_job(settings, values, template, template_uri=template_uri)
+    schedule = aiplatform.PipelineJobSchedule(
+        pipeline_job=job, display_name=f"multiworker-cassava-training-{commit[:8]}"
+    )
+    schedule.create(
+        cron=f"TZ={timezone} {cron}" if timezone else cron,
+        max_concurrent_run_count=max_concurrent_runs,
+        start_time=start_time,
+        end_time=end_time,
+        service_account=settings.service_account or None,
+        network=settings.network or None,
+    )
+    print(f"created schedule {schedule.resource_name}")
+    return schedule
+
+
+def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
+    import pipeline
+    from components import cli
+
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    action, rest = argv[0], list(argv[1:])
+    try:
+        settings = settings_mod.load(environ)
+    except SettingsError as err:
+        print(f"cannot reach Vertex AI; fix these settings (env or env.sh):\n{err}", file=sys.stderr)
+        return 2
+    from google.cloud import aiplatform
+
+    if action == "schedule":
+        parser = cli.build_parser(pipeline.parameters_for("vertex"))
+        parser.prog = "make schedule CRON=..."
+        parser.add_argument("--cron", required=True)
+        parser.add_argument("--timezone", default="")
+        parser.add_argument("--max_concurrent_runs", type=int, default=1)
+        parser.add_argument("--start_time", default=None)
+        parser.add_argument("--end_time", default=None)
+        ns = parser.parse_args(rest)
+        given = {
+            q.name: getattr(ns, q.name)
+            for q in pipeline.parameters_for("vertex")
+            if getattr(ns, q.name) is not None
+        }
+        try:
+            create_schedule(
+                settings,
+                given,
+                cron=ns.cron,
+                timezone=ns.timezone,
+                max_concurrent_runs=ns.max_concurrent_runs,
+                start_time=ns.start_time,
+                end_time=ns.end_time,
+            )
+        except ValueError as err:
+            print(f"make schedule: {err}", file=sys.stderr)
+            return 2
+        return 0
+    init_aiplatform(settings)
+    if action == "schedules":
+        for s in aiplatform.PipelineJobSchedule.list():
+            state = s.state.name if s.state is not None else "?"
+            print(f"{s.resource_name}  {s.display_name}  {state}  cron={s.cron!r}")
+        return 0
+    if action in ("pause", "resume", "delete") and len(rest) == 1:
+        schedule = aiplatform.PipelineJobSchedule.get(rest[0])
+        getattr(schedule, action)()
+        print(
+            f"{action}d {schedule.resource_name}" if action != "pause" else f"paused {schedule.resource_name}"
+        )
+        return 0
+    print(
+        f"unknown schedule command {' '.join(argv)!r}; use schedule, schedules, pause NAME, resume NAME or delete NAME",
+        file=sys.stderr,
+    )
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(schedule_command(sys.argv[1:]))

@@ -1,0 +1,286 @@
+"""`make run` (Vertex target) and `make schedule` against local fakes: the real aiplatform SDK
+over REST to a fake Vertex API, the real storage client to gcp-storage-emulator, kfp's
+RegistryClient to a fake Artifact Registry; and every bad setting stopped before any request."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+
+from components import buildcontext, cli, settings, submit
+from tests.fakes import RestFake, storage_emulator
+
+ROOT = Path(__file__).resolve().parents[2]
+BUCKET = "p-proj-pipelines"
+JOBS = r"/v1/projects/p-proj/locations/us-central1/pipelineJobs"
+
+
+@pytest.fixture
+def vertex(monkeypatch: pytest.MonkeyPatch) -> Iterator[RestFake]:
+    fake = RestFake()
+    jobs: dict[str, dict[str, Any]] = {}
+
+    def create_job(_m: Any, query: dict[str, list[str]], body: dict[str, Any]) -> tuple[int, Any]:
+        name = f"projects/p-proj/locations/us-central1/pipelineJobs/{query['pipelineJobId'][0]}"
+        jobs[name] = {**body, "name": name, "state": "PIPELINE_STATE_PENDING", "polls": 0}
+        return 200, {k: v for k, v in jobs[name].items() if k != "polls"}
+
+    def get_job(match: re.Match[str], _q: Any, _b: Any) -> tuple[int, Any]:
+        job = jobs[match.group(1)]
+        job["polls"] += 1
+        running = job["polls"] < 3
+        job["state"] = "PIPELINE_STATE_RUNNING" if running else "PIPELINE_STATE_SUCCEEDED"
+        tasks = [{"taskName": "train-model", "state": "RUNNING" if running else "SUCCEEDED"}]
+        return 200, {**{k: v for k, v in job.items() if k != "polls"}, "jobDetail": {"taskDetails": tasks}}
+
+    def create_schedule(_m: Any, _q: Any, body: dict[str, Any]) -> tuple[int, Any]:
+        return 200, {**body, "name": "projects/p-proj/locations/us-central1/schedules/77", "state": "ACTIVE"}
+
+    # submit() first probes the pipeline-root bucket's owner through Resource Manager (no fake of
+    # that service here): record the probe instead (DESIGN.md fact 10).
+    from google.cloud.aiplatform.utils import gcs_utils
+
+    probes: list[str] = []
+    monkeypatch.setattr(
+        gcs_utils,
+        "create_gcs_bucket_for_pipeline_artifacts_if_it_does_not_exist",
+        lambda output_artifacts_gcs_dir=None, **_: probes.append(output_artifacts_gcs_dir),
+    )
+    fake.probes = probes  # type: ignore[attr-defined]
+    fake.route("POST", JOBS, create_job)
+    fake.route("GET", r"/v1/(projects/p-proj/locations/us-central1/pipelineJobs/[^/]+)", get_job)
+    fake.route("POST", r"/v1/projects/p-proj/locations/us-central1/schedules", create_schedule)
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    import google.cloud.storage as storage
+
+    with storage_emulator() as url:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+        client = storage.Client(project="p-proj", credentials=AnonymousCredentials())
+        client.create_bucket(BUCKET)
+        yield client
+
+
+def env(vertex: RestFake, **extra: str) -> dict[str, str]:
+    return {
+        "PROJECT_ID": "p-proj",
+        "REGION": "us-central1",
+        "PIPELINE_ROOT": f"gs://{BUCKET}/root",
+        "SERVICE_ACCOUNT": "pipelines@p-proj.iam.gserviceaccount.com",
+        "ARTIFACT_REPOSITORY": "us-central1-docker.pkg.dev/p-proj/training",
+        "TEMPLATE_REPOSITORY": "https://us-central1-kfp.pkg.dev/p-proj/pipelines",
+        "NETWORK": "projects/123456/global/networks/vpc",
+        "LABELS": "team=ml",
+        "API_ENDPOINT": f"http://{vertex.address}",
+        **extra,
+    }
+
+
+def test_submit_uploads_the_context_and_creates_the_pipeline_job(
+    vertex: RestFake, gcs: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = settings.load(env(vertex), Path("/nonexistent"))
+    code = submit.submit(
+        config,
+        {"epochs": 5, "tune": True, "labels": {"run": "nightly"}},
+        wait=True,
+        credentials=AnonymousCredentials(),
+        transport="rest",
+        poll_seconds=0.01,
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "console: https://console.cloud.google.com/vertex-ai/locations/us-central1/pipelines/runs/" in out
+    assert "train-model" in out and "SUCCEEDED" in out and "run ended PIPELINE_STATE_SUCCEEDED" in out
+
+    # The context is in the bucket, under its content tag.
+    tag = buildcontext.context_tag(buildcontext.context_members(ROOT))
+    blob = gcs.bucket(BUCKET).blob(f"root/contexts/{tag}.tar.gz")
+    assert blob.exists()
+    assert buildcontext.context_tag(buildcontext.tarball_members(blob.download_as_bytes())) == tag
+
+    assert vertex.probes == [f"gs://{BUCKET}/root"]  # type: ignore[attr-defined]
+    [body] = vertex.bodies("POST", JOBS)
+    assert body["pipelineSpec"]["pipelineInfo"]["name"] == "multiworker-cassava-training"
+    runtime = body["runtimeConfig"]
+    assert runtime["gcsOutputDirectory"] == f"gs://{BUCKET}/root"
+    values = runtime["parameterValues"]
+    assert values["project"] == "p-proj" and values["location"] == "us-central1"
+    assert values["context_uri"] == f"gs://{BUCKET}/root/contexts/{tag}.tar.gz"
+    assert values["artifact_repository"] == "us-central1-docker.pkg.dev/p-proj/training"
+    assert values["epochs"] == 5 and values["tune"] is True
+    assert values["labels"] == {"team": "ml", "run": "nightly"}
+    assert values["service_account"] == "pipelines@p-proj.iam.gserviceaccount.com"
+    assert values["network"] == "projects/123456/global/networks/vpc"
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", values["source_commit"])
+    assert body["serviceAccount"] == "pipelines@p-proj.iam.gserviceaccount.com"
+    assert body["network"] == "projects/123456/global/networks/vpc"
+    assert body["labels"]["team"] == "ml" and body["labels"]["source_commit"] == values["source_commit"][:63]
+
+
+def test_a_failed_run_exits_non_zero(vertex: RestFake, gcs: Any) -> None:
+    def failed(match: re.Match[str], _q: Any, _b: Any) -> tuple[int, Any]:
+        return 200, {
+            "name": match.group(1),
+            "state": "PIPELINE_STATE_FAILED",
+            "jobDetail": {"taskDetails": [{"taskName": "train-model", "state": "FAILED"}]},
+        }
+
+    vertex.routes.insert(
+        0, ("GET", r"/v1/(projects/p-proj/locations/us-central1/pipelineJobs/[^/]+)", failed)
+    )
+    config = settings.load(env(vertex), Path("/nonexistent"))
+    code = submit.submit(
+        config, {}, wait=True, credentials=AnonymousCredentials(), transport="rest", poll_seconds=0.01
+    )
+    assert code == 1
+
+
+class FakeRegistryAuth:
+    """No Google credentials for the fake registry host."""
+
+    def __call__(self, request: Any) -> Any:
+        return request
+
+
+def test_schedule_pins_the_template_version_of_this_commit(
+    vertex: RestFake, gcs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = RestFake()
+    registry.route(
+        "POST", r"/p-proj/pipelines/?", lambda *_: (200, b"multiworker-cassava-training/sha256:abc123")
+    )
+    monkeypatch.setattr(submit, "source_commit", lambda root=ROOT: "a" * 40)
+    config = settings.load(
+        env(vertex, TEMPLATE_REPOSITORY="https://us-central1-kfp.pkg.dev/p-proj/pipelines"),
+        Path("/nonexistent"),
+    )
+    config = type(config)(
+        **{**config.__dict__, "template_repository": f"http://{registry.address}/p-proj/pipelines"}
+    )
+    try:
+        submit.create_schedule(
+            config,
+            {"tune": True},
+            cron="0 6 * * 1",
+            timezone="Europe/Paris",
+            max_concurrent_runs=2,
+            start_time="2026-12-01T00:00:00Z",
+            credentials=AnonymousCredentials(),
+            transport="rest",
+            registry_auth=FakeRegistryAuth(),
+        )
+    finally:
+        registry.stop()
+    [upload] = [r for r in registry.requests if r[0] == "POST"]
+    assert b'"name": "multiworker-cassava-training"' in upload[3]  # the compiled template itself
+    [body] = vertex.bodies("POST", r"/v1/projects/p-proj/locations/us-central1/schedules")
+    assert body["cron"] == "TZ=Europe/Paris 0 6 * * 1"
+    assert int(body["maxConcurrentRunCount"]) == 2
+    assert body["startTime"].startswith("2026-12-01T00:00:00")
+    job = body["createPipelineJobRequest"]["pipelineJob"]
+    assert (
+        job["templateUri"]
+        == f"http://{registry.address}/p-proj/pipelines/multiworker-cassava-training/sha256:abc123"
+    )
+    assert job["runtimeConfig"]["parameterValues"]["source_commit"] == "a" * 40
+    assert job["runtimeConfig"]["parameterValues"]["tune"] is True
+    assert job["serviceAccount"] == "pipelines@p-proj.iam.gserviceaccount.com"
+
+
+def test_schedules_refuse_a_dirty_checkout_and_bad_cron(
+    vertex: RestFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = settings.load(env(vertex), Path("/nonexistent"))
+    with pytest.raises(ValueError, match="CRON must have five fields"):
+        submit.create_schedule(config, {}, cron="every monday")
+    monkeypatch.setattr(submit, "source_commit", lambda root=ROOT: "b" * 40 + "-dirty")
+    with pytest.raises(ValueError, match="uncommitted changes"):
+        submit.create_schedule(config, {}, cron="0 6 * * 1")
+    assert vertex.requests == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"PIPELINE_ROOT": "my-bucket/root"}, "PIPELINE_ROOT='my-bucket/root' is not valid: expected gs://"),
+        ({"REGION": "US Central"}, "REGION='US Central' is not valid"),
+        ({"SERVICE_ACCOUNT": "me@gmail.com"}, "SERVICE_ACCOUNT='me@gmail.com' is not valid"),
+        (
+            {"ARTIFACT_REPOSITORY": "europe-west4-docker.pkg.dev/p-proj/r"},
+            "is in europe-west4, not in REGION us-central1",
+        ),
+        ({"NETWORK": "vpc"}, "NETWORK='vpc' is not valid"),
+        ({"LABELS": "Team=ML"}, "LABELS item 'Team=ML' is not valid"),
+        ({"PROJECT_ID": ""}, "PROJECT_ID is not set"),
+    ],
+)
+def test_bad_settings_are_named_before_any_request(
+    vertex: RestFake, overrides: dict[str, str], message: str
+) -> None:
+    with pytest.raises(settings.SettingsError, match=re.escape(message)):
+        settings.load(env(vertex, **overrides), Path("/nonexistent"))
+    assert vertex.requests == []
+
+
+def test_a_gpu_the_region_does_not_offer_is_refused_before_any_request(vertex: RestFake, gcs: Any) -> None:
+    config = settings.load(
+        env(
+            vertex,
+            REGION="europe-west2",
+            ARTIFACT_REPOSITORY="europe-west2-docker.pkg.dev/p-proj/r",
+            TEMPLATE_REPOSITORY="https://europe-west2-kfp.pkg.dev/p-proj/pipelines",
+        ),
+        Path("/nonexistent"),
+    )
+    with pytest.raises(ValueError, match="NVIDIA_TESLA_V100 is not offered in europe-west2"):
+        submit.submit(config, {}, credentials=AnonymousCredentials(), transport="rest")
+    assert vertex.requests == []
+    assert list(gcs.list_blobs(BUCKET)) == []
+
+
+def test_make_run_with_bad_settings_exits_2_naming_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no env.sh here
+    code = cli.main(["run"], {"PROJECT_ID": "p-proj", "REGION": "us-central1", "PIPELINE_ROOT": "bucket"})
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "PIPELINE_ROOT='bucket' is not valid" in err and "ARTIFACT_REPOSITORY is not set" in err
+
+
+def test_env_sh_example_documents_every_setting() -> None:
+    text = (ROOT / "env.sh.example").read_text()
+    assert text == settings.example(), (
+        "env.sh.example is stale: regenerate it from components.settings.example()"
+    )
+    for key in settings.SETTINGS:
+        assert f"export {key}=" in text
+    assert settings.load({}, _write(text)).project == "my-project"  # the example itself is valid
+
+
+def _write(text: str) -> Path:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "env.sh"
+    path.write_text(text)
+    return path
+
+
+def test_settings_from_env_sh_with_the_environment_on_top(tmp_path: Path) -> None:
+    (tmp_path / "env.sh").write_text(
+        "export PROJECT_ID=p-proj\nREGION='us-central1'  # region\nexport PIPELINE_ROOT=gs://b-bucket/x/\n"
+        "ARTIFACT_REPOSITORY=us-central1-docker.pkg.dev/p-proj/training\nENABLE_CACHING=false\n"
+    )
+    config = settings.load({"REGION": "us-central1", "LABELS": "a=b"}, tmp_path / "env.sh")
+    assert (config.project, config.pipeline_root, config.bucket) == ("p-proj", "gs://b-bucket/x", "b-bucket")
+    assert config.enable_caching is False and config.labels == {"a": "b"}
