@@ -208,6 +208,13 @@ class ChildRun:
     wall_seconds: float
     """Process start to exit, TensorFlow import included."""
     log: Path
+    load_before: float | None = None
+    """The machine's 1-minute load average when the process started: above ~0.5 on an
+    otherwise idle machine, something else was competing for the CPUs."""
+
+    def merged(self) -> dict[str, Any]:
+        """The child's figures plus what the parent measured about it."""
+        return {**self.figures, "peak_rss_mib": self.peak_rss_mib, "load_1min_before": self.load_before}
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -237,6 +244,7 @@ def run_child(
     with tempfile.TemporaryDirectory(prefix="bench-child-") as tmp:
         args_path, out_path = Path(tmp) / "args.json", Path(tmp) / "figures.json"
         args_path.write_text(json.dumps(dict(kwargs)), encoding="utf-8")
+        load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
         started = time.perf_counter()
         with open(log, "wb") as out:
             proc = subprocess.Popen(
@@ -260,7 +268,11 @@ def run_child(
         figures = json.loads(out_path.read_text(encoding="utf-8"))
     # ru_maxrss is in KiB on Linux.
     return ChildRun(
-        figures=figures, peak_rss_mib=round(usage.ru_maxrss / 1024, 1), wall_seconds=wall, log=log
+        figures=figures,
+        peak_rss_mib=round(usage.ru_maxrss / 1024, 1),
+        wall_seconds=wall,
+        log=log,
+        load_before=load,
     )
 
 

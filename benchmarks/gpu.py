@@ -11,17 +11,20 @@ needed; the input pipeline is the `input` benchmark's business, so both sides ge
 - ours: `trainer.model.build_model`/`compile_model` under `trainer.distribute.create_strategy`
   with `--mixed_precision true --xla true` (mixed_float16, jit-compiled step), fed uint8 images
   (the cast and preprocessing run in the model, on the device), trainer defaults otherwise.
-Both train every layer of a randomly initialised ResNet50 at the codelab's batch of 64; ours is
-also measured at batch 256 at 224 pixels, what one would run on an H100.
+Both train every layer of a randomly initialised ResNet50 at the codelab's batch of 64, and fit
+as their trainers do (the codelab's default progress bar, our ProgressLogger: both read the loss
+every step). Ours is also measured at batch 256 at 224 pixels, what one would run on an H100,
+and once with ProgressLogger not waiting for the device every step (`_tflogs`: a proposed
+`trainer/callbacks.py` change, measured before it is made).
 
-Each run trains `WARMUP_STEPS` (tracing, XLA compilation, cuDNN autotuning) and then
-`STEPS` timed steps in a second `fit`, which returns only once the device is done. Every run's
+Each run is one `fit` of `WARMUP_STEPS` (tracing, XLA compilation, cuDNN autotuning) and then
+`STEPS` steps, timed by `clock.make_clock` (which waits for the device at both ends of the
+window and adds no per-step wait of its own). Every run's
 raw output is kept in the result (`raw_output`) and in `results/gpu.raw.txt`.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +72,14 @@ def run(work: Path, results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
         )
 
     device = probe.figures["gpus"][0]["name"]
-    plan = [(side, size, BATCH_SIZE) for size in IMAGE_SIZES for side in ("codelab", "ours")]
-    plan.append(("ours", IMAGE_SIZES[0], LARGE_BATCH))
+    plan = [(side, size, BATCH_SIZE, False) for size in IMAGE_SIZES for side in ("codelab", "ours")]
+    plan.append(("ours", IMAGE_SIZES[0], LARGE_BATCH, False))
+    # What the trainer's per-step device sync costs (see `measure`): the proposed fix, measured.
+    plan.append(("ours", IMAGE_SIZES[0], BATCH_SIZE, True))
     runs: dict[str, dict[str, Any]] = {}
     raw: dict[str, str] = {}
-    for side, size, batch in plan:
-        key = f"{side}_{size}_b{batch}"
+    for side, size, batch, tf_logs in plan:
+        key = f"{side}_{size}_b{batch}" + ("_tflogs" if tf_logs else "")
         log = work / "logs" / f"gpu-{key}.log"
         try:
             child = run_child(
@@ -85,10 +90,11 @@ def run(work: Path, results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
                     "batch_size": batch,
                     "warmup": WARMUP_STEPS,
                     "steps": STEPS,
+                    "progress_tf_logs": tf_logs,
                 },
                 log=log,
             )
-            runs[key] = {**child.figures, "peak_rss_mib": child.peak_rss_mib}
+            runs[key] = child.merged()
             say(f"gpu {key}: {runs[key]['images_per_second']:,.0f} img/s on {device}")
         except ChildError as e:  # e.g. out of memory at the large batch: keep the others
             runs[key] = {"error": str(e).splitlines()[0]}
@@ -160,8 +166,18 @@ def probe() -> dict[str, Any]:
     return {"gpus": gpus, "tensorflow": tf.__version__, "built_with_cuda": tf.test.is_built_with_cuda()}
 
 
-def measure(side: str, image_size: int, batch_size: int, warmup: int, steps: int) -> dict[str, Any]:
-    """Steady-state training images per second of one side, on synthetic in-memory batches."""
+def measure(
+    side: str, image_size: int, batch_size: int, warmup: int, steps: int, progress_tf_logs: bool = False
+) -> dict[str, Any]:
+    """Steady-state training images per second of one side, on synthetic in-memory batches.
+
+    Each side fits as its trainer does: the codelab with Keras's default progress bar
+    (`verbose=1`), ours with `trainer.callbacks.ProgressLogger` (what `trainer.task.run` adds).
+    Both read the loss after every step, which waits for the device each step (Keras converts
+    batch logs to numpy unless every batch callback sets `_supports_tf_logs`).
+    `progress_tf_logs` sets it on ProgressLogger (it formats the loss only every tenth of an
+    epoch), to measure what that per-step wait costs.
+    """
     import numpy as np
 
     from trainer._tf import keras, tf
@@ -206,22 +222,32 @@ def measure(side: str, image_size: int, batch_size: int, warmup: int, steps: int
     else:
         raise ValueError(f"unknown side {side!r}")
 
+    from benchmarks.clock import make_clock
+
+    clock = make_clock(warmup)
+    if side == "codelab":
+        fit_args: dict[str, Any] = {"verbose": 1, "callbacks": [clock]}
+    else:
+        from trainer import callbacks
+
+        logger = callbacks.ProgressLogger("bench", 1, warmup + steps, batch_size)
+        if progress_tf_logs:
+            logger._supports_tf_logs = True
+        fit_args = {"verbose": 0, "callbacks": [logger, clock]}
     ds = tf.data.Dataset.from_tensors((x, labels)).repeat().prefetch(tf.data.AUTOTUNE)
-    started = time.perf_counter()
-    model.fit(ds, epochs=1, steps_per_epoch=warmup, verbose=0)
-    warmup_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    model.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0)
-    seconds = time.perf_counter() - started
+    model.fit(ds, epochs=1, steps_per_epoch=warmup + steps, **fit_args)
+    seconds, warmup_seconds = clock.seconds, clock.warmup_seconds
     gpus = tf.config.list_physical_devices("GPU")
     memory = tf.config.experimental.get_memory_info("GPU:0")["peak"] if gpus else None
     return {
-        "images_per_second": round(steps * batch_size / seconds, 1),
-        "step_ms": round(1000 * seconds / steps, 2),
+        "images_per_second": round(clock.steps * batch_size / seconds, 1),
+        "timed_steps": clock.steps,
+        "step_ms": round(1000 * seconds / max(clock.steps, 1), 2),
         "timed_seconds": round(seconds, 3),
         "warmup_seconds": round(warmup_seconds, 3),
         "precision": precision,
         "xla": side == "ours",
+        "progress_tf_logs": progress_tf_logs,
         "input_dtype": str(x.dtype),
         "gpu_peak_memory_mib": round(memory / 2**20, 1) if memory else None,
         "device": tf.config.experimental.get_device_details(gpus[0]).get("device_name") if gpus else "CPU",

@@ -52,7 +52,7 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
                 {**kwargs, "batch_size": BATCH_SIZE, "epochs": EPOCHS},
                 log=work / "logs" / f"input-{side}-{repeat}.log",
             )
-            figures = {**child.figures, "peak_rss_mib": child.peak_rss_mib}
+            figures = child.merged()
             say(
                 f"input {side} run {repeat + 1}/{REPEATS}: {figures['images_per_second']:,.0f} img/s, "
                 f"peak RSS {child.peak_rss_mib:,.0f} MiB"

@@ -42,7 +42,7 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
                 {**kwargs, "output_dir": str(Path(tmp) / "out"), "image_size": IMAGE_SIZE},
                 log=work / "logs" / f"prepare-{name}.log",
             )
-        runs[name] = {**child.figures, "peak_rss_mib": child.peak_rss_mib}
+        runs[name] = child.merged()
         say(f"prepare {name}: {runs[name]['images_per_second']:,.0f} img/s ({runs[name]['images']} images)")
     rate = {name: float(r["images_per_second"]) for name, r in runs.items()}
     return make_result(

@@ -23,8 +23,10 @@ def test_chief_and_worker_train_together_and_only_the_chief_publishes(
         f"--checkpoint_dir={tmp_path / 'checkpoints'}",
         f"--tensorboard_dir={tmp_path / 'logs'}",
         *FAST_TRAIN_FLAGS,
-        # Twice the steps of the single-machine run (2 replicas halve them): a safe margin over 0.9.
+        # Twice the steps of the single-machine run (2 replicas halve them), and a fourth epoch:
+        # with three, validation accuracy landed at 0.88-0.89 about once in ten loaded runs.
         "--per_replica_batch_size=8",
+        "--epochs=4",
     ]
     procs = start_cluster(args, num_workers=1, logs=tmp_path / "replicas")
     wait_all(procs, timeout=300, logs=tmp_path / "replicas")
@@ -35,7 +37,7 @@ def test_chief_and_worker_train_together_and_only_the_chief_publishes(
     assert metrics["global_batch_size"] == 16  # per-replica 8 x 2 replicas
     assert metrics["val_accuracy"] >= 0.9, metrics
     assert metrics["test_accuracy"] >= 0.9, metrics
-    assert metrics["epochs_completed"] == 3
+    assert metrics["epochs_completed"] == 4
     # Only the chief's files: the SavedModel and its reports, nothing a worker left behind.
     assert sorted(p.name for p in model_dir.iterdir()) == [
         "assets", "config.json", "fingerprint.pb", "keras_metadata.pb", "metrics.json",

@@ -1,0 +1,61 @@
+"""Timing the steady state of one Keras `fit`, without its set-up and without changing it.
+
+`fit` returns only after building iterators, callbacks and (the first time) tracing, and a
+callback that reads the loss every step makes Keras wait for the device every step. The clock
+reads the loss (waiting for the device) only at the two ends of the timed window, and declares
+`_supports_tf_logs` so that it never adds a per-step wait of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def _wait_for_device(logs: Any) -> None:
+    value: Any = (logs or {}).get("loss")
+    if hasattr(value, "numpy"):
+        value.numpy()
+
+
+def make_clock(warmup_steps: int | None) -> Any:
+    """A callback timing, within one fit, either the steps after the first `warmup_steps` of a
+    one-epoch fit, or (`warmup_steps` None) the whole second epoch of a two-epoch fit.
+
+    After the fit: `steps`, `seconds`, `warmup_seconds` (fit start to the window's start).
+    """
+    from trainer._tf import keras
+
+    class Clock(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self._supports_tf_logs = True
+            self.steps = 0
+            self.seconds = self.warmup_seconds = 0.0
+            self._fit_start = 0.0
+            self._start: float | None = None
+
+        def _open(self) -> None:
+            self._start = time.perf_counter()
+            self.warmup_seconds = self._start - self._fit_start
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            self._fit_start = time.perf_counter()
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            if warmup_steps is None and epoch == 1:
+                self._open()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if self._start is not None:
+                self.steps += 1
+            elif warmup_steps is not None and batch == warmup_steps - 1:
+                _wait_for_device(logs)
+                self._open()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if self._start is not None:
+                _wait_for_device(logs)
+                self.seconds = time.perf_counter() - self._start
+
+    return Clock()
