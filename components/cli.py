@@ -312,6 +312,8 @@ def run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout)
             pipeline_func(**args)
     except KeyboardInterrupt:
         status, error = "CANCELLED", "interrupted"
+        screen.write("interrupted: stopping the running step and its processes\n")
+        _reap_children()
     except Exception as err:  # noqa: BLE001 (kfp.local's own failure, not a step's: reported, not dumped)
         status, error = "FAILED", f"{type(err).__name__}: {err}"
     wall = time.monotonic() - start
@@ -403,6 +405,37 @@ def run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout)
         screen.write(f"\n{status}: {error}\n")
     screen.write(f"summary: {run_dir / 'summary.json'}\n")
     return 130 if status == "CANCELLED" else 1
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state is the ppid
+                out.append(int(entry.name))
+    return out
+
+
+def _reap_children(timeout: float = 20.0) -> None:
+    """After Ctrl-C, waits for the step's process (which stops its replicas) to exit, so the
+    prompt comes back only when nothing of the run is left; kills it when it takes too long."""
+    import signal
+
+    if not Path("/proc").is_dir():
+        return
+    deadline = time.monotonic() + timeout
+    while (children := _children(os.getpid())) and time.monotonic() < deadline:
+        for child in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(child, os.WNOHANG)
+        time.sleep(0.1)
+    for child in _children(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)  # its replicas die with it (PR_SET_PDEATHSIG)
 
 
 def _spec_dict(pipeline_func: Any) -> dict[str, Any]:

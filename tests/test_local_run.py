@@ -185,3 +185,58 @@ def test_bad_flags_stop_before_any_step(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
     result = cli(tmp_path / "runs", "--epochs", "many", timeout=60)
     assert result.returncode == 2 and "--epochs" in result.stderr
+
+
+def test_ctrl_c_stops_the_run_and_every_replica(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if k != "PROJECT_ID"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "components.cli",
+        "run",
+        "--runs_dir",
+        str(runs),
+        "--registry_dir",
+        str(runs / "registry"),
+        "--epochs",
+        "50",
+    ]
+    # Its own process group, like a terminal's foreground job: Ctrl-C signals the whole group.
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "[train-model chief-0]" in line and "epoch 1/50 started" in line:
+            break
+    else:
+        pytest.fail("training never started:\n" + "".join(lines[-40:]))
+    replicas = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _is_replica(p, runs)]
+    assert len(replicas) == 2, "expected the chief and the worker to be running"
+    os.killpg(proc.pid, signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(lines[-20:]) + rest[-3000:]
+    time.sleep(1)
+    assert not [
+        pid
+        for pid in replicas
+        if Path(f"/proc/{pid}").exists() and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    ]
+    assert summary(runs)["status"] == "CANCELLED"
+
+
+def _is_replica(proc_dir: Path, runs: Path) -> bool:
+    try:
+        environ = (proc_dir / "environ").read_bytes()
+    except OSError:
+        return False
+    return b"CLOUD_ML_JOB_ID=local-train-model" in environ and str(runs).encode() in environ
