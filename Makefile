@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 export UV_PYTHON := 3.11
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: help setup test test-fast compile run bench lint format clean
+.PHONY: help setup test test-fast compile run schedule schedules schedule-pause schedule-resume schedule-delete e2e bench lint format clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_ -]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)

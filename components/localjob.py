@@ -134,16 +134,29 @@ def replica_env(
         "CLOUD_ML_PROJECT_ID": project,
         "CLOUD_ML_JOB_ID": job_id,
         "PYTHONUNBUFFERED": "1",
+        # TensorFlow's C++ start-up chatter, unless the user asked for it.
+        "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
     }
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    if sys.platform.startswith("linux"):
-        import ctypes
+# Each replica starts through this shim, which asks Linux to SIGKILL it when the runner dies
+# (PR_SET_PDEATHSIG survives exec), then execs the replica's command. It is a separate step, not
+# a preexec_fn: running Python between fork and exec crashes when gRPC (the tuner's aiplatform
+# types) is loaded, and forces a plain fork.
+_PDEATHSIG_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
 
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+def _with_parent_death_signal(command: Sequence[str]) -> list[str]:
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    return [sys.executable, "-c", _PDEATHSIG_EXEC, *command]
 
 
 class _Running:
@@ -224,7 +237,7 @@ def _attempt(
             log_file = log_path.open("a")
             log_file.write(f"--- attempt {attempt}: {' '.join(rep.command)}\n")
             process = subprocess.Popen(
-                rep.command,
+                _with_parent_death_signal(rep.command),
                 cwd=CHECKOUT,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -232,7 +245,7 @@ def _attempt(
                 stderr=subprocess.STDOUT,
                 text=True,
                 bufsize=1,
-                preexec_fn=_die_with_parent,
+                start_new_session=True,  # its own process group: stopped as one, spared the terminal's Ctrl-C
             )
             tail: deque[str] = deque(maxlen=40)
             running.append(_Running(rep, process, log_path, tail))

@@ -118,7 +118,7 @@ def test_a_failing_replica_fails_the_job_with_its_log_tail(tmp_path: Path) -> No
 
 def test_a_killed_replica_restarts_the_whole_job(tmp_path: Path) -> None:
     result, screen = run(tmp_path, "die-once", restart_job_on_worker_restart=True)
-    assert result.attempts == 2
+    assert result.attempts == 2, screen
     assert "worker-0 was killed (signal 9): restarting the whole job" in screen
 
 
