@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +134,7 @@ def make_result(
         "goal": dict(goal),
         "goal_met": goal_met,
         "when": now_iso(),
-        **extra,
+        **{k: v for k, v in extra.items() if v is not None},  # e.g. no `notes` when there are none
     }
     problems = validate_result(result)
     if problems:
@@ -208,13 +208,13 @@ class ChildRun:
     wall_seconds: float
     """Process start to exit, TensorFlow import included."""
     log: Path
-    load_before: float | None = None
-    """The machine's 1-minute load average when the process started: above ~0.5 on an
-    otherwise idle machine, something else was competing for the CPUs."""
+    other_cpu_share: float | None = None
+    """The share of the machine's CPU time that other processes used while this one ran
+    (0: the machine was ours; 0.5 on 2 CPUs: something else kept a whole CPU busy)."""
 
     def merged(self) -> dict[str, Any]:
         """The child's figures plus what the parent measured about it."""
-        return {**self.figures, "peak_rss_mib": self.peak_rss_mib, "load_1min_before": self.load_before}
+        return {**self.figures, "peak_rss_mib": self.peak_rss_mib, "other_cpu_share": self.other_cpu_share}
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -244,7 +244,7 @@ def run_child(
     with tempfile.TemporaryDirectory(prefix="bench-child-") as tmp:
         args_path, out_path = Path(tmp) / "args.json", Path(tmp) / "figures.json"
         args_path.write_text(json.dumps(dict(kwargs)), encoding="utf-8")
-        load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+        busy_before = _cpu_busy_seconds()
         started = time.perf_counter()
         with open(log, "wb") as out:
             proc = subprocess.Popen(
@@ -262,6 +262,7 @@ def run_child(
                 timer.cancel()
             proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - started
+        busy_after = _cpu_busy_seconds()
         if proc.returncode != 0:
             why = "timed out" if wall >= timeout else f"exited with {proc.returncode}"
             raise ChildError(f"{target} {why}; last output ({log}):\n{tail(log)}")
@@ -272,7 +273,40 @@ def run_child(
         peak_rss_mib=round(usage.ru_maxrss / 1024, 1),
         wall_seconds=wall,
         log=log,
-        load_before=load,
+        other_cpu_share=_other_share(busy_before, busy_after, usage.ru_utime + usage.ru_stime, wall),
+    )
+
+
+def _cpu_busy_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat)."""
+    try:
+        with open("/proc/stat", encoding="utf-8") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _other_share(before: float | None, after: float | None, own_cpu: float, wall: float) -> float | None:
+    if before is None or after is None or wall <= 0:
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    others = max(0.0, (after - before) - own_cpu)
+    return round(min(1.0, others / (wall * cpus)), 3)
+
+
+BUSY_SHARE = 0.15
+
+
+def busy_note(runs: Iterable[Mapping[str, Any]]) -> str | None:
+    """A warning for the table when other processes took a noticeable share of the CPUs."""
+    shares = [r["other_cpu_share"] for r in runs if r.get("other_cpu_share") is not None]
+    if not shares or max(shares) < BUSY_SHARE:
+        return None
+    return (
+        f"Other processes used up to {max(shares):.0%} of the CPUs during these runs "
+        "(figures.runs[].other_cpu_share): the figures are noisy"
     )
 
 

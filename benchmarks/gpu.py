@@ -28,7 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, ChildError, make_result, run_child, say, tail
+from benchmarks.common import RESULTS_DIR, ChildError, busy_note, make_result, run_child, say, tail
 
 NAME = "gpu"
 IMAGE_SIZES = (224, 300)
@@ -138,6 +138,7 @@ def run(work: Path, results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
         goal=GOAL,
         goal_met=goal_met,
         raw_output=raw,
+        notes=busy_note(r for r in runs.values() if "error" not in r),
         summary=(
             f"{device}: at 224 ours {rate(f'ours_224_b{BATCH_SIZE}') or 0:,.0f} vs codelab "
             f"{rate(f'codelab_224_b{BATCH_SIZE}') or 0:,.0f} img/s (batch {BATCH_SIZE}), ours "

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import fixtures
-from benchmarks.common import best, make_result, rss_self_mib, run_child, say
+from benchmarks.common import best, busy_note, make_result, rss_self_mib, run_child, say
 
 NAME = "input"
 IMAGE_SIZE = 300
@@ -84,6 +84,7 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
         ratio=ratio,
         goal=GOAL,
         goal_met=goal_met,
+        notes=busy_note(r for side_runs in runs.values() for r in side_runs),
         summary=(
             f"ours {rate['ours']:,.0f} img/s vs codelab {rate['codelab']:,.0f} img/s; "
             f"peak RSS {peak['ours']:,.0f} vs {peak['codelab']:,.0f} MiB"

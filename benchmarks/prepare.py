@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import fixtures
-from benchmarks.common import make_result, run_child, say
+from benchmarks.common import busy_note, make_result, run_child, say
 
 NAME = "prepare"
 IMAGE_SIZE = 224
@@ -61,6 +61,7 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
         ratio=None,
         goal=GOAL,
         goal_met=None,
+        notes=busy_note(runs.values()),
         summary=f"synthetic {rate['synthetic']:,.0f} img/s, folder {rate['folder']:,.0f} img/s (to {IMAGE_SIZE}px)",
     )
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import fixtures
-from benchmarks.common import best, make_result, run_child, say
+from benchmarks.common import best, busy_note, make_result, run_child, say
 
 NAME = "train"
 IMAGE_SIZE = 64
@@ -88,6 +88,7 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
         ratio=ratio,
         goal=GOAL,
         goal_met=None,
+        notes=busy_note(r for side_runs in runs.values() for r in side_runs),
         summary=(
             f"ours {rate['ours']:,.1f} img/s (float32), {rate['ours_bf16']:,.1f} img/s (--mixed_precision, "
             f"bfloat16) vs codelab {rate['codelab']:,.1f} img/s (ResNet50, {IMAGE_SIZE}px, batch "

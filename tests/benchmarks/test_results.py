@@ -83,3 +83,11 @@ def test_committed_results_are_well_formed_and_named_after_their_benchmark() -> 
         assert result["name"] in registry.BENCHMARKS
         if result["ratio"] is not None and not result.get("skipped"):
             assert result["goal_met"] in (True, False, None)
+
+
+def test_runs_disturbed_by_other_processes_are_flagged() -> None:
+    from benchmarks.common import busy_note
+
+    assert busy_note([{"other_cpu_share": 0.02}, {"other_cpu_share": None}, {}]) is None
+    note = busy_note([{"other_cpu_share": 0.02}, {"other_cpu_share": 0.41}])
+    assert note is not None and "up to 41% of the CPUs" in note
