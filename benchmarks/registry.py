@@ -10,7 +10,7 @@ BENCHMARKS: dict[str, str] = {
     "train": "benchmarks.train",
     "gpu": "benchmarks.gpu",
     "prepare": "benchmarks.prepare",
-    "e2e": "benchmarks.e2e",  # placeholder until `make run` exists: see benchmarks/e2e.py
+    "e2e": "benchmarks.e2e",
 }
 TITLES: dict[str, str] = {
     "input": "input pipeline img/s, ours vs codelab",

@@ -31,7 +31,8 @@ def render_row(name: str, title: str, result: Mapping[str, Any] | None, not_impl
         return f"| {_cell(label)} | {_cell(what)} | {DASH} | {DASH} | {DASH} | {DASH} | {DASH} |"
     ratio = result.get("ratio")
     if result.get("skipped"):
-        what = f"skipped: {result.get('summary') or result['skipped']}"
+        what = str(result.get("summary") or result["skipped"])
+        what = what if what.startswith("skipped") else f"skipped: {what}"
         met = "not measured"
     else:
         what = result.get("summary") or DASH

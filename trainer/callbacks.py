@@ -24,6 +24,9 @@ class ProgressLogger(keras.callbacks.Callback):
         self.global_batch_size = global_batch_size
         self._every = steps_per_epoch // 10 if steps_per_epoch >= 20 else steps_per_epoch
         self._start = self._train_end = 0.0
+        # Take the batch logs as tensors: otherwise Keras converts them to numbers after every
+        # step, which makes each step wait for the GPU. They are read only when printed.
+        self._supports_tf_logs = True
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._start = time.perf_counter()
@@ -33,7 +36,7 @@ class ProgressLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = batch + 1
         if step % self._every == 0 and step < self.steps and logs:
-            log(self.prefix, f"  step {step}/{self.steps} loss={logs.get('loss', float('nan')):.4f}")
+            log(self.prefix, f"  step {step}/{self.steps} loss={float(logs.get('loss', float('nan'))):.4f}")
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self._start and not self._train_end:
@@ -45,7 +48,7 @@ class ProgressLogger(keras.callbacks.Callback):
         if logs is not None:
             logs["images_per_second"] = self.steps * self.global_batch_size / max(train_seconds, 1e-9)
             logs["epoch_seconds"] = end - self._start
-        shown = " ".join(f"{k}={v:.4f}" for k, v in (logs or {}).items() if k in _SHOWN)
+        shown = " ".join(f"{k}={float(v):.4f}" for k, v in (logs or {}).items() if k in _SHOWN)
         rate = (logs or {}).get("images_per_second", 0.0)
         log(
             self.prefix,

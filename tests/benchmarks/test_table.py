@@ -54,6 +54,9 @@ def test_one_row_per_benchmark_in_order_with_what_each_result_says() -> None:
     assert "2 x Test CPU, no GPU" in by_name["input"]
     assert "no result yet: run `make bench BENCH=train`" in by_name["train"]
     assert "skipped: no GPU on this machine" in by_name["gpu"] and "not measured" in by_name["gpu"]
+    assert "skipped: skipped" not in table.render_row(
+        "gpu", "t", result("gpu", skipped="no GPU", summary="skipped: no GPU"), None
+    )
     assert "synthetic 150 img/s. no baseline" in by_name["prepare"]
     assert "not yet implemented" in by_name["e2e"]
     assert "| 0.50x |" in by_name["extra"] and "**no**" in by_name["extra"]
