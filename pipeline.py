@@ -86,7 +86,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     _p("backbone", str, "resnet50", "resnet50, resnet101, efficientnet_b0, mobilenet_v2 or tiny.", "tiny"),
     _p("weights", str, "imagenet", "imagenet, none, or a weights file (gs://...).", "none"),
     _p("fine_tune_fraction", float, -1.0, "Backbone fraction trained (-1: the trainer's default)."),
-    _p("epochs", int, 2, "Training epochs.", 4),
+    _p("epochs", int, 2, "Training epochs.", 6),
     _p("learning_rate", float, 1e-4, "Adam learning rate.", 3e-3),
     _p("per_replica_batch_size", int, 64, "Batch size per replica (global = x replicas).", 16),
     _p("dense_units", int, 1016, "Units of the dense layer of the head (0: none).", 64),
