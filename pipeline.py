@@ -176,22 +176,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         "encryption_spec_key_name": p["encryption_spec_key_name"],
         "labels": p["labels"],
     }
-    hardware = {
-        k: p[k]
-        for k in (
-            "chief_machine_type",
-            "chief_accelerator_type",
-            "chief_accelerator_count",
-            "worker_count",
-            "worker_machine_type",
-            "worker_accelerator_type",
-            "worker_accelerator_count",
-            "boot_disk_type",
-            "boot_disk_size_gb",
-            "reduction_server_count",
-            "reduction_server_machine_type",
-        )
-    }
+    hardware = {k: p[k] for k in worker_pools.HARDWARE_PARAMETERS}
     model_flags = {
         k: p[k]
         for k in (

@@ -97,21 +97,13 @@ def local_arguments(ns: argparse.Namespace, parameters: Sequence[Any]) -> dict[s
 
 def validate_local(args: Mapping[str, Any]) -> None:
     """Checks that fail fast, before any step starts; raises ValueError naming the parameter."""
-    from components import localjob, worker_pools
+    from components import localjob, tuning, worker_pools
 
     worker_pools.build_worker_pool_specs(
         image_uri="local",
         command=["python"],
         args=[],
-        chief_machine_type=args["chief_machine_type"],
-        chief_accelerator_type=args["chief_accelerator_type"],
-        chief_accelerator_count=args["chief_accelerator_count"],
-        worker_count=args["worker_count"],
-        worker_machine_type=args["worker_machine_type"],
-        worker_accelerator_type=args["worker_accelerator_type"],
-        worker_accelerator_count=args["worker_accelerator_count"],
-        boot_disk_type=args["boot_disk_type"],
-        boot_disk_size_gb=args["boot_disk_size_gb"],
+        **{k: args[k] for k in worker_pools.HARDWARE_PARAMETERS},
     )
     if args["chief_accelerator_count"] or (args["worker_count"] and args["worker_accelerator_count"]):
         raise ValueError(
@@ -126,9 +118,9 @@ def validate_local(args: Mapping[str, Any]) -> None:
         raise ValueError(f"dataset_source must be synthetic, tfds:NAME or folder:PATH, got {source!r}")
     if source.startswith("folder:") and not Path(source.removeprefix("folder:")).is_dir():
         raise ValueError(f"dataset_source {source}: no such folder")
-    if args["search_algorithm"] not in ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH"):
+    if args["search_algorithm"] not in tuning.ALGORITHMS:
         raise ValueError(
-            f"search_algorithm must be ALGORITHM_UNSPECIFIED, GRID_SEARCH or RANDOM_SEARCH, got {args['search_algorithm']!r}"
+            f"search_algorithm must be {', '.join(tuning.ALGORITHMS)}, got {args['search_algorithm']!r}"
         )
     if not 1 <= args["parallel_trial_count"] <= max(1, args["max_trial_count"]):
         raise ValueError("parallel_trial_count must be from 1 to max_trial_count")

@@ -15,8 +15,6 @@ from kfp import dsl
 
 from components import runtime
 
-CHAMPION = "champion"
-
 
 def serving_container_uri(tf_version: str, accelerator: str, location: str) -> str:
     """Vertex's prebuilt TensorFlow serving image for a TF version ("2.21"), "cpu" or "gpu",

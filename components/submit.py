@@ -79,20 +79,7 @@ def check_hardware(values: Mapping[str, Any], compiled: Mapping[str, Any], regio
     }
     v = {**defaults, **values}
     hardware: dict[str, Any] = {
-        k: int(v[k]) if isinstance(v[k], float) else v[k]
-        for k in (
-            "chief_machine_type",
-            "chief_accelerator_type",
-            "chief_accelerator_count",
-            "worker_count",
-            "worker_machine_type",
-            "worker_accelerator_type",
-            "worker_accelerator_count",
-            "boot_disk_type",
-            "boot_disk_size_gb",
-            "reduction_server_count",
-            "reduction_server_machine_type",
-        )
+        k: int(v[k]) if isinstance(v[k], float) else v[k] for k in worker_pools.HARDWARE_PARAMETERS
     }
     worker_pools.build_worker_pool_specs(
         image_uri="check", command=["python"], args=[], **hardware, region=region

@@ -19,6 +19,22 @@ from kfp import dsl
 from components import hardware, runtime
 from components.hardware import validate_machine
 
+# The pipeline parameters that shape the worker pools (a subset of build_worker_pool_specs's
+# arguments, with the same names): the DAG, the submit-time check and the local check use it.
+HARDWARE_PARAMETERS = (
+    "chief_machine_type",
+    "chief_accelerator_type",
+    "chief_accelerator_count",
+    "worker_count",
+    "worker_machine_type",
+    "worker_accelerator_type",
+    "worker_accelerator_count",
+    "boot_disk_type",
+    "boot_disk_size_gb",
+    "reduction_server_count",
+    "reduction_server_machine_type",
+)
+
 
 def build_worker_pool_specs(
     image_uri: str,

@@ -214,28 +214,13 @@ def render_payload(
     return json.loads(rendered)
 
 
-HARDWARE = (
-    "chief_machine_type",
-    "chief_accelerator_type",
-    "chief_accelerator_count",
-    "worker_count",
-    "worker_machine_type",
-    "worker_accelerator_type",
-    "worker_accelerator_count",
-    "boot_disk_type",
-    "boot_disk_size_gb",
-    "reduction_server_count",
-    "reduction_server_machine_type",
-)
-
-
 def default_pools(spec: dict[str, Any]) -> list[dict[str, Any]]:
     d = root_values(spec)
     return worker_pools.build_worker_pool_specs(
         image_uri="us-central1-docker.pkg.dev/p/r/trainer@sha256:" + "0" * 64,
         command=["python", "-m", "trainer.task"],
         args=["--data_dir=gs://b/data", "--epochs=2"],
-        **{k: d[k] for k in HARDWARE},
+        **{k: d[k] for k in worker_pools.HARDWARE_PARAMETERS},
         region="us-central1",
     )
 
