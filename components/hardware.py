@@ -92,6 +92,7 @@ def gpu_tables() -> dict[str, Any]:
         "regions": {r: frozenset(g) for r, g in regions.items()},
         "gpus": tuple(gpus),
         "none": ("", "ACCELERATOR_TYPE_UNSPECIFIED"),
+        "n1_columns": (K80, P4, P100, T4, V100),  # the seed table's columns, in its order
     }
 
 
@@ -101,15 +102,7 @@ FIXED_GPU_MACHINES: dict[str, tuple[str, int]] = _TABLES["fixed"]
 REGION_GPUS: dict[str, frozenset[str]] = _TABLES["regions"]
 ALL_GPUS: tuple[str, ...] = _TABLES["gpus"]
 NO_ACCELERATOR: tuple[str, ...] = _TABLES["none"]
-K80, P4, P100, T4, V100 = (
-    "NVIDIA_TESLA_K80",
-    "NVIDIA_TESLA_P4",
-    "NVIDIA_TESLA_P100",
-    "NVIDIA_TESLA_T4",
-    "NVIDIA_TESLA_V100",
-)
-A100, A100_80GB, L4 = "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_L4"
-H100, H100_MEGA, H200 = "NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB"
+K80, P4, P100, T4, V100 = _TABLES["n1_columns"]
 
 
 def allowed_counts(machine_type: str, accelerator_type: str) -> tuple[int, ...]:
