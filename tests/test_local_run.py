@@ -24,22 +24,30 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
+def cli_command(runs: Path, *flags: str) -> list[str]:
+    """What `make run` runs, into a private runs folder and registry."""
+    registry = str(runs / "registry")
+    return [
+        sys.executable,
+        "-m",
+        "components.cli",
+        "run",
+        "--runs_dir",
+        str(runs),
+        "--registry_dir",
+        registry,
+        *flags,
+    ]
+
+
+NO_PROJECT = {k: v for k, v in os.environ.items() if k != "PROJECT_ID"}
+
+
 def cli(runs: Path, *flags: str, timeout: float = 540) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "PROJECT_ID"}
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "components.cli",
-            "run",
-            "--runs_dir",
-            str(runs),
-            "--registry_dir",
-            str(runs / "registry"),
-            *flags,
-        ],
+        cli_command(runs, *flags),
         cwd=ROOT,
-        env=env,
+        env=NO_PROJECT,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -189,24 +197,11 @@ def test_bad_flags_stop_before_any_step(tmp_path: Path) -> None:
 
 def test_ctrl_c_stops_the_run_and_every_replica(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    env = {k: v for k, v in os.environ.items() if k != "PROJECT_ID"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "components.cli",
-        "run",
-        "--runs_dir",
-        str(runs),
-        "--registry_dir",
-        str(runs / "registry"),
-        "--epochs",
-        "50",
-    ]
     # Its own process group, like a terminal's foreground job: Ctrl-C signals the whole group.
     proc = subprocess.Popen(
-        cmd,
+        cli_command(runs, "--epochs", "50"),
         cwd=ROOT,
-        env=env,
+        env=NO_PROJECT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
