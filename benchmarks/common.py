@@ -114,6 +114,26 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
+def resnet50_config(data_dir: str, image_size: int, batch_size: int, mixed_precision: bool, xla: bool) -> Any:
+    """The trainer's TrainConfig for the ResNet50 side of the train and gpu benchmarks: random
+    weights (no download), every layer trained, nothing written."""
+    from trainer.config import TrainConfig
+
+    return TrainConfig(
+        data_dir=data_dir,
+        model_dir="unused",
+        checkpoint_dir="unused",
+        tensorboard_dir="unused",
+        per_replica_batch_size=batch_size,
+        image_size=image_size,
+        backbone="resnet50",
+        weights="none",
+        fine_tune_fraction=1.0,
+        mixed_precision=mixed_precision,
+        xla=xla,
+    )
+
+
 def make_result(
     name: str,
     *,

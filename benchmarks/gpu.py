@@ -203,26 +203,14 @@ def measure(
             model = codelab.create_model(NUM_CLASSES)
         precision = "float32"
     elif side == "ours":
-        from trainer import distribute
+        from benchmarks.common import resnet50_config
+        from trainer import distribute, task
         from trainer import model as model_lib
-        from trainer.config import TrainConfig
 
         strategy = distribute.create_strategy(distribute.ClusterInfo())
-        config = TrainConfig(
-            data_dir="unused",
-            model_dir="unused",
-            checkpoint_dir="unused",
-            tensorboard_dir="unused",
-            per_replica_batch_size=batch_size,
-            image_size=image_size,
-            backbone="resnet50",
-            weights="none",
-            fine_tune_fraction=1.0,
-            mixed_precision=True,
-            xla=True,
-        )
+        config = resnet50_config("unused", image_size, batch_size, mixed_precision=True, xla=True)
         has_gpu = bool(tf.config.list_physical_devices("GPU"))
-        precision = "mixed_float16" if has_gpu else "mixed_bfloat16"  # trainer.task's choice
+        precision = task._precision_policy(True, has_gpu)
         keras.mixed_precision.set_global_policy(precision)
         x = images
         with strategy.scope():

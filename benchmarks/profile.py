@@ -60,10 +60,10 @@ def op_breakdown(logdir: str, top: int = 25) -> list[tuple[str, float, int]]:
 
 def profile_train(side: str, image_size: int, batch_size: int, mixed_precision: bool, steps: int) -> None:
     from benchmarks import codelab
+    from benchmarks.common import resnet50_config
     from trainer import data, distribute
     from trainer import model as model_lib
     from trainer._tf import keras, tf
-    from trainer.config import TrainConfig
 
     source = fixtures.cassava_source(work=WORK_DIR)
     if side == "codelab":
@@ -77,17 +77,7 @@ def profile_train(side: str, image_size: int, batch_size: int, mixed_precision: 
         meta = data.load_metadata(data_dir)
         strategy = distribute.create_strategy(distribute.ClusterInfo())
         keras.mixed_precision.set_global_policy("mixed_bfloat16" if mixed_precision else "float32")
-        config = TrainConfig(
-            data_dir=data_dir,
-            model_dir="unused",
-            checkpoint_dir="unused",
-            tensorboard_dir="unused",
-            image_size=image_size,
-            backbone="resnet50",
-            weights="none",
-            fine_tune_fraction=1.0,
-            mixed_precision=mixed_precision,
-        )
+        config = resnet50_config(data_dir, image_size, batch_size, mixed_precision, xla=False)
         ds = data.make_dataset(data_dir, meta, "train", batch_size=batch_size, training=True)
         with strategy.scope():
             model = model_lib.build_model(config, meta.num_classes, meta.image_size)

@@ -159,27 +159,14 @@ def measure_codelab(data_dir: str, image_size: int, batch_size: int) -> dict[str
 def measure_ours(
     data_dir: str, image_size: int, batch_size: int, warmup_steps: int, mixed_precision: bool, xla: bool
 ) -> dict[str, Any]:
-    from benchmarks.common import rss_self_mib
+    from benchmarks.common import resnet50_config, rss_self_mib
     from trainer import data, distribute, task
     from trainer import model as model_lib
     from trainer._tf import keras, tf
-    from trainer.config import TrainConfig
 
     rss_before = rss_self_mib()
     strategy = distribute.create_strategy(distribute.ClusterInfo())
-    config = TrainConfig(
-        data_dir=data_dir,
-        model_dir="unused",
-        checkpoint_dir="unused",
-        tensorboard_dir="unused",
-        per_replica_batch_size=batch_size,
-        image_size=image_size,
-        backbone="resnet50",
-        weights="none",
-        fine_tune_fraction=1.0,
-        mixed_precision=mixed_precision,
-        xla=xla,
-    )
+    config = resnet50_config(data_dir, image_size, batch_size, mixed_precision, xla)
     meta = data.load_metadata(data_dir)
     precision = task._precision_policy(mixed_precision, bool(tf.config.list_physical_devices("GPU")))
     keras.mixed_precision.set_global_policy(precision)
