@@ -105,6 +105,24 @@ def suggest(trial: Any, spec: Any) -> dict[str, Any]:
     return values
 
 
+def trial_value(value: Any) -> float | str:
+    """A trial's parameter value as Vertex holds it: `Trial.Parameter.value` is a
+    `google.protobuf.Value` whose `number_value` (a double) is set for INTEGER, DOUBLE and
+    DISCRETE parameters and `string_value` for CATEGORICAL ones (aiplatform_v1
+    `types/study.py`, `Trial.Parameter`). So an integer reaches the trial as `32.0`
+    (googleapis/python-aiplatform issue #866 shows the API returning doubles)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    return float(value)
+
+
+def trial_flag(parameter_id: str, value: Any) -> str:
+    """`--<parameter_id>=<value>` exactly as a Vertex trial gets it: numbers as JSON doubles
+    (`--per_replica_batch_size=32.0`, `--learning_rate=0.00123`), categorical values as text."""
+    v = trial_value(value)
+    return f"--{parameter_id}={json.dumps(v) if isinstance(v, float) else v}"
+
+
 def read_measurements(path: Path, metric_id: str) -> list[tuple[int, float]]:
     """(step, value) pairs cloudml-hypertune wrote for `metric_id`."""
     if not path.exists():
@@ -161,7 +179,7 @@ def run_tuning(
         trial_id = str(number)
         trial_dir = Path(base) / trial_id
         metric_file = trial_dir / "hypertune" / "output.metrics"
-        flags = [f"--{k}={v}" for k, v in params.items()]
+        flags = [trial_flag(k, v) for k, v in params.items()]
         specs = [
             {
                 **s,
@@ -177,7 +195,7 @@ def run_tuning(
         started = time.time()
         row: dict[str, Any] = {
             "id": trial_id,
-            "parameters": [{"parameterId": k, "value": v} for k, v in params.items()],
+            "parameters": [{"parameterId": k, "value": trial_value(v)} for k, v in params.items()],
             "startTime": _timestamp(started),
         }
         stream.write(f"[tune] trial {trial_id} started: {' '.join(flags)}\n")

@@ -83,19 +83,42 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-STATE_FIELDS = ("backbone", "image_size", "dense_units", "fine_tune_fraction", "mixed_precision")
-"""Fields that decide the model's variables: a backup written with other values can't be restored."""
+PATH_FIELDS = ("data_dir", "model_dir", "checkpoint_dir", "tensorboard_dir")
+STATE_FIELDS = tuple(
+    f.name for f in dataclasses.fields(TrainConfig) if f.name not in (*PATH_FIELDS, "hp_metric")
+)
+"""Every field that shapes training (all but the folders, whose data is pinned by the dataset's
+fingerprint instead, and the reported metric's name). A backup may only be resumed by a run with
+the same values: resuming another run's backup with another learning rate, dropout, batch size
+or seed would silently publish a model trained half one way and half the other."""
 
 
 # --- argparse types: each names what is allowed -------------------------------------------
 
 
+def whole_number(text: str) -> int:
+    """An integer flag's value: `32`, or a whole-valued number such as `32.0` or `3.2e1`.
+
+    Vertex AI hyperparameter tuning hands every numeric trial value over as a JSON double, so
+    INTEGER and DISCRETE parameters arrive as `--per_replica_batch_size=32.0` (the API returns
+    `Trial.Parameter.value` as a `google.protobuf.Value` number: googleapis/python-aiplatform
+    issue #866). `32.5`, `nan` and `inf` are refused."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not math.isfinite(number) or not number.is_integer():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(number)
+
+
 def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        value = whole_number(text)
         if value < low or (high is not None and value > high):
             allowed = f"between {low} and {high}" if high is not None else f">= {low}"
             raise argparse.ArgumentTypeError(f"must be an integer {allowed}, got {value}")
@@ -230,7 +253,7 @@ def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | N
         **{
             name: getattr(ns, name)
             for name in (f.name for f in dataclasses.fields(TrainConfig))
-            if name not in ("data_dir", "model_dir", "checkpoint_dir", "tensorboard_dir")
+            if name not in PATH_FIELDS
         },
     )
     for name in ("checkpoint_dir", "tensorboard_dir"):

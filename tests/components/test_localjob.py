@@ -206,7 +206,9 @@ def test_trials_honour_the_study(tmp_path: Path) -> None:
     for t in table:
         params = {p["parameterId"]: p["value"] for p in t["parameters"]}
         assert 1e-4 <= params["learning_rate"] <= 1e-2
-        assert 32 <= params["dense_units"] <= 1024 and isinstance(params["dense_units"], int)
+        # Numbers are doubles, as in Vertex's Trial.Parameter.value (a protobuf Value).
+        assert 32 <= params["dense_units"] <= 1024 and float(params["dense_units"]).is_integer()
+        assert all(isinstance(v, float) for v in params.values())
         assert params["per_replica_batch_size"] in (16, 32, 64)
         assert 0 <= params["dropout"] <= 0.5
         if t["state"] == "SUCCEEDED":
@@ -214,6 +216,9 @@ def test_trials_honour_the_study(tmp_path: Path) -> None:
             # measurement (BEST_MEASUREMENT, the GCPC default) is the final one.
             flags = json.loads((tmp_path / "tune" / t["id"] / "model.flags").read_text())
             assert float(flags["learning_rate"]) == params["learning_rate"]
+            # INTEGER and DISCRETE values reach the trial formatted as Vertex formats them.
+            assert flags["dense_units"] == f"{params['dense_units']:.1f}"
+            assert flags["per_replica_batch_size"] in ("16.0", "32.0", "64.0")
             assert flags["epochs"] == "2"
             assert t["finalMeasurement"]["stepCount"] == "2"
         else:
@@ -270,3 +275,25 @@ def test_too_many_failed_trials_fail_the_job(tmp_path: Path) -> None:
             max_failed_trial_count=1,
             out=io.StringIO(),
         )
+
+
+def test_every_trial_value_the_study_can_produce_is_accepted_by_the_trainer() -> None:
+    """The study's extremes and a discrete value, formatted as a Vertex trial gets them, parse
+    with the trainer's own flags (a trial that exits 2 on `--dense_units=1024.0` is INFEASIBLE)."""
+    from trainer.config import parse_args
+
+    spec = localtune.parse_study(tuning.study_metrics(), tuning.study_parameters())
+    for p in spec.parameters:
+        kind = type(p).pb(p).WhichOneof("parameter_value_spec")
+        if kind == "discrete_value_spec":
+            values = list(p.discrete_value_spec.values)
+        elif kind == "integer_value_spec":
+            values = [p.integer_value_spec.min_value, p.integer_value_spec.max_value]
+        else:
+            values = [p.double_value_spec.min_value, p.double_value_spec.max_value * 0.999]
+        for value in values:
+            flag = localtune.trial_flag(p.parameter_id, value)
+            config = parse_args(["--data_dir=/d", "--model_dir=/m", flag], {})
+            assert float(getattr(config, p.parameter_id)) == float(value), flag
+    assert localtune.trial_flag("dense_units", 512) == "--dense_units=512.0"
+    assert localtune.trial_flag("optimizer", "adam") == "--optimizer=adam"

@@ -52,6 +52,13 @@ def test_tuning_style_flags_are_accepted() -> None:
     )
 
 
+def test_integer_flags_take_whole_numbers_as_vertex_tuning_formats_them() -> None:
+    """Vertex hands INTEGER and DISCRETE trial values over as doubles (`32.0`)."""
+    config = parse_args([*BASE, "--per_replica_batch_size=16.0", "--epochs=1.0", "--dense_units=6.4e1"], {})
+    assert (config.per_replica_batch_size, config.epochs, config.dense_units) == (16, 1, 64)
+    assert all(type(v) is int for v in (config.per_replica_batch_size, config.epochs, config.dense_units))
+
+
 def test_random_backbones_are_trained_whole_unless_told_otherwise() -> None:
     assert parse_args([*BASE, "--backbone=tiny", "--weights=none"], {}).fine_tune_fraction == 1.0
     explicit = parse_args([*BASE, "--weights=none", "--fine_tune_fraction=0.25"], {})
@@ -63,6 +70,8 @@ def test_random_backbones_are_trained_whole_unless_told_otherwise() -> None:
     [
         (["--epochs=0"], "--epochs: must be an integer between 1 and"),
         (["--epochs=two"], "--epochs: expected an integer"),
+        (["--per_replica_batch_size=16.5"], "--per_replica_batch_size: expected a whole number, got '16.5'"),
+        (["--dense_units=inf"], "--dense_units: expected a whole number"),
         (["--per_replica_batch_size=-4"], "--per_replica_batch_size: must be an integer between 1"),
         (["--learning_rate=0"], "--learning_rate: must be a number in (0, 1]"),
         (["--learning_rate=nan"], "--learning_rate: must be a number in (0, 1]"),

@@ -85,9 +85,23 @@ def test_tuning_metric_is_reported_every_epoch(trained: dict[str, Any]) -> None:
     assert [float(line["val_accuracy"]) for line in lines] == pytest.approx(history)
 
 
-def test_a_backup_of_another_configuration_is_refused(trained: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "flag",
+    # dense_units changes the variables; the others only how they are trained, which a resume
+    # would silently mix (a tuning trial resuming another trial's backup: issue "retries reuse
+    # another run's job folder").
+    [
+        "--dense_units=32",
+        "--learning_rate=0.0123",
+        "--dropout=0.35",
+        "--per_replica_batch_size=8",
+        "--seed=7",
+    ],
+)
+def test_a_backup_of_another_configuration_is_refused(trained: dict[str, Any], flag: str) -> None:
     from trainer.task import run
 
+    name = flag.removeprefix("--").split("=")[0]
     config = parse_args(
         [
             f"--data_dir={trained['config'].data_dir}",
@@ -95,11 +109,11 @@ def test_a_backup_of_another_configuration_is_refused(trained: dict[str, Any]) -
             f"--checkpoint_dir={trained['config'].checkpoint_dir}",
             *FAST_TRAIN_FLAGS,
             "--epochs=4",
-            "--dense_units=32",
+            flag,
         ],
         {},
     )
-    with pytest.raises(ValueError, match=r"holds a backup of another run \(different dense_units"):
+    with pytest.raises(ValueError, match=rf"holds a backup of another run \(different {name}"):
         run(config)
     assert not (trained["out"] / "other_model").exists()
 
