@@ -47,18 +47,20 @@ RUN (command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bi
     && rm /tmp/requirements.txt \
     && TF_CPP_MIN_LOG_LEVEL=2 python -c "import tensorflow as tf, tf_keras, tensorflow_datasets, hypertune, importlib_resources; print('tensorflow', tf.__version__, 'tf_keras', tf_keras.__version__)"
 
-# An unprivileged user. cloudml-hypertune writes the tuning metric where $CLOUD_ML_HP_METRIC_FILE
-# says; on Vertex that is reported to be under /var/hypertune/, which only root could create
-# (GoogleCloudPlatform/cloudml-hypertune#6), so the folder is created here and handed to the
-# user. Not yet verified on a real tuning job: if trials report no metric, look here first.
-RUN groupadd --gid 10001 trainer \
-    && useradd --no-log-init --create-home --uid 10001 --gid 10001 --shell /bin/bash trainer \
-    && install -d -o trainer -g trainer /var/hypertune
-
 COPY trainer/ /app/trainer/
 
-# Numeric, so that runAsNonRoot-style checks can tell it is not root without /etc/passwd.
-USER 10001:10001
+# Root, on purpose. A tuning trial reports its metric with cloudml-hypertune into the file named
+# by $CLOUD_ML_HP_METRIC_FILE, which Vertex AI sets and reads. cloudml-hypertune's own default has
+# been /tmp/hypertune/ since 0.1.0.dev4 (2018), yet users of AI Platform and Vertex AI report the
+# platform's path to be under /var/hypertune/ and writable by root only, non-root images reporting
+# nothing (GoogleCloudPlatform/cloudml-hypertune#6, open since 2021, no maintainer answer). So
+# Vertex runs the image's USER, but no source says whether it mounts that folder over the image's:
+# a folder pre-created here for an unprivileged user may well be hidden at run time, and every
+# trial would end INFEASIBLE. To try an unprivileged USER again (with that folder created here and
+# handed to it), run a one-trial tuning job: trainer.task checks the file at start and, in a
+# trial, stops within a second naming the path, the uid and the folder's owner.
+# hadolint ignore=DL3002
+USER 0:0
 
 # Vertex's containerSpec.command replaces the entry point (the pipeline runs trainer.prepare so);
 # containerSpec.args become trainer.task's flags.

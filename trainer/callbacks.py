@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
-from trainer import storage
+from trainer import hpmetric, storage
 from trainer._tf import keras, tf
 
 
@@ -64,17 +66,20 @@ class EpochRecorder(keras.callbacks.Callback):
     (kept across restarts, keyed by epoch so a replayed epoch replaces its first attempt), and
     the tuning metric reported with cloudml-hypertune at the end of every epoch.
 
+    The metric file is checked when the callback is built, by `hpmetric.open_reporter` (the
+    check `trainer.task` also runs at start): in a tuning trial a file that cannot be written
+    raises `hpmetric.MetricFileError` here, before training; outside a trial it was warned about
+    and the metric is not reported.
+
     Runs before BackupAndRestore saves the epoch, so an epoch is recorded before it counts as
     done.
     """
 
-    def __init__(self, history_path: str, hp_metric: str) -> None:
+    def __init__(self, history_path: str, hp_metric: str, environ: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self.path, self.hp_metric = history_path, hp_metric
         self.history = load_history(history_path)
-        import hypertune
-
-        self._hypertune = hypertune.HyperTune()
+        self._hypertune = hpmetric.open_reporter(os.environ if environ is None else environ)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = {k: float(v) for k, v in (logs or {}).items()}
@@ -82,6 +87,8 @@ class EpochRecorder(keras.callbacks.Callback):
         storage.write_json(self.path, self.history)
         if self.hp_metric not in logs:
             raise KeyError(f"--hp_metric {self.hp_metric} was not computed; computed: {sorted(logs)}")
+        if self._hypertune is None:
+            return  # not a tuning trial, and the metric file cannot be written: warned at start
         self._hypertune.report_hyperparameter_tuning_metric(
             hyperparameter_metric_tag=self.hp_metric,
             metric_value=logs[self.hp_metric],

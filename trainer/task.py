@@ -208,6 +208,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"python -m trainer.task: error: {e}", file=sys.stderr)
         return 2
+    # The chief alone reports the tuning metric: in a tuning trial, fail now if it cannot write
+    # the metric file, not after an epoch (outside a trial this only warns).
+    if cluster.is_chief:
+        from trainer import hpmetric
+
+        try:
+            hpmetric.reporting_file(os.environ)
+        except hpmetric.MetricFileError as e:
+            print(f"python -m trainer.task: error: {e}", file=sys.stderr)
+            return 2
     run(config, cluster=cluster)
     return 0
 
