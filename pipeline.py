@@ -27,6 +27,7 @@ PIPELINE_NAME = "multiworker-cassava-training"
 TARGETS = ("vertex", "local")
 ROOT = Path(__file__).resolve().parent
 COMPILED = ROOT / "compiled" / "pipeline.json"
+COMPILED_NOTIFY = ROOT / "compiled" / "pipeline-notify.json"
 _REQUIRED = object()
 
 
@@ -135,27 +136,57 @@ PARAMETERS: tuple[Parameter, ...] = (
     _p(
         "model_display_name", str, "cassava-classifier", "The registry model that gets a new version per run."
     ),
-    _p("serving_accelerator", str, "cpu", "cpu or gpu: which prebuilt TensorFlow serving image."),
     _p(
         "serving_image",
         str,
-        "",
-        "Serving image ('' : Vertex's prebuilt TensorFlow image for the trainer's TF).",
+        "prebuilt",
+        "prebuilt (Vertex's TensorFlow image of serving_tf_version), custom (an image built from "
+        "Dockerfile.serving beside the trainer's, on the trainer's TensorFlow) or an image URI.",
     ),
     _p(
         "serving_tf_version",
         str,
-        registry.tf_version_from_lock((ROOT / "uv.lock").read_text()),
-        "TF version of the serving image.",
+        registry.DEFAULT_SERVING_TF_VERSION,
+        f"TF version of the prebuilt serving image: {', '.join(registry.PREBUILT_TF_SERVING_VERSIONS)}.",
     ),
+    _p("serving_accelerator", str, "cpu", "cpu or gpu: which prebuilt TensorFlow serving image."),
     _p(
         "notification_emails",
         list,
-        [],
-        "Who gets an e-mail when the run fails (Vertex only).",
+        _REQUIRED,
+        "One to three addresses e-mailed when the run ends (Vertex only). Given: the run uses "
+        "the template with a notification exit handler; not given: the template without one.",
         targets=("vertex",),
     ),
 )
+
+# Steps that read or write state outside the pipeline (the Artifact Registry, the Model
+# Registry) or that make a run's job folders: never served from Vertex's execution cache. A
+# cached `find-champion` answers with the registry as it was when it first ran; a cached
+# `*-worker-pools` hands a new run the job folder of an older one (the tuning trials then find
+# that run's backups), and everything downstream of it is then a cache hit too: a scheduled run
+# would retrain nothing. Vertex keys its cache on a task's inputs, outputs and component spec
+# ("Configure execution caching", Vertex AI Pipelines docs); `PipelineJob(enable_caching=None)`
+# keeps these compiled per-task options (aiplatform `pipeline_jobs.py`:
+# `_set_enable_caching_value` runs only when it is not None).
+NEVER_CACHED = (
+    "build-trainer-image",
+    "prepare-worker-pools",
+    "tuning-worker-pools",
+    "training-worker-pools",
+    "find-champion",
+    "upload-new-version",
+    "upload-first-version",
+    "set-champion",
+    "upload-model",
+)
+
+
+def _uncached(task: dsl.PipelineTask, name: str) -> dsl.PipelineTask:
+    task.set_display_name(name)
+    if name in NEVER_CACHED:
+        task.set_caching_options(False)
+    return task
 
 
 def parameters_for(target: str) -> tuple[Parameter, ...]:
@@ -196,12 +227,18 @@ def _dag(target: str, p: dict[str, Any]) -> None:
     # 1. The trainer image.
     if vertex:
         built = image.build_trainer_image(
-            **where, context_uri=p["context_uri"], repository=p["artifact_repository"]
-        ).set_display_name("build-trainer-image")
+            **where,
+            context_uri=p["context_uri"],
+            repository=p["artifact_repository"],
+            serving_image=p["serving_image"],
+        )
     else:
         built = image.check_build_context(
-            context_dir=p["context_uri"], repository=p["artifact_repository"]
-        ).set_display_name("build-trainer-image")
+            context_dir=p["context_uri"],
+            repository=p["artifact_repository"],
+            serving_image=p["serving_image"],
+        )
+    _uncached(built, "build-trainer-image")
     image_uri = built.outputs["image_uri"]
 
     # 2-3. The dataset, prepared by a one-replica CPU job.
@@ -226,7 +263,8 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         boot_disk_type=p["boot_disk_type"],
         boot_disk_size_gb=p["boot_disk_size_gb"],
         region=p["location"],
-    ).set_display_name("prepare-worker-pools")
+    )
+    _uncached(prep_pools, "prepare-worker-pools")
     prep_job = _custom_job(
         target,
         "prepare-dataset",
@@ -251,7 +289,8 @@ def _dag(target: str, p: dict[str, Any]) -> None:
             args=tune_args.outputs["args"],
             **hardware,
             region=p["location"],
-        ).set_display_name("tuning-worker-pools")
+        )
+        _uncached(tune_pools, "tuning-worker-pools")
         best_hyperparameters = _tuning(target, where, p, tune_pools)
     with dsl.Else(name="tuning-disabled"):
         no_tuning = training.no_overrides()
@@ -266,7 +305,8 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         args=train_args.outputs["args"],
         **hardware,
         region=p["location"],
-    ).set_display_name("training-worker-pools")
+    )
+    _uncached(train_pools, "training-worker-pools")
     train_job = _custom_job(
         target,
         "train-model",
@@ -283,9 +323,10 @@ def _dag(target: str, p: dict[str, Any]) -> None:
     # 6-7. Gate against the champion, upload a new version, move the alias when it passed.
     settings = registry.upload_settings(
         location=p["location"],
+        serving_image=p["serving_image"],
         tf_version=p["serving_tf_version"],
         serving_accelerator=p["serving_accelerator"],
-        serving_image=p["serving_image"],
+        custom_image_uri=built.outputs["serving_image_uri"],
         labels=p["labels"],
         source_commit=p["source_commit"],
         pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
@@ -375,7 +416,9 @@ def _vertex_registry(
     from google_cloud_pipeline_components.types.artifact_types import UnmanagedContainerModel, VertexModel
     from google_cloud_pipeline_components.v1.model import ModelUploadOp
 
-    champion = registry.find_champion(**where, model_display_name=p["model_display_name"])
+    champion = _uncached(
+        registry.find_champion(**where, model_display_name=p["model_display_name"]), "find-champion"
+    )
     gate = evaluation.evaluate_model(
         model=model.outputs["model"],
         min_accuracy=p["min_accuracy"],
@@ -399,28 +442,29 @@ def _vertex_registry(
             artifact_class=VertexModel,
             metadata={"resourceName": champion.outputs["resource_name"]},
         ).set_display_name("parent-model")
-        as_version = ModelUploadOp(**upload, parent_model=parent.output).set_display_name(
-            "upload-new-version"
-        )
+        as_version = _uncached(ModelUploadOp(**upload, parent_model=parent.output), "upload-new-version")
         as_version.after(gate)
     with dsl.Else(name="first-model"):
-        as_first = ModelUploadOp(**upload).set_display_name("upload-first-version")
+        as_first = _uncached(ModelUploadOp(**upload), "upload-first-version")
         as_first.after(gate)
     uploaded = dsl.OneOf(as_version.outputs["model"], as_first.outputs["model"])
     with dsl.If(gate.outputs["promote"] == True, name="gate-passed"):  # noqa: E712
-        registry.set_champion(**where, model=uploaded)
+        _uncached(registry.set_champion(**where, model=uploaded), "set-champion")
 
 
 def _local_registry(p: dict[str, Any], model: dsl.PipelineTask, settings: dsl.PipelineTask) -> None:
-    champion = registry.local_find_champion(
-        registry_dir=p["registry_dir"], model_display_name=p["model_display_name"]
-    ).set_display_name("find-champion")
+    champion = _uncached(
+        registry.local_find_champion(
+            registry_dir=p["registry_dir"], model_display_name=p["model_display_name"]
+        ),
+        "find-champion",
+    )
     gate = evaluation.evaluate_model(
         model=model.outputs["model"],
         min_accuracy=p["min_accuracy"],
         champion_accuracy=champion.outputs["champion_accuracy"],
     )
-    registry.local_upload_model(
+    upload = registry.local_upload_model(
         model=model.outputs["model"],
         registry_dir=p["registry_dir"],
         model_display_name=p["model_display_name"],
@@ -428,22 +472,34 @@ def _local_registry(p: dict[str, Any], model: dsl.PipelineTask, settings: dsl.Pi
         labels=settings.outputs["labels"],
         promote=gate.outputs["promote"],
         gate_reason=gate.outputs["reason"],
-    ).set_display_name("upload-model")
+    )
+    _uncached(upload, "upload-model")
 
 
-def create_pipeline(target: str = "vertex") -> Callable[..., Any]:
-    """The pipeline for `target` ("vertex" or "local"), with the parameters of `PARAMETERS`."""
-    params = parameters_for(target)
+def create_pipeline(target: str = "vertex", notify: bool = False) -> Callable[..., Any]:
+    """The pipeline for `target` ("vertex" or "local"), with the parameters of `PARAMETERS`.
+
+    `notify` (Vertex only) wraps the DAG in an exit handler that e-mails `notification_emails`
+    with GCPC's `VertexNotificationEmailOp`. Google documents its recipients as one to three
+    addresses and says nothing of an empty list, so a run without recipients must not call it
+    at all: it gets the template compiled without the handler (`compiled/pipeline.json`); a run
+    with recipients the one with it (`compiled/pipeline-notify.json`), where they are required.
+    """
+    if notify and target != "vertex":
+        raise ValueError("notify exists only on the vertex target (the e-mail is sent by Vertex)")
+    params = tuple(q for q in parameters_for(target) if notify or q.name != "notification_emails")
+    # A Python signature lists the parameters without a default first.
+    params = tuple(sorted(params, key=lambda q: q.default_for(target) is not _REQUIRED))
 
     def pipeline_func(*args: Any) -> None:
         bound = dict(zip((q.name for q in params), args, strict=True))
-        if target == "vertex":
+        if notify:
             from google_cloud_pipeline_components.v1.vertex_notification_email import (
                 VertexNotificationEmailOp,
             )
 
-            notify = VertexNotificationEmailOp(recipients=bound["notification_emails"])
-            with dsl.ExitHandler(notify, name="train-and-register"):
+            handler = VertexNotificationEmailOp(recipients=bound["notification_emails"])
+            with dsl.ExitHandler(handler, name="train-and-register"):
                 _dag(target, bound)
         else:
             _dag(target, bound)
@@ -467,13 +523,21 @@ def create_pipeline(target: str = "vertex") -> Callable[..., Any]:
     return dsl.pipeline(name=PIPELINE_NAME if target == "vertex" else f"{PIPELINE_NAME}-local")(pipeline_func)
 
 
-def compile_pipeline(path: str | Path = COMPILED) -> Path:
-    """Writes the Vertex pipeline's spec; the bytes depend only on the sources."""
+def compile_pipeline(path: str | Path = COMPILED, notify: bool = False) -> Path:
+    """Writes a Vertex pipeline spec (with the e-mail exit handler when `notify`); the bytes
+    depend only on the sources."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(create_pipeline("vertex"), str(out))
+    compiler.Compiler().compile(create_pipeline("vertex", notify=notify), str(out))
     return out
 
 
+def template_for(notification_emails: Any) -> Path:
+    """The compiled template a run uses: with the e-mail exit handler only when it has recipients."""
+    return COMPILED_NOTIFY if notification_emails else COMPILED
+
+
 if __name__ == "__main__":
-    print(f"wrote {compile_pipeline(sys.argv[1] if len(sys.argv) > 1 else COMPILED)}")  # noqa: T201
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else COMPILED.parent
+    for notify, name in ((False, COMPILED.name), (True, COMPILED_NOTIFY.name)):
+        print(f"wrote {compile_pipeline(folder / name, notify=notify)}")  # noqa: T201

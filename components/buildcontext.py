@@ -10,8 +10,9 @@ import tarfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-# The build context: what the Dockerfile may COPY. Keep in step with .dockerignore.
-CONTEXT_FILES = ("Dockerfile", "pyproject.toml", "uv.lock")
+# The build context: what the Dockerfiles may COPY. Keep in step with .dockerignore.
+# Dockerfile.serving (the custom serving image) is built from the same context.
+CONTEXT_FILES = ("Dockerfile", "pyproject.toml", "uv.lock", "Dockerfile.serving")
 CONTEXT_DIRS = ("trainer",)
 _SKIP_PARTS = ("__pycache__",)
 _SKIP_SUFFIXES = (".pyc", ".pyo")

@@ -97,7 +97,7 @@ def local_arguments(ns: argparse.Namespace, parameters: Sequence[Any]) -> dict[s
 
 def validate_local(args: Mapping[str, Any]) -> None:
     """Checks that fail fast, before any step starts; raises ValueError naming the parameter."""
-    from components import localjob, tuning, worker_pools
+    from components import localjob, registry, tuning, worker_pools
 
     worker_pools.build_worker_pool_specs(
         image_uri="local",
@@ -126,8 +126,7 @@ def validate_local(args: Mapping[str, Any]) -> None:
         raise ValueError("parallel_trial_count must be from 1 to max_trial_count")
     if not 0 <= args["min_accuracy"] <= 1:
         raise ValueError(f"min_accuracy must be from 0 to 1, got {args['min_accuracy']}")
-    if args["serving_accelerator"] not in ("cpu", "gpu"):
-        raise ValueError(f"serving_accelerator must be cpu or gpu, got {args['serving_accelerator']!r}")
+    registry.check_registry_parameters(args)
     localjob.parse_duration(args["timeout"])
     for name in ("epochs", "per_replica_batch_size", "image_size", "dataset_shards", "max_trial_count"):
         if args[name] < 1:

@@ -3,14 +3,17 @@
 The image tag is a content hash of the context (`context_tag`), so an unchanged trainer is
 never rebuilt: when `<repository>/<image>:<tag>` already exists the build is skipped. The
 output is always the image pinned by digest (`...@sha256:...`), so every job of one run uses
-exactly the same bits.
+exactly the same bits. On request the same build also makes the custom serving image,
+`<repository>/<image>-serving:<tag>`, from `Dockerfile.serving` in the same context.
 
-Vertex form: `build_trainer_image` (Cloud Build + the registry's manifest API).
+Vertex form: `build_trainer_image` speaks Cloud Build's REST API and the registry's manifest
+API through google-auth's `AuthorizedSession`, so it runs on the GCPC image as it is and
+installs nothing at run time (no PyPI egress needed, nothing in the image upgraded).
 Local form: `check_build_context` builds nothing (local runs use this checkout) but checks the
 context and computes the same tag.
 """
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kfp import dsl
 
@@ -31,7 +34,9 @@ __all__ = [
     "check_build_context",
     "context_members",
     "context_tag",
+    "registry_digest",
     "registry_manifest_url",
+    "run_cloud_build",
     "tarball_members",
     "write_context_tarball",
 ]
@@ -46,11 +51,145 @@ def registry_manifest_url(image: str, tag: str) -> str:
     return f"{scheme}://{host}/v2/{path}/manifests/{tag}"
 
 
+def registry_digest(session: Any, image: str, tag: str) -> str:
+    """The digest of `image:tag` from a HEAD of its manifest, or "" when the tag is absent.
+
+    Only 404 means absent. 401/403 raise PermissionError: the pipeline's service account
+    cannot read the repository and needs `roles/artifactregistry.reader` ("Access to read
+    repository items"; the build itself pushes with Cloud Build's service account, which needs
+    `roles/artifactregistry.writer`, "Access to read and write repository items"; see
+    https://cloud.google.com/iam/docs/roles-permissions/artifactregistry). Any other answer
+    raises RuntimeError with the status and the start of the registry's error body."""
+    import requests
+
+    url = registry_manifest_url(image, tag)
+    accept = ", ".join(
+        [
+            "application/vnd.oci.image.index.v1+json",
+            "application/vnd.docker.distribution.manifest.list.v2+json",
+            "application/vnd.oci.image.manifest.v1+json",
+            "application/vnd.docker.distribution.manifest.v2+json",
+        ]
+    )
+    head = session.head(url, headers={"Accept": accept}, timeout=60)
+    digest = head.headers.get("Docker-Content-Digest", "")
+    if head.status_code == 200 and digest:
+        return digest
+    if head.status_code == 404:
+        return ""
+    try:  # an answer to HEAD has no body: ask once more with GET for the registry's message
+        body = session.get(url, headers={"Accept": accept}, timeout=60).text[:300]
+    except requests.RequestException as err:
+        body = f"(no body: {err})"
+    if head.status_code in (401, 403):
+        who = getattr(getattr(session, "credentials", None), "service_account_email", "") or ""
+        account = f" ({who})" if who and who != "default" else ""
+        repository = image.rsplit("/", 1)[0]
+        raise PermissionError(
+            f"the pipeline's service account{account} cannot read the Artifact Registry repository "
+            f"{repository}: the registry answered {head.status_code} to HEAD {url}: {body!r}. "
+            "Grant it roles/artifactregistry.reader on the repository (the build itself pushes "
+            "with Cloud Build's service account, which needs roles/artifactregistry.writer there)."
+        )
+    if head.status_code == 200:
+        raise RuntimeError(f"the registry answered 200 without a Docker-Content-Digest for {image}:{tag}")
+    raise RuntimeError(f"the registry answered {head.status_code} for {image}:{tag} ({url}): {body!r}")
+
+
+def run_cloud_build(
+    session: Any,
+    api_root: str,
+    project: str,
+    location: str,
+    build: dict,
+    wait_seconds: float,
+    poll_seconds: float,
+) -> dict:
+    """Starts `build` (a Build as REST JSON) and polls its operation until done; returns the
+    finished Build (REST JSON). Raises RuntimeError naming the build id, its status and its log
+    URL when it does not succeed, TimeoutError when it is not done after `wait_seconds`.
+
+    REST shapes (Cloud Build v1; also in google-cloud-build's
+    `cloudbuild_v1/services/cloud_build/transports/rest_base.py` and `rest.py`):
+    - `POST {api_root}/v1/{parent=projects/*/locations/*}/builds?projectId=...`, body a Build,
+      answers a long-running Operation whose `metadata` is a BuildOperationMetadata
+      (`build.id`, `build.logUrl`, `build.status`):
+      https://cloud.google.com/build/docs/api/reference/rest/v1/projects.locations.builds/create
+    - `GET {api_root}/v1/{name=projects/*/locations/*/operations/*}` answers the Operation;
+      once `done`, `response` is the Build (`status`, `statusDetail`, `logUrl`,
+      `results.images[].name/.digest`) or `error` is set (the failed Build stays in `metadata`):
+      https://cloud.google.com/build/docs/api/reference/rest/v1/projects.locations.operations/get
+    Progress: one line when the build starts, one line each time its status changes."""
+    import time
+
+    import requests
+
+    root = api_root.rstrip("/")
+    parent = f"projects/{project}/locations/{location}"
+    images = ", ".join(build.get("images", []))
+    created = session.post(
+        f"{root}/v1/{parent}/builds", params={"projectId": project}, json=build, timeout=60
+    )
+    if created.status_code != 200:
+        hint = (
+            " (the pipeline's service account needs roles/cloudbuild.builds.editor, which holds "
+            f"cloudbuild.builds.create, in project {project})"
+            if created.status_code in (401, 403)
+            else ""
+        )
+        raise RuntimeError(
+            f"Cloud Build refused the build of {images}: {created.status_code} {created.text[:300]!r}{hint}"
+        )
+    operation = created.json()
+    name = operation["name"]
+    started = operation.get("metadata", {}).get("build", {})
+    build_id, log_url = started.get("id", "?"), started.get("logUrl", "(unknown)")
+    status = started.get("status", "STATUS_UNKNOWN")
+    print(f"Cloud Build {build_id} started for {images} ({status}); log: {log_url}")
+
+    deadline = time.monotonic() + wait_seconds
+    failures = 0
+    while not operation.get("done"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"Cloud Build {build_id} for {images} was not done after {wait_seconds:.0f}s "
+                f"(last status {status}); it may still be running; log: {log_url}"
+            )
+        time.sleep(poll_seconds)
+        try:
+            polled = session.get(f"{root}/v1/{name}", timeout=60)
+            problem = f"{polled.status_code} {polled.text[:300]!r}"
+        except requests.RequestException as err:
+            polled, problem = None, str(err)
+        if polled is not None and polled.status_code == 200:
+            operation, failures = polled.json(), 0
+            now = operation.get("metadata", {}).get("build", {}).get("status", status)
+            if now != status:
+                status = now
+                print(f"Cloud Build {build_id}: {status}")
+            continue
+        transient = polled is None or polled.status_code in (429, 500, 502, 503, 504)
+        failures += 1
+        if not transient or failures >= 5:
+            raise RuntimeError(f"polling Cloud Build {build_id} ({name}) failed: {problem}; log: {log_url}")
+        print(f"polling Cloud Build {build_id}: {problem}; trying again")
+
+    result = operation.get("response") or operation.get("metadata", {}).get("build", {})
+    status = result.get("status", "STATUS_UNKNOWN")
+    if "error" in operation or status != "SUCCESS":
+        error = operation.get("error", {}).get("message", "")
+        detail = "; ".join(part for part in (result.get("statusDetail", ""), error) if part)
+        raise RuntimeError(
+            f"Cloud Build {result.get('id', build_id)} for {images} ended {status}: {detail}; "
+            f"log: {result.get('logUrl', log_url)}"
+        )
+    return result
+
+
 @dsl.component(
     base_image=runtime.BASE_IMAGE,
     install_kfp_package=False,
-    packages_to_install=[runtime.CLOUD_BUILD],
-    additional_funcs=[context_tag, tarball_members, registry_manifest_url],
+    additional_funcs=[context_tag, tarball_members, registry_manifest_url, registry_digest, run_cloud_build],
 )
 def build_trainer_image(
     project: str,
@@ -58,19 +197,31 @@ def build_trainer_image(
     context_uri: str,
     repository: str,
     image_name: str = "trainer",
+    serving_image: str = "prebuilt",
     timeout_seconds: int = 3600,
-) -> NamedTuple("Outputs", image_uri=str, tag=str, built=bool):
-    """Builds `<repository>/<image_name>:<content tag>` with Cloud Build unless it exists.
+    api_root: str = "https://cloudbuild.googleapis.com",
+    poll_seconds: float = 10.0,
+) -> NamedTuple("Outputs", image_uri=str, tag=str, built=bool, serving_image_uri=str):
+    """Builds `<repository>/<image_name>:<content tag>` with Cloud Build unless it exists (and,
+    when `serving_image` is `custom` (the pipeline parameter), `<repository>/<image_name>-serving:<tag>`
+    from `Dockerfile.serving`); only the images whose tags are absent are built, in one build.
 
     Args:
-        context_uri: gs:// URI of the build context tarball (Dockerfile, trainer/, pyproject.toml,
-            uv.lock), written by `make run`.
+        context_uri: gs:// URI of the build context tarball (Dockerfile, Dockerfile.serving,
+            trainer/, pyproject.toml, uv.lock), written by `make run`.
         repository: Artifact Registry repository, `<region>-docker.pkg.dev/<project>/<repo>`.
+        timeout_seconds: the build's timeout; the step waits at most that plus the build's
+            queue TTL (one hour) and five minutes.
+        api_root: Cloud Build's REST root (tests point it at a local fake).
+        poll_seconds: how often the build's operation is polled.
     Returns:
         image_uri: the image pinned by digest, `<repository>/<image_name>@sha256:...`.
-        tag: the content tag; built: False when the tag existed and the build was skipped.
+        tag: the content tag; built: False when every tag existed and no build ran.
+        serving_image_uri: the serving image pinned by digest, or "" unless asked for.
     Raises:
-        RuntimeError naming the build, its status and its log URL when the build fails.
+        PermissionError when the pipeline's service account cannot read the repository;
+        RuntimeError naming the build, its status and its log URL when the build fails;
+        TimeoutError when the build is not done in time.
     """
     import collections
     import re
@@ -78,8 +229,6 @@ def build_trainer_image(
     import google.auth
     import google.auth.transport.requests
     import google.cloud.storage as storage
-    from google.cloud.devtools import cloudbuild_v1
-    from google.protobuf import duration_pb2
 
     match = re.match(r"^gs://([^/]+)/(.+)$", context_uri)
     if not match:
@@ -91,85 +240,77 @@ def build_trainer_image(
         raise ValueError(
             f"repository must be <region>-docker.pkg.dev/<project>/<repository>, got {repository!r}"
         )
-    Outputs = collections.namedtuple("Outputs", ["image_uri", "tag", "built"])
+    Outputs = collections.namedtuple("Outputs", ["image_uri", "tag", "built", "serving_image_uri"])
 
+    build_serving_image = serving_image == "custom"
     data = storage.Client(project=project).bucket(bucket).blob(blob_name).download_as_bytes()
     tag = context_tag(tarball_members(data))
-    image = f"{repository}/{image_name}"
+    # (image, Dockerfile) for each image asked for: the trainer first.
+    wanted = [(f"{repository}/{image_name}", "Dockerfile")]
+    if build_serving_image:
+        wanted.append((f"{repository}/{image_name}-serving", "Dockerfile.serving"))
 
     credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     session = google.auth.transport.requests.AuthorizedSession(credentials)
-    manifest_types = ", ".join(
-        [
-            "application/vnd.oci.image.index.v1+json",
-            "application/vnd.docker.distribution.manifest.list.v2+json",
-            "application/vnd.oci.image.manifest.v1+json",
-            "application/vnd.docker.distribution.manifest.v2+json",
-        ]
-    )
-    head = session.head(registry_manifest_url(image, tag), headers={"Accept": manifest_types}, timeout=60)
-    if head.status_code == 200 and head.headers.get("Docker-Content-Digest"):
-        digest = head.headers["Docker-Content-Digest"]
-        print(f"{image}:{tag} exists ({digest}); build skipped")
-        return Outputs(f"{image}@{digest}", tag, False)
-    if head.status_code not in (404, 401, 403) and head.status_code != 200:
-        raise RuntimeError(f"registry answered {head.status_code} for {image}:{tag}: {head.text[:300]}")
+    digests = {image: registry_digest(session, image, tag) for image, _ in wanted}
+    for image, digest in digests.items():
+        print(f"{image}:{tag} " + (f"exists ({digest})" if digest else "is absent"))
+    missing = [(image, dockerfile) for image, dockerfile in wanted if not digests[image]]
 
-    client = cloudbuild_v1.CloudBuildClient()
-    build = cloudbuild_v1.Build(
-        source=cloudbuild_v1.Source(
-            storage_source=cloudbuild_v1.StorageSource(bucket=bucket, object_=blob_name)
-        ),
-        steps=[
-            cloudbuild_v1.BuildStep(
-                name="gcr.io/cloud-builders/docker",
-                args=["build", "--tag", f"{image}:{tag}", "."],
-            )
-        ],
-        images=[f"{image}:{tag}"],
-        timeout=duration_pb2.Duration(seconds=timeout_seconds),
-        tags=["trainer-image", tag],
-    )
-    operation = client.create_build(
-        request=cloudbuild_v1.CreateBuildRequest(
-            parent=f"projects/{project}/locations/{location}", project_id=project, build=build
+    if missing:
+        queue_ttl = 3600
+        build = {
+            "source": {"storageSource": {"bucket": bucket, "object": blob_name}},
+            "steps": [
+                {
+                    "name": "gcr.io/cloud-builders/docker",
+                    "args": ["build", "--file", dockerfile, "--tag", f"{image}:{tag}", "."],
+                }
+                for image, dockerfile in missing
+            ],
+            "images": [f"{image}:{tag}" for image, _ in missing],
+            "timeout": f"{timeout_seconds}s",
+            "queueTtl": f"{queue_ttl}s",
+            "tags": ["trainer-image", tag],
+        }
+        result = run_cloud_build(
+            session,
+            api_root,
+            project,
+            location,
+            build,
+            wait_seconds=timeout_seconds + queue_ttl + 300,
+            poll_seconds=poll_seconds,
         )
-    )
-    build_id = operation.metadata.build.id if operation.metadata else "?"
-    print(f"Cloud Build {build_id} started: {image}:{tag}")
-    try:
-        result = operation.result(timeout=timeout_seconds + 300)
-    except Exception as err:  # the operation carries the failed Build in its metadata
-        failed = operation.metadata.build if operation.metadata else None
-        log_url = failed.log_url if failed else "(unknown)"
-        status = cloudbuild_v1.Build.Status(failed.status).name if failed else "UNKNOWN"
-        detail = failed.status_detail if failed else str(err)
-        raise RuntimeError(
-            f"Cloud Build {build_id} for {image}:{tag} ended {status}: {detail}; log: {log_url}"
-        ) from err
-    if result.status != cloudbuild_v1.Build.Status.SUCCESS:
-        raise RuntimeError(
-            f"Cloud Build {result.id} for {image}:{tag} ended "
-            f"{cloudbuild_v1.Build.Status(result.status).name}: {result.status_detail}; log: {result.log_url}"
-        )
-    digests = [i.digest for i in result.results.images if i.name == f"{image}:{tag}" and i.digest]
-    if not digests:
-        raise RuntimeError(f"Cloud Build {result.id} succeeded but reported no digest for {image}:{tag}")
-    print(f"built {image}:{tag} ({digests[0]}) in Cloud Build {result.id}; log: {result.log_url}")
-    return Outputs(f"{image}@{digests[0]}", tag, True)
+        reported = {i.get("name"): i.get("digest") for i in result.get("results", {}).get("images", [])}
+        for image, _ in missing:
+            if not reported.get(f"{image}:{tag}"):
+                raise RuntimeError(
+                    f"Cloud Build {result.get('id')} succeeded but reported no digest for {image}:{tag}; "
+                    f"log: {result.get('logUrl')}"
+                )
+            digests[image] = reported[f"{image}:{tag}"]
+            print(f"built {image}:{tag} ({digests[image]}) in Cloud Build {result.get('id')}")
+    else:
+        print("every image exists; build skipped")
+
+    pinned = [f"{image}@{digests[image]}" for image, _ in wanted]
+    return Outputs(pinned[0], tag, bool(missing), pinned[1] if build_serving_image else "")
 
 
 @dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[context_tag])
-def check_build_context(context_dir: str, repository: str, image_name: str = "trainer") -> NamedTuple(
-    "Outputs", image_uri=str, tag=str, built=bool
-):
+def check_build_context(
+    context_dir: str, repository: str, image_name: str = "trainer", serving_image: str = "prebuilt"
+) -> NamedTuple("Outputs", image_uri=str, tag=str, built=bool, serving_image_uri=str):
     """Local form of the image build: checks the checkout's build context and computes the tag
-    the Vertex build would give it. Nothing is built: local jobs run this checkout's trainer."""
+    the Vertex build would give it. Nothing is built: local jobs run this checkout's trainer.
+    `serving_image_uri` is the serving image's tagged name when `serving_image` is `custom`, else ""."""
     import collections
 
     from components.buildcontext import context_members
 
     tag = context_tag(context_members(context_dir))
-    Outputs = collections.namedtuple("Outputs", ["image_uri", "tag", "built"])
+    Outputs = collections.namedtuple("Outputs", ["image_uri", "tag", "built", "serving_image_uri"])
     print(f"build context {context_dir}: tag {tag} (local runs use the checkout, nothing built)")
-    return Outputs(f"{repository}/{image_name}:{tag}", tag, False)
+    serving = f"{repository}/{image_name}-serving:{tag}" if serving_image == "custom" else ""
+    return Outputs(f"{repository}/{image_name}:{tag}", tag, False, serving)

@@ -80,10 +80,35 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def check_worker_pool_specs(specs: Sequence[Mapping[str, Any]]) -> None:
+    """Each pool must parse into the real `aiplatform_v1.WorkerPoolSpec`, unknown fields refused,
+    as the GCPC launcher's `CustomJob` would have to (a misspelt field, an accelerator name
+    that is not in `AcceleratorType`, a fractional count): the local job runs only what Vertex
+    would accept. An empty pool is allowed between pools (Vertex: "{}" keeps a pool's place)."""
+    from google.cloud import aiplatform_v1
+    from google.protobuf import json_format
+
+    problems = []
+    for index, spec in enumerate(specs):
+        if not spec:
+            continue
+        try:
+            json_format.ParseDict(
+                dict(spec),
+                aiplatform_v1.WorkerPoolSpec.pb(aiplatform_v1.WorkerPoolSpec()),
+                ignore_unknown_fields=False,
+            )
+        except json_format.ParseError as err:
+            problems.append(f"pool {index}: {err}")
+    if problems:
+        raise ValueError("worker_pool_specs would be refused by Vertex AI: " + "; ".join(problems))
+
+
 def replicas(specs: Sequence[Mapping[str, Any]], log: Callable[[str], object] = print) -> list[Replica]:
     """The local processes for these worker pool specs (pools 2-3 are noted, not run)."""
     if not specs or not specs[0]:
         raise ValueError("worker_pool_specs needs pool 0 (the chief)")
+    check_worker_pool_specs(specs)
     out: list[Replica] = []
     for pool, spec in enumerate(specs):
         if not spec:

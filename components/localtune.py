@@ -208,6 +208,9 @@ def run_tuning(
                 log_dir=trial_dir / "replica_logs",
                 timeout=timeout,
                 job_id=f"local-trial-{trial_id}",
+                # Vertex gives each trial CLOUD_ML_TRIAL_ID and a metric file of its own VM;
+                # here trials share one machine, so each gets its own file (the same variable
+                # cloudml-hypertune reads; the trainer checks at start that it can write it).
                 extra_env={"CLOUD_ML_HP_METRIC_FILE": str(metric_file), "CLOUD_ML_TRIAL_ID": trial_id},
                 out=stream,
             )

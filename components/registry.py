@@ -5,35 +5,122 @@ Vertex form: `find_champion` looks the model up by display name (its parent, whe
 and the champion's test accuracy from the metrics.json beside its SavedModel); the pipeline
 uploads with GCPC's `ModelUploadOp` from an `UnmanagedContainerModel` (importer) carrying the
 prebuilt TensorFlow serving image (`serving_container_uri`); `set_champion` moves the alias.
-Local form: `components.local` keeps the same registry shape on disk.
+Local form: `local_find_champion` and `local_upload_model` keep the same shape in a folder.
 """
 
 import re
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from kfp import dsl
 
 from components import runtime
 
 
-def serving_container_uri(tf_version: str, accelerator: str, location: str) -> str:
-    """Vertex's prebuilt TensorFlow serving image for a TF version ("2.21"), "cpu" or "gpu",
-    from the Artifact Registry multi-region nearest `location`."""
-    import re
+# Vertex AI's prebuilt TensorFlow 2 prediction images that exist, newest first: Google's
+# "Prebuilt containers for prediction" page and google-cloud-aiplatform's own list
+# (`google/cloud/aiplatform/constants/prediction.py`, TF_CONTAINER_URIS), which stop at 2.15
+# (a test keeps this table equal to aiplatform's). A serving version is only ever chosen from
+# here, never derived from the trainer's TensorFlow: `tf2-cpu.2-21` does not exist, and a model
+# uploaded with it cannot be deployed. 2.15 is announced to be unavailable after 2027-01-14:
+# `serving_image=custom` (our own serving image, built beside the trainer's) does not depend on it.
+def prebuilt_tf_serving_versions() -> tuple[str, ...]:
+    """The table (a function, so the Vertex component carries it with `additional_funcs`)."""
+    return ("2.15", "2.14", "2.13", "2.12", "2.11", "2.10", "2.9", "2.8", "2.7", "2.6", "2.5", "2.4", "2.3", "2.2", "2.1")  # fmt: skip
 
-    match = re.match(r"^2\.(\d+)(\.\d+)?$", tf_version)
-    if not match:
-        raise ValueError(f"tf_version must look like 2.N (e.g. 2.21), got {tf_version!r}")
-    if accelerator not in ("cpu", "gpu"):
+
+PREBUILT_TF_SERVING_VERSIONS = prebuilt_tf_serving_versions()
+DEFAULT_SERVING_TF_VERSION = PREBUILT_TF_SERVING_VERSIONS[0]
+SERVING_IMAGE_MODES = ("prebuilt", "custom")
+SERVING_ACCELERATORS = ("cpu", "gpu")
+
+
+def serving_container_uri(tf_version: str, accelerator: str, location: str) -> str:
+    """Vertex's prebuilt TensorFlow serving image for a TF version of the table ("2.15"), "cpu"
+    or "gpu", from the Artifact Registry multi-region nearest `location` (us, europe or asia:
+    the only ones Google publishes them in; aiplatform's `get_prebuilt_prediction_container_uri`
+    takes the region's first word the same way)."""
+    versions = prebuilt_tf_serving_versions()
+    if tf_version not in versions:
+        raise ValueError(
+            f"serving_tf_version {tf_version!r} has no prebuilt Vertex AI TensorFlow serving image; "
+            f"prebuilt versions: {', '.join(versions)} (or use serving_image=custom)"
+        )
+    if accelerator not in SERVING_ACCELERATORS:
         raise ValueError(f"serving accelerator must be cpu or gpu, got {accelerator!r}")
     area = location.split("-")[0]
     prefix = {"europe": "europe", "asia": "asia", "australia": "asia", "me": "asia"}.get(area, "us")
-    return f"{prefix}-docker.pkg.dev/vertex-ai/prediction/tf2-{accelerator}.2-{match.group(1)}:latest"
+    minor = tf_version.split(".")[1]
+    return f"{prefix}-docker.pkg.dev/vertex-ai/prediction/tf2-{accelerator}.2-{minor}:latest"
+
+
+def prebuilt_tf_version(image: str) -> str:
+    """The TF version ("2.15") of a prebuilt Vertex TF2 serving image URI; "" for any other image."""
+
+    match = re.match(r"^[a-z]+-docker\.pkg\.dev/vertex-ai/prediction/tf2-(?:cpu|gpu)\.2-(\d+):", image)
+    return f"2.{match.group(1)}" if match else ""
+
+
+def choose_serving_image(
+    serving_image: str, tf_version: str, accelerator: str, location: str, custom_image_uri: str
+) -> tuple[str, str]:
+    """The Model's serving container and why: `prebuilt` (Vertex's TF image of `tf_version`, from
+    the table), `custom` (the serving image the build step made, on the trainer's own TF) or an
+    image URI of the user's. Raises ValueError naming what is allowed."""
+
+    if serving_image == "prebuilt":
+        image = serving_container_uri(tf_version, accelerator, location)
+        why = f"Vertex's prebuilt TensorFlow {tf_version} {accelerator.upper()} serving image"
+        if tf_version == prebuilt_tf_serving_versions()[0]:
+            why += " (the newest prebuilt one; the trainer's models are tested to serve under it)"
+        return image, why
+    if serving_image == "custom":
+        if not custom_image_uri:
+            raise ValueError("serving_image=custom but the build step made no serving image")
+        return custom_image_uri, "the custom serving image built from Dockerfile.serving (the trainer's TF)"
+    if not re.match(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$", serving_image):
+        raise ValueError(
+            f"serving_image must be prebuilt, custom or an image URI (<host>/<path>:<tag> or "
+            f"<host>/<path>@sha256:<digest>), got {serving_image!r}"
+        )
+    return serving_image, "the serving image given by serving_image"
+
+
+def check_model_display_name(name: str) -> str:
+    """Vertex's rule for a Model's display name: required, at most 128 characters, any UTF-8
+    (aiplatform_v1 `Model.display_name`). Raises ValueError naming the rule."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("model_display_name is required (Vertex: up to 128 characters of any UTF-8)")
+    if len(name) > 128:
+        raise ValueError(f"model_display_name has {len(name)} characters; Vertex allows at most 128")
+    return name
+
+
+def registry_folder(name: str) -> str:
+    """The local registry's folder for a display name: every character but ASCII letters,
+    digits, `_` and `-` as %XX of its UTF-8 bytes, so no name (`..`, `a/b`, `/abs`) leaves
+    the registry folder or lands in its root, and two names never share a folder."""
+    check_model_display_name(name)
+    safe = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+    return "".join(c if c in safe else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
+
+
+def check_registry_parameters(values: Mapping[str, Any]) -> None:
+    """The registry's parameters checked before any work (both targets): the display name, and
+    a serving image that exists. Raises ValueError naming the parameter and what is allowed."""
+    check_model_display_name(str(values.get("model_display_name", "")))
+    mode = values.get("serving_image", "prebuilt")
+    choose_serving_image(
+        mode,
+        str(values.get("serving_tf_version", DEFAULT_SERVING_TF_VERSION)),
+        str(values.get("serving_accelerator", "cpu")),
+        str(values.get("location", "")),
+        "<built by the pipeline>" if mode == "custom" else "",
+    )
 
 
 def label_value(value: str) -> str:
     """A string as a Vertex label value: lowercase letters, digits, _ and -, at most 63."""
-    import re
 
     return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
 
@@ -41,27 +128,38 @@ def label_value(value: str) -> str:
 @dsl.component(
     base_image=runtime.BASE_IMAGE,
     install_kfp_package=False,
-    additional_funcs=[serving_container_uri, label_value],
+    additional_funcs=[prebuilt_tf_serving_versions, serving_container_uri, choose_serving_image, label_value],
 )
 def upload_settings(
     location: str,
+    serving_image: str,
     tf_version: str,
     serving_accelerator: str,
-    serving_image: str,
+    custom_image_uri: str,
     labels: dict,
     source_commit: str,
     pipeline_run: str,
 ) -> NamedTuple("Outputs", serving_image=str, labels=dict):
-    """The serving image (`serving_image` when set, else the prebuilt one matching the
-    trainer's TF) and the model version's labels: `labels` plus the pipeline run and commit."""
+    """The Model's serving image (see `choose_serving_image`) and the model version's labels:
+    `labels` plus the pipeline run and commit."""
     import collections
 
-    image = serving_image or serving_container_uri(tf_version, serving_accelerator, location)
+    image, why = choose_serving_image(
+        serving_image, tf_version, serving_accelerator, location, custom_image_uri
+    )
     merged = {label_value(k): label_value(str(v)) for k, v in labels.items()}
     merged["pipeline_run"] = label_value(pipeline_run)
     if source_commit:
         merged["source_commit"] = label_value(source_commit)
-    print(f"serving image {image}; labels {merged}")
+    # Vertex's label rules (aiplatform_v1 `Model.labels`; Google Cloud's labels doc): keys start
+    # with a letter; at most 64 labels on a resource.
+    bad = sorted(k for k in merged if not k[:1].isalpha())
+    if bad:
+        raise ValueError(f"label keys must start with a lowercase letter (Vertex's label rule): {bad}")
+    if len(merged) > 64:
+        raise ValueError(f"{len(merged)} labels: Vertex allows at most 64 on a model version")
+    print(f"serving image {image}: {why}")
+    print(f"labels {merged}")
     Outputs = collections.namedtuple("Outputs", ["serving_image", "labels"])
     return Outputs(image, merged)
 
@@ -78,7 +176,6 @@ def find_champion(
     Fails when two models share the name: the parent would be ambiguous."""
     import collections
     import json
-    import re
 
     import google.cloud.storage as storage
     from google.api_core import exceptions
@@ -138,14 +235,6 @@ def set_champion(project: str, location: str, model: dsl.Input[dsl.Artifact], al
     return name
 
 
-def tf_version_from_lock(lock_text: str) -> str:
-    """The trainer's TensorFlow minor version ("2.21") from uv.lock's text."""
-    match = re.search(r'\nname = "tensorflow"\nversion = "(\d+\.\d+)', lock_text)
-    if not match:
-        raise ValueError("uv.lock pins no tensorflow version")
-    return match.group(1)
-
-
 # --- the local form -------------------------------------------------------------------------
 # <registry_dir>/<model>/<version>/model/  the SavedModel (and its metrics.json, config.json)
 # <registry_dir>/<model>/<version>/version.json  labels, serving image, metrics, gate, source
@@ -164,7 +253,9 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
     Outputs = collections.namedtuple(
         "Outputs", ["exists", "resource_name", "resource_uri", "champion_accuracy"]
     )
-    model_dir = os.path.abspath(os.path.join(registry_dir, model_display_name))
+    from components.registry import registry_folder
+
+    model_dir = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
     aliases_path = os.path.join(model_dir, "aliases.json")
     if not os.path.exists(aliases_path):
         print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
@@ -202,20 +293,34 @@ def local_upload_model(
     import sys
     import time
 
+    from components import servingenv
+    from components.registry import prebuilt_tf_version
+
+    # Serve it the way the serving image would: under the TensorFlow of Vertex's prebuilt image
+    # (2.15 by default, not the trainer's 2.21: a model that loads only under a newer TF would
+    # upload to Vertex and then fail to deploy), in an environment of its own.
+    tf_version = prebuilt_tf_version(serving_image)
+    python = str(servingenv.python_for(tf_version)) if tf_version else sys.executable
+    under = f"TensorFlow {tf_version} (its serving image's)" if tf_version else "the trainer's TensorFlow"
     check = subprocess.run(
-        [sys.executable, "-m", "trainer.serve", "--model_dir", model.path],
+        [python, "-m", "trainer.serve", "--model_dir", model.path],
         capture_output=True,
         text=True,
         check=False,
     )
     if check.returncode != 0:
-        raise RuntimeError(f"the model in {model.path} does not serve: {check.stderr.strip()[-2000:]}")
+        raise RuntimeError(
+            f"the model in {model.path} does not serve under {under}: {check.stderr.strip()[-2000:]}"
+        )
     answers = [json.loads(line) for line in check.stdout.splitlines() if line.startswith("{")]
     print(
-        f"serving check: {len(answers)} test images answered, e.g. {answers[0]['image']} -> {answers[0]['class_name']}"
+        f"serving check under {under}: {len(answers)} test images answered, "
+        f"e.g. {answers[0]['image']} -> {answers[0]['class_name']}"
     )
 
-    root = os.path.abspath(os.path.join(registry_dir, model_display_name))
+    from components.registry import registry_folder
+
+    root = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two local runs never get the same version

@@ -5,8 +5,9 @@ Each component's function body is self-contained (imports inside, helpers shippe
 in `uv.lock`, which already holds kfp, google-cloud-aiplatform and google-cloud-storage: so no
 component installs anything at run time (`install_kfp_package=False`), which is also what the
 local target needs (`SubprocessRunner(use_venv=False)` runs the same functions in this
-checkout's environment, where pip is not even present). Only the Vertex-only image build adds
-the Cloud Build client, pinned to uv.lock's version (a test keeps the pins in step).
+checkout's environment, where pip is not even present). The image build, too, needs nothing
+more: it speaks Cloud Build's REST API with google-auth and requests, both in that image. The
+GCPC pin below follows uv.lock's version (a test keeps it in step).
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ from __future__ import annotations
 GCPC_VERSION = "2.22.0"
 BASE_IMAGE = f"gcr.io/ml-pipeline/google-cloud-pipeline-components:{GCPC_VERSION}"
 
-CLOUD_BUILD = "google-cloud-build==3.42.0"
-
-PINNED = (f"google-cloud-pipeline-components=={GCPC_VERSION}", CLOUD_BUILD)
+PINNED = (f"google-cloud-pipeline-components=={GCPC_VERSION}",)
 
 
 def fuse_path(uri: str) -> str:

@@ -37,7 +37,13 @@ SETTINGS: dict[str, tuple[str, bool]] = {
         False,
     ),
     "EXPERIMENT": ("Vertex Experiment the runs are recorded in", False),
-    "ENABLE_CACHING": ("true or false: reuse results of unchanged steps", False),
+    "ENABLE_CACHING": (
+        (
+            "leave unset to keep each step's compiled caching option (the registry steps and job "
+            "folders are never cached); false turns caching off for every step"
+        ),
+        False,
+    ),
 }
 
 _PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
@@ -79,7 +85,7 @@ class Settings:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     api_endpoint: str = ""
     experiment: str = ""
-    enable_caching: bool = True
+    enable_caching: bool | None = None
 
     @property
     def bucket(self) -> str:
@@ -146,9 +152,17 @@ def load(
                 "lowercase letters, digits, _ and -, at most 63 characters"
             )
         labels[key] = value
-    caching = values.get("ENABLE_CACHING", "true").lower()
-    if caching not in ("true", "false"):
-        problems.append(f"ENABLE_CACHING={caching!r} is not valid: expected true or false")
+    caching = values.get("ENABLE_CACHING", "").lower()
+    if caching == "true":
+        # aiplatform's PipelineJob(enable_caching=True) rewrites every task's cachingOptions
+        # (pipeline_utils._set_enable_caching_value), the registry lookups included.
+        problems.append(
+            "ENABLE_CACHING='true' is not allowed: it would force caching on every step, including "
+            "the Model Registry lookups whose cached answers are stale; leave it unset (each step's "
+            "compiled option: only pure steps are cached) or set false"
+        )
+    elif caching not in ("", "false"):
+        problems.append(f"ENABLE_CACHING={caching!r} is not valid: expected false, or unset")
     if problems:
         raise SettingsError("\n".join(problems))
     return Settings(
@@ -163,7 +177,7 @@ def load(
         labels=labels,
         api_endpoint=values.get("API_ENDPOINT", ""),
         experiment=values.get("EXPERIMENT", ""),
-        enable_caching=caching == "true",
+        enable_caching=False if caching == "false" else None,
     )
 
 
@@ -187,7 +201,7 @@ def example() -> str:
         "LABELS": "team=ml,env=dev",
         "API_ENDPOINT": "",
         "EXPERIMENT": "",
-        "ENABLE_CACHING": "true",
+        "ENABLE_CACHING": "",
     }
     for key, (help_, required) in SETTINGS.items():
         lines.append(f"# {help_}{' (required)' if required else ''}")

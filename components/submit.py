@@ -16,6 +16,7 @@ import argparse
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,8 +33,10 @@ COMPILED = ROOT / "compiled" / "pipeline.json"
 TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 
 
-def source_commit(root: Path = ROOT) -> str:
-    """The checkout's commit, with `-dirty` when it has uncommitted changes ('' outside git)."""
+def source_commit(root: Path = ROOT, environ: Mapping[str, str] = os.environ) -> str:
+    """The checkout's commit, with `-dirty` when it has uncommitted changes. Where the source
+    has no `.git` (Cloud Build hands its steps the source without it), `SOURCE_COMMIT` from the
+    environment (cloudbuild.yaml sets it from the `$COMMIT_SHA` substitution); else ''."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
@@ -42,8 +45,34 @@ def source_commit(root: Path = ROOT) -> str:
             ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return ""
+        given = environ.get("SOURCE_COMMIT", "").strip()
+        if given and not re.fullmatch(r"[0-9a-f]{7,40}", given):
+            raise ValueError(
+                f"SOURCE_COMMIT must be a git commit (7 to 40 hex digits), got {given!r}"
+            ) from None
+        return given
     return commit + ("-dirty" if dirty else "")
+
+
+EMAIL = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
+
+
+def check_notification_emails(emails: Any) -> list[str]:
+    """`notification_emails` as VertexNotificationEmailOp may receive it: one to three addresses
+    (GCPC's `vertex_notification_email` docstring and Google's "Configure email notifications"
+    page: "up to 3 emails"). [] or None: no notification (the template without the handler)."""
+    if emails in (None, []):
+        return []
+    if not isinstance(emails, list) or not all(isinstance(e, str) for e in emails):
+        raise ValueError(f"notification_emails must be a JSON list of addresses, got {emails!r}")
+    bad = [e for e in emails if not EMAIL.match(e)]
+    if bad:
+        raise ValueError(f"notification_emails: not e-mail addresses: {', '.join(map(repr, bad))}")
+    if not 1 <= len(emails) <= 3:
+        raise ValueError(
+            f"notification_emails takes one to three addresses (Vertex's limit), got {len(emails)}"
+        )
+    return list(emails)
 
 
 def pipeline_parameters(
@@ -71,13 +100,15 @@ def pipeline_parameters(
 
 
 def check_hardware(values: Mapping[str, Any], compiled: Mapping[str, Any], region: str) -> None:
-    """The worker pools the run will ask for, validated for `region` (GPU types it offers)."""
-    from components import worker_pools
+    """The worker pools the run will ask for, validated for `region` (GPU types it offers), and
+    the registry's parameters (display name, a serving image that exists)."""
+    from components import registry, worker_pools
 
     defaults = {
         name: p.get("defaultValue") for name, p in compiled["root"]["inputDefinitions"]["parameters"].items()
     }
     v = {**defaults, **values}
+    registry.check_registry_parameters({**v, "location": region})
     hardware: dict[str, Any] = {
         k: int(v[k]) if isinstance(v[k], float) else v[k] for k in worker_pools.HARDWARE_PARAMETERS
     }
@@ -175,7 +206,9 @@ def submit(
     template: Path = COMPILED,
     poll_seconds: float = 15.0,
 ) -> int:
-    """Uploads the context and submits the run; with `wait`, follows it to the end."""
+    """Uploads the context and submits the run; with `wait`, follows it to the end. The template
+    is the one with the e-mail exit handler only when `notification_emails` are given."""
+    given, template = _with_template(given, template)
     compiled = json.loads(template.read_text())
     check_hardware(given, compiled, settings.region)
     init_aiplatform(settings, credentials, transport)
@@ -194,6 +227,20 @@ def submit(
     state = watch(job, poll_seconds=poll_seconds)
     print(f"run ended {state}")
     return 0 if state == "PIPELINE_STATE_SUCCEEDED" else 1
+
+
+def _with_template(given: Mapping[str, Any], template: Path) -> tuple[dict[str, Any], Path]:
+    """Validates `notification_emails`; picks the notify template for a run that has them (when
+    `template` is the default one) and drops the parameter for a run that has none."""
+    import pipeline
+
+    values = dict(given)
+    emails = check_notification_emails(values.pop("notification_emails", None))
+    if emails:
+        values["notification_emails"] = emails
+        if template == pipeline.COMPILED:
+            template = pipeline.COMPILED_NOTIFY
+    return values, template
 
 
 def main(ns: argparse.Namespace, environ: Mapping[str, str], project: str) -> int:
@@ -236,9 +283,14 @@ def upload_template(settings: Settings, template: Path = COMPILED, commit: str =
         raise SettingsError(
             f"TEMPLATE_REPOSITORY is not set: {settings_mod.SETTINGS['TEMPLATE_REPOSITORY'][0]}"
         )
+    import pipeline
+
     client = RegistryClient(host=settings.template_repository, auth=auth)
+    # Both templates are versions of one package (one pipeline name): the e-mailing one's tags
+    # carry a suffix, so `<commit>` and `latest` always name the template without the handler.
+    suffix = "-notify" if template.name == pipeline.COMPILED_NOTIFY.name else ""
     tags = [
-        t
+        t + suffix
         for t in (
             commit.replace("-dirty", "")[:40] if commit and not commit.endswith("-dirty") else "",
             "latest",
@@ -278,6 +330,7 @@ def create_schedule(
         raise ValueError(
             "the checkout has uncommitted changes: a schedule must be pinned to a commit; commit first"
         )
+    given, template = _with_template(given, template)
     compiled = json.loads(template.read_text())
     check_hardware(given, compiled, settings.region)
     init_aiplatform(settings, credentials, transport)

@@ -4,6 +4,7 @@
   chosen methods (Cloud Build, Vertex JobService/ModelService, long-running operations).
   Clients reach it through `insecure_client`.
 - `RegistryFake`: the Docker Registry v2 manifest API that Artifact Registry speaks.
+- `RestFake`: an HTTP/JSON server routing to hand-written handlers (Vertex, Cloud Build REST).
 - `storage_emulator`: gcp-storage-emulator (the real google-cloud-storage client talks to it
   when STORAGE_EMULATOR_HOST is set).
 Every request a fake receives is kept in `.requests` so tests assert on what was sent.
@@ -90,23 +91,37 @@ def insecure_client(client_class: type, transport_class: type, address: str) -> 
 
 
 class RegistryFake:
-    """Docker Registry v2 `HEAD /v2/<name>/manifests/<tag>`: 200 with a digest for known tags."""
+    """Docker Registry v2 manifests: `HEAD /v2/<name>/manifests/<tag>` answers 200 with a digest
+    for known tags, 404 for others; `errors["<name>:<tag>"] = (status, body)` makes it answer
+    that status instead (the body only to GET, as HEAD answers carry none). Requests are kept
+    as "<METHOD> <path>"."""
 
     def __init__(self) -> None:
         self.manifests: dict[str, str] = {}  # "<name>:<tag>" -> digest
+        self.errors: dict[str, tuple[int, str]] = {}  # "<name>:<tag>" -> (status, body)
         self.requests: list[str] = []
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_HEAD(self) -> None:
-                fake.requests.append(self.path)
+            def _answer(self, method: str) -> None:
+                fake.requests.append(f"{method} {self.path}")
                 name, _, tag = self.path.removeprefix("/v2/").partition("/manifests/")
-                digest = fake.manifests.get(f"{name}:{tag}")
-                self.send_response(200 if digest else 404)
-                if digest:
+                key = f"{name}:{tag}"
+                digest = fake.manifests.get(key)
+                status, text = fake.errors.get(key) or ((200, "{}") if digest else (404, ""))
+                body = text.encode() if method == "GET" else b""
+                self.send_response(status)
+                if digest and status == 200:
                     self.send_header("Docker-Content-Digest", digest)
-                self.send_header("Content-Length", "0")
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                self.wfile.write(body)
+
+            def do_HEAD(self) -> None:
+                self._answer("HEAD")
+
+            def do_GET(self) -> None:
+                self._answer("GET")
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -28,17 +28,27 @@ def spec(fresh: Path) -> dict[str, Any]:
     return json.loads(fresh.read_text())
 
 
-def test_committed_spec_is_fresh(fresh: Path) -> None:
-    committed = pipeline.COMPILED.read_text() if pipeline.COMPILED.exists() else ""
-    if committed != fresh.read_text():
+@pytest.fixture(scope="module")
+def fresh_notify(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return pipeline.compile_pipeline(
+        tmp_path_factory.mktemp("compiled") / "pipeline-notify.json", notify=True
+    )
+
+
+@pytest.mark.parametrize("notify", [False, True])
+def test_committed_spec_is_fresh(fresh: Path, fresh_notify: Path, notify: bool) -> None:
+    target = pipeline.COMPILED_NOTIFY if notify else pipeline.COMPILED
+    new = (fresh_notify if notify else fresh).read_text()
+    committed = target.read_text() if target.exists() else ""
+    if committed != new:
         diff = "".join(
             list(
                 difflib.unified_diff(
-                    committed.splitlines(True), fresh.read_text().splitlines(True), "committed", "fresh", n=1
+                    committed.splitlines(True), new.splitlines(True), "committed", "fresh", n=1
                 )
             )[:40]
         )
-        pytest.fail(f"compiled/pipeline.json is stale: run `make compile` and commit it.\n{diff[:3000]}")
+        pytest.fail(f"compiled/{target.name} is stale: run `make compile` and commit it.\n{diff[:3000]}")
 
 
 def test_compiling_twice_gives_the_same_bytes(fresh: Path, tmp_path: Path) -> None:
@@ -89,12 +99,70 @@ def test_the_dag_has_every_step(spec: dict[str, Any]) -> None:
         "upload-new-version",
         "upload-first-version",
         "set-champion",
-        "vertex-pipelines-notification-email",
     ):
         assert step in tasks, f"no task {step}; tasks: {sorted(tasks)}"
-    # Everything but the e-mail runs under the exit handler.
+
+
+def test_only_a_run_with_recipients_calls_the_email_op(spec: dict[str, Any], fresh_notify: Path) -> None:
+    """Google documents one to three recipients for VertexNotificationEmailOp and nothing about
+    none: the template without recipients has no exit handler and no such parameter."""
+    assert not [t for t in walk(spec) if "notification" in t]
+    assert "notification_emails" not in spec["root"]["inputDefinitions"]["parameters"]
+    assert "vertex_notification_email" not in json.dumps(spec["deploymentSpec"])
+    notify = json.loads(fresh_notify.read_text())
+    tasks = walk(notify)
+    # Everything but the e-mail runs under the exit handler; the recipients are required.
     assert tasks["train-model"]["parents"][0] == "train-and-register"
     assert tasks["vertex-pipelines-notification-email"]["parents"] == ()
+    emails = notify["root"]["inputDefinitions"]["parameters"]["notification_emails"]
+    assert "defaultValue" not in emails and not emails.get("isOptional")
+    steps = {name for name in walk(spec) if not name.startswith("condition-branches")}
+    assert steps | {"vertex-pipelines-notification-email", "train-and-register"} == {
+        name for name in tasks if not name.startswith("condition-branches")
+    }
+    assert pipeline.template_for([]) == pipeline.COMPILED
+    assert pipeline.template_for(["a@b.co"]) == pipeline.COMPILED_NOTIFY
+
+
+def cached(task: dict[str, Any]) -> bool:
+    return bool(task["task"].get("cachingOptions", {}).get("enableCache", False))
+
+
+def test_steps_that_touch_state_outside_the_pipeline_are_never_cached(spec: dict[str, Any]) -> None:
+    """A cached find-champion answers with the registry as it was when it first ran (the next
+    upload then creates a second model of the same name); a cached *-worker-pools step hands a
+    new run an old run's job folder (and makes every job downstream a cache hit: a schedule
+    would retrain nothing)."""
+    tasks = walk(spec)
+    never = {
+        "build-trainer-image",  # asks Artifact Registry whether the image exists
+        "find-champion",
+        "upload-new-version",
+        "upload-first-version",
+        "set-champion",
+        "prepare-worker-pools",
+        "tuning-worker-pools",
+        "training-worker-pools",
+    }
+    assert never <= set(pipeline.NEVER_CACHED)
+    for name, task in tasks.items():
+        if name in pipeline.NEVER_CACHED:
+            assert not cached(task), f"{name} would be served from Vertex's cache"
+    # Pure steps keep caching (the policy is this list, not caching off everywhere).
+    assert cached(tasks["training-trainer-args"]) and cached(tasks["evaluate-model"])
+
+
+def test_every_job_writes_into_a_folder_made_by_this_run(spec: dict[str, Any]) -> None:
+    tasks = walk(spec)
+    keys = {t["key"]: name for name, t in tasks.items()}
+    for job in ("prepare-dataset", "tune-hyperparameters", "train-model"):
+        source = tasks[job]["task"]["inputs"]["parameters"]["base_output_directory"]
+        if "taskOutputParameter" in source:
+            producer = keys[source["taskOutputParameter"]["producerTask"]]
+        else:  # passed into a sub-DAG: the channel is named after its producer
+            channel = source["componentInputParameter"].removeprefix("pipelinechannel--")
+            producer = next(n for n in tasks if channel.startswith(f"{tasks[n]['key']}-"))
+        assert producer.endswith("-worker-pools") and not cached(tasks[producer]), (job, producer)
 
 
 def dependencies(tasks: dict[str, Any], name: str) -> set[str]:

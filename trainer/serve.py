@@ -5,14 +5,135 @@ container does (encoded image bytes in `image_bytes`) and prints one JSON line p
 {"image", "class_name", "class_index", "probabilities"}. Without `--image` it classifies one
 synthetic leaf per class (so the check needs no data). Exit status 1 when the model does not
 load or answer, with the reason.
+
+It needs TensorFlow and numpy only: no tf_keras, nothing of the trainer that imports it. Vertex's
+prebuilt TensorFlow prediction container is TensorFlow Serving, which loads the SavedModel's
+graph and nothing of Keras, and its newest TensorFlow (2.15) is older than the trainer's; so the
+check is meant to run under that older TensorFlow too, from the environment that
+`components.servingenv.python_for("2.15")` makes. `trainer.server` (the custom serving image)
+serves through `load` and `answer` below.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# The signature's one input. Vertex's prebuilt TensorFlow containers base64-decode an instance's
+# `{"b64": ...}` value for an input whose name ends in `_bytes`. Equal to
+# trainer.export.SERVING_INPUT (tests check it; that module needs tf_keras, so it is not imported).
+SERVING_INPUT = "image_bytes"
+SIGNATURE = "serving_default"
+OUTPUTS = ("probabilities", "class_index", "class_name")
+# As trainer.storage.resolve (which imports tf_keras through trainer._tf): the Cloud Storage FUSE
+# mount's paths become gs:// where the mount does not exist.
+GCS_FUSE_ROOT = "/gcs/"
+
+Prediction = dict[str, Any]
+
+
+class ServingError(Exception):
+    """The model does not load as a serving model, or does not answer."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """A loaded `serving_default`. The loaded SavedModel is kept with it: it owns the variables
+    the signature reads, which go when it is garbage-collected."""
+
+    signature: Any
+    saved_model: Any
+
+
+def import_tf() -> Any:
+    """TensorFlow itself (quiet, and with the trainer's choice of Keras should anything ask)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+
+    return tf
+
+
+def resolve(path: str) -> str:
+    if path.startswith(GCS_FUSE_ROOT) and not os.path.isdir(GCS_FUSE_ROOT):
+        return "gs://" + path[len(GCS_FUSE_ROOT) :]
+    return path
+
+
+def load(model_dir: str) -> Served:
+    """The SavedModel's `serving_default`, checked to take `image_bytes` and give OUTPUTS."""
+    tf = import_tf()
+    try:
+        loaded = tf.saved_model.load(resolve(model_dir))
+    except (OSError, ValueError, tf.errors.OpError) as err:
+        raise ServingError(f"{model_dir} does not load as a serving model: {err}") from None
+    signatures = dict(loaded.signatures)
+    if SIGNATURE not in signatures:
+        raise ServingError(
+            f"{model_dir} has no {SIGNATURE!r} signature (it has: {', '.join(signatures) or 'none'})"
+        )
+    serve = signatures[SIGNATURE]
+    inputs = serve.structured_input_signature[1]
+    if set(inputs) != {SERVING_INPUT} or inputs[SERVING_INPUT].dtype != tf.string:
+        found = ", ".join(f"{name}: {spec.dtype.name}" for name, spec in inputs.items()) or "none"
+        raise ServingError(
+            f"{model_dir}: {SIGNATURE} must take one string input {SERVING_INPUT!r}; it takes {found}"
+        )
+    missing = [name for name in OUTPUTS if name not in serve.structured_outputs]
+    if missing:
+        raise ServingError(f"{model_dir}: {SIGNATURE} does not return {', '.join(missing)}")
+    return Served(serve, loaded)
+
+
+def answer(served: Served, blobs: Sequence[bytes]) -> list[Prediction]:
+    """One call of the signature on a batch of encoded images: one prediction per image."""
+    tf = import_tf()
+    try:
+        out = served.signature(**{SERVING_INPUT: tf.constant(list(blobs), dtype=tf.string)})
+        names, indices, probabilities = (
+            out[name].numpy() for name in ("class_name", "class_index", "probabilities")
+        )
+    except (tf.errors.OpError, ValueError, TypeError) as err:
+        raise ServingError(f"{SIGNATURE} failed to answer: {err}") from None
+    return [
+        {
+            "class_name": names[i].decode(),
+            "class_index": int(indices[i]),
+            "probabilities": [float(p) for p in probabilities[i]],
+        }
+        for i in range(len(blobs))
+    ]
+
+
+def synthetic_images(size: int = 96) -> tuple[list[str], list[bytes]]:
+    """One synthetic leaf per class, as JPEG: (names, encoded images). Always the same images."""
+    import numpy as np
+
+    # trainer.synthetic's images are numpy-made; the module must not import tf_keras at the top.
+    from trainer import synthetic
+
+    tf = import_tf()
+    rng = np.random.default_rng(0)
+    names = [f"synthetic:{c}" for c in synthetic.CASSAVA_CLASSES]
+    blobs = [tf.io.encode_jpeg(synthetic.make_image(rng, c, size)).numpy() for c in synthetic.CASSAVA_CLASSES]
+    return names, blobs
+
+
+def read_images(paths: Sequence[str]) -> tuple[list[str], list[bytes]]:
+    tf = import_tf()
+    blobs = []
+    for path in paths:
+        try:
+            with tf.io.gfile.GFile(resolve(path), "rb") as f:
+                blobs.append(f.read())
+        except (OSError, tf.errors.OpError) as err:
+            raise ServingError(f"cannot read the image {path}: {err}") from None
+    return list(paths), blobs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,35 +142,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--image", action="append", default=[], help="An image file (JPEG/PNG); repeatable.")
     args = p.parse_args(argv)
 
-    import numpy as np
-
-    from trainer import storage, synthetic
-    from trainer._tf import tf
-    from trainer.export import SERVING_INPUT
-
     try:
-        serve = tf.saved_model.load(storage.resolve(args.model_dir)).signatures["serving_default"]
-    except (OSError, KeyError, ValueError, tf.errors.OpError) as err:
-        print(f"{args.model_dir} does not load as a serving model: {err}", file=sys.stderr)
+        served = load(args.model_dir)
+        names, blobs = read_images(args.image) if args.image else synthetic_images()
+    except ServingError as err:
+        print(err, file=sys.stderr)
         return 1
-    if args.image:
-        names = list(args.image)
-        blobs = [tf.io.read_file(path) for path in names]
-    else:
-        rng = np.random.default_rng(0)
-        names = [f"synthetic:{c}" for c in synthetic.CASSAVA_CLASSES]
-        blobs = [tf.io.encode_jpeg(synthetic.make_image(rng, c, 96)) for c in synthetic.CASSAVA_CLASSES]
     try:
-        out = serve(**{SERVING_INPUT: tf.stack(blobs)})
-    except (tf.errors.OpError, ValueError, TypeError) as err:
-        print(f"{args.model_dir} failed to answer serving_default: {err}", file=sys.stderr)
+        predictions = answer(served, blobs)
+    except ServingError as err:
+        print(f"{args.model_dir}: {err}", file=sys.stderr)
         return 1
-    for i, name in enumerate(names):
+    for name, prediction in zip(names, predictions, strict=True):
         row = {
             "image": name,
-            "class_name": out["class_name"][i].numpy().decode(),
-            "class_index": int(out["class_index"][i]),
-            "probabilities": [round(float(v), 6) for v in out["probabilities"][i]],
+            "class_name": prediction["class_name"],
+            "class_index": prediction["class_index"],
+            "probabilities": [round(v, 6) for v in prediction["probabilities"]],
         }
         print(json.dumps(row))
     return 0

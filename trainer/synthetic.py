@@ -14,8 +14,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from trainer._tf import tf
-
 CASSAVA_CLASSES = ("cbb", "cbsd", "cgm", "cmd", "healthy")
 ARCHIVE_FOLDER = "cassavaleafdata"
 SPLIT_FOLDERS = ("train", "validation", "test")
@@ -138,6 +136,10 @@ def write_archive(
     progress: Callable[[int], None] | None = None,
 ) -> str:
     """Writes the archive tree under `root`; returns `root` (what download_and_extract gives)."""
+    # Here, not at the top: make_image is numpy-only, and `python -m trainer.serve` uses it under
+    # the serving check's TensorFlow, which has no tf_keras.
+    from trainer._tf import tf
+
     rng = np.random.default_rng(seed)
     for split, count in split_counts(per_class).items():
         for class_name in CASSAVA_CLASSES:

@@ -118,6 +118,8 @@ def test_submit_gets_the_project_and_the_substitutions(build: Build) -> None:
     assert env["REGION"] == "${_REGION}"
     assert env["PIPELINE_ROOT"] == "${_PIPELINE_ROOT}"
     assert env["SERVICE_ACCOUNT"] == "${_SERVICE_ACCOUNT}"
+    # Cloud Build's source has no .git: without the trigger's commit every run is `unknown`.
+    assert env["SOURCE_COMMIT"] == "$COMMIT_SHA"
 
 
 def test_substitutions_are_declared_used_and_custom(raw: dict[str, Any], build: Build) -> None:

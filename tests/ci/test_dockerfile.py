@@ -17,7 +17,7 @@ from tests.ci.tools import ROOT, run, tool
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 # What the image needs, and all it may see.
-CONTEXT = {"Dockerfile", "trainer", "pyproject.toml", "uv.lock"}
+CONTEXT = {"Dockerfile", "Dockerfile.serving", "trainer", "pyproject.toml", "uv.lock"}
 
 
 @dataclass(frozen=True)

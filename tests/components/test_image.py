@@ -1,21 +1,27 @@
-"""The image build: content tags, and the real Cloud Build, Storage and registry clients against
-local fakes (a build that succeeds, one that fails, and a tag that already exists)."""
+"""The image build: content tags, and the Vertex form against local fakes at the protocol
+level: Cloud Build's REST API (the request body parsed strictly into the real `Build` type),
+the real Storage client on an emulator and the registry's manifest API."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import itertools
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import google.auth.credentials
 import pytest
+import yaml
 from google.cloud.devtools import cloudbuild_v1
-from google.cloud.devtools.cloudbuild_v1.services.cloud_build.transports.grpc import CloudBuildGrpcTransport
 from google.longrunning import operations_pb2
-from google.protobuf import any_pb2
+from google.protobuf import json_format
 
 from components import image
-from tests.fakes import GrpcFake, RegistryFake, insecure_client, storage_emulator
+from tests.fakes import RegistryFake, RestFake, storage_emulator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,13 +54,13 @@ def test_tarball_round_trip_gives_the_same_tag_and_bytes(tmp_path: Path) -> None
     assert image.write_context_tarball(ctx, second) == tag
     assert first.getvalue() == second.getvalue(), "the tarball must be reproducible"
     members = dict(image.tarball_members(first.getvalue()))
-    assert set(members) == {"Dockerfile", "pyproject.toml", "uv.lock", "trainer/task.py"}
+    assert set(members) == {*image.CONTEXT_FILES, "trainer/task.py"}
     assert image.context_tag(members.items()) == tag
 
 
 def test_missing_context_files_are_named(tmp_path: Path) -> None:
     (tmp_path / "trainer").mkdir()
-    with pytest.raises(ValueError, match=r"lacks Dockerfile, pyproject.toml, uv.lock"):
+    with pytest.raises(ValueError, match="lacks " + re.escape(", ".join(image.CONTEXT_FILES))):
         list(image.context_members(tmp_path))
 
 
@@ -62,57 +68,107 @@ def test_this_checkout_has_a_complete_context() -> None:
     tag = image.check_build_context.python_func(context_dir=str(ROOT), repository="local/repo")
     assert tag.tag == image.context_tag(image.context_members(ROOT))
     assert tag.image_uri == f"local/repo/trainer:{tag.tag}" and tag.built is False
+    assert tag.serving_image_uri == ""
+    both = image.check_build_context.python_func(
+        context_dir=str(ROOT), repository="local/repo", serving_image="custom"
+    )
+    assert (both.image_uri, both.built) == (tag.image_uri, False)
+    assert both.serving_image_uri == f"local/repo/trainer-serving:{tag.tag}"
 
 
 # --- the Vertex form against fakes -------------------------------------------------------------
 
 BUCKET, OBJECT = "ctx-bucket", "contexts/ctx.tar.gz"
+BUILDS = r"/v1/projects/([^/]+)/locations/([^/]+)/builds"
+OPERATION = "projects/p/locations/us-central1/operations/op-1"
+LOG_URL = "https://console.cloud.google.com/cloud-build/builds;region=us-central1/b-123?project=p"
+
+
+def digest_of(ref: str) -> str:
+    return "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
 
 
 class CloudBuildFake:
-    """CreateBuild answers a finished operation: SUCCESS with a digest, or FAILURE with a log URL."""
+    """Cloud Build's REST API: `POST .../builds` parses the body strictly into the real `Build`
+    (an unknown or misspelt field, or one not in REST's camelCase, is a 400) and answers a
+    long-running Operation; `GET` of the operation answers not-done (`WORKING`) for
+    `polls_before_done` polls, then `outcome`: SUCCESS with a digest for each image, or FAILURE
+    with a log URL; `None` never ends. `flaky_polls` answers that many polls with 503 first."""
 
-    def __init__(self, fail: bool = False) -> None:
-        self.fail = fail
-        self.grpc = GrpcFake()
-        self.grpc.add(
-            "google.devtools.cloudbuild.v1.CloudBuild",
-            "CreateBuild",
-            cloudbuild_v1.CreateBuildRequest,
-            self.create,
-        )
-        self.grpc.add(
-            "google.longrunning.Operations", "GetOperation", operations_pb2.GetOperationRequest, self.get
-        )
-        self.operation: operations_pb2.Operation | None = None
+    def __init__(
+        self, outcome: str | None = "SUCCESS", polls_before_done: int = 2, flaky_polls: int = 0
+    ) -> None:
+        self.outcome, self.polls_before_done, self.flaky_polls = outcome, polls_before_done, flaky_polls
+        self.rest = RestFake()
+        self.rest.route("POST", BUILDS, self.create)
+        self.rest.route("GET", r"/v1/(projects/[^/]+/locations/[^/]+/operations/[^/]+)", self.get)
+        self.api_root = f"http://{self.rest.address}"
+        self.build: cloudbuild_v1.Build | None = None
+        self.polls = 0
 
-    def create(self, request: cloudbuild_v1.CreateBuildRequest) -> operations_pb2.Operation:
-        build = cloudbuild_v1.Build(request.build)
-        build.id = "b-123"
-        build.log_url = "https://console.cloud.google.com/cloud-build/builds/b-123"
-        metadata, response = any_pb2.Any(), any_pb2.Any()
-        op = operations_pb2.Operation(name="operations/build/p/b-123", done=True)
-        if self.fail:
-            build.status = cloudbuild_v1.Build.Status.FAILURE  # type: ignore[assignment]
-            build.status_detail = "step 0 exited with 1"
+    def operation(self, done: bool = False) -> dict[str, Any]:
+        assert self.build is not None
+        op = operations_pb2.Operation(name=OPERATION, done=done)
+        op.metadata.Pack(
+            cloudbuild_v1.BuildOperationMetadata.pb(cloudbuild_v1.BuildOperationMetadata(build=self.build))
+        )
+        if done and self.build.status == cloudbuild_v1.Build.Status.SUCCESS:
+            op.response.Pack(cloudbuild_v1.Build.pb(self.build))
+        elif done:
             op.error.code, op.error.message = 2, "Build failed; check build logs for details"
-        else:
-            build.status = cloudbuild_v1.Build.Status.SUCCESS  # type: ignore[assignment]
-            build.results.images.append(
-                cloudbuild_v1.BuiltImage(name=build.images[0], digest="sha256:" + "ab" * 32)
-            )
-            response.Pack(cloudbuild_v1.Build.pb(build))
-            op.response.CopyFrom(response)
-        metadata.Pack(
-            cloudbuild_v1.BuildOperationMetadata.pb(cloudbuild_v1.BuildOperationMetadata(build=build))
-        )
-        op.metadata.CopyFrom(metadata)
-        self.operation = op
-        return op
+        return json_format.MessageToDict(op)
 
-    def get(self, request: operations_pb2.GetOperationRequest) -> operations_pb2.Operation:
-        assert self.operation is not None
-        return self.operation
+    def create(self, _match: Any, _query: Any, body: Any) -> tuple[int, Any]:
+        try:
+            parsed = json_format.ParseDict(
+                body, cloudbuild_v1.Build.pb(cloudbuild_v1.Build()), ignore_unknown_fields=False
+            )
+        except json_format.ParseError as err:
+            return 400, {"error": {"code": 400, "message": str(err), "status": "INVALID_ARGUMENT"}}
+        # ParseDict also takes proto field names (google-cloud-build's `object_` among them): the
+        # REST API's JSON names only, in canonical form, are what the round trip gives back.
+        if json_format.MessageToDict(parsed) != body:
+            return 400, {"error": {"code": 400, "message": f"not canonical REST JSON: {body}"}}
+        self.build = cloudbuild_v1.Build.wrap(parsed)
+        self.build.id, self.build.log_url = "b-123", LOG_URL
+        self.build.status = cloudbuild_v1.Build.Status.QUEUED
+        return 200, self.operation()
+
+    def get(self, match: re.Match[str], _query: Any, _body: Any) -> tuple[int, Any]:
+        assert self.build is not None and match.group(1) == OPERATION
+        if self.flaky_polls:
+            self.flaky_polls -= 1
+            return 503, {"error": {"code": 503, "message": "try again", "status": "UNAVAILABLE"}}
+        self.polls += 1
+        if self.polls > 50:  # a poller that never gives up fails here rather than hanging the test
+            return 400, {"error": {"code": 400, "message": "polled too often"}}
+        if self.outcome is None or self.polls <= self.polls_before_done:
+            self.build.status = cloudbuild_v1.Build.Status.WORKING  # type: ignore[assignment]
+            return 200, self.operation()
+        if self.outcome == "SUCCESS":
+            self.build.status = cloudbuild_v1.Build.Status.SUCCESS  # type: ignore[assignment]
+            for ref in self.build.images:
+                self.build.results.images.append(cloudbuild_v1.BuiltImage(name=ref, digest=digest_of(ref)))
+        else:
+            self.build.status = cloudbuild_v1.Build.Status.FAILURE  # type: ignore[assignment]
+            self.build.status_detail = "step 0 exited with 1"
+        return 200, self.operation(done=True)
+
+    def posts(self) -> list[Any]:
+        return self.rest.bodies("POST", BUILDS)
+
+
+SERVICE_ACCOUNT = "pipelines@p.iam.gserviceaccount.com"
+
+
+class TokenCredentials(google.auth.credentials.Credentials):
+    """A service account's credentials that refresh to a fixed token (AuthorizedSession
+    refreshes and retries once on a 401, as it does on Vertex)."""
+
+    service_account_email = SERVICE_ACCOUNT
+
+    def refresh(self, request: Any) -> None:
+        self.token = "token"
 
 
 @pytest.fixture
@@ -120,12 +176,11 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
     """Storage emulator holding a context tarball, a registry fake, google.auth stubbed."""
     import google.auth
     import google.cloud.storage as storage
-    from google.auth.credentials import AnonymousCredentials
 
     ctx = make_context(tmp_path / "ctx")
     buf = io.BytesIO()
     tag = image.write_context_tarball(ctx, buf)
-    monkeypatch.setattr(google.auth, "default", lambda **_: (AnonymousCredentials(), "p"))
+    monkeypatch.setattr(google.auth, "default", lambda **_: (TokenCredentials(), "p"))
     registry = RegistryFake()
     with storage_emulator() as url:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
@@ -135,58 +190,182 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
     registry.stop()
 
 
-def run_build(cloud: dict[str, Any], fake: CloudBuildFake, monkeypatch: pytest.MonkeyPatch) -> Any:
-    fake.grpc.start()
-    monkeypatch.setattr(
-        cloudbuild_v1,
-        "CloudBuildClient",
-        insecure_client(cloudbuild_v1.CloudBuildClient, CloudBuildGrpcTransport, fake.grpc.address),
-    )
+def run_build(cloud: dict[str, Any], fake: CloudBuildFake, **args: Any) -> Any:
     try:
         return image.build_trainer_image.python_func(
             project="p",
             location="us-central1",
             context_uri=f"gs://{BUCKET}/{OBJECT}",
             repository=cloud["repository"],
+            api_root=fake.api_root,
+            poll_seconds=0.01,
+            **args,
         )
     finally:
-        fake.grpc.stop()
+        fake.rest.stop()
 
 
 def test_builds_when_the_tag_is_new_and_returns_the_digest(
-    cloud: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    cloud: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = CloudBuildFake()
-    out = run_build(cloud, fake, monkeypatch)
+    fake = CloudBuildFake(polls_before_done=3)
+    out = run_build(cloud, fake)
     image_ref = f"{cloud['repository']}/trainer:{cloud['tag']}"
-    assert out.image_uri == f"{cloud['repository']}/trainer@sha256:{'ab' * 32}"
-    assert (out.tag, out.built) == (cloud["tag"], True)
-    [request] = fake.grpc.calls("CreateBuild")
-    assert request.project_id == "p" and request.parent == "projects/p/locations/us-central1"
-    assert request.build.source.storage_source.bucket == BUCKET
-    assert request.build.source.storage_source.object_ == OBJECT
-    assert list(request.build.images) == [image_ref]
-    assert list(request.build.steps[0].args) == ["build", "--tag", image_ref, "."]
-    assert cloud["registry"].requests == [f"/v2/p/repo/trainer/manifests/{cloud['tag']}"]
+    assert out.image_uri == f"{cloud['repository']}/trainer@{digest_of(image_ref)}"
+    assert (out.tag, out.built, out.serving_image_uri) == (cloud["tag"], True, "")
+    [(_, path, query, _)] = [r for r in fake.rest.requests if r[0] == "POST"]
+    assert path == "/v1/projects/p/locations/us-central1/builds" and query == {"projectId": ["p"]}
+    build = fake.build
+    assert build is not None
+    assert build.source.storage_source.bucket == BUCKET and build.source.storage_source.object_ == OBJECT
+    assert list(build.images) == [image_ref]
+    [step] = build.steps
+    assert step.name == "gcr.io/cloud-builders/docker"
+    assert list(step.args) == ["build", "--file", "Dockerfile", "--tag", image_ref, "."]
+    assert build.timeout.total_seconds() == 3600
+    # the operation was polled until done: not done three times, then done
+    polls = [r for r in fake.rest.requests if r[0] == "GET"]
+    assert len(polls) == 4 and all(r[1] == f"/v1/{OPERATION}" for r in polls)
+    assert cloud["registry"].requests == [f"HEAD /v2/p/repo/trainer/manifests/{cloud['tag']}"]
+    # progress: a line when the build starts, one per status change (not one per poll)
+    log = capsys.readouterr().out
+    assert log.count("Cloud Build b-123 started") == 1 and LOG_URL in log
+    assert log.count("Cloud Build b-123: WORKING") == 1 and log.count("Cloud Build b-123: SUCCESS") == 1
 
 
-def test_skips_the_build_when_the_tag_exists(cloud: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_skips_the_build_when_the_tag_exists(cloud: dict[str, Any]) -> None:
     cloud["registry"].manifests[f"p/repo/trainer:{cloud['tag']}"] = "sha256:" + "cd" * 32
     fake = CloudBuildFake()
-    out = run_build(cloud, fake, monkeypatch)
+    out = run_build(cloud, fake)
     assert out.image_uri == f"{cloud['repository']}/trainer@sha256:{'cd' * 32}"
-    assert out.built is False
-    assert fake.grpc.calls("CreateBuild") == []
+    assert (out.built, out.serving_image_uri) == (False, "")
+    assert fake.rest.requests == []
 
 
-def test_a_failed_build_fails_with_its_log_url(
-    cloud: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_failed_build_fails_with_its_log_url(cloud: dict[str, Any]) -> None:
+    fake = CloudBuildFake(outcome="FAILURE")
     with pytest.raises(RuntimeError) as err:
-        run_build(cloud, CloudBuildFake(fail=True), monkeypatch)
+        run_build(cloud, fake)
     message = str(err.value)
     assert "b-123" in message and "FAILURE" in message and "step 0 exited with 1" in message
-    assert "https://console.cloud.google.com/cloud-build/builds/b-123" in message
+    assert LOG_URL in message
+    assert fake.polls == 3, "the failure is read from the finished operation"
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_registry_permission_error_names_the_role_and_starts_no_build(
+    cloud: dict[str, Any], status: int
+) -> None:
+    key = f"p/repo/trainer:{cloud['tag']}"
+    cloud["registry"].errors[key] = (status, '{"errors":[{"code":"DENIED","message":"Permission denied"}]}')
+    fake = CloudBuildFake()
+    with pytest.raises(PermissionError) as err:
+        run_build(cloud, fake)
+    message = str(err.value)
+    assert "cannot read the Artifact Registry repository" in message and cloud["repository"] in message
+    assert SERVICE_ACCOUNT in message
+    assert "roles/artifactregistry.reader" in message and "roles/artifactregistry.writer" in message
+    assert str(status) in message and "Permission denied" in message
+    assert fake.rest.requests == [], "no build may start when the registry could not be read"
+
+
+def test_any_other_registry_answer_fails_with_its_status_and_body(cloud: dict[str, Any]) -> None:
+    cloud["registry"].errors[f"p/repo/trainer:{cloud['tag']}"] = (500, "backend exploded: " + "x" * 1000)
+    fake = CloudBuildFake()
+    with pytest.raises(RuntimeError, match=r"answered 500 .*backend exploded: x+'$") as err:
+        run_build(cloud, fake)
+    assert len(str(err.value)) < 700, "only the start of the body"
+    assert fake.rest.requests == []
+
+
+def test_the_serving_image_is_built_in_the_same_build_when_asked(cloud: dict[str, Any]) -> None:
+    fake = CloudBuildFake()
+    out = run_build(cloud, fake, serving_image="custom")
+    trainer = f"{cloud['repository']}/trainer:{cloud['tag']}"
+    serving = f"{cloud['repository']}/trainer-serving:{cloud['tag']}"
+    assert out.image_uri == f"{cloud['repository']}/trainer@{digest_of(trainer)}"
+    assert out.serving_image_uri == f"{cloud['repository']}/trainer-serving@{digest_of(serving)}"
+    assert out.built is True
+    assert fake.build is not None and list(fake.build.images) == [trainer, serving]
+    assert [list(s.args) for s in fake.build.steps] == [
+        ["build", "--file", "Dockerfile", "--tag", trainer, "."],
+        ["build", "--file", "Dockerfile.serving", "--tag", serving, "."],
+    ]
+    assert cloud["registry"].requests == [
+        f"HEAD /v2/p/repo/trainer/manifests/{cloud['tag']}",
+        f"HEAD /v2/p/repo/trainer-serving/manifests/{cloud['tag']}",
+    ]
+
+
+def test_a_missing_serving_image_is_built_even_when_the_trainer_exists(cloud: dict[str, Any]) -> None:
+    cloud["registry"].manifests[f"p/repo/trainer:{cloud['tag']}"] = "sha256:" + "cd" * 32
+    fake = CloudBuildFake()
+    out = run_build(cloud, fake, serving_image="custom")
+    serving = f"{cloud['repository']}/trainer-serving:{cloud['tag']}"
+    assert len(fake.posts()) == 1 and fake.build is not None
+    assert list(fake.build.images) == [serving], "the existing trainer tag is not rebuilt"
+    assert out.image_uri == f"{cloud['repository']}/trainer@sha256:{'cd' * 32}"
+    assert out.serving_image_uri == f"{cloud['repository']}/trainer-serving@{digest_of(serving)}"
+    assert out.built is True
+
+
+def test_the_build_is_skipped_only_when_both_tags_exist(cloud: dict[str, Any]) -> None:
+    cloud["registry"].manifests[f"p/repo/trainer:{cloud['tag']}"] = "sha256:" + "cd" * 32
+    cloud["registry"].manifests[f"p/repo/trainer-serving:{cloud['tag']}"] = "sha256:" + "ef" * 32
+    fake = CloudBuildFake()
+    out = run_build(cloud, fake, serving_image="custom")
+    assert out.serving_image_uri == f"{cloud['repository']}/trainer-serving@sha256:{'ef' * 32}"
+    assert out.built is False and fake.rest.requests == []
+
+
+def test_a_build_that_never_ends_times_out_clearly(
+    cloud: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = CloudBuildFake(outcome=None)
+    clock = itertools.count(start=0, step=1000)  # each reading of the clock is 1000 s later
+    monkeypatch.setattr(time, "monotonic", lambda: float(next(clock)))
+    with pytest.raises(
+        TimeoutError, match=r"Cloud Build b-123 .* not done after \d+s \(last status WORKING\)"
+    ):
+        run_build(cloud, fake, timeout_seconds=600)
+    assert fake.polls >= 1
+
+
+def test_a_transient_poll_error_is_retried(cloud: dict[str, Any]) -> None:
+    fake = CloudBuildFake(flaky_polls=2)
+    out = run_build(cloud, fake)
+    assert out.built is True and fake.polls == 3
+
+
+def test_a_refused_build_names_the_cloud_build_role(cloud: dict[str, Any]) -> None:
+    fake = CloudBuildFake()
+    fake.rest.routes.insert(
+        0, ("POST", BUILDS, lambda *_: (403, {"error": {"code": 403, "message": "denied"}}))
+    )
+    with pytest.raises(RuntimeError, match=r"403 .*denied.*roles/cloudbuild.builds.editor"):
+        run_build(cloud, fake)
+
+
+def test_the_compiled_component_installs_nothing(tmp_path: Path) -> None:
+    from kfp import compiler
+
+    spec = image.build_trainer_image.component_spec
+    container = spec.implementation.container
+    assert container is not None and container.image == image.runtime.BASE_IMAGE
+    assert not any("pip install" in part for part in [*(container.command or []), *(container.args or [])])
+    compiler.Compiler().compile(image.build_trainer_image, str(tmp_path / "c.yaml"))
+    text = (tmp_path / "c.yaml").read_text()
+    assert "pip install" not in text and "packages_to_install" not in text
+    [executor] = yaml.safe_load(text)["deploymentSpec"]["executors"].values()
+    assert executor["container"]["image"] == image.runtime.BASE_IMAGE
+    program = executor["container"]["command"][-1]
+    assert "google.cloud.devtools" not in program, "google-cloud-build is not in the GCPC image"
+    inputs = yaml.safe_load(text)["root"]["inputDefinitions"]["parameters"]
+    assert inputs["api_root"]["defaultValue"] == "https://cloudbuild.googleapis.com"
+    assert inputs["serving_image"]["defaultValue"] == "prebuilt"
+    namespace: dict[str, Any] = {}
+    exec(compile(program, "component.py", "exec"), namespace)  # the shipped source stands alone
+    assert {"build_trainer_image", "registry_digest", "run_cloud_build"} <= set(namespace)
 
 
 @pytest.mark.parametrize(

@@ -152,6 +152,22 @@ def test_timeout_stops_every_replica(tmp_path: Path) -> None:
         ([], "needs pool 0"),
         ([{"replica_count": 2, "container_spec": {"command": ["x"]}}], "exactly one replica"),
         ([{"replica_count": 1, "container_spec": {"image_uri": "i"}}], "pool 0 has no command"),
+        # What Vertex's CustomJob would refuse, the local runner refuses too.
+        (
+            [{"replica_count": 1, "container_spec": {"image_uri": "i", "comand": ["x"]}}],
+            'would be refused by Vertex AI: pool 0: .*no field named "comand"',
+        ),
+        (
+            [
+                {
+                    "replica_count": 1,
+                    "machine_spec": {"machine_type": "n1-standard-8", "accelerator_type": "V100"},
+                    "container_spec": {"image_uri": "i", "command": ["x"]},
+                }
+            ],
+            "pool 0: .*Invalid enum value V100 for enum type google.cloud.aiplatform.v1.AcceleratorType",
+        ),
+        ([{"replica_count": 1.5, "container_spec": {"image_uri": "i", "command": ["x"]}}], "pool 0: .*1.5"),
     ],
 )
 def test_bad_specs(pools: list[dict[str, Any]], match: str) -> None:

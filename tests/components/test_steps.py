@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kfp import dsl
 
-from components import evaluation, prepare, registry, runtime, training, worker_pools
+from components import evaluation, prepare, runtime, training, worker_pools
 
 ROOT = Path(__file__).resolve().parents[2]
 V100 = "NVIDIA_TESLA_V100"
@@ -261,47 +261,14 @@ def test_gate(tmp_path: Path, accuracy: float, champion: float, promote: bool, r
     assert [r["row"] for r in matrix["rows"]] == [[9, 1], [0, 10]]
 
 
-def test_serving_image_and_labels() -> None:
-    out = registry.upload_settings.python_func(
-        location="europe-west4",
-        tf_version="2.21",
-        serving_accelerator="gpu",
-        serving_image="",
-        labels={"Team": "ML Ops"},
-        source_commit="ABC123",
-        pipeline_run="multiworker-cassava-training-20261121",
-    )
-    assert out.serving_image == "europe-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-21:latest"
-    assert out.labels == {
-        "team": "ml-ops",
-        "pipeline_run": "multiworker-cassava-training-20261121",
-        "source_commit": "abc123",
-    }
-    assert registry.serving_container_uri("2.21", "cpu", "us-central1").startswith("us-docker.pkg.dev/")
-    assert registry.serving_container_uri("2.21", "cpu", "asia-northeast1").startswith("asia-docker.pkg.dev/")
-    with pytest.raises(ValueError, match="serving accelerator must be cpu or gpu"):
-        registry.serving_container_uri("2.21", "tpu", "us-central1")
-    custom = registry.upload_settings.python_func(
-        location="us-central1",
-        tf_version="2.21",
-        serving_accelerator="cpu",
-        serving_image="my/serving:1",
-        labels={},
-        source_commit="",
-        pipeline_run="r",
-    )
-    assert custom.serving_image == "my/serving:1" and "source_commit" not in custom.labels
-
-
 def locked() -> dict[str, str]:
     lock = tomllib.loads((ROOT / "uv.lock").read_text())
     return {p["name"]: p["version"] for p in lock["package"]}
 
 
-def test_component_pins_and_serving_version_follow_uv_lock() -> None:
+def test_component_pins_follow_uv_lock() -> None:
     versions = locked()
+    assert [pin.split("==")[0] for pin in runtime.PINNED] == ["google-cloud-pipeline-components"]
     for pin in runtime.PINNED:
         name, version = pin.split("==")
         assert versions[name] == version, f"{pin} differs from uv.lock's {versions[name]}"
-    tf = versions["tensorflow"]
-    assert registry.tf_version_from_lock((ROOT / "uv.lock").read_text()) == ".".join(tf.split(".")[:2])

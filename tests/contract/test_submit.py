@@ -284,3 +284,95 @@ def test_settings_from_env_sh_with_the_environment_on_top(tmp_path: Path) -> Non
     config = settings.load({"REGION": "us-central1", "LABELS": "a=b"}, tmp_path / "env.sh")
     assert (config.project, config.pipeline_root, config.bucket) == ("p-proj", "gs://b-bucket/x", "b-bucket")
     assert config.enable_caching is False and config.labels == {"a": "b"}
+
+
+# --- what Vertex must receive: caching, the commit, the e-mail handler -------------------------
+
+
+def spec_tasks(pipeline_spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Display name -> task, over the root DAG and every component's DAG of a submitted spec."""
+    dags = [pipeline_spec["root"]["dag"]] + [
+        c["dag"] for c in pipeline_spec["components"].values() if "dag" in c
+    ]
+    return {t["taskInfo"]["name"]: t for dag in dags for t in dag["tasks"].values()}
+
+
+def enable_cache(task: dict[str, Any]) -> bool:
+    return bool(task.get("cachingOptions", {}).get("enableCache", False))
+
+
+def submitted(vertex: RestFake, extra: dict[str, str] | None = None, **given: Any) -> dict[str, Any]:
+    config = settings.load(env(vertex, **(extra or {})), Path("/nonexistent"))
+    code = submit.submit(config, given, credentials=AnonymousCredentials(), transport="rest")
+    assert code == 0
+    [body] = vertex.bodies("POST", JOBS)
+    return body
+
+
+def test_make_run_keeps_each_steps_compiled_caching_option(vertex: RestFake, gcs: Any) -> None:
+    """aiplatform's PipelineJob(enable_caching=True) would force caching on every task, the
+    registry lookups included: `make run` passes no override unless the user set one."""
+    tasks = spec_tasks(submitted(vertex)["pipelineSpec"])
+    for name in ("find-champion", "set-champion", "upload-new-version", "training-worker-pools"):
+        assert not enable_cache(tasks[name]), name
+    assert enable_cache(tasks["training-trainer-args"])
+
+
+def test_enable_caching_false_turns_every_step_off_and_true_is_refused(vertex: RestFake, gcs: Any) -> None:
+    tasks = spec_tasks(submitted(vertex, {"ENABLE_CACHING": "false"})["pipelineSpec"])
+    assert not any(enable_cache(t) for t in tasks.values())
+    with pytest.raises(settings.SettingsError, match="ENABLE_CACHING='true' is not allowed"):
+        settings.load(env(vertex, ENABLE_CACHING="true"), Path("/nonexistent"))
+
+
+def test_a_checkout_without_git_labels_the_run_with_source_commit(
+    vertex: RestFake, gcs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cloud Build hands its steps the source without .git; cloudbuild.yaml passes the
+    trigger's $COMMIT_SHA as SOURCE_COMMIT, which must reach the run and the model labels."""
+    import shutil
+
+    for name in buildcontext.CONTEXT_FILES:
+        shutil.copy(ROOT / name, tmp_path / name)
+    for folder in buildcontext.CONTEXT_DIRS:
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setenv("SOURCE_COMMIT", sha)
+    config = settings.load(env(vertex), Path("/nonexistent"))
+    assert submit.submit(config, {}, credentials=AnonymousCredentials(), transport="rest", root=tmp_path) == 0
+    [body] = vertex.bodies("POST", JOBS)
+    assert body["runtimeConfig"]["parameterValues"]["source_commit"] == sha
+    assert body["labels"]["source_commit"] == sha
+    monkeypatch.setenv("SOURCE_COMMIT", "main; rm -rf /")
+    with pytest.raises(ValueError, match="SOURCE_COMMIT must be a git commit"):
+        submit.source_commit(tmp_path)
+
+
+def test_only_a_run_with_recipients_gets_the_email_exit_handler(vertex: RestFake, gcs: Any) -> None:
+    plain = submitted(vertex)
+    assert not [n for n in spec_tasks(plain["pipelineSpec"]) if "notification" in n]
+    assert "notification_emails" not in plain["runtimeConfig"]["parameterValues"]
+    vertex.requests.clear()
+    notify = submitted(vertex, notification_emails=["ml-team@example.com"])
+    assert "vertex-pipelines-notification-email" in spec_tasks(notify["pipelineSpec"])
+    assert notify["runtimeConfig"]["parameterValues"]["notification_emails"] == ["ml-team@example.com"]
+
+
+@pytest.mark.parametrize(
+    ("emails", "match"),
+    [
+        (["a@example.com", "b@example.com", "c@example.com", "d@example.com"], "one to three addresses"),
+        (["not-an-address"], "not e-mail addresses: 'not-an-address'"),
+        ("a@example.com", "must be a JSON list"),
+    ],
+)
+def test_bad_recipients_are_refused_before_any_request(
+    vertex: RestFake, gcs: Any, emails: Any, match: str
+) -> None:
+    config = settings.load(env(vertex), Path("/nonexistent"))
+    with pytest.raises(ValueError, match=match):
+        submit.submit(
+            config, {"notification_emails": emails}, credentials=AnonymousCredentials(), transport="rest"
+        )
+    assert vertex.requests == []
+    assert list(gcs.bucket(BUCKET).list_blobs()) == []

@@ -1,0 +1,178 @@
+"""Python environments with the TensorFlow of a serving image, for checks that must run under it.
+
+Vertex AI's prebuilt TensorFlow prediction images stop at TensorFlow 2.15, older than the
+trainer's. `python_for("2.15")` returns the interpreter of a virtual environment with that
+TensorFlow (CPU build) and what `python -m trainer.serve` needs, nothing from the project's lock:
+
+    .cache/serving-tf-2.15/bin/python -m trainer.serve --model_dir DIR
+
+It is made with uv on first use under `<checkout>/.cache/serving-tf-<version>/` (gitignored):
+built in a temporary folder and renamed into place, under a lock so that concurrent callers
+build it once; a stamp holding the exact pins makes later calls instant, and a change of pins
+rebuilds it. uv is found as the Makefile finds it: on PATH, else ~/.local/bin/uv.
+
+    python -m components.servingenv 2.15     # makes it if needed; prints the interpreter
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE_DIR = ROOT / ".cache"
+
+# TensorFlow version of a serving image -> what its environment installs. The newest patch of the
+# minor that installs on Python 3.11 from PyPI (checked with `uv pip install`), and numpy at the
+# version that TensorFlow resolves to there (2.15 needs numpy < 2). CPU builds: the check runs
+# anywhere, and the prebuilt image's GPU variant runs the same graph.
+PINS: dict[str, tuple[str, ...]] = {
+    "2.15": ("tensorflow-cpu==2.15.1", "numpy==1.26.4"),
+}
+# The Python of those wheels (TensorFlow 2.15 has none for 3.12 and later), the project's own.
+PYTHON = "3.11"
+STAMP = ".serving-env.json"
+
+
+class ServingEnvError(RuntimeError):
+    """The environment cannot be made: uv is missing, or the install failed."""
+
+
+def requirements(tf_version: str) -> tuple[str, ...]:
+    try:
+        return PINS[tf_version]
+    except KeyError:
+        raise ValueError(
+            f"no serving environment is defined for TensorFlow {tf_version!r}; known: {', '.join(sorted(PINS))} "
+            "(add it to components.servingenv.PINS)"
+        ) from None
+
+
+def find_uv() -> Path:
+    """uv as the Makefile finds it: on PATH, else ~/.local/bin/uv."""
+    on_path = shutil.which("uv")
+    if on_path:
+        return Path(on_path)
+    user = Path.home() / ".local" / "bin" / "uv"
+    if user.is_file() and os.access(user, os.X_OK):
+        return user
+    raise ServingEnvError(
+        f"uv is needed to make the serving environments and was found neither on PATH nor at {user}: "
+        "install it with `make setup` (or `python3 -m pip install --user uv`)"
+    )
+
+
+def _base_python() -> str:
+    """The interpreter uv builds the environment on: this one when it is PYTHON, else uv's pick."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == PYTHON:
+        return sys.executable
+    return PYTHON
+
+
+def _stamp_text(pins: tuple[str, ...]) -> str:
+    return json.dumps({"python": PYTHON, "requirements": list(pins)}, indent=1) + "\n"
+
+
+def _ready(folder: Path, stamp: str) -> bool:
+    try:
+        return (folder / STAMP).read_text() == stamp and (folder / "bin" / "python").exists()
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run(uv: Path, args: list[str], what: str) -> None:
+    try:
+        proc = subprocess.run([str(uv), *args], capture_output=True, text=True, check=False)
+    except OSError as err:
+        raise ServingEnvError(f"{what} failed: cannot run {uv}: {err}") from None
+    if proc.returncode != 0:
+        output = (proc.stderr.strip() or proc.stdout.strip())[-3000:]
+        raise ServingEnvError(f"{what} failed (uv exit {proc.returncode}):\n{output}")
+
+
+def python_for(tf_version: str, out: TextIO = sys.stdout, *, cache_dir: Path | None = None) -> Path:
+    """The interpreter of the serving environment for TensorFlow `tf_version` (a PINS key),
+    made under `cache_dir` (default <checkout>/.cache) the first time it is asked for."""
+    pins = requirements(tf_version)
+    cache = Path(cache_dir) if cache_dir is not None else CACHE_DIR
+    folder = cache / f"serving-tf-{tf_version}"
+    python = folder / "bin" / "python"
+    stamp = _stamp_text(pins)
+    if _ready(folder, stamp):
+        return python
+
+    cache.mkdir(parents=True, exist_ok=True)
+    with _locked(cache / f".serving-tf-{tf_version}.lock"):
+        if _ready(folder, stamp):  # another process made it while this one waited
+            return python
+        uv = find_uv()
+        for leftover in cache.glob(f".serving-tf-{tf_version}.tmp-*"):  # from a build that died
+            shutil.rmtree(leftover, ignore_errors=True)
+        print(
+            f"making the TensorFlow {tf_version} serving environment in {folder} ({', '.join(pins)}); once",
+            file=out,
+            flush=True,
+        )
+        staging = Path(tempfile.mkdtemp(prefix=f".serving-tf-{tf_version}.tmp-", dir=cache))
+        staging.chmod(0o755)  # mkdtemp's 0700 would stay on the final folder
+        try:
+            # --relocatable: the environment works after the rename below.
+            _run(
+                uv,
+                ["venv", "--quiet", "--relocatable", "--python", _base_python(), str(staging)],
+                f"creating a Python {PYTHON} environment with {uv}",
+            )
+            if pins:
+                _run(
+                    uv,
+                    ["pip", "install", "--quiet", "--python", str(staging / "bin" / "python"), *pins],
+                    f"installing {' '.join(pins)} with {uv}",
+                )
+            (staging / STAMP).write_text(stamp)
+            old = None
+            if folder.exists():  # made with other pins: replaced
+                old = cache / f".serving-tf-{tf_version}.tmp-old-{os.getpid()}"
+                folder.rename(old)
+            staging.rename(folder)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+    return python
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0].startswith("-"):
+        print(f"usage: python -m components.servingenv TF_VERSION   (one of: {', '.join(sorted(PINS))})")
+        return 2
+    try:
+        print(python_for(args[0], out=sys.stderr))
+    except (ValueError, ServingEnvError) as err:
+        print(err, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
