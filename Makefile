@@ -30,7 +30,7 @@ test: $(STAMP) ## Run the whole test suite (unit, multi-worker, resume, preparat
 test-fast: $(STAMP) ## Run the tests that start no extra TensorFlow processes
 	$(PY) -m pytest -m "not slow"
 
-compile: $(STAMP) ## Compile pipeline.py to compiled/pipeline.json (byte-identical on every run)
+compile: $(STAMP) ## Compile pipeline.py to compiled/pipeline.json and pipeline-notify.json (byte-identical on every run)
 	$(PY) pipeline.py
 
 TARGET ?= auto
@@ -72,5 +72,5 @@ format: $(STAMP) ## Format the code and apply safe lint fixes
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-clean: ## Remove the virtual environment and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache
+clean: ## Remove the virtual environment and caches (and the serving-check environments in .cache/)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .cache

@@ -97,7 +97,7 @@ def local_arguments(ns: argparse.Namespace, parameters: Sequence[Any]) -> dict[s
 
 def validate_local(args: Mapping[str, Any]) -> None:
     """Checks that fail fast, before any step starts; raises ValueError naming the parameter."""
-    from components import localjob, registry, tuning, worker_pools
+    from components import localjob, registry, servingenv, tuning, worker_pools
 
     worker_pools.build_worker_pool_specs(
         image_uri="local",
@@ -127,6 +127,12 @@ def validate_local(args: Mapping[str, Any]) -> None:
     if not 0 <= args["min_accuracy"] <= 1:
         raise ValueError(f"min_accuracy must be from 0 to 1, got {args['min_accuracy']}")
     registry.check_registry_parameters(args)
+    if args["serving_image"] == "prebuilt" and args["serving_tf_version"] not in servingenv.PINS:
+        # The local registry serves each version under its serving image's TensorFlow.
+        raise ValueError(
+            f"serving_tf_version {args['serving_tf_version']} has no local serving environment; "
+            f"the local target checks models under: {', '.join(sorted(servingenv.PINS))}"
+        )
     localjob.parse_duration(args["timeout"])
     for name in ("epochs", "per_replica_batch_size", "image_size", "dataset_shards", "max_trial_count"):
         if args[name] < 1:

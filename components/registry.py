@@ -8,7 +8,6 @@ prebuilt TensorFlow serving image (`serving_container_uri`); `set_champion` move
 Local form: `local_find_champion` and `local_upload_model` keep the same shape in a folder.
 """
 
-import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -46,7 +45,7 @@ def serving_container_uri(tf_version: str, accelerator: str, location: str) -> s
             f"serving_tf_version {tf_version!r} has no prebuilt Vertex AI TensorFlow serving image; "
             f"prebuilt versions: {', '.join(versions)} (or use serving_image=custom)"
         )
-    if accelerator not in SERVING_ACCELERATORS:
+    if accelerator not in ("cpu", "gpu"):  # SERVING_ACCELERATORS (inlined: shipped alone)
         raise ValueError(f"serving accelerator must be cpu or gpu, got {accelerator!r}")
     area = location.split("-")[0]
     prefix = {"europe": "europe", "asia": "asia", "australia": "asia", "me": "asia"}.get(area, "us")
@@ -56,6 +55,7 @@ def serving_container_uri(tf_version: str, accelerator: str, location: str) -> s
 
 def prebuilt_tf_version(image: str) -> str:
     """The TF version ("2.15") of a prebuilt Vertex TF2 serving image URI; "" for any other image."""
+    import re
 
     match = re.match(r"^[a-z]+-docker\.pkg\.dev/vertex-ai/prediction/tf2-(?:cpu|gpu)\.2-(\d+):", image)
     return f"2.{match.group(1)}" if match else ""
@@ -67,6 +67,7 @@ def choose_serving_image(
     """The Model's serving container and why: `prebuilt` (Vertex's TF image of `tf_version`, from
     the table), `custom` (the serving image the build step made, on the trainer's own TF) or an
     image URI of the user's. Raises ValueError naming what is allowed."""
+    import re
 
     if serving_image == "prebuilt":
         image = serving_container_uri(tf_version, accelerator, location)
@@ -121,6 +122,7 @@ def check_registry_parameters(values: Mapping[str, Any]) -> None:
 
 def label_value(value: str) -> str:
     """A string as a Vertex label value: lowercase letters, digits, _ and -, at most 63."""
+    import re
 
     return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
 
@@ -176,6 +178,7 @@ def find_champion(
     Fails when two models share the name: the parent would be ambiguous."""
     import collections
     import json
+    import re
 
     import google.cloud.storage as storage
     from google.api_core import exceptions
@@ -241,7 +244,11 @@ def set_champion(project: str, location: str, model: dsl.Input[dsl.Artifact], al
 # <registry_dir>/<model>/aliases.json  {"default": "1", "champion": "<version>"}
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
+@dsl.component(
+    base_image=runtime.BASE_IMAGE,
+    install_kfp_package=False,
+    additional_funcs=[check_model_display_name, registry_folder],
+)
 def local_find_champion(registry_dir: str, model_display_name: str, alias: str = "champion") -> NamedTuple(
     "Outputs", exists=bool, resource_name=str, resource_uri=str, champion_accuracy=float
 ):
@@ -253,8 +260,6 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
     Outputs = collections.namedtuple(
         "Outputs", ["exists", "resource_name", "resource_uri", "champion_accuracy"]
     )
-    from components.registry import registry_folder
-
     model_dir = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
     aliases_path = os.path.join(model_dir, "aliases.json")
     if not os.path.exists(aliases_path):
@@ -271,7 +276,11 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
     return Outputs(True, model_dir, model_dir, accuracy)
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
+@dsl.component(
+    base_image=runtime.BASE_IMAGE,
+    install_kfp_package=False,
+    additional_funcs=[check_model_display_name, registry_folder, prebuilt_tf_version],
+)
 def local_upload_model(
     model: dsl.Input[dsl.Model],
     registry_dir: str,
@@ -294,7 +303,6 @@ def local_upload_model(
     import time
 
     from components import servingenv
-    from components.registry import prebuilt_tf_version
 
     # Serve it the way the serving image would: under the TensorFlow of Vertex's prebuilt image
     # (2.15 by default, not the trainer's 2.21: a model that loads only under a newer TF would
@@ -317,8 +325,6 @@ def local_upload_model(
         f"serving check under {under}: {len(answers)} test images answered, "
         f"e.g. {answers[0]['image']} -> {answers[0]['class_name']}"
     )
-
-    from components.registry import registry_folder
 
     root = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
     os.makedirs(root, exist_ok=True)

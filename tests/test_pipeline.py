@@ -247,6 +247,29 @@ def render_payload(
     """The `--payload` of a GCPC task with its input placeholders replaced by values: pipeline
     parameters from `root`, upstream outputs from `given` ((task display name, output) ->
     value), else the component defaults."""
+    inputs = task_inputs(spec, display, given, root)
+    component = walk(spec)[display]["component"]
+    args = spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]["args"]
+    payload = args[args.index("--payload") + 1]
+    if payload.startswith('{"Concat"'):
+        payload = "".join(json.loads(payload)["Concat"])
+
+    def value(match: re.Match[str]) -> str:
+        v = inputs[match.group(1)]
+        return v if isinstance(v, str) else json.dumps(v)
+
+    rendered = re.sub(r"\{\{\$\.inputs\.parameters\['([^']+)'\]\}\}", value, payload)
+    # What Vertex substitutes for its own placeholders (no persistent resource: empty).
+    rendered = rendered.replace("{{$.pipeline_job_uuid}}", "123")
+    rendered = rendered.replace("{{$.pipeline_persistent_resource_id}}", "")
+    assert "{{$" not in rendered, rendered
+    return json.loads(rendered)
+
+
+def task_inputs(
+    spec: dict[str, Any], display: str, given: dict[tuple[str, str], Any], root: dict[str, Any]
+) -> dict[str, Any]:
+    """A task's parameter inputs as Vertex resolves them (see `render_payload`)."""
     tasks = walk(spec)
     upstream = {f"{tasks[task]['key']}-{output}": value for (task, output), value in given.items()}
     t = tasks[display]
@@ -265,21 +288,7 @@ def render_payload(
         else:
             producer = source["taskOutputParameter"]
             inputs[name] = upstream[f"{producer['producerTask']}-{producer['outputParameterKey']}"]
-    args = spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]["args"]
-    payload = args[args.index("--payload") + 1]
-    if payload.startswith('{"Concat"'):
-        payload = "".join(json.loads(payload)["Concat"])
-
-    def value(match: re.Match[str]) -> str:
-        v = inputs[match.group(1)]
-        return v if isinstance(v, str) else json.dumps(v)
-
-    rendered = re.sub(r"\{\{\$\.inputs\.parameters\['([^']+)'\]\}\}", value, payload)
-    # What Vertex substitutes for its own placeholders (no persistent resource: empty).
-    rendered = rendered.replace("{{$.pipeline_job_uuid}}", "123")
-    rendered = rendered.replace("{{$.pipeline_persistent_resource_id}}", "")
-    assert "{{$" not in rendered, rendered
-    return json.loads(rendered)
+    return inputs
 
 
 def default_pools(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -375,3 +384,24 @@ def test_upload_payload_is_a_model(spec: dict[str, Any]) -> None:
     assert model.display_name == "cassava-classifier"
     assert dict(model.labels) == {"pipeline_run": "run-1", "source_commit": "abc"}
     assert list(model.version_aliases) == []  # the alias moves only after the gate (set-champion)
+
+
+def test_the_default_upload_names_a_serving_image_that_exists(spec: dict[str, Any]) -> None:
+    """With the compiled defaults, the serving image `upload-settings` hands the importer (and so
+    ModelUploadOp's containerSpec) is one of Vertex's prebuilt images that exist."""
+    from google.cloud.aiplatform.constants import prediction
+
+    from components import registry
+
+    inputs = task_inputs(
+        spec,
+        "upload-settings",
+        {("build-trainer-image", "serving_image_uri"): ""},
+        root_values(spec, project="p", location="europe-west4"),
+    )
+    image = registry.upload_settings.python_func(**inputs).serving_image
+    assert image in prediction.TF_CONTAINER_URIS, image
+    assert image == "europe-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"
+    importer = walk(spec)["serving-container"]["task"]["inputs"]["parameters"]
+    channel = json.dumps(importer)
+    assert "upload-settings" in channel and "serving_image" in channel

@@ -69,6 +69,12 @@ def test_bad_flag_values_are_named(
         ({"timeout": "10m"}, "timeout must be a duration"),
         ({"chief_machine_type": "big"}, "is not a Compute Engine machine type name"),
         ({"epochs": 0}, "epochs must be >= 1"),
+        # What Vertex would refuse (or could not deploy) is refused locally too, before any step.
+        ({"serving_tf_version": "2.21"}, "serving_tf_version '2.21' has no prebuilt Vertex AI TensorFlow"),
+        ({"serving_tf_version": "2.14"}, "serving_tf_version 2.14 has no local serving environment"),
+        ({"serving_image": "not an image"}, "serving_image must be prebuilt, custom or an image URI"),
+        ({"model_display_name": "x" * 129}, "Vertex allows at most 128"),
+        ({"model_display_name": ""}, "model_display_name is required"),
     ],
 )
 def test_local_settings_are_checked_before_any_step(overrides: dict[str, object], message: str) -> None:
