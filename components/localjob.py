@@ -115,6 +115,9 @@ def replicas(specs: Sequence[Mapping[str, Any]], log: Callable[[str], object] = 
             continue
         count = int(spec.get("replica_count", 1))
         if pool >= len(ROLES):
+            # Vertex starts them (pool 2: Reduction Server or parameter servers, pool 3: an
+            # evaluator); their images (Google's reducer) cannot run here, and TF_CONFIG/
+            # CLUSTER_SPEC then name pools 0 and 1 only.
             log(f"pool {pool} ({count} replica(s), {spec['container_spec']['image_uri']}) is not run locally")
             continue
         if pool == 0 and count != 1:

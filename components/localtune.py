@@ -152,9 +152,11 @@ def run_tuning(
     seed: int = 0,
     out: TextIO | None = None,
 ) -> list[dict[str, Any]]:
-    """Runs the trials; returns the trials table. Raises RuntimeError when more trials fail
-    than `max_failed_trial_count` allows (0: all but none, i.e. the job fails only when every
-    trial failed)."""
+    """Runs the trials; returns the trials table. Raises RuntimeError when
+    `max_failed_trial_count` trials have failed. 0 means "Vertex AI decides how many Trials must
+    fail before the whole job fails" (aiplatform_v1 `HyperparameterTuningJob`); that rule is
+    not published, so locally 0 fails the job only when every trial failed (a real job may
+    stop sooner)."""
     import optuna
     from google.cloud import aiplatform_v1
 

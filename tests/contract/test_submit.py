@@ -152,8 +152,9 @@ class FakeRegistryAuth:
         return request
 
 
+@pytest.mark.parametrize("emails", [None, ["ml-team@example.com"]])
 def test_schedule_pins_the_template_version_of_this_commit(
-    vertex: RestFake, gcs: Any, monkeypatch: pytest.MonkeyPatch
+    vertex: RestFake, gcs: Any, monkeypatch: pytest.MonkeyPatch, emails: list[str] | None
 ) -> None:
     registry = RestFake()
     registry.route(
@@ -170,7 +171,7 @@ def test_schedule_pins_the_template_version_of_this_commit(
     try:
         submit.create_schedule(
             config,
-            {"tune": True},
+            {"tune": True, "notification_emails": emails},
             cron="0 6 * * 1",
             timezone="Europe/Paris",
             max_concurrent_runs=2,
@@ -195,6 +196,17 @@ def test_schedule_pins_the_template_version_of_this_commit(
     assert job["runtimeConfig"]["parameterValues"]["source_commit"] == "a" * 40
     assert job["runtimeConfig"]["parameterValues"]["tune"] is True
     assert job["serviceAccount"] == "pipelines@p-proj.iam.gserviceaccount.com"
+    # Every firing retrains: the registry steps and the job folders are never cached, and the
+    # schedule's runs carry no caching override.
+    tasks = spec_tasks(job["pipelineSpec"])
+    for name in ("find-champion", "training-worker-pools", "set-champion"):
+        assert not enable_cache(tasks[name]), name
+    # With recipients, the template with the e-mail exit handler, under tags of its own.
+    suffix = "-notify" if emails else ""
+    assert (b"vertex-pipelines-notification-email" in upload[3]) is bool(emails)
+    tags = re.search(rb'name="tags"\r\n\r\n([^\r]*)\r\n', upload[3])
+    assert tags and tags.group(1).decode().split(",") == [f"{'a' * 40}{suffix}", f"latest{suffix}"]
+    assert ("notification_emails" in job["runtimeConfig"]["parameterValues"]) is bool(emails)
 
 
 def test_schedules_refuse_a_dirty_checkout_and_bad_cron(
