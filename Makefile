@@ -37,7 +37,7 @@ TARGET ?= auto
 ARGS ?=
 WAIT ?=
 run: $(STAMP) ## Run the pipeline: locally when no PROJECT_ID is configured (env or env.sh), else on Vertex (WAIT=1 follows it). ARGS="--epochs 5 --tune true"
-	@WAIT=$(WAIT) $(PY) -m components.cli run --target $(TARGET) $(ARGS)
+	@WAIT=$(WAIT) $(PY) -m launch.cli run --target $(TARGET) $(ARGS)
 
 CRON ?=
 TIMEZONE ?=
@@ -47,14 +47,14 @@ END ?=
 NAME ?=
 schedule: $(STAMP) ## Schedule this commit's template on Vertex: CRON='0 6 * * 1' [TIMEZONE=Europe/Paris MAX_CONCURRENT=1 START=iso END=iso ARGS=...]
 	@test -n "$(CRON)" || { echo "make schedule needs CRON='<minute> <hour> <day> <month> <weekday>'" >&2; exit 2; }
-	$(PY) -m components.submit schedule --cron "$(CRON)" --max_concurrent_runs $(MAX_CONCURRENT) $(if $(TIMEZONE),--timezone "$(TIMEZONE)") $(if $(START),--start_time "$(START)") $(if $(END),--end_time "$(END)") $(ARGS)
+	$(PY) -m launch.submit schedule --cron "$(CRON)" --max_concurrent_runs $(MAX_CONCURRENT) $(if $(TIMEZONE),--timezone "$(TIMEZONE)") $(if $(START),--start_time "$(START)") $(if $(END),--end_time "$(END)") $(ARGS)
 
 schedules: $(STAMP) ## List the project's pipeline schedules
-	$(PY) -m components.submit schedules
+	$(PY) -m launch.submit schedules
 
 schedule-pause schedule-resume schedule-delete: $(STAMP) ## Pause, resume or delete a schedule: NAME=projects/.../schedules/ID
 	@test -n "$(NAME)" || { echo "make $@ needs NAME=projects/<p>/locations/<r>/schedules/<id> (see make schedules)" >&2; exit 2; }
-	$(PY) -m components.submit $(subst schedule-,,$@) "$(NAME)"
+	$(PY) -m launch.submit $(subst schedule-,,$@) "$(NAME)"
 
 e2e: $(STAMP) ## A real run on Vertex AI (needs a project in env.sh): submit, wait, check the model version
 	$(PY) -m pytest -m e2e tests/e2e

@@ -22,6 +22,7 @@ from typing import Any
 from kfp import compiler, dsl
 
 from components import evaluation, image, prepare, registry, training, tuning, worker_pools
+from local import steps as local_steps
 
 PIPELINE_NAME = "multiworker-cassava-training"
 TARGETS = ("vertex", "local")
@@ -196,8 +197,9 @@ def parameters_for(target: str) -> tuple[Parameter, ...]:
 
 
 def _dag(target: str, p: dict[str, Any]) -> None:
-    """The DAG, for either target; `p` maps parameter names to pipeline channels."""
-    vertex = target == "vertex"
+    """The DAG, for either target; `p` maps parameter names to pipeline channels. Where the
+    targets differ, `BACKENDS[target]` says which step stands where."""
+    steps = BACKENDS[target]
     where = {"project": p["project"], "location": p["location"]}
     job_settings = {
         "timeout": p["timeout"],
@@ -225,19 +227,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
     }
 
     # 1. The trainer image.
-    if vertex:
-        built = image.build_trainer_image(
-            **where,
-            context_uri=p["context_uri"],
-            repository=p["artifact_repository"],
-            serving_image=p["serving_image"],
-        )
-    else:
-        built = image.check_build_context(
-            context_dir=p["context_uri"],
-            repository=p["artifact_repository"],
-            serving_image=p["serving_image"],
-        )
+    built = steps.build_image(p)
     _uncached(built, "build-trainer-image")
     image_uri = built.outputs["image_uri"]
 
@@ -265,8 +255,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         region=p["location"],
     )
     _uncached(prep_pools, "prepare-worker-pools")
-    prep_job = _custom_job(
-        target,
+    prep_job = steps.custom_job(
         "prepare-dataset",
         where,
         prep_pools,
@@ -291,7 +280,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
             region=p["location"],
         )
         _uncached(tune_pools, "tuning-worker-pools")
-        best_hyperparameters = _tuning(target, where, p, tune_pools)
+        best_hyperparameters = steps.tuning(where, p, tune_pools)
     with dsl.Else(name="tuning-disabled"):
         no_tuning = training.no_overrides()
     train_args = training.trainer_args(
@@ -307,8 +296,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         region=p["location"],
     )
     _uncached(train_pools, "training-worker-pools")
-    train_job = _custom_job(
-        target,
+    train_job = steps.custom_job(
         "train-model",
         where,
         train_pools,
@@ -331,32 +319,46 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         source_commit=p["source_commit"],
         pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
     )
-    if vertex:
-        _vertex_registry(where, p, model, settings)
-    else:
-        _local_registry(p, model, settings)
+    steps.registry(where, p, model, settings)
 
 
-def _custom_job(
-    target: str,
-    name: str,
-    where: dict[str, Any],
-    pools: dsl.PipelineTask,
-    settings: dict[str, Any],
-    **extra: Any,
+def _vertex_image(p: dict[str, Any]) -> dsl.PipelineTask:
+    return image.build_trainer_image(
+        project=p["project"],
+        location=p["location"],
+        context_uri=p["context_uri"],
+        repository=p["artifact_repository"],
+        serving_image=p["serving_image"],
+    )
+
+
+def _local_image(p: dict[str, Any]) -> dsl.PipelineTask:
+    return local_steps.check_build_context(
+        context_dir=p["context_uri"], repository=p["artifact_repository"], serving_image=p["serving_image"]
+    )
+
+
+def _vertex_custom_job(
+    name: str, where: dict[str, Any], pools: dsl.PipelineTask, settings: dict[str, Any], **extra: Any
 ) -> dsl.PipelineTask:
-    if target == "vertex":
-        from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp
+    from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp
 
-        return CustomTrainingJobOp(
-            **where,
-            display_name=name,
-            worker_pool_specs=pools.outputs["worker_pool_specs"],
-            base_output_directory=pools.outputs["base_output_directory"],
-            **settings,
-            **extra,
-        ).set_display_name(name)
-    return training.local_custom_job(
+    return CustomTrainingJobOp(
+        **where,
+        display_name=name,
+        worker_pool_specs=pools.outputs["worker_pool_specs"],
+        base_output_directory=pools.outputs["base_output_directory"],
+        **settings,
+        **extra,
+    ).set_display_name(name)
+
+
+def _local_custom_job(
+    name: str, where: dict[str, Any], pools: dsl.PipelineTask, settings: dict[str, Any], **extra: Any
+) -> dsl.PipelineTask:
+    """The local runner takes the same specs; the job settings it cannot honour (service account,
+    network, CMEK, labels, scheduling strategy, TensorBoard) are Vertex's alone."""
+    return local_steps.local_custom_job(
         display_name=name,
         project=where["project"],
         worker_pool_specs=pools.outputs["worker_pool_specs"],
@@ -366,48 +368,47 @@ def _custom_job(
     ).set_display_name(name)
 
 
-def _tuning(target: str, where: dict[str, Any], p: dict[str, Any], pools: dsl.PipelineTask) -> Any:
-    """The tuning job and the best-trial step; returns the best hyperparameters channel."""
-    study = {
+def _study(p: dict[str, Any]) -> dict[str, Any]:
+    return {
         "study_spec_metrics": tuning.study_metrics(),
         "study_spec_parameters": tuning.study_parameters(),
         "max_trial_count": p["max_trial_count"],
         "parallel_trial_count": p["parallel_trial_count"],
     }
-    if target == "vertex":
-        from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import (
-            HyperparameterTuningJobRunOp,
-        )
 
-        job = HyperparameterTuningJobRunOp(
-            **where,
-            display_name="tune-hyperparameters",
-            base_output_directory=pools.outputs["base_output_directory"],
-            worker_pool_specs=pools.outputs["worker_pool_specs"],
-            **study,
-            max_failed_trial_count=p["max_failed_trial_count"],
-            study_spec_algorithm=p["search_algorithm"],
-            encryption_spec_key_name=p["encryption_spec_key_name"],
-            service_account=p["service_account"],
-            network=p["network"],
-        ).set_display_name("tune-hyperparameters")
-        best = tuning.best_trial(
-            **where, gcp_resources=job.outputs["gcp_resources"], metric_id=tuning.METRIC_ID
-        )
-    else:
-        job = tuning.local_tuning_job(
-            project=where["project"],
-            worker_pool_specs=pools.outputs["worker_pool_specs"],
-            base_output_directory=pools.outputs["base_output_directory"],
-            **study,
-            max_failed_trial_count=p["max_failed_trial_count"],
-            study_spec_algorithm=p["search_algorithm"],
-            timeout=p["timeout"],
-        ).set_display_name("tune-hyperparameters")
-        best = tuning.local_best_trial(
-            trials=job.outputs["trials"], metric_id=tuning.METRIC_ID
-        ).set_display_name("best-trial")
+
+def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], pools: dsl.PipelineTask) -> Any:
+    """The tuning job and the best-trial step; returns the best hyperparameters channel."""
+    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import HyperparameterTuningJobRunOp
+
+    job = HyperparameterTuningJobRunOp(
+        **where,
+        display_name="tune-hyperparameters",
+        base_output_directory=pools.outputs["base_output_directory"],
+        worker_pool_specs=pools.outputs["worker_pool_specs"],
+        **_study(p),
+        max_failed_trial_count=p["max_failed_trial_count"],
+        study_spec_algorithm=p["search_algorithm"],
+        encryption_spec_key_name=p["encryption_spec_key_name"],
+        service_account=p["service_account"],
+        network=p["network"],
+    ).set_display_name("tune-hyperparameters")
+    best = tuning.best_trial(**where, gcp_resources=job.outputs["gcp_resources"], metric_id=tuning.METRIC_ID)
     return best.outputs["hyperparameters"]
+
+
+def _local_tuning(where: dict[str, Any], p: dict[str, Any], pools: dsl.PipelineTask) -> Any:
+    job = local_steps.local_tuning_job(
+        project=where["project"],
+        worker_pool_specs=pools.outputs["worker_pool_specs"],
+        base_output_directory=pools.outputs["base_output_directory"],
+        **_study(p),
+        max_failed_trial_count=p["max_failed_trial_count"],
+        study_spec_algorithm=p["search_algorithm"],
+        timeout=p["timeout"],
+    ).set_display_name("tune-hyperparameters")
+    best = local_steps.local_best_trial(trials=job.outputs["trials"], metric_id=tuning.METRIC_ID)
+    return best.set_display_name("best-trial").outputs["hyperparameters"]
 
 
 def _vertex_registry(
@@ -452,9 +453,11 @@ def _vertex_registry(
         _uncached(registry.set_champion(**where, model=uploaded), "set-champion")
 
 
-def _local_registry(p: dict[str, Any], model: dsl.PipelineTask, settings: dsl.PipelineTask) -> None:
+def _local_registry(
+    where: dict[str, Any], p: dict[str, Any], model: dsl.PipelineTask, settings: dsl.PipelineTask
+) -> None:
     champion = _uncached(
-        registry.local_find_champion(
+        local_steps.local_find_champion(
             registry_dir=p["registry_dir"], model_display_name=p["model_display_name"]
         ),
         "find-champion",
@@ -464,7 +467,7 @@ def _local_registry(p: dict[str, Any], model: dsl.PipelineTask, settings: dsl.Pi
         min_accuracy=p["min_accuracy"],
         champion_accuracy=champion.outputs["champion_accuracy"],
     )
-    upload = registry.local_upload_model(
+    upload = local_steps.local_upload_model(
         model=model.outputs["model"],
         registry_dir=p["registry_dir"],
         model_display_name=p["model_display_name"],
@@ -474,6 +477,22 @@ def _local_registry(p: dict[str, Any], model: dsl.PipelineTask, settings: dsl.Pi
         gate_reason=gate.outputs["reason"],
     )
     _uncached(upload, "upload-model")
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """The steps that differ between the targets; everything else in `_dag` is shared."""
+
+    build_image: Callable[[dict[str, Any]], dsl.PipelineTask]
+    custom_job: Callable[..., dsl.PipelineTask]
+    tuning: Callable[[dict[str, Any], dict[str, Any], dsl.PipelineTask], Any]
+    registry: Callable[[dict[str, Any], dict[str, Any], dsl.PipelineTask, dsl.PipelineTask], None]
+
+
+BACKENDS = {
+    "vertex": Backend(_vertex_image, _vertex_custom_job, _vertex_tuning, _vertex_registry),
+    "local": Backend(_local_image, _local_custom_job, _local_tuning, _local_registry),
+}
 
 
 def create_pipeline(target: str = "vertex", notify: bool = False) -> Callable[..., Any]:

@@ -1,6 +1,6 @@
 """`e2e`: the local `make run` wall time, step by step.
 
-Runs exactly what `make run` runs with no project configured (`python -m components.cli run
+Runs exactly what `make run` runs with no project configured (`python -m launch.cli run
 --target local`, the default local parameters: synthetic data through the real TFDS cassava
 builder, the tiny backbone at 64 px, one chief and one worker) into a fresh runs folder and a
 fresh registry, and reports the command's wall time (what the user waits for, interpreter and
@@ -37,7 +37,7 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
         command = [
             sys.executable,
             "-m",
-            "components.cli",
+            "launch.cli",
             "run",
             "--target",
             "local",

@@ -14,6 +14,19 @@ from kfp import dsl
 from components import runtime
 from components.runtime import fuse_path
 
+# The keys of the trainer's metrics.json `evaluate_model` reads. The trainer declares what it
+# writes in trainer/contract.py, which components cannot import (they run without the trainer);
+# tests/test_contracts.py checks this list against it and against the code below.
+METRICS_READ = (
+    "test_accuracy",
+    "test_loss",
+    "val_accuracy",
+    "val_loss",
+    "images_per_second",
+    "epochs_completed",
+    "confusion_matrix",
+)
+
 
 @dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[fuse_path])
 def evaluate_model(

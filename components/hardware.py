@@ -3,9 +3,10 @@
 Validated before anything is submitted, so a bad worker pool fails in milliseconds with a
 message naming what is allowed, not minutes later in the Vertex console.
 
-`N1_GPU_COUNTS` is the compatibility table of GPUs per N1 machine type from the GPU training
-guide (`../shared/seeds/001_*.txt`), cell by cell. `FIXED_GPU_MACHINES` are the current GPU
-machine families, whose GPUs come with the machine (A100 on a2, L4 on g2, H100/H200 on a3).
+`N1_GPU_COUNTS` is the table of GPUs per N1 machine type from Google's guide "Using GPUs for
+training models in the cloud", cell by cell (copied, with its source, in docs/gpus.md;
+`tests/components/test_hardware.py` checks every cell). `FIXED_GPU_MACHINES` are the current
+GPU machine families, whose GPUs come with the machine (A100 on a2, L4 on g2, H100/H200 on a3).
 `REGION_GPUS` is a snapshot of Vertex AI's "accelerators by region" page, NOT yet checked against
 it (written from memory, 2026-11): verify it before trusting a rejection. A region missing
 from it is rejected with the list of known regions, so extend it when Google adds one.
@@ -92,7 +93,7 @@ def gpu_tables() -> dict[str, Any]:
         "regions": {r: frozenset(g) for r, g in regions.items()},
         "gpus": tuple(gpus),
         "none": ("", "ACCELERATOR_TYPE_UNSPECIFIED"),
-        "n1_columns": (K80, P4, P100, T4, V100),  # the seed table's columns, in its order
+        "n1_columns": (K80, P4, P100, T4, V100),  # the guide's table's columns, in its order
     }
 
 
@@ -100,8 +101,6 @@ _TABLES = gpu_tables()
 N1_GPU_COUNTS: dict[str, dict[str, tuple[int, ...]]] = _TABLES["n1"]
 FIXED_GPU_MACHINES: dict[str, tuple[str, int]] = _TABLES["fixed"]
 REGION_GPUS: dict[str, frozenset[str]] = _TABLES["regions"]
-ALL_GPUS: tuple[str, ...] = _TABLES["gpus"]
-NO_ACCELERATOR: tuple[str, ...] = _TABLES["none"]
 K80, P4, P100, T4, V100 = _TABLES["n1_columns"]
 
 

@@ -9,8 +9,8 @@ exactly the same bits. On request the same build also makes the custom serving i
 Vertex form: `build_trainer_image` speaks Cloud Build's REST API and the registry's manifest
 API through google-auth's `AuthorizedSession`, so it runs on the GCPC image as it is and
 installs nothing at run time (no PyPI egress needed, nothing in the image upgraded).
-Local form: `check_build_context` builds nothing (local runs use this checkout) but checks the
-context and computes the same tag.
+Local form: `local.steps.check_build_context` builds nothing (local runs use this checkout) but
+checks the context and computes the same tag.
 """
 
 from typing import Any, NamedTuple
@@ -18,28 +18,7 @@ from typing import Any, NamedTuple
 from kfp import dsl
 
 from components import runtime
-from components.buildcontext import (
-    CONTEXT_DIRS,
-    CONTEXT_FILES,
-    context_members,
-    context_tag,
-    tarball_members,
-    write_context_tarball,
-)
-
-__all__ = [
-    "CONTEXT_DIRS",
-    "CONTEXT_FILES",
-    "build_trainer_image",
-    "check_build_context",
-    "context_members",
-    "context_tag",
-    "registry_digest",
-    "registry_manifest_url",
-    "run_cloud_build",
-    "tarball_members",
-    "write_context_tarball",
-]
+from components.buildcontext import context_tag, tarball_members
 
 
 def registry_manifest_url(image: str, tag: str) -> str:
@@ -296,21 +275,3 @@ def build_trainer_image(
 
     pinned = [f"{image}@{digests[image]}" for image, _ in wanted]
     return Outputs(pinned[0], tag, bool(missing), pinned[1] if build_serving_image else "")
-
-
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[context_tag])
-def check_build_context(
-    context_dir: str, repository: str, image_name: str = "trainer", serving_image: str = "prebuilt"
-) -> NamedTuple("Outputs", image_uri=str, tag=str, built=bool, serving_image_uri=str):
-    """Local form of the image build: checks the checkout's build context and computes the tag
-    the Vertex build would give it. Nothing is built: local jobs run this checkout's trainer.
-    `serving_image_uri` is the serving image's tagged name when `serving_image` is `custom`, else ""."""
-    import collections
-
-    from components.buildcontext import context_members
-
-    tag = context_tag(context_members(context_dir))
-    Outputs = collections.namedtuple("Outputs", ["image_uri", "tag", "built", "serving_image_uri"])
-    print(f"build context {context_dir}: tag {tag} (local runs use the checkout, nothing built)")
-    serving = f"{repository}/{image_name}-serving:{tag}" if serving_image == "custom" else ""
-    return Outputs(f"{repository}/{image_name}:{tag}", tag, False, serving)

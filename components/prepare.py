@@ -17,6 +17,10 @@ from components import runtime
 from components.runtime import fuse_path
 
 PREPARE_COMMAND = ["python", "-m", "trainer.prepare"]
+# The keys of a prepared dataset's metadata.json `register_dataset` reads (and, of each split,
+# `count`). trainer/contract.py declares what `trainer.prepare` writes; components cannot import
+# it, so tests/test_contracts.py checks this list against it and against the code below.
+METADATA_READ = ("class_names", "image_size", "fingerprint", "splits")
 
 
 @dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)

@@ -15,6 +15,11 @@ from kfp import dsl
 
 from components import runtime
 
+# The keys of the trainer's metrics.json `find_champion` reads (the champion's). The trainer
+# declares what it writes in trainer/contract.py, which components cannot import (they run
+# without the trainer); tests/test_contracts.py checks this list against it and the code below.
+METRICS_READ = ("test_accuracy",)
+
 
 # Vertex AI's prebuilt TensorFlow 2 prediction images that exist, newest first: Google's
 # "Prebuilt containers for prediction" page and google-cloud-aiplatform's own list
@@ -95,15 +100,6 @@ def check_model_display_name(name: str) -> str:
     if len(name) > 128:
         raise ValueError(f"model_display_name has {len(name)} characters; Vertex allows at most 128")
     return name
-
-
-def registry_folder(name: str) -> str:
-    """The local registry's folder for a display name: every character but ASCII letters,
-    digits, `_` and `-` as %XX of its UTF-8 bytes, so no name (`..`, `a/b`, `/abs`) leaves
-    the registry folder or lands in its root, and two names never share a folder."""
-    check_model_display_name(name)
-    safe = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-    return "".join(c if c in safe else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
 
 
 def check_registry_parameters(values: Mapping[str, Any]) -> None:
@@ -236,135 +232,3 @@ def set_champion(project: str, location: str, model: dsl.Input[dsl.Artifact], al
     updated = client.merge_version_aliases(name=name, version_aliases=[alias])
     print(f"{alias} -> {name} (aliases now {list(updated.version_aliases)})")
     return name
-
-
-# --- the local form -------------------------------------------------------------------------
-# <registry_dir>/<model>/<version>/model/  the SavedModel (and its metrics.json, config.json)
-# <registry_dir>/<model>/<version>/version.json  labels, serving image, metrics, gate, source
-# <registry_dir>/<model>/aliases.json  {"default": "1", "champion": "<version>"}
-
-
-@dsl.component(
-    base_image=runtime.BASE_IMAGE,
-    install_kfp_package=False,
-    additional_funcs=[check_model_display_name, registry_folder],
-)
-def local_find_champion(registry_dir: str, model_display_name: str, alias: str = "champion") -> NamedTuple(
-    "Outputs", exists=bool, resource_name=str, resource_uri=str, champion_accuracy=float
-):
-    """Local form of `find_champion`, on the local registry folder."""
-    import collections
-    import json
-    import os
-
-    Outputs = collections.namedtuple(
-        "Outputs", ["exists", "resource_name", "resource_uri", "champion_accuracy"]
-    )
-    model_dir = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
-    aliases_path = os.path.join(model_dir, "aliases.json")
-    if not os.path.exists(aliases_path):
-        print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
-        return Outputs(False, "", "", -1.0)
-    with open(aliases_path) as f:
-        version = json.load(f).get(alias)
-    if version is None:
-        print(f"{model_display_name} has no {alias!r} version yet")
-        return Outputs(True, model_dir, model_dir, -1.0)
-    with open(os.path.join(model_dir, version, "model", "metrics.json")) as f:
-        accuracy = float(json.load(f)["test_accuracy"])
-    print(f"{model_display_name}: {alias} is version {version}, test_accuracy {accuracy:.4f}")
-    return Outputs(True, model_dir, model_dir, accuracy)
-
-
-@dsl.component(
-    base_image=runtime.BASE_IMAGE,
-    install_kfp_package=False,
-    additional_funcs=[check_model_display_name, registry_folder, prebuilt_tf_version],
-)
-def local_upload_model(
-    model: dsl.Input[dsl.Model],
-    registry_dir: str,
-    model_display_name: str,
-    serving_image: str,
-    labels: dict,
-    promote: bool,
-    gate_reason: str,
-) -> NamedTuple("Outputs", version=str, path=str, champion=bool):
-    """Local form of `ModelUploadOp` + `set_champion`: checks that the SavedModel serves
-    (`python -m trainer.serve`, its `serving_default` on test images), then registers it as the
-    next version of `model_display_name` and moves the champion alias when `promote`."""
-    import collections
-    import fcntl
-    import json
-    import os
-    import shutil
-    import subprocess
-    import sys
-    import time
-
-    from components import servingenv
-
-    # Serve it the way the serving image would: under the TensorFlow of Vertex's prebuilt image
-    # (2.15 by default, not the trainer's 2.21: a model that loads only under a newer TF would
-    # upload to Vertex and then fail to deploy), in an environment of its own.
-    tf_version = prebuilt_tf_version(serving_image)
-    python = str(servingenv.python_for(tf_version)) if tf_version else sys.executable
-    under = f"TensorFlow {tf_version} (its serving image's)" if tf_version else "the trainer's TensorFlow"
-    check = subprocess.run(
-        [python, "-m", "trainer.serve", "--model_dir", model.path],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if check.returncode != 0:
-        raise RuntimeError(
-            f"the model in {model.path} does not serve under {under}: {check.stderr.strip()[-2000:]}"
-        )
-    answers = [json.loads(line) for line in check.stdout.splitlines() if line.startswith("{")]
-    print(
-        f"serving check under {under}: {len(answers)} test images answered, "
-        f"e.g. {answers[0]['image']} -> {answers[0]['class_name']}"
-    )
-
-    root = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two local runs never get the same version
-        versions = [int(v) for v in os.listdir(root) if v.isdigit()]
-        version = str(max(versions, default=0) + 1)
-        staging = os.path.join(root, f".{version}.partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(model.path, os.path.join(staging, "model"))
-        with open(os.path.join(model.path, "metrics.json")) as f:
-            metrics = json.load(f)
-        record = {
-            "model": model_display_name,
-            "version": version,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "source_uri": model.uri,
-            "serving_image": serving_image,
-            "labels": labels,
-            "test_accuracy": metrics["test_accuracy"],
-            "gate": {"promoted": promote, "reason": gate_reason},
-            "serving_check": answers,
-        }
-        with open(os.path.join(staging, "version.json"), "w") as f:
-            json.dump(record, f, indent=1)
-        os.rename(staging, os.path.join(root, version))
-        aliases_path = os.path.join(root, "aliases.json")
-        aliases = {}
-        if os.path.exists(aliases_path):
-            with open(aliases_path) as f:
-                aliases = json.load(f)
-        aliases.setdefault("default", version)
-        if promote:
-            aliases["champion"] = version
-        with open(aliases_path + ".tmp", "w") as f:
-            json.dump(aliases, f, indent=1)
-        os.replace(aliases_path + ".tmp", aliases_path)
-    where = os.path.join(root, version)
-    print(
-        f"registered {model_display_name} version {version} at {where}" + (" (champion)" if promote else "")
-    )
-    Outputs = collections.namedtuple("Outputs", ["version", "path", "champion"])
-    return Outputs(version, where, promote)

@@ -19,6 +19,10 @@ from components import runtime
 from components.runtime import fuse_path
 
 TRAIN_COMMAND = ["python", "-m", "trainer.task"]
+# The keys of the trainer's metrics.json `model_from_job` reads. The trainer declares what it
+# writes in trainer/contract.py, which components cannot import (they run without the trainer);
+# tests/test_contracts.py checks this list against it and against the code below.
+METRICS_READ = ("test_accuracy", "val_accuracy", "epochs_completed", "num_workers")
 
 
 @dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
@@ -113,35 +117,3 @@ def model_from_job(base_output_directory: str, model: dsl.Output[dsl.Model]) -> 
 def no_overrides() -> dict:
     """With tuning off, the final training overrides none of the pipeline's hyperparameters."""
     return {}
-
-
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
-def local_custom_job(
-    display_name: str,
-    project: str,
-    worker_pool_specs: list,
-    base_output_directory: str,
-    timeout: str = "3600s",
-    restart_job_on_worker_restart: bool = False,
-    max_restarts: int = 3,
-) -> NamedTuple("Outputs", attempts=int, seconds=float):
-    """Local form of `CustomTrainingJobOp`: the same worker pool specs, one process per
-    replica, Vertex's environment (see `components.localjob`)."""
-    import collections
-    import os
-
-    from components import localjob
-
-    result = localjob.run_job(
-        worker_pool_specs,
-        base_output_directory,
-        display_name=display_name,
-        project=project,
-        log_dir=os.path.join(base_output_directory, "replica_logs"),
-        timeout=timeout,
-        restart_job_on_worker_restart=restart_job_on_worker_restart,
-        max_restarts=max_restarts,
-    )
-    print(f"done in {result.seconds:.1f}s, {result.attempts} attempt(s)")
-    Outputs = collections.namedtuple("Outputs", ["attempts", "seconds"])
-    return Outputs(result.attempts, result.seconds)

@@ -1,4 +1,4 @@
-"""The local target end to end, as a user runs it: `python -m components.cli run` (what `make run`
+"""The local target end to end, as a user runs it: `python -m launch.cli run` (what `make run`
 calls) with no Google Cloud configuration; a replica killed mid-training; a failing step."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from components import localjob
+from local import jobs
 from tests.conftest import FAST_TRAIN_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ def cli_command(runs: Path, *flags: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "components.cli",
+        "launch.cli",
         "run",
         "--runs_dir",
         str(runs),
@@ -141,7 +141,7 @@ def test_a_replica_killed_mid_training_restarts_the_job_which_resumes(
         {"replica_count": 1, "container_spec": container},
     ]
     screen = KillOnLine(job_id)
-    result = localjob.run_job(
+    result = jobs.run_job(
         specs,
         str(tmp_path / "job"),
         display_name="train",

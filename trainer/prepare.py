@@ -13,6 +13,12 @@ Output: images resized once to N x N, uint8, stored as --encoding, in TFRecord s
 `metadata.json` (format version, class names, counts per split and class, image size, shards,
 source, a content fingerprint). A split the source lacks is carved deterministically from
 train. Output is written to a staging folder and published only when complete.
+
+Progress: tqdm bars (ours and TFDS's) when stdout and stderr are both terminals. Otherwise (CI,
+a log file, a pipeline step's log) no bars, whose carriage returns and cursor-up escapes become
+hundreds of garbled lines there, but plain `prepare: ...` lines on stdout: one as each tenth of
+a split is passed (at most one every 5 s, at least one a minute), one when each split is done,
+one before and one after TFDS prepares.
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import inspect
+import math
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from trainer.config import ENCODINGS, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, SPLITS, float_in, int_in
 
@@ -125,6 +134,89 @@ def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | N
     return PrepareConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(PrepareConfig)})
 
 
+# --- progress -------------------------------------------------------------------------------
+
+
+def is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def _ignore(n: int = 1) -> None:
+    pass
+
+
+@dataclasses.dataclass
+class Progress:
+    """How preparation reports progress.
+
+    bars: tqdm bars, ours and TFDS's, for a terminal. Without them TFDS's bars are switched off
+      (process-wide: TFDS has a single switch) and `count` prints plain lines instead: one when
+      the count passes a multiple of `step` of the total, if `min_gap_s` has passed since the
+      last line (so a fast count prints only its final line); one whenever `interval_s` passes
+      without a line (a slow count still shows it is alive); and a final line when complete.
+    out: where lines go; None: sys.stdout at the time of printing.
+    """
+
+    bars: bool
+    out: TextIO | None = None
+    step: float = 0.1
+    min_gap_s: float = 5.0
+    interval_s: float = 60.0
+    clock: Callable[[], float] = time.monotonic
+
+    @classmethod
+    def auto(cls) -> Progress:
+        """Bars when both stdout and stderr are terminals (tqdm draws on stderr; the lines and the
+        rest of the output go to stdout); plain lines in CI, log files and pipeline step logs."""
+        terminal = is_terminal(sys.stdout) and is_terminal(sys.stderr)
+        return cls(bars=terminal and os.environ.get("TERM") != "dumb")
+
+    def say(self, message: str) -> None:
+        print(f"prepare: {message}", file=self.out or sys.stdout, flush=True)
+
+    @contextlib.contextmanager
+    def count(
+        self, label: str, total: int, *, desc: str | None = None, bar: bool = True, lines: bool = True
+    ) -> Iterator[Callable[[int], None]]:
+        """Yields `update(n)`, to call as images are done. With bars: a tqdm bar titled `desc`
+        (default `label`), unless `bar` is False. Without: lines such as
+        "prepare: train 1200/5656 images (21%)", unless `lines` is False."""
+        if self.bars and bar:
+            from tqdm import tqdm
+
+            with tqdm(total=total, desc=desc or label, unit="img", mininterval=1.0) as b:
+                yield b.update
+        elif self.bars or not lines:
+            yield _ignore
+        else:
+            start = self.clock()
+            every = max(1, math.ceil(total * self.step))
+            done, next_mark, last = 0, every, start
+
+            def update(n: int = 1) -> None:
+                nonlocal done, next_mark, last
+                done += n
+                now = self.clock()
+                if done >= total:
+                    return
+                if (done >= next_mark and now - last >= self.min_gap_s) or now - last >= self.interval_s:
+                    self.say(f"{label} {_fraction(done, total)}")
+                    last = now
+                if done >= next_mark:
+                    next_mark = (done // every + 1) * every
+
+            yield update
+            self.say(f"{label} {_fraction(done, total)} in {self.clock() - start:.1f}s")
+
+
+def _fraction(done: int, total: int) -> str:
+    percent = 100 * done // total if total else 100  # floor: 100% only when complete
+    return f"{done}/{total} images ({percent}%)"
+
+
 # --- sources --------------------------------------------------------------------------------
 # Everything below imports TensorFlow lazily: flag errors come back before it loads.
 
@@ -145,7 +237,9 @@ class Source:
     info: dict[str, Any]
 
 
-def open_tfds(name: str, data_dir: str | None, *, download: bool = True) -> Source:
+def open_tfds(
+    name: str, data_dir: str | None, *, download: bool = True, progress: Progress | None = None
+) -> Source:
     import tensorflow_datasets as tfds
 
     try:
@@ -157,8 +251,25 @@ def open_tfds(name: str, data_dir: str | None, *, download: bool = True) -> Sour
         ) from None
     image_key, label_key = _image_classification_keys(builder.info, name)
     if download:
-        builder.download_and_prepare()
+        _download_and_prepare(builder, progress or Progress.auto())
     return _tfds_source(builder, image_key, label_key)
+
+
+def _download_and_prepare(builder: Any, progress: Progress, **kwargs: Any) -> None:
+    """`builder.download_and_prepare(**kwargs)` between two lines, with TFDS's progress bars
+    switched off unless `progress` shows bars."""
+    import tensorflow_datasets as tfds
+
+    if not progress.bars:
+        tfds.disable_progress_bar()
+    started = progress.clock()
+    quiet = "" if progress.bars else " (TFDS progress bars off: output is not a terminal)"
+    progress.say(
+        f"TFDS {builder.name} {builder.version}: download_and_prepare into {builder.data_dir}{quiet}"
+    )
+    builder.download_and_prepare(**kwargs)
+    counts = ", ".join(f"{split} {info.num_examples}" for split, info in builder.info.splits.items())
+    progress.say(f"TFDS {builder.name} ready in {progress.clock() - started:.1f}s: {counts}")
 
 
 def _image_classification_keys(info: Any, name: str) -> tuple[str, str]:
@@ -282,36 +393,146 @@ def open_folder(path: str) -> Source:
     )
 
 
+# Preparing a TFDS builder from a local tree. A builder's `_split_generators` gets its files with
+# `dl_manager.download_and_extract(URL)`, from a download manager TFDS makes inside
+# `download_and_prepare` by calling `self._make_download_manager(download_dir=...,
+# download_config=...)` (tensorflow_datasets 4.9.10: core/dataset_builder.py, the call in
+# `download_and_prepare` at line 726, the method at line 1287). TFDS has no public way to pass a
+# download manager in, and its public way to supply files by hand, `DownloadConfig(manual_dir=)`,
+# checks the file against the URL's registered checksum, so it takes only the real archive. So
+# `local_archive` overrides that one method on one builder instance, for the duration of a `with`
+# block; tests/trainer/test_prepare.py fails if TFDS stops building its manager that way.
+TFDS_DOWNLOAD_MANAGER_HOOK = "_make_download_manager"
+TFDS_DOWNLOAD_MANAGER_HOOK_PARAMS = ("self", "download_dir", "download_config")
+TFDS_CHECKED_VERSION = "4.9.10"
+
+
+def check_tfds_download_manager_hook() -> None:
+    """Raises RuntimeError unless TFDS's DatasetBuilder still has the method `local_archive`
+    overrides, with the parameters it expects."""
+    import tensorflow_datasets as tfds
+
+    method = getattr(tfds.core.DatasetBuilder, TFDS_DOWNLOAD_MANAGER_HOOK, None)
+    params = tuple(inspect.signature(method).parameters) if callable(method) else None
+    if params != TFDS_DOWNLOAD_MANAGER_HOOK_PARAMS:
+        raise RuntimeError(
+            f"tensorflow_datasets {tfds.__version__}: DatasetBuilder.{TFDS_DOWNLOAD_MANAGER_HOOK} "
+            f"has parameters {params}, expected {TFDS_DOWNLOAD_MANAGER_HOOK_PARAMS} (as in TFDS "
+            f"{TFDS_CHECKED_VERSION}); trainer.prepare.local_archive needs updating for this TFDS"
+        )
+
+
+def _map_urls(url_or_urls: Any, fn: Callable[[Any], Any]) -> Any:
+    """`fn` over a URL, or over the URLs in a list, tuple or dict of them (what TFDS accepts)."""
+    if isinstance(url_or_urls, dict):
+        return {k: _map_urls(v, fn) for k, v in url_or_urls.items()}
+    if isinstance(url_or_urls, list | tuple):
+        return type(url_or_urls)(_map_urls(v, fn) for v in url_or_urls)
+    return fn(url_or_urls)
+
+
+def _local_archive_manager(archive: str, **manager_kwargs: Any) -> Any:
+    """A `tfds.download.DownloadManager` that downloads nothing: `download_and_extract` gives the
+    local tree `archive` (laid out as the extracted download) for every URL, and the methods
+    that would reach the network raise PrepareError. Everything else is TFDS's own."""
+    import tensorflow_datasets as tfds
+
+    class LocalArchiveDownloadManager(tfds.download.DownloadManager):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.archive = tfds.core.Path(archive)
+            self.served: list[str] = []
+
+        def _serve(self, url: Any) -> Any:
+            self.served.append(str(getattr(url, "url", url)))  # a str or a tfds.download.Resource
+            return self.archive
+
+        def download_and_extract(self, url_or_urls: Any) -> Any:
+            return _map_urls(url_or_urls, self._serve)
+
+        def _offline(self, what: Any) -> PrepareError:
+            return PrepareError(
+                f"offline preparation from {self.archive}: the builder asked to download {what!r}, "
+                "but only download_and_extract is served from the local tree"
+            )
+
+        def download(self, url_or_urls: Any) -> Any:
+            raise self._offline(url_or_urls)
+
+        def download_kaggle_data(self, competition_or_dataset: str) -> Any:
+            raise self._offline(competition_or_dataset)
+
+    return LocalArchiveDownloadManager(**manager_kwargs)
+
+
 @contextlib.contextmanager
-def open_synthetic(config: PrepareConfig) -> Iterator[Source]:
+def local_archive(builder: Any, archive: str, scratch_dir: str) -> Iterator[None]:
+    """Inside the block, `builder.download_and_prepare(...)` takes every URL its
+    `_split_generators` passes to `download_and_extract` from the local tree `archive` instead
+    of downloading it, and fails rather than download anything else. `scratch_dir` holds the
+    download manager's (empty) download and extraction folders.
+
+    Only this builder object is changed (an attribute of the instance, removed on exit): its
+    class, other builders and other threads keep TFDS's own download manager. The block must
+    prepare the builder (it raises RuntimeError if TFDS did not make a download manager, so a
+    TFDS that stopped calling the hook can never pass off a real download as the local tree).
+    """
+    check_tfds_download_manager_hook()
+    made: list[Any] = []
+
+    def make_download_manager(download_dir: Any = None, download_config: Any = None) -> Any:
+        manager = _local_archive_manager(
+            archive, download_dir=download_dir or scratch_dir, dataset_name=builder.name
+        )
+        made.append(manager)
+        return manager
+
+    missing = object()
+    saved = builder.__dict__.get(TFDS_DOWNLOAD_MANAGER_HOOK, missing)
+    setattr(builder, TFDS_DOWNLOAD_MANAGER_HOOK, make_download_manager)
+    try:
+        yield
+    finally:
+        if saved is missing:
+            delattr(builder, TFDS_DOWNLOAD_MANAGER_HOOK)
+        else:
+            setattr(builder, TFDS_DOWNLOAD_MANAGER_HOOK, saved)
+    if not made:
+        raise RuntimeError(
+            f"TFDS {builder.name} was not prepared through {TFDS_DOWNLOAD_MANAGER_HOOK} (checked "
+            f"against TFDS {TFDS_CHECKED_VERSION}): it did not read the local archive {archive}"
+        )
+
+
+@contextlib.contextmanager
+def open_synthetic(config: PrepareConfig, progress: Progress | None = None) -> Iterator[Source]:
     """Generates the synthetic archive, then prepares it through the real TFDS cassava builder,
     offline, in a private TFDS data folder (never the user's, where it would pass for cassava)."""
-    from unittest import mock
-
     import tensorflow_datasets as tfds
-    from tqdm import tqdm
 
     from trainer import synthetic
 
+    progress = progress or Progress.auto()
     with tempfile.TemporaryDirectory(prefix="synthetic-cassava-") as tmp:
         counts = synthetic.split_counts(config.synthetic_per_class)
         total = sum(counts.values()) * len(synthetic.CASSAVA_CLASSES)
-        with tqdm(total=total, desc="synthetic images", unit="img", mininterval=1.0) as bar:
+        with progress.count("synthetic", total, desc="synthetic images") as update:
             archive = synthetic.write_archive(
                 os.path.join(tmp, "download"),
                 per_class=config.synthetic_per_class,
                 image_size=config.synthetic_source_size,
                 seed=config.seed,
-                progress=bar.update,
+                progress=update,
             )
         builder = tfds.builder("cassava", data_dir=os.path.join(tmp, "tfds"))
         image_key, label_key = _image_classification_keys(builder.info, "cassava")
-        # The builder's `_split_generators` asks its download manager for the archive; hand it
-        # the local tree instead of the URL (DESIGN.md fact 13). Everything else is TFDS's own.
-        with mock.patch.object(
-            tfds.download.DownloadManager, "download_and_extract", lambda self, url: archive
-        ):
-            builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+        # The builder's `_split_generators` gets the archive with
+        # `dl_manager.download_and_extract(URL)`, which returns the folder the zip extracts to;
+        # `local_archive` answers with the local tree instead. Everything else is TFDS's own.
+        with local_archive(builder, archive, scratch_dir=os.path.join(tmp, "tfds-downloads")):
+            _download_and_prepare(
+                builder, progress, download_config=tfds.download.DownloadConfig(try_download_gcs=False)
+            )
         source = _tfds_source(builder, image_key, label_key)
         source.info.update(
             generator="synthetic", synthetic_per_class=config.synthetic_per_class, seed=config.seed
@@ -320,13 +541,13 @@ def open_synthetic(config: PrepareConfig) -> Iterator[Source]:
 
 
 @contextlib.contextmanager
-def open_source(config: PrepareConfig) -> Iterator[Source]:
+def open_source(config: PrepareConfig, progress: Progress | None = None) -> Iterator[Source]:
     kind, _, rest = config.source.partition(":")
     if config.source == "synthetic":
-        with open_synthetic(config) as source:
+        with open_synthetic(config, progress) as source:
             yield source
     elif kind == "tfds":
-        yield open_tfds(rest, config.tfds_data_dir)
+        yield open_tfds(rest, config.tfds_data_dir, progress=progress)
     else:
         yield open_folder(rest)
 
@@ -393,23 +614,24 @@ class ShardWriter:
         return {name: h.hexdigest() for name, h in zip(self.names, self._hashes, strict=True)}
 
 
-def prepare(config: PrepareConfig) -> dict[str, Any]:
-    """Prepares `config.source` into `config.output_dir`; returns the metadata written."""
+def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Prepares `config.source` into `config.output_dir`; returns the metadata written.
+    `progress` defaults to `Progress.auto()`: bars on a terminal, else plain lines."""
     from trainer import storage
+
+    progress = progress or Progress.auto()
 
     if not config.overwrite and storage.is_nonempty_dir(config.output_dir):
         raise PrepareError(
             f"--output_dir {config.output_dir} already exists and is not empty; pass --overwrite "
             "to replace it"
         )
-    with open_source(config) as source, storage.staged_output(config.output_dir) as staging:
-        metadata = _write(source, config, staging)
+    with open_source(config, progress) as source, storage.staged_output(config.output_dir) as staging:
+        metadata = _write(source, config, staging, progress)
     return metadata
 
 
-def _write(source: Source, config: PrepareConfig, staging: str) -> dict[str, Any]:
-    from tqdm import tqdm
-
+def _write(source: Source, config: PrepareConfig, staging: str, progress: Progress) -> dict[str, Any]:
     from trainer import data, images, storage
     from trainer._tf import tf
 
@@ -421,16 +643,19 @@ def _write(source: Source, config: PrepareConfig, staging: str) -> dict[str, Any
         return images.encode(images.resize(image, config.image_size), config.encoding), label
 
     total = sum(s.count for s in source.splits.values())
-    with tqdm(total=total, desc=f"prepare {config.source}", unit="img", mininterval=1.0) as bar:
+    # A bar for the whole source on a terminal; lines per source split otherwise.
+    with progress.count(f"prepare {config.source}", total, lines=False) as overall:
         for split_name, source_split in source.splits.items():
             ds = source_split.dataset().map(encode, num_parallel_calls=tf.data.AUTOTUNE).prefetch(64)
             try:
-                for i, (encoded, label) in enumerate(ds.as_numpy_iterator()):
-                    target = SPLITS[assignment[i]] if split_name == "train" else split_name
-                    label = int(label)
-                    writers[target].write(_example(encoded, label))
-                    class_counts[target][label] += 1
-                    bar.update(1)
+                with progress.count(split_name, source_split.count, bar=False) as update:
+                    for i, (encoded, label) in enumerate(ds.as_numpy_iterator()):
+                        target = SPLITS[assignment[i]] if split_name == "train" else split_name
+                        label = int(label)
+                        writers[target].write(_example(encoded, label))
+                        class_counts[target][label] += 1
+                        overall(1)
+                        update(1)
             except tf.errors.InvalidArgumentError as e:
                 raise PrepareError(
                     source_split.find_bad_input() or f"bad input in split {split_name!r}: {e.message}"

@@ -10,7 +10,7 @@ It needs TensorFlow and numpy only: no tf_keras, nothing of the trainer that imp
 prebuilt TensorFlow prediction container is TensorFlow Serving, which loads the SavedModel's
 graph and nothing of Keras, and its newest TensorFlow (2.15) is older than the trainer's; so the
 check is meant to run under that older TensorFlow too, from the environment that
-`components.servingenv.python_for("2.15")` makes. `trainer.server` (the custom serving image)
+`local.servingenv.python_for("2.15")` makes. `trainer.server` (the custom serving image)
 serves through `load` and `answer` below.
 """
 

@@ -1,4 +1,5 @@
-"""The validator against the GPU compatibility table in ../shared/seeds/001_*.txt, cell by cell."""
+"""The validator against Google's table of GPUs per N1 machine type, cell by cell (the table of
+"Using GPUs for training models in the cloud", as copied in docs/gpus.md)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from components.hardware import (
 )
 
 GPUS = (K80, P4, P100, T4, V100)
-# The seed's table as printed: machine type -> allowed counts per GPU column ("" = none).
-SEED_TABLE = """
+# Google's table as printed (docs/gpus.md): machine type -> allowed counts per GPU column ("-" = none).
+GUIDE_TABLE = """
 n1-standard-4   1,2,4,8 1,2,4 1,2,4 1,2,4 1,2,4,8
 n1-standard-8   1,2,4,8 1,2,4 1,2,4 1,2,4 1,2,4,8
 n1-standard-16  2,4,8   1,2,4 1,2,4 1,2,4 2,4,8
@@ -41,7 +42,7 @@ n1-highcpu-96   -       4     -     4     8
 
 def cells() -> list[tuple[str, str, int, bool]]:
     out = []
-    for line in SEED_TABLE.strip().splitlines():
+    for line in GUIDE_TABLE.strip().splitlines():
         machine, *columns = line.split()
         for gpu, column in zip(GPUS, columns, strict=True):
             allowed = set() if column == "-" else {int(c) for c in column.split(",")}

@@ -20,7 +20,8 @@ from google.cloud.devtools import cloudbuild_v1
 from google.longrunning import operations_pb2
 from google.protobuf import json_format
 
-from components import image
+from components import buildcontext, image
+from local import steps
 from tests.fakes import RegistryFake, RestFake, storage_emulator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +32,7 @@ def make_context(root: Path, trainer_text: str = "print('hi')\n") -> Path:
     (root / "trainer" / "task.py").write_text(trainer_text)
     (root / "trainer" / "__pycache__").mkdir()
     (root / "trainer" / "__pycache__" / "task.cpython-311.pyc").write_bytes(b"\0cache")
-    for name in image.CONTEXT_FILES:
+    for name in buildcontext.CONTEXT_FILES:
         (root / name).write_text(f"{name}\n")
     return root
 
@@ -40,36 +41,36 @@ def test_tag_depends_on_content_only(tmp_path: Path) -> None:
     a = make_context(tmp_path / "a")
     b = make_context(tmp_path / "b")
     (b / "trainer" / "__pycache__" / "other.pyc").write_bytes(b"more cache")
-    tag = image.context_tag(image.context_members(a))
-    assert tag == image.context_tag(image.context_members(b))
+    tag = buildcontext.context_tag(buildcontext.context_members(a))
+    assert tag == buildcontext.context_tag(buildcontext.context_members(b))
     assert tag.startswith("src-") and len(tag) == 24
     (b / "trainer" / "task.py").write_text("print('changed')\n")
-    assert image.context_tag(image.context_members(b)) != tag
+    assert buildcontext.context_tag(buildcontext.context_members(b)) != tag
 
 
 def test_tarball_round_trip_gives_the_same_tag_and_bytes(tmp_path: Path) -> None:
     ctx = make_context(tmp_path / "ctx")
     first, second = io.BytesIO(), io.BytesIO()
-    tag = image.write_context_tarball(ctx, first)
-    assert image.write_context_tarball(ctx, second) == tag
+    tag = buildcontext.write_context_tarball(ctx, first)
+    assert buildcontext.write_context_tarball(ctx, second) == tag
     assert first.getvalue() == second.getvalue(), "the tarball must be reproducible"
-    members = dict(image.tarball_members(first.getvalue()))
-    assert set(members) == {*image.CONTEXT_FILES, "trainer/task.py"}
-    assert image.context_tag(members.items()) == tag
+    members = dict(buildcontext.tarball_members(first.getvalue()))
+    assert set(members) == {*buildcontext.CONTEXT_FILES, "trainer/task.py"}
+    assert buildcontext.context_tag(members.items()) == tag
 
 
 def test_missing_context_files_are_named(tmp_path: Path) -> None:
     (tmp_path / "trainer").mkdir()
-    with pytest.raises(ValueError, match="lacks " + re.escape(", ".join(image.CONTEXT_FILES))):
-        list(image.context_members(tmp_path))
+    with pytest.raises(ValueError, match="lacks " + re.escape(", ".join(buildcontext.CONTEXT_FILES))):
+        list(buildcontext.context_members(tmp_path))
 
 
 def test_this_checkout_has_a_complete_context() -> None:
-    tag = image.check_build_context.python_func(context_dir=str(ROOT), repository="local/repo")
-    assert tag.tag == image.context_tag(image.context_members(ROOT))
+    tag = steps.check_build_context.python_func(context_dir=str(ROOT), repository="local/repo")
+    assert tag.tag == buildcontext.context_tag(buildcontext.context_members(ROOT))
     assert tag.image_uri == f"local/repo/trainer:{tag.tag}" and tag.built is False
     assert tag.serving_image_uri == ""
-    both = image.check_build_context.python_func(
+    both = steps.check_build_context.python_func(
         context_dir=str(ROOT), repository="local/repo", serving_image="custom"
     )
     assert (both.image_uri, both.built) == (tag.image_uri, False)
@@ -179,7 +180,7 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
 
     ctx = make_context(tmp_path / "ctx")
     buf = io.BytesIO()
-    tag = image.write_context_tarball(ctx, buf)
+    tag = buildcontext.write_context_tarball(ctx, buf)
     monkeypatch.setattr(google.auth, "default", lambda **_: (TokenCredentials(), "p"))
     registry = RegistryFake()
     with storage_emulator() as url:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from components import registry
+from local import steps
 
 
 def aiplatform_tf2_versions() -> set[str]:
@@ -143,7 +144,7 @@ def test_registry_parameters_are_checked_before_any_work() -> None:
     "name", ["../../escaped", "/tmp/absolute", "..", ".", "a/b", "nested/../../x", "caf\u00e9 v2"]
 )
 def test_no_display_name_leaves_the_registry_folder(tmp_path: Path, name: str) -> None:
-    folder = registry.registry_folder(name)
+    folder = steps.registry_folder(name)
     assert "/" not in folder and folder not in (".", "..", "")
     resolved = (tmp_path / folder).resolve()
     assert resolved.parent == tmp_path.resolve()
@@ -151,15 +152,15 @@ def test_no_display_name_leaves_the_registry_folder(tmp_path: Path, name: str) -
 
 def test_distinct_names_get_distinct_folders() -> None:
     names = ["a b", "a%20b", "a_b", "A_b", "a-b", "a.b", "a/b", "a%2Fb"]
-    assert len({registry.registry_folder(n) for n in names}) == len(names)
+    assert len({steps.registry_folder(n) for n in names}) == len(names)
 
 
 def test_local_find_champion_reads_the_mapped_folder(tmp_path: Path) -> None:
     name = "../outside"
-    folder = tmp_path / registry.registry_folder(name)
+    folder = tmp_path / steps.registry_folder(name)
     (folder / "3" / "model").mkdir(parents=True)
     (folder / "aliases.json").write_text(json.dumps({"default": "1", "champion": "3"}))
     (folder / "3" / "model" / "metrics.json").write_text(json.dumps({"test_accuracy": 0.91}))
-    out = registry.local_find_champion.python_func(registry_dir=str(tmp_path), model_display_name=name)
+    out = steps.local_find_champion.python_func(registry_dir=str(tmp_path), model_display_name=name)
     assert out.exists and out.champion_accuracy == 0.91
     assert not (tmp_path.parent / "outside").exists()

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from components import evaluation, image, prepare, registry, training, tuning, worker_pools
+from local import steps
 
-MODULES = (evaluation, image, prepare, registry, training, tuning, worker_pools)
+MODULES = (evaluation, image, prepare, registry, training, tuning, worker_pools, steps)
 
 
 def components() -> list[tuple[str, Any]]:
@@ -47,7 +48,7 @@ def globals_used(code: types.CodeType) -> set[str]:
 
 def test_there_are_components_to_check() -> None:
     names = {n for n, _ in components()}
-    assert {"components.registry.upload_settings", "components.registry.local_upload_model"} <= names
+    assert {"components.registry.upload_settings", "local.steps.local_upload_model"} <= names
     assert len(names) >= 15
 
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from components import buildcontext, cli, settings, submit
+from components import buildcontext
+from launch import cli, settings, submit
 from tests.fakes import RestFake, storage_emulator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,16 +158,35 @@ def test_schedule_pins_the_template_version_of_this_commit(
     vertex: RestFake, gcs: Any, monkeypatch: pytest.MonkeyPatch, emails: list[str] | None
 ) -> None:
     registry = RestFake()
-    registry.route(
-        "POST", r"/p-proj/pipelines/?", lambda *_: (200, b"multiworker-cassava-training/sha256:abc123")
-    )
+    uploaded: list[bytes] = []
+
+    def receive(_m: Any, _q: Any, body: Any) -> tuple[int, Any]:
+        uploaded.append(body)
+        return 200, b"multiworker-cassava-training/sha256:abc123"
+
+    def download(_m: Any, _q: Any, _b: Any) -> tuple[int, Any]:  # the version's YAML, as uploaded
+        content = re.search(rb"\r\n\r\n(\{.*\})\r\n--", uploaded[-1], re.S)
+        assert content
+        return 200, content.group(1)
+
+    registry.route("POST", r"/p-proj/pipelines/?", receive)
+    registry.route("GET", r"/p-proj/pipelines/multiworker-cassava-training/sha256:abc123", download)
     monkeypatch.setattr(submit, "source_commit", lambda root=ROOT: "a" * 40)
+    # The SDK reads an Artifact Registry template over HTTPS with urllib: sent to the fake instead.
+    from urllib import request as urllib_request
+
+    from google.cloud.aiplatform.utils import yaml_utils
+
+    real_urlopen = urllib_request.urlopen
+
+    def urlopen(req: Any, *args: Any, **kwargs: Any) -> Any:
+        url = req.full_url.replace("https://us-central1-kfp.pkg.dev", f"http://{registry.address}")
+        return real_urlopen(url, *args, **kwargs)
+
+    monkeypatch.setattr(yaml_utils.request, "urlopen", urlopen)
     config = settings.load(
         env(vertex, TEMPLATE_REPOSITORY="https://us-central1-kfp.pkg.dev/p-proj/pipelines"),
         Path("/nonexistent"),
-    )
-    config = type(config)(
-        **{**config.__dict__, "template_repository": f"http://{registry.address}/p-proj/pipelines"}
     )
     try:
         submit.create_schedule(
@@ -179,6 +199,7 @@ def test_schedule_pins_the_template_version_of_this_commit(
             credentials=AnonymousCredentials(),
             transport="rest",
             registry_auth=FakeRegistryAuth(),
+            registry_host=f"http://{registry.address}/p-proj/pipelines",
         )
     finally:
         registry.stop()
@@ -189,10 +210,14 @@ def test_schedule_pins_the_template_version_of_this_commit(
     assert int(body["maxConcurrentRunCount"]) == 2
     assert body["startTime"].startswith("2026-12-01T00:00:00")
     job = body["createPipelineJobRequest"]["pipelineJob"]
+    # The run names the template version it came from (read back from the registry by the SDK).
     assert (
         job["templateUri"]
-        == f"http://{registry.address}/p-proj/pipelines/multiworker-cassava-training/sha256:abc123"
+        == "https://us-central1-kfp.pkg.dev/p-proj/pipelines/multiworker-cassava-training/sha256:abc123"
     )
+    assert [r[1] for r in registry.requests if r[0] == "GET"] == [
+        "/p-proj/pipelines/multiworker-cassava-training/sha256:abc123"
+    ]
     assert job["runtimeConfig"]["parameterValues"]["source_commit"] == "a" * 40
     assert job["runtimeConfig"]["parameterValues"]["tune"] is True
     assert job["serviceAccount"] == "pipelines@p-proj.iam.gserviceaccount.com"
@@ -272,9 +297,7 @@ def test_make_run_with_bad_settings_exits_2_naming_them(
 
 def test_env_sh_example_documents_every_setting() -> None:
     text = (ROOT / "env.sh.example").read_text()
-    assert text == settings.example(), (
-        "env.sh.example is stale: regenerate it from components.settings.example()"
-    )
+    assert text == settings.example(), "env.sh.example is stale: regenerate it from launch.settings.example()"
     for key in settings.SETTINGS:
         assert f"export {key}=" in text
     assert settings.load({}, _write(text)).project == "my-project"  # the example itself is valid

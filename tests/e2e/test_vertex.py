@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from components import settings, submit
+from launch import settings, submit
 
 pytestmark = [
     pytest.mark.e2e,

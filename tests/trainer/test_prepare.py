@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+import inspect
+import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.processes import ROOT, trainer_env
 from trainer import data
-from trainer.prepare import PrepareConfig, PrepareError, prepare
+from trainer.prepare import PrepareConfig, PrepareError, Progress, prepare
 from trainer.synthetic import CASSAVA_CLASSES
 
 
@@ -186,3 +191,173 @@ def test_output_dir_defaults_to_aip_model_dir_and_is_required_without_it(
         parse_args(["--source", "synthetic"], {})
     assert exit_info.value.code == 2
     assert "--output_dir is required when AIP_MODEL_DIR is not set" in capsys.readouterr().err
+
+
+# --- progress output ------------------------------------------------------------------------
+
+
+def test_piped_cli_prints_plain_progress_lines_and_no_terminal_codes(tmp_path: Path) -> None:
+    """As in CI or a pipeline step's log: stdout and stderr are pipes, so no tqdm bars (no
+    carriage returns, no cursor-up escapes), but a line per phase and per split, and few lines."""
+    env = trainer_env({"TF_CPP_MIN_LOG_LEVEL": "2"})
+    for name in ("FORCE_COLOR", "CLICOLOR_FORCE"):  # a user asking for colour gets TFDS's bold
+        env.pop(name, None)
+    out = tmp_path / "out"
+    flags = ["--source=synthetic", f"--output_dir={out}", "--image_size=32", "--shards=2"]
+    flags += ["--synthetic_per_class=6", "--synthetic_source_size=32"]
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer.prepare", *flags],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for stream in (result.stdout, result.stderr):
+        assert "\x1b" not in stream and "\r" not in stream, stream
+    lines = result.stdout.splitlines()
+    for expected in (
+        "prepare: synthetic 50/50 images (100%) in ",
+        "prepare: TFDS cassava 0.1.0: download_and_prepare into ",
+        "prepare: TFDS cassava ready in ",
+        "prepare: train 30/30 images (100%) in ",
+        "prepare: validation 10/10 images (100%) in ",
+        "prepare: test 10/10 images (100%) in ",
+        f"prepared synthetic into {out}: train 30, validation 10, test 10 (sha256:",
+    ):
+        assert any(line.startswith(expected) for line in lines), (expected, result.stdout)
+    assert len(lines) <= 15, result.stdout
+    # TensorFlow's own start-up lines; tqdm used to add hundreds here.
+    assert len(result.stderr.splitlines()) <= 30, result.stderr
+    assert (out / "metadata.json").exists()
+
+
+class FakeClock:
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def _count_lines(total: int, seconds_per_image: float) -> list[str]:
+    out = io.StringIO()
+    progress = Progress(bars=False, out=out, clock=FakeClock(seconds_per_image))
+    with progress.count("train", total) as update:
+        for _ in range(total):
+            update(1)
+    return out.getvalue().splitlines()
+
+
+def test_progress_lines_every_tenth_then_a_final_line() -> None:
+    lines = _count_lines(5656, seconds_per_image=0.01)  # a tenth takes 5.7 s
+    assert lines[:2] == ["prepare: train 566/5656 images (10%)", "prepare: train 1132/5656 images (20%)"]
+    assert lines[8] == "prepare: train 5094/5656 images (90%)"
+    assert len(lines) == 10
+    assert lines[-1].startswith("prepare: train 5656/5656 images (100%) in 56.")
+
+
+def test_progress_lines_are_bounded_when_fast_and_alive_when_slow() -> None:
+    assert [line.split(" in ")[0] for line in _count_lines(5656, seconds_per_image=1e-4)] == [
+        "prepare: train 5656/5656 images (100%)"
+    ]  # done in half a second: just the final line
+    slow = _count_lines(100, seconds_per_image=7.0)  # a tenth takes 70 s
+    assert slow[0] == "prepare: train 9/100 images (9%)"  # a minute without a line
+    assert 11 <= len(slow) <= 20
+
+
+def test_progress_bars_mode_prints_no_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    out = io.StringIO()
+    with Progress(bars=True, out=out).count("train", 10, bar=False) as update:
+        update(10)
+    assert out.getvalue() == "" and capsys.readouterr() == ("", "")
+
+
+class Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize(
+    ("stdout_tty", "stderr_tty", "term", "bars"),
+    [
+        (True, True, "xterm", True),
+        (False, True, "xterm", False),  # stdout to a log file or a pipe
+        (True, False, "xterm", False),  # stderr (where tqdm draws) to a file
+        (True, True, "dumb", False),
+    ],
+)
+def test_progress_bars_only_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, stdout_tty: bool, stderr_tty: bool, term: str, bars: bool
+) -> None:
+    monkeypatch.setattr(sys, "stdout", Stream(stdout_tty))
+    monkeypatch.setattr(sys, "stderr", Stream(stderr_tty))
+    monkeypatch.setenv("TERM", term)
+    assert Progress.auto().bars is bars
+
+
+# --- preparing a TFDS builder from a local tree ---------------------------------------------
+
+
+def test_tfds_still_makes_its_download_manager_through_the_hook_local_archive_overrides() -> None:
+    """Fails when a TFDS upgrade changes the internals `local_archive` relies on (checked
+    against TFDS 4.9.10): then the synthetic source would no longer go through the local tree."""
+    import tensorflow_datasets as tfds
+
+    from trainer import prepare as module
+
+    module.check_tfds_download_manager_hook()
+    assert "self._make_download_manager(" in inspect.getsource(tfds.core.DatasetBuilder.download_and_prepare)
+    assert tuple(inspect.signature(tfds.download.DownloadManager.download_and_extract).parameters) == (
+        "self",
+        "url_or_urls",
+    )
+
+
+def test_the_hook_check_fails_loudly_when_tfds_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tensorflow_datasets as tfds
+
+    from trainer import prepare as module
+
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "_make_download_manager", lambda self, config: None)
+    with pytest.raises(RuntimeError, match=r"expected \('self', 'download_dir', 'download_config'\)"):
+        module.check_tfds_download_manager_hook()
+
+
+def test_local_archive_changes_one_builder_only_and_only_inside_the_block(tmp_path: Path) -> None:
+    import tensorflow_datasets as tfds
+
+    from trainer.prepare import local_archive
+
+    builder = tfds.builder("cassava", data_dir=str(tmp_path / "tfds"))
+    other = tfds.builder("cassava", data_dir=str(tmp_path / "tfds"))
+    with local_archive(builder, str(tmp_path / "tree"), scratch_dir=str(tmp_path / "dl")):
+        manager = builder._make_download_manager(download_dir=None, download_config=None)
+        assert "_make_download_manager" not in vars(other)
+    assert "_make_download_manager" not in vars(builder)
+
+    urls = {"a": "https://x/a.zip", "b": ["https://x/b.zip", tfds.download.Resource(url="https://x/c.zip")]}
+    tree = tmp_path / "tree"
+    assert manager.download_and_extract(urls) == {"a": tree, "b": [tree, tree]}
+    assert manager.served == ["https://x/a.zip", "https://x/b.zip", "https://x/c.zip"]
+    assert isinstance(manager, tfds.download.DownloadManager)
+    with pytest.raises(PrepareError, match=r"asked to download 'https://x/d\.csv'"):
+        manager.download("https://x/d.csv")
+
+
+def test_local_archive_fails_if_the_builder_was_not_prepared_through_it(tmp_path: Path) -> None:
+    import tensorflow_datasets as tfds
+
+    from trainer.prepare import local_archive
+
+    builder = tfds.builder("cassava", data_dir=str(tmp_path / "tfds"))
+    with pytest.raises(RuntimeError, match="was not prepared through _make_download_manager"):
+        with local_archive(builder, str(tmp_path / "tree"), scratch_dir=str(tmp_path / "dl")):
+            pass
+    assert "_make_download_manager" not in vars(builder)

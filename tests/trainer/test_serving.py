@@ -1,7 +1,7 @@
 """Serving the published SavedModel.
 
 - Under TensorFlow 2.15, the TensorFlow of Vertex's newest prebuilt prediction image, as under the
-  trainer's own: `python -m trainer.serve` from `components.servingenv.python_for("2.15")` (slow).
+  trainer's own: `python -m trainer.serve` from `local.servingenv.python_for("2.15")` (slow).
 - `python -m trainer.server`, the custom serving image's server, on Vertex's custom-container
   contract: request parsing and HTTP behaviour in-process with a stand-in model (fast), then as a
   real process on an exported model (slow).
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from components import servingenv
+from local import servingenv
 from tests.processes import ROOT, free_port, trainer_env
 from trainer import serve, server, synthetic
 from trainer.config import TrainConfig

@@ -3,11 +3,11 @@ schedules (`make schedule`, `make schedules`, `make schedule-pause|resume|delete
 
 Everything is sent by the real client libraries (google-cloud-storage, google-cloud-aiplatform's
 `PipelineJob`/`PipelineJobSchedule`, kfp's `RegistryClient`); settings are validated first
-(`components.settings`), so a bad setting costs no request.
+(`launch.settings`), so a bad setting costs no request.
 
-    python -m components.submit schedule --cron '0 6 * * 1' [--timezone Europe/Paris]
+    python -m launch.submit schedule --cron '0 6 * * 1' [--timezone Europe/Paris]
         [--max_concurrent_runs 1] [--start_time ISO] [--end_time ISO] [--<parameter> VALUE ...]
-    python -m components.submit schedules | pause NAME | resume NAME | delete NAME
+    python -m launch.submit schedules | pause NAME | resume NAME | delete NAME
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from components import settings as settings_mod
 from components.buildcontext import write_context_tarball
-from components.settings import Settings, SettingsError
+from launch import flags
+from launch import settings as settings_mod
+from launch.settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPILED = ROOT / "compiled" / "pipeline.json"
@@ -158,13 +159,15 @@ def build_pipeline_job(
     display_name: str = "",
     template_uri: str = "",
 ) -> Any:
-    """The `aiplatform.PipelineJob` for the compiled template (unknown parameters are rejected
-    here, before any request)."""
+    """The `aiplatform.PipelineJob` for the compiled template, or for its version in Artifact
+    Registry when `template_uri` is given (the SDK reads it from there and the run names it:
+    `template_path` takes `https://<region>-kfp.pkg.dev/...` URIs). Unknown parameters are
+    rejected here, before any request to Vertex."""
     from google.cloud import aiplatform
 
     job = aiplatform.PipelineJob(
         display_name=display_name or "multiworker-cassava-training",
-        template_path=str(template),
+        template_path=template_uri or str(template),
         pipeline_root=settings.pipeline_root,
         parameter_values=dict(values),
         enable_caching=settings.enable_caching,
@@ -173,9 +176,17 @@ def build_pipeline_job(
         project=settings.project,
         location=settings.region,
     )
-    if template_uri:  # the same bytes, as uploaded to Artifact Registry: the run names its version
-        job._gca_resource.template_uri = template_uri
     return job
+
+
+def console_url(resource_name: str) -> str:
+    """The Cloud console page of a pipeline run, from its resource name
+    (`projects/<p>/locations/<l>/pipelineJobs/<id>`)."""
+    match = re.fullmatch(r"projects/([^/]+)/locations/([^/]+)/pipelineJobs/([^/]+)", resource_name)
+    if not match:
+        raise ValueError(f"not a pipeline job resource name: {resource_name!r}")
+    project, location, run = match.groups()
+    return f"https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/runs/{run}?project={project}"
 
 
 def watch(job: Any, out: Any = None, poll_seconds: float = 15.0) -> str:
@@ -221,7 +232,7 @@ def submit(
         network=settings.network or None,
         experiment=settings.experiment or None,
     )
-    print(f"submitted {job.resource_name}\nconsole: {job._dashboard_uri()}", flush=True)
+    print(f"submitted {job.resource_name}\nconsole: {console_url(job.resource_name)}", flush=True)
     if not wait:
         return 0
     state = watch(job, poll_seconds=poll_seconds)
@@ -244,7 +255,7 @@ def _with_template(given: Mapping[str, Any], template: Path) -> tuple[dict[str, 
 
 
 def main(ns: argparse.Namespace, environ: Mapping[str, str], project: str) -> int:
-    """`make run` with a project configured (called by components.cli)."""
+    """`make run` with a project configured (called by launch.cli)."""
     import pipeline
 
     try:
@@ -274,9 +285,12 @@ def main(ns: argparse.Namespace, environ: Mapping[str, str], project: str) -> in
 # --- schedules ----------------------------------------------------------------------------------
 
 
-def upload_template(settings: Settings, template: Path = COMPILED, commit: str = "", auth: Any = None) -> str:
+def upload_template(
+    settings: Settings, template: Path = COMPILED, commit: str = "", auth: Any = None, host: str = ""
+) -> str:
     """Uploads the compiled template to Artifact Registry, tagged with the commit and `latest`;
-    returns the template version's URI."""
+    returns the template version's URI (under TEMPLATE_REPOSITORY; `host` sends the upload
+    elsewhere, for tests)."""
     from kfp.registry import RegistryClient
 
     if not settings.template_repository:
@@ -285,7 +299,7 @@ def upload_template(settings: Settings, template: Path = COMPILED, commit: str =
         )
     import pipeline
 
-    client = RegistryClient(host=settings.template_repository, auth=auth)
+    client = RegistryClient(host=host or settings.template_repository, auth=auth)
     # Both templates are versions of one package (one pipeline name): the e-mailing one's tags
     # carry a suffix, so `<commit>` and `latest` always name the template without the handler.
     suffix = "-notify" if template.name == pipeline.COMPILED_NOTIFY.name else ""
@@ -315,6 +329,7 @@ def create_schedule(
     credentials: Any = None,
     transport: str | None = None,
     registry_auth: Any = None,
+    registry_host: str = "",
     root: Path = ROOT,
     template: Path = COMPILED,
 ) -> Any:
@@ -335,7 +350,7 @@ def create_schedule(
     check_hardware(given, compiled, settings.region)
     init_aiplatform(settings, credentials, transport)
     context_uri = upload_context(settings, root, credentials)
-    template_uri = upload_template(settings, template, commit, registry_auth)
+    template_uri = upload_template(settings, template, commit, registry_auth, registry_host)
     values = pipeline_parameters(given, settings, context_uri, commit)
     job = build_pipeline_job(settings, values, template, template_uri=template_uri)
     schedule = aiplatform.PipelineJobSchedule(
@@ -355,7 +370,6 @@ def create_schedule(
 
 def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
     import pipeline
-    from components import cli
 
     if not argv:
         print(__doc__, file=sys.stderr)
@@ -369,7 +383,7 @@ def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.enviro
     from google.cloud import aiplatform
 
     if action == "schedule":
-        parser = cli.build_parser(pipeline.parameters_for("vertex"))
+        parser = flags.build_parser(pipeline.parameters_for("vertex"))
         parser.prog = "make schedule CRON=..."
         parser.add_argument("--cron", required=True)
         parser.add_argument("--timezone", default="")

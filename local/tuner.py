@@ -4,7 +4,7 @@ It takes the same study spec the Vertex job gets (GCPC's `serialize_parameters` 
 `serialize_metrics` output, parsed with the real `aiplatform_v1.StudySpec` types) and honours
 parameter types, ranges and scales, the goal, the maximum, parallel and failed trial counts and
 the algorithm (ALGORITHM_UNSPECIFIED: TPE, Optuna's Bayesian optimiser; RANDOM_SEARCH;
-GRID_SEARCH). Each trial is a local custom job (`components.localjob`) with
+GRID_SEARCH). Each trial is a local custom job (`local.jobs`) with
 `--<parameter_id>=<value>` flags appended and its own AIP directories under
 `<base>/<trial_id>/`; its measurements come from the cloudml-hypertune file it writes. The
 trials table is a list in the `aiplatform_v1.Trial` JSON form, like the Vertex job's trials.
@@ -22,7 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, TextIO
 
-from components import localjob
+from local import jobs
 
 
 def parse_study(metrics: Sequence[Mapping[str, Any]], parameters: Sequence[Mapping[str, Any]]) -> Any:
@@ -202,7 +202,7 @@ def run_tuning(
         }
         stream.write(f"[tune] trial {trial_id} started: {' '.join(flags)}\n")
         try:
-            localjob.run_job(
+            jobs.run_job(
                 specs,
                 str(trial_dir),
                 display_name=f"trial-{trial_id}",
@@ -216,7 +216,7 @@ def run_tuning(
                 extra_env={"CLOUD_ML_HP_METRIC_FILE": str(metric_file), "CLOUD_ML_TRIAL_ID": trial_id},
                 out=stream,
             )
-        except localjob.JobFailed as err:
+        except jobs.JobFailed as err:
             row.update(
                 state="INFEASIBLE", infeasibleReason=str(err).splitlines()[0], endTime=_timestamp(time.time())
             )

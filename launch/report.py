@@ -11,6 +11,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+# The keys of the trainer's metrics.json `write_report` reads; trainer/contract.py declares what
+# the trainer writes, and tests/test_contracts.py checks this list against it and the code.
+METRICS_READ = (
+    "test_accuracy",
+    "test_loss",
+    "val_accuracy",
+    "val_loss",
+    "images_per_second",
+    "history",
+    "confusion_matrix",
+)
+
 
 def _png(fig: Any) -> str:
     import matplotlib.pyplot as plt

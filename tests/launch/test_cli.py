@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import pipeline
-from components import cli, report
+from launch import cli, kfp_local, report
 
 
 def test_project_comes_from_the_environment_then_env_sh(tmp_path: Path) -> None:
@@ -89,7 +89,7 @@ def test_local_defaults_pass_validation() -> None:
 
 def test_screen_shows_step_output_not_kfp_bookkeeping() -> None:
     screen = io.StringIO()
-    tee = cli.StepTee(screen)
+    tee = kfp_local.StepTee(screen)
     tee.step = "train-model"
     tee.write(
         "06:07:20.702 - INFO - Executing task 'x'\n"

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from components import localjob, localtune, tuning
+from components import tuning
+from local import jobs, tuner
 
 # A replica that records what Vertex would give it, then behaves as its flags say.
 REPLICA = r"""
@@ -67,7 +68,7 @@ def specs(
     return pools
 
 
-def run(tmp_path: Path, mode: str = "ok", **kwargs: Any) -> tuple[localjob.JobResult, str]:
+def run(tmp_path: Path, mode: str = "ok", **kwargs: Any) -> tuple[jobs.JobResult, str]:
     out = io.StringIO()
     args: dict[str, Any] = {
         "display_name": "job",
@@ -75,7 +76,7 @@ def run(tmp_path: Path, mode: str = "ok", **kwargs: Any) -> tuple[localjob.JobRe
         "log_dir": tmp_path / "logs",
         "out": out,
     }
-    result = localjob.run_job(
+    result = jobs.run_job(
         specs(tmp_path, mode, extra_pool=kwargs.pop("extra_pool", False)),
         str(tmp_path / "base") + "/",
         **{**args, **kwargs},
@@ -111,7 +112,7 @@ def test_every_replica_gets_vertex_s_environment(tmp_path: Path) -> None:
 
 def test_a_failing_replica_fails_the_job_with_its_log_tail(tmp_path: Path) -> None:
     with pytest.raises(
-        localjob.JobFailed, match=r"replica worker-0 exited with status 3 .*\n(.*\n)*something broke"
+        jobs.JobFailed, match=r"replica worker-0 exited with status 3 .*\n(.*\n)*something broke"
     ):
         run(tmp_path, "fail", restart_job_on_worker_restart=True)
 
@@ -123,7 +124,7 @@ def test_a_killed_replica_restarts_the_whole_job(tmp_path: Path) -> None:
 
 
 def test_a_killed_replica_fails_the_job_without_restarts(tmp_path: Path) -> None:
-    with pytest.raises(localjob.JobFailed, match="replica worker-0 was killed by signal 9"):
+    with pytest.raises(jobs.JobFailed, match="replica worker-0 was killed by signal 9"):
         run(tmp_path, "die-once", restart_job_on_worker_restart=False)
 
 
@@ -138,7 +139,7 @@ def alive(pid: int) -> bool:
 
 def test_timeout_stops_every_replica(tmp_path: Path) -> None:
     start = time.monotonic()
-    with pytest.raises(localjob.JobFailed, match="ran past its timeout of 2s"):
+    with pytest.raises(jobs.JobFailed, match="ran past its timeout of 2s"):
         run(tmp_path, "hang", timeout="2s")
     assert time.monotonic() - start < 20
     pids = [json.loads(p.read_text())["pid"] for p in tmp_path.glob("*-*.json")]
@@ -172,13 +173,13 @@ def test_timeout_stops_every_replica(tmp_path: Path) -> None:
 )
 def test_bad_specs(pools: list[dict[str, Any]], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        localjob.replicas(pools)
+        jobs.replicas(pools)
 
 
 def test_durations() -> None:
-    assert localjob.parse_duration("86400s") == 86400 and localjob.parse_duration("1.5s") == 1.5
+    assert jobs.parse_duration("86400s") == 86400 and jobs.parse_duration("1.5s") == 1.5
     with pytest.raises(ValueError, match="timeout must be a duration like '3600s'"):
-        localjob.parse_duration("1h")
+        jobs.parse_duration("1h")
 
 
 # --- the local tuner ---------------------------------------------------------------------------
@@ -211,7 +212,7 @@ def tune(tmp_path: Path, **kwargs: Any) -> list[dict[str, Any]]:
         {"replica_count": 1, "container_spec": container},
     ]
     args: dict[str, Any] = {"max_trial_count": 4, "parallel_trial_count": 2, "out": io.StringIO()}
-    return localtune.run_tuning(
+    return tuner.run_tuning(
         pools, str(tmp_path / "tune"), tuning.study_metrics(), tuning.study_parameters(), **{**args, **kwargs}
     )
 
@@ -249,19 +250,19 @@ def test_trials_honour_the_study(tmp_path: Path) -> None:
 def test_learning_rate_is_sampled_on_a_log_scale(tmp_path: Path) -> None:
     import optuna
 
-    spec = localtune.parse_study(tuning.study_metrics(), tuning.study_parameters())
+    spec = tuner.parse_study(tuning.study_metrics(), tuning.study_parameters())
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    rates = [localtune.suggest(study.ask(), spec)["learning_rate"] for _ in range(400)]
+    rates = [tuner.suggest(study.ask(), spec)["learning_rate"] for _ in range(400)]
     below = sum(r < 1e-3 for r in rates) / len(rates)  # log scale: half of [1e-4, 1e-2] is below 1e-3
     assert 0.4 < below < 0.6
 
 
 def test_grid_search_rejects_double_parameters() -> None:
-    spec = localtune.parse_study(tuning.study_metrics(), tuning.study_parameters())
+    spec = tuner.parse_study(tuning.study_metrics(), tuning.study_parameters())
     with pytest.raises(ValueError, match="GRID_SEARCH needs integer, discrete or categorical parameters"):
-        localtune.make_sampler("GRID_SEARCH", spec, 0)
+        tuner.make_sampler("GRID_SEARCH", spec, 0)
     with pytest.raises(ValueError, match="search algorithm must be"):
-        localtune.make_sampler("BAYES", spec, 0)
+        tuner.make_sampler("BAYES", spec, 0)
 
 
 def test_too_many_failed_trials_fail_the_job(tmp_path: Path) -> None:
@@ -271,7 +272,7 @@ def test_too_many_failed_trials_fail_the_job(tmp_path: Path) -> None:
     script.write_text(TRIAL)
     container = {"image_uri": "img", "command": [sys.executable, str(script)], "args": []}
     with pytest.raises(RuntimeError, match="every trial failed"):
-        localtune.run_tuning(
+        tuner.run_tuning(
             [{"replica_count": 1, "container_spec": container}],
             str(tmp_path / "tune"),
             tuning.study_metrics(),
@@ -281,7 +282,7 @@ def test_too_many_failed_trials_fail_the_job(tmp_path: Path) -> None:
             out=io.StringIO(),
         )
     with pytest.raises(RuntimeError, match=r"1 trials failed \(max_failed_trial_count 1\)"):
-        localtune.run_tuning(
+        tuner.run_tuning(
             [{"replica_count": 1, "container_spec": container}],
             str(tmp_path / "tune2"),
             tuning.study_metrics(),
@@ -298,7 +299,7 @@ def test_every_trial_value_the_study_can_produce_is_accepted_by_the_trainer() ->
     with the trainer's own flags (a trial that exits 2 on `--dense_units=1024.0` is INFEASIBLE)."""
     from trainer.config import parse_args
 
-    spec = localtune.parse_study(tuning.study_metrics(), tuning.study_parameters())
+    spec = tuner.parse_study(tuning.study_metrics(), tuning.study_parameters())
     for p in spec.parameters:
         kind = type(p).pb(p).WhichOneof("parameter_value_spec")
         if kind == "discrete_value_spec":
@@ -308,8 +309,8 @@ def test_every_trial_value_the_study_can_produce_is_accepted_by_the_trainer() ->
         else:
             values = [p.double_value_spec.min_value, p.double_value_spec.max_value * 0.999]
         for value in values:
-            flag = localtune.trial_flag(p.parameter_id, value)
+            flag = tuner.trial_flag(p.parameter_id, value)
             config = parse_args(["--data_dir=/d", "--model_dir=/m", flag], {})
             assert float(getattr(config, p.parameter_id)) == float(value), flag
-    assert localtune.trial_flag("dense_units", 512) == "--dense_units=512.0"
-    assert localtune.trial_flag("optimizer", "adam") == "--optimizer=adam"
+    assert tuner.trial_flag("dense_units", 512) == "--dense_units=512.0"
+    assert tuner.trial_flag("optimizer", "adam") == "--optimizer=adam"

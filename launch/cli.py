@@ -1,6 +1,6 @@
 """`make run`: runs the pipeline, locally or on Vertex AI.
 
-    python -m components.cli run [--target auto|local|vertex] [--<parameter> VALUE ...]
+    python -m launch.cli run [--target auto|local|vertex] [--<parameter> VALUE ...]
 
 `auto` (the default) picks `vertex` when a Google Cloud project is configured (PROJECT_ID in the
 environment or in env.sh) and `local` otherwise, and says which in its first line. Every
@@ -18,74 +18,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import io
 import json
 import os
-import re
 import secrets
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-RUNS_DIR = Path("local_runs")
-TARGETS = ("auto", "local", "vertex")
-
-
-# --- flags ------------------------------------------------------------------------------------
-
-
-def parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _json_of(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = json.loads(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(f"expected a JSON {kind.__name__}, got {text!r}") from err
-        if not isinstance(value, kind):
-            raise argparse.ArgumentTypeError(f"expected a JSON {kind.__name__}, got {text!r}")
-        return value
-
-    return parse
-
-
-def build_parser(parameters: Sequence[Any]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="make run ARGS=...",
-        description="Run the pipeline: locally with no project configured, else on Vertex AI.",
-    )
-    p.add_argument("--target", choices=TARGETS, default="auto", help="Where to run (default: auto).")
-    p.add_argument("--runs_dir", default=str(RUNS_DIR), help="Local runs folder (local target).")
-    group = p.add_argument_group("pipeline parameters")
-    for q in parameters:
-        parse = {bool: parse_bool, list: _json_of(list), dict: _json_of(dict)}.get(q.type, q.type)
-        group.add_argument(
-            f"--{q.name}", type=parse, default=None, metavar=q.type.__name__.upper(), help=q.help
-        )
-    return p
+from launch import kfp_local, report, settings
+from launch.flags import TARGETS, build_parser
 
 
 def configured_project(environ: Mapping[str, str], env_file: Path = Path("env.sh")) -> str:
-    """PROJECT_ID from the environment, else from env.sh (KEY=VALUE lines, `export` allowed)."""
-    if environ.get("PROJECT_ID"):
-        return environ["PROJECT_ID"]
-    if env_file.exists():
-        for line in env_file.read_text().splitlines():
-            match = re.match(r"^\s*(?:export\s+)?PROJECT_ID\s*=\s*['\"]?([^'\"#\s]*)", line)
-            if match and match.group(1):
-                return match.group(1)
-    return ""
+    """PROJECT_ID from the environment, else from env.sh (read as `launch.settings` reads it)."""
+    return environ.get("PROJECT_ID") or settings.read_env_file(env_file).get("PROJECT_ID", "")
 
 
 def local_arguments(ns: argparse.Namespace, parameters: Sequence[Any]) -> dict[str, Any]:
@@ -97,7 +46,8 @@ def local_arguments(ns: argparse.Namespace, parameters: Sequence[Any]) -> dict[s
 
 def validate_local(args: Mapping[str, Any]) -> None:
     """Checks that fail fast, before any step starts; raises ValueError naming the parameter."""
-    from components import localjob, registry, servingenv, tuning, worker_pools
+    from components import registry, tuning, worker_pools
+    from local import jobs, servingenv
 
     worker_pools.build_worker_pool_specs(
         image_uri="local",
@@ -133,138 +83,13 @@ def validate_local(args: Mapping[str, Any]) -> None:
             f"serving_tf_version {args['serving_tf_version']} has no local serving environment; "
             f"the local target checks models under: {', '.join(sorted(servingenv.PINS))}"
         )
-    localjob.parse_duration(args["timeout"])
+    jobs.parse_duration(args["timeout"])
     for name in ("epochs", "per_replica_batch_size", "image_size", "dataset_shards", "max_trial_count"):
         if args[name] < 1:
             raise ValueError(f"{name} must be >= 1, got {args[name]}")
 
 
 # --- the local run ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Step:
-    name: str
-    status: str = "RUNNING"
-    seconds: float = 0.0
-    log: str = ""
-    outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-_KFP_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} - (INFO|WARNING|ERROR) - ")
-
-
-class StepTee(io.TextIOBase):
-    """Stands in for sys.stdout during a local run: everything goes to the current step's log
-    file; the screen gets the steps' own output (replica lines, component messages) without
-    kfp.local's bookkeeping (executor input dumps, output listings)."""
-
-    def __init__(self, screen: TextIO) -> None:
-        self.screen = screen
-        self.log: TextIO | None = None
-        self.step = ""
-        self._buffer = ""
-        self._hiding_json = False
-        self._hiding_outputs = False
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        if self.log:
-            self.log.write(text)
-            self.log.flush()
-        self._buffer += text
-        while "\n" in self._buffer:
-            line, self._buffer = self._buffer.split("\n", 1)
-            shown = self._filter(line)
-            if shown is not None:
-                self.screen.write(shown + "\n")
-                self.screen.flush()
-        return len(text)
-
-    def flush(self) -> None:
-        self.screen.flush()
-
-    def _filter(self, line: str) -> str | None:
-        body = line[4:] if line.startswith("    ") else line
-        if self._hiding_json:
-            self._hiding_json = line != "    }"
-            return None
-        if _KFP_LINE.match(line):
-            self._hiding_outputs = line.rstrip().endswith("outputs:")
-            return None
-        if self._hiding_outputs and (line.startswith("    ") or not line.strip()):
-            return None
-        self._hiding_outputs = False
-        if body.startswith("[KFP Executor"):
-            self._hiding_json = body.rstrip().endswith("Got executor_input:")
-            return None
-        if not body.strip() or set(body.strip()) == {"-"}:
-            return None
-        return body if body.startswith("[") else f"  {self.step}: {body}"
-
-
-def _display_names(spec: Mapping[str, Any]) -> dict[str, str]:
-    """component name -> the task's display name, over every nested DAG."""
-    names: dict[str, str] = {}
-
-    def walk(dag: Mapping[str, Any]) -> None:
-        for task in dag.get("tasks", {}).values():
-            ref = task["componentRef"]["name"]
-            names.setdefault(ref, task["taskInfo"]["name"])
-            component = spec["components"][ref]
-            if "dag" in component:
-                walk(component["dag"])
-
-    walk(spec["root"]["dag"])
-    return names
-
-
-@contextlib.contextmanager
-def _watch_steps(tee: StepTee, names: Mapping[str, str], logs: Path, steps: list[Step]) -> Iterator[None]:
-    """Times every kfp.local task, sends its output to logs/<step>.log and shows progress."""
-    from kfp.local import task_dispatcher
-
-    original = task_dispatcher.run_single_task_implementation
-
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        component = kwargs.get("component_name") or args[1]
-        name = names.get(component, component.removeprefix("comp-"))
-        step = Step(name, log=str(logs / f"{name}.log"))
-        steps.append(step)
-        tee.screen.write(f"▶ {name}\n")
-        tee.screen.flush()
-        start = time.monotonic()
-        with open(step.log, "a") as log_file:
-            tee.log, tee.step = log_file, name
-            try:
-                outputs, status = original(*args, **kwargs)
-            finally:
-                tee.log = None
-                step.seconds = time.monotonic() - start
-        step.status = str(getattr(status, "name", status))
-        step.outputs = dict(outputs or {})
-        mark = "✓" if step.status == "SUCCESS" else "✗"
-        tee.screen.write(f"{mark} {name} {step.status.lower()} in {step.seconds:.1f}s\n")
-        tee.screen.flush()
-        return outputs, status
-
-    task_dispatcher.run_single_task_implementation = watched
-    try:
-        yield
-    finally:
-        task_dispatcher.run_single_task_implementation = original
-
-
-def _log_tail(path: str, lines: int = 25) -> str:
-    """The end of a step's log, without kfp.local's bookkeeping."""
-    tee = StepTee(io.StringIO())
-    tee.step = Path(path).stem
-    with contextlib.suppress(OSError):
-        tee.write(Path(path).read_text() + "\n")
-    shown = tee.screen.getvalue().splitlines()  # type: ignore[attr-defined]
-    return "\n".join(shown[-lines:])
 
 
 def _artifact_path(outputs: Mapping[str, Any], name: str) -> str | None:
@@ -277,7 +102,6 @@ def run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout)
     from kfp import local
 
     import pipeline
-    from components import report
 
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
     run_dir = (runs_dir / run_id).resolve()
@@ -292,20 +116,20 @@ def run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout)
     screen.write(f"run {run_id}: {run_dir}\n")
 
     pipeline_func = pipeline.create_pipeline("local")
-    names = _display_names(_spec_dict(pipeline_func))
+    names = kfp_local.display_names(_spec_dict(pipeline_func))
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
         pipeline_root=str(run_dir / "pipeline_root"),
         raise_on_error=False,
     )
-    steps: list[Step] = []
-    tee = StepTee(screen)
+    steps: list[kfp_local.Step] = []
+    tee = kfp_local.StepTee(screen)
     status, error = "SUCCEEDED", ""
     start = time.monotonic()
     warnings.filterwarnings("ignore", message="You may be attemping to run a task")
     warnings.filterwarnings("ignore", message=".*have no effect in the current local runner")
     try:
-        with _watch_steps(tee, names, logs, steps), contextlib.redirect_stdout(tee):
+        with kfp_local.watch_steps(tee, names, logs, steps), contextlib.redirect_stdout(tee):
             pipeline_func(**args)
     except KeyboardInterrupt:
         status, error = "CANCELLED", "interrupted"
@@ -397,7 +221,7 @@ def run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout)
         return 0
     if failed:
         screen.write(f"\n{status}: step {failed[0].name} failed; the end of its log ({failed[0].log}):\n")
-        screen.write(_log_tail(failed[0].log) + "\n")
+        screen.write(kfp_local.log_tail(failed[0].log) + "\n")
     else:
         screen.write(f"\n{status}: {error}\n")
     screen.write(f"summary: {run_dir / 'summary.json'}\n")
@@ -451,7 +275,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] != "run":
         print(
-            "usage: python -m components.cli run [--target auto|local|vertex] [--<parameter> VALUE ...]",
+            "usage: python -m launch.cli run [--target auto|local|vertex] [--<parameter> VALUE ...]",
             file=sys.stderr,
         )
         return 2
@@ -475,7 +299,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         except ValueError as err:
             parser.error(str(err))
         return run_local(args, Path(ns.runs_dir))
-    from components import submit
+    from launch import submit
 
     return submit.main(ns, env, project)
 

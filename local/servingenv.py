@@ -11,7 +11,7 @@ built in a temporary folder and renamed into place, under a lock so that concurr
 build it once; a stamp holding the exact pins makes later calls instant, and a change of pins
 rebuilds it. uv is found as the Makefile finds it: on PATH, else ~/.local/bin/uv.
 
-    python -m components.servingenv 2.15     # makes it if needed; prints the interpreter
+    python -m local.servingenv 2.15     # makes it if needed; prints the interpreter
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def requirements(tf_version: str) -> tuple[str, ...]:
     except KeyError:
         raise ValueError(
             f"no serving environment is defined for TensorFlow {tf_version!r}; known: {', '.join(sorted(PINS))} "
-            "(add it to components.servingenv.PINS)"
+            "(add it to local.servingenv.PINS)"
         ) from None
 
 
@@ -164,7 +164,7 @@ def python_for(tf_version: str, out: TextIO = sys.stdout, *, cache_dir: Path | N
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
-        print(f"usage: python -m components.servingenv TF_VERSION   (one of: {', '.join(sorted(PINS))})")
+        print(f"usage: python -m local.servingenv TF_VERSION   (one of: {', '.join(sorted(PINS))})")
         return 2
     try:
         print(python_for(args[0], out=sys.stderr))

@@ -1,0 +1,275 @@
+"""The local backend's KFP components: each takes the same inputs as the Vertex step it stands in
+for and runs it on this machine, as strictly as Vertex (see docs/vertex-fidelity.md).
+
+    check_build_context   for build_trainer_image (Cloud Build): checks the context, builds nothing
+    local_custom_job      for CustomTrainingJobOp: one process per replica (`local.jobs`)
+    local_tuning_job      for HyperparameterTuningJobRunOp: real trials chosen by Optuna (`local.tuner`)
+    local_best_trial      for best_trial: the same rule on the local trials table
+    local_find_champion   for find_champion, on the registry folder
+    local_upload_model    for ModelUploadOp + set_champion: a serving check, then a new version
+
+Their bodies run in kfp.local's executor, where `kfp.dsl` has no decorators: they import only
+plain modules (`local.jobs`, `local.tuner`, `local.servingenv`, `components.buildcontext`);
+helpers from `components` travel as `additional_funcs`.
+"""
+
+from typing import NamedTuple
+
+from kfp import dsl
+
+from components import runtime
+from components.buildcontext import context_tag
+from components.registry import check_model_display_name, prebuilt_tf_version
+from components.tuning import pick_best_trial
+
+# The keys of the trainer's metrics.json `local_find_champion` and `local_upload_model` read.
+# trainer/contract.py declares what the trainer writes (this layer does not import the trainer);
+# tests/test_contracts.py checks this list against it and against the code below.
+METRICS_READ = ("test_accuracy",)
+
+
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[context_tag])
+def check_build_context(
+    context_dir: str, repository: str, image_name: str = "trainer", serving_image: str = "prebuilt"
+) -> NamedTuple("Outputs", image_uri=str, tag=str, built=bool, serving_image_uri=str):
+    """Local form of the image build: checks the checkout's build context and computes the tag
+    the Vertex build would give it. Nothing is built: local jobs run this checkout's trainer.
+    `serving_image_uri` is the serving image's tagged name when `serving_image` is `custom`, else ""."""
+    import collections
+
+    from components.buildcontext import context_members
+
+    tag = context_tag(context_members(context_dir))
+    Outputs = collections.namedtuple("Outputs", ["image_uri", "tag", "built", "serving_image_uri"])
+    print(f"build context {context_dir}: tag {tag} (local runs use the checkout, nothing built)")
+    serving = f"{repository}/{image_name}-serving:{tag}" if serving_image == "custom" else ""
+    return Outputs(f"{repository}/{image_name}:{tag}", tag, False, serving)
+
+
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
+def local_custom_job(
+    display_name: str,
+    project: str,
+    worker_pool_specs: list,
+    base_output_directory: str,
+    timeout: str = "3600s",
+    restart_job_on_worker_restart: bool = False,
+    max_restarts: int = 3,
+) -> NamedTuple("Outputs", attempts=int, seconds=float):
+    """Local form of `CustomTrainingJobOp`: the same worker pool specs, one process per
+    replica, Vertex's environment (see `local.jobs`)."""
+    import collections
+    import os
+
+    from local import jobs
+
+    result = jobs.run_job(
+        worker_pool_specs,
+        base_output_directory,
+        display_name=display_name,
+        project=project,
+        log_dir=os.path.join(base_output_directory, "replica_logs"),
+        timeout=timeout,
+        restart_job_on_worker_restart=restart_job_on_worker_restart,
+        max_restarts=max_restarts,
+    )
+    print(f"done in {result.seconds:.1f}s, {result.attempts} attempt(s)")
+    Outputs = collections.namedtuple("Outputs", ["attempts", "seconds"])
+    return Outputs(result.attempts, result.seconds)
+
+
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
+def local_tuning_job(
+    project: str,
+    worker_pool_specs: list,
+    base_output_directory: str,
+    study_spec_metrics: list,
+    study_spec_parameters: list,
+    max_trial_count: int,
+    parallel_trial_count: int,
+    trials: dsl.Output[dsl.Artifact],
+    max_failed_trial_count: int = 0,
+    study_spec_algorithm: str = "ALGORITHM_UNSPECIFIED",
+    timeout: str = "3600s",
+) -> int:
+    """Local form of `HyperparameterTuningJobRunOp`: real trials chosen by Optuna from the same
+    study spec (see `local.tuner`). `trials` gets the trials table; returns its size."""
+    import json
+
+    from local import tuner
+
+    table = tuner.run_tuning(
+        worker_pool_specs,
+        base_output_directory,
+        study_spec_metrics,
+        study_spec_parameters,
+        max_trial_count=max_trial_count,
+        parallel_trial_count=parallel_trial_count,
+        max_failed_trial_count=max_failed_trial_count,
+        algorithm=study_spec_algorithm,
+        project=project,
+        timeout=timeout,
+    )
+    with open(trials.path, "w") as f:
+        json.dump(table, f, indent=1)
+    trials.metadata["count"] = len(table)
+    return len(table)
+
+
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[pick_best_trial])
+def local_best_trial(
+    trials: dsl.Input[dsl.Artifact], metric_id: str = "val_accuracy", goal: str = "MAXIMIZE"
+) -> NamedTuple("Outputs", hyperparameters=dict, trial_id=str, value=float):
+    """Local form of `best_trial`: the same rule, on the local tuner's trials table."""
+    import collections
+    import json
+
+    with open(trials.path) as f:
+        table = json.load(f)
+    best = pick_best_trial(table, metric_id, goal)
+    print(
+        f"best trial {best['trial_id']} of {len(table)}: {metric_id}={best['value']:.4f} {best['parameters']}"
+    )
+    Outputs = collections.namedtuple("Outputs", ["hyperparameters", "trial_id", "value"])
+    return Outputs(best["parameters"], best["trial_id"], best["value"])
+
+
+def registry_folder(name: str) -> str:
+    """The local registry's folder for a display name: every character but ASCII letters,
+    digits, `_` and `-` as %XX of its UTF-8 bytes, so no name (`..`, `a/b`, `/abs`) leaves
+    the registry folder or lands in its root, and two names never share a folder."""
+    check_model_display_name(name)
+    safe = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+    return "".join(c if c in safe else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
+
+
+# --- the model registry, in a folder ---------------------------------------------------------
+# <registry_dir>/<model folder>/<version>/model/  the SavedModel (and its metrics.json, config.json)
+# <registry_dir>/<model folder>/<version>/version.json  labels, serving image, metrics, gate, source
+# <registry_dir>/<model folder>/aliases.json  {"default": "1", "champion": "<version>"}
+
+
+@dsl.component(
+    base_image=runtime.BASE_IMAGE,
+    install_kfp_package=False,
+    additional_funcs=[check_model_display_name, registry_folder],
+)
+def local_find_champion(registry_dir: str, model_display_name: str, alias: str = "champion") -> NamedTuple(
+    "Outputs", exists=bool, resource_name=str, resource_uri=str, champion_accuracy=float
+):
+    """Local form of `find_champion`, on the local registry folder."""
+    import collections
+    import json
+    import os
+
+    Outputs = collections.namedtuple(
+        "Outputs", ["exists", "resource_name", "resource_uri", "champion_accuracy"]
+    )
+    model_dir = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
+    aliases_path = os.path.join(model_dir, "aliases.json")
+    if not os.path.exists(aliases_path):
+        print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
+        return Outputs(False, "", "", -1.0)
+    with open(aliases_path) as f:
+        version = json.load(f).get(alias)
+    if version is None:
+        print(f"{model_display_name} has no {alias!r} version yet")
+        return Outputs(True, model_dir, model_dir, -1.0)
+    with open(os.path.join(model_dir, version, "model", "metrics.json")) as f:
+        accuracy = float(json.load(f)["test_accuracy"])
+    print(f"{model_display_name}: {alias} is version {version}, test_accuracy {accuracy:.4f}")
+    return Outputs(True, model_dir, model_dir, accuracy)
+
+
+@dsl.component(
+    base_image=runtime.BASE_IMAGE,
+    install_kfp_package=False,
+    additional_funcs=[check_model_display_name, registry_folder, prebuilt_tf_version],
+)
+def local_upload_model(
+    model: dsl.Input[dsl.Model],
+    registry_dir: str,
+    model_display_name: str,
+    serving_image: str,
+    labels: dict,
+    promote: bool,
+    gate_reason: str,
+) -> NamedTuple("Outputs", version=str, path=str, champion=bool):
+    """Local form of `ModelUploadOp` + `set_champion`: checks that the SavedModel serves
+    (`python -m trainer.serve`, its `serving_default` on test images), then registers it as the
+    next version of `model_display_name` and moves the champion alias when `promote`."""
+    import collections
+    import fcntl
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    from local import servingenv
+
+    # Serve it the way the serving image would: under the TensorFlow of Vertex's prebuilt image
+    # (2.15 by default, not the trainer's 2.21: a model that loads only under a newer TF would
+    # upload to Vertex and then fail to deploy), in an environment of its own.
+    tf_version = prebuilt_tf_version(serving_image)
+    python = str(servingenv.python_for(tf_version)) if tf_version else sys.executable
+    under = f"TensorFlow {tf_version} (its serving image's)" if tf_version else "the trainer's TensorFlow"
+    check = subprocess.run(
+        [python, "-m", "trainer.serve", "--model_dir", model.path],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if check.returncode != 0:
+        raise RuntimeError(
+            f"the model in {model.path} does not serve under {under}: {check.stderr.strip()[-2000:]}"
+        )
+    answers = [json.loads(line) for line in check.stdout.splitlines() if line.startswith("{")]
+    print(
+        f"serving check under {under}: {len(answers)} test images answered, "
+        f"e.g. {answers[0]['image']} -> {answers[0]['class_name']}"
+    )
+
+    root = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two local runs never get the same version
+        versions = [int(v) for v in os.listdir(root) if v.isdigit()]
+        version = str(max(versions, default=0) + 1)
+        staging = os.path.join(root, f".{version}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(model.path, os.path.join(staging, "model"))
+        with open(os.path.join(model.path, "metrics.json")) as f:
+            metrics = json.load(f)
+        record = {
+            "model": model_display_name,
+            "version": version,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "source_uri": model.uri,
+            "serving_image": serving_image,
+            "labels": labels,
+            "test_accuracy": metrics["test_accuracy"],
+            "gate": {"promoted": promote, "reason": gate_reason},
+            "serving_check": answers,
+        }
+        with open(os.path.join(staging, "version.json"), "w") as f:
+            json.dump(record, f, indent=1)
+        os.rename(staging, os.path.join(root, version))
+        aliases_path = os.path.join(root, "aliases.json")
+        aliases = {}
+        if os.path.exists(aliases_path):
+            with open(aliases_path) as f:
+                aliases = json.load(f)
+        aliases.setdefault("default", version)
+        if promote:
+            aliases["champion"] = version
+        with open(aliases_path + ".tmp", "w") as f:
+            json.dump(aliases, f, indent=1)
+        os.replace(aliases_path + ".tmp", aliases_path)
+    where = os.path.join(root, version)
+    print(
+        f"registered {model_display_name} version {version} at {where}" + (" (champion)" if promote else "")
+    )
+    Outputs = collections.namedtuple("Outputs", ["version", "path", "champion"])
+    return Outputs(version, where, promote)

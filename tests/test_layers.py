@@ -1,0 +1,86 @@
+"""Imports run downwards only: launch -> pipeline -> components and local; the trainer stands
+alone (started as a process). Read from the source, every import (module level or inside a
+function: component bodies import at run time)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("launch", "pipeline", "local", "components", "trainer")
+# What each layer may import of the project's own packages.
+ALLOWED = {
+    "launch": {"launch", "pipeline", "components", "local"},
+    "pipeline": {"components", "local"},
+    "local": {"local", "components"},
+    "components": {"components"},
+    "trainer": {"trainer"},
+}
+
+
+def layer_of(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def own_imports(path: Path) -> dict[str, set[str]]:
+    """Top-level project package -> the modules of it imported, for one file."""
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            top = name.split(".")[0]
+            if top in PACKAGES:
+                out.setdefault(top, set()).add(name)
+    return out
+
+
+def sources() -> list[Path]:
+    files = [ROOT / "pipeline.py"]
+    for package in ("launch", "local", "components", "trainer"):
+        files += sorted((ROOT / package).rglob("*.py"))
+    return files
+
+
+def test_every_import_runs_downwards() -> None:
+    wrong = []
+    for path in sources():
+        layer = layer_of(path)
+        for top, names in own_imports(path).items():
+            if top not in ALLOWED[layer]:
+                wrong.append(f"{path.relative_to(ROOT)} imports {sorted(names)}")
+    assert not wrong, "imports that run upwards or sideways:\n" + "\n".join(wrong)
+
+
+def test_the_trainer_never_imports_kfp_or_google_cloud() -> None:
+    for path in sorted((ROOT / "trainer").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(n.startswith(("kfp", "google.cloud", "google_cloud")) for n in names), path
+
+
+def test_no_module_imports_one_that_imports_it() -> None:
+    """No circles between the project's modules (module-level and in-function imports)."""
+    modules: dict[str, set[str]] = {}
+    for path in sources():
+        rel = path.relative_to(ROOT).with_suffix("")
+        name = ".".join(p for p in rel.parts if p != "__init__")
+        deps = set()
+        for names in own_imports(path).values():
+            deps |= names
+        modules[name] = deps
+
+    def resolve(dep: str) -> str | None:
+        while dep and dep not in modules:
+            dep = dep.rpartition(".")[0]
+        return dep or None
+
+    graph = {m: {r for d in deps if (r := resolve(d)) and r != m} for m, deps in modules.items()}
+    cycles = [(a, b) for a, deps in graph.items() for b in deps if a in graph.get(b, set())]
+    assert not cycles, f"modules importing each other: {cycles}"
