@@ -177,13 +177,15 @@ def build_archive(
 
 def build_tfds(archive: str, data_dir: str) -> dict[str, Any]:
     """Prepares `cassava` from the local archive with TFDS's own builder (no download)."""
-    from unittest import mock
+    import tempfile
 
     import tensorflow_datasets as tfds
 
+    from trainer.prepare import local_archive
+
     started = time.perf_counter()
     builder = tfds.builder("cassava", data_dir=data_dir)
-    with mock.patch.object(tfds.download.DownloadManager, "download_and_extract", lambda self, url: archive):
+    with tempfile.TemporaryDirectory() as scratch, local_archive(builder, archive, scratch):
         builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
     counts = {name: split.num_examples for name, split in builder.info.splits.items()}
     return {"splits": counts, "seconds": time.perf_counter() - started}

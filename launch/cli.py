@@ -97,7 +97,9 @@ def _artifact_path(outputs: Mapping[str, Any], name: str) -> str | None:
     return getattr(artifact, "path", None) if artifact is not None else None
 
 
-def run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout) -> int:
+def run_local(
+    args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout, verbose: bool = False
+) -> int:
     """Runs the local pipeline; writes summary.json and report.html; returns the exit status."""
     from kfp import local
 
@@ -123,7 +125,7 @@ def run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout)
         raise_on_error=False,
     )
     steps: list[kfp_local.Step] = []
-    tee = kfp_local.StepTee(screen)
+    tee = kfp_local.StepTee(screen, verbose=verbose)
     status, error = "SUCCEEDED", ""
     start = time.monotonic()
     warnings.filterwarnings("ignore", message="You may be attemping to run a task")
@@ -210,7 +212,10 @@ def run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout)
     report.write_report(run_dir / "report.html", summary, metrics, trials)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
 
-    screen.write("\n" + "\n".join(f"  {s.name:<28} {s.status:<8} {s.seconds:6.1f}s" for s in steps) + "\n")
+    if verbose:
+        screen.write(
+            "\n" + "\n".join(f"  {s.name:<28} {s.status:<8} {s.seconds:6.1f}s" for s in steps) + "\n"
+        )
     if status == "SUCCEEDED":
         m, model = summary["metrics"], summary["model"]
         screen.write(
@@ -298,7 +303,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             validate_local(args)
         except ValueError as err:
             parser.error(str(err))
-        return run_local(args, Path(ns.runs_dir))
+        return run_local(args, Path(ns.runs_dir), verbose=ns.verbose)
     from launch import submit
 
     return submit.main(ns, env, project)

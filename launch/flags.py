@@ -40,6 +40,11 @@ def build_parser(parameters: Sequence[Any]) -> argparse.ArgumentParser:
     )
     p.add_argument("--target", choices=TARGETS, default="auto", help="Where to run (default: auto).")
     p.add_argument("--runs_dir", default=RUNS_DIR, help="Local runs folder (local target).")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Local target: show every line of every step and replica (they always go to the step logs).",
+    )
     group = p.add_argument_group("pipeline parameters")
     for q in parameters:
         parse = {bool: parse_bool, list: _json_of(list), dict: _json_of(dict)}.get(q.type, q.type)

@@ -22,6 +22,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from launch import console
+
 PATCHED = "kfp.local.task_dispatcher.run_single_task_implementation"
 # The parameters of the patched function in the pinned kfp (checked by the test).
 PATCHED_PARAMETERS = (
@@ -55,8 +57,10 @@ class StepTee(io.TextIOBase):
     file; the screen gets the steps' own output (replica lines, component messages) without
     kfp.local's bookkeeping (executor input dumps, output listings)."""
 
-    def __init__(self, screen: TextIO) -> None:
+    def __init__(self, screen: TextIO, verbose: bool = True) -> None:
         self.screen = screen
+        self.verbose = verbose
+        self.open_line = False  # the step's "▶ name" line waits for its end or a first line
         self.log: TextIO | None = None
         self.step = ""
         self._buffer = ""
@@ -74,8 +78,11 @@ class StepTee(io.TextIOBase):
         while "\n" in self._buffer:
             line, self._buffer = self._buffer.split("\n", 1)
             shown = self._filter(line)
+            if shown is not None and not self.verbose:
+                shown = console.headline(shown.removeprefix(f"  {self.step}: "))
             if shown is not None:
-                self.screen.write(shown + "\n")
+                self.screen.write(("\n" if self.open_line else "") + shown + "\n")
+                self.open_line = False
                 self.screen.flush()
         return len(text)
 
@@ -129,7 +136,8 @@ def watch_steps(tee: StepTee, names: Mapping[str, str], logs: Path, steps: list[
         name = names.get(component, component.removeprefix("comp-"))
         step = Step(name, log=str(logs / f"{name}.log"))
         steps.append(step)
-        tee.screen.write(f"▶ {name}\n")
+        tee.screen.write(f"▶ {name}" + ("\n" if tee.verbose else " "))
+        tee.open_line = not tee.verbose
         tee.screen.flush()
         start = time.monotonic()
         with open(step.log, "a") as log_file:
@@ -142,7 +150,11 @@ def watch_steps(tee: StepTee, names: Mapping[str, str], logs: Path, steps: list[
         step.status = str(getattr(status, "name", status))
         step.outputs = dict(outputs or {})
         mark = "✓" if step.status == "SUCCESS" else "✗"
-        tee.screen.write(f"{mark} {name} {step.status.lower()} in {step.seconds:.1f}s\n")
+        if tee.open_line:  # nothing shown since it started: finish its line
+            tee.screen.write(f"{mark} {step.status.lower()} in {step.seconds:.1f}s\n")
+        else:
+            tee.screen.write(f"{mark} {name} {step.status.lower()} in {step.seconds:.1f}s\n")
+        tee.open_line = False
         tee.screen.flush()
         return outputs, status
 

@@ -63,7 +63,19 @@ def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tm
     runs = tmp_path / "runs"
     first = cli(runs)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-3000:]
-    assert first.stdout.splitlines()[0].startswith("make run: running the pipeline LOCALLY")
+    screen = first.stdout.splitlines()
+    assert screen[0].startswith("make run: running the pipeline LOCALLY")
+    # A console a person reads: a line per step, progress, results; the rest is in the logs.
+    assert len(screen) <= 60, first.stdout
+    for noise in ("I0000", "port.cc", "cuInit", "absl::InitializeLog", "config: {", "\x1b", "\r"):
+        assert noise not in first.stdout, noise
+    assert any(line.strip().startswith("epoch 6/6 done") for line in screen), first.stdout
+    assert any("PROMOTE: " in line for line in screen) and screen[-2].startswith("summary: ")
+    logs = runs / "latest" / "logs"
+    assert (
+        "I0000" in (logs / "train-model.log").read_text()
+        or "config: {" in (logs / "train-model.log").read_text()
+    )
     s = summary(runs)
     assert s["status"] == "SUCCEEDED" and s["target"] == "local"
     assert s["metrics"]["test_accuracy"] >= 0.9, s["metrics"]

@@ -1,0 +1,40 @@
+"""What `make run` shows on screen by default: the lines a person reads.
+
+Every line of every step goes to the step's log (`logs/<step>.log`, replica logs beside the
+job); the screen gets one line per step, and under it only its progress and results: epochs
+done, the preparation's progress, trials, restarts, the published model, the gate's decision,
+the serving image and the registration. `--verbose` shows every line as it comes (TensorFlow's
+start-up lines included); a failing step's log tail is always shown.
+"""
+
+from __future__ import annotations
+
+import re
+
+# A replica's line, as the local job runner prefixes it: "[<job> <replica>] <text>"; the trainer
+# prefixes its own lines "[<replica>] ".
+_REPLICA = re.compile(r"^\[(?P<job>[\w.-]+) (?P<replica>[a-z]+-\d+)\] (?:\[[a-z]+-\d+\] )?(?P<text>.*)$")
+_REPLICA_SHOWN = re.compile(r"^(epoch \d+/\d+ done|published |prepare: |prepared )")
+# The job runner's and the tuner's own lines: "[<job>] ..." and "[tune] ...".
+_RUNNER = re.compile(r"^\[(?P<job>[\w.-]+)\] (?P<text>.*)$")
+_RUNNER_SHOWN = re.compile(r"(restarting the whole job|^trial \d+ (started|failed|val_|[a-z_]+=))")
+# A component's own messages.
+_STEP_SHOWN = re.compile(r"^(PROMOTE: |HOLD: |registered |serving image |best trial )")
+
+
+def headline(line: str) -> str | None:
+    """The line as shown under its step, or None when it only goes to the log. `line` is a
+    step's output line with kfp.local's bookkeeping already removed."""
+    match = _REPLICA.match(line)
+    if match:
+        if match["replica"] != "chief-0" or not _REPLICA_SHOWN.match(match["text"]):
+            return None
+        job = match["job"]
+        return f"    {job + ': ' if job.startswith('trial-') else ''}{match['text']}"
+    match = _RUNNER.match(line)
+    if match:
+        if not _RUNNER_SHOWN.search(match["text"]):
+            return None
+        return f"    {match['text']}" if match["job"] == "tune" else f"    {match['job']}: {match['text']}"
+    text = line.strip()
+    return f"    {text}" if _STEP_SHOWN.match(text) else None
