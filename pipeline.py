@@ -223,6 +223,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
             "mixed_precision",
             "xla",
             "fine_tune_fraction",
+            "seed",
         )
     }
 

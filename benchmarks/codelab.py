@@ -1,4 +1,5 @@
-"""The baseline: a faithful re-implementation of the codelab's trainer (seeds 000 and 002).
+"""The baseline: a faithful re-implementation of the codelab's trainer ("Vertex AI: Multi-Worker
+Training and Transfer Learning with TensorFlow", https://codelabs.developers.google.com/vertex_multiworker_training).
 
 The codelab's `task.py`, line for line where it matters for speed:
 
@@ -26,7 +27,7 @@ epoch, but the benchmark's 1,000-image stand-in is below it and TFDS would silen
 decoded image in memory; the image size is a parameter (300 in the codelab), and
 `weights` defaults to None (no network; the codelab trains every layer either way, so the work
 per step is the same). Keras is tf-keras, as on our side (TF 2.21's `tf.keras` would be Keras 3,
-which fails under MultiWorkerMirroredStrategy: DESIGN.md fact 1).
+which fails under MultiWorkerMirroredStrategy: docs/facts.md, fact 1).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 1. A cassava-like archive: synthetic leaves (`trainer.synthetic`) at cassava's typical
    resolution (500x500 and 500x375 JPEGs, alternately) in the real archive's layout.
 2. That archive prepared by the real TFDS `cassava` builder, offline, exactly as
-   `trainer.prepare` prepares its synthetic source (DESIGN.md fact 13): a TFDS data folder
+   `trainer.prepare` prepares its synthetic source (docs/facts.md, fact 17): a TFDS data folder
    where `tfds.load('cassava', data_dir=...)` runs unchanged. The codelab's pipeline reads it.
 3. Our prepared dataset (`trainer.prepare --source tfds:cassava`) from that same TFDS folder,
    at a given image size: what our input pipeline reads. Same images, same labels.

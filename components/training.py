@@ -4,11 +4,11 @@ runner on the local target) running `python -m trainer.task`.
 Command-line contract handed to the trainer image (see `trainer_args`):
     python -m trainer.task --data_dir DATASET_URI --backbone B --weights W --image_size N
         --epochs N --learning_rate F --per_replica_batch_size N --dense_units N --dropout F
-        --mixed_precision BOOL --xla BOOL [--fine_tune_fraction F]
+        --mixed_precision BOOL --xla BOOL --seed N [--fine_tune_fraction F]
 `--model_dir`, `--checkpoint_dir` and `--tensorboard_dir` are left to their defaults, the
 AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR Vertex derives from the job's
 base output directory (per trial in a tuning job). `model_from_job` makes `<base>/model` the
-Model artifact (a component output: never an f-string into an importer, DESIGN.md fact 9).
+Model artifact (a component output: never an f-string into an importer: docs/facts.md, fact 12).
 """
 
 from typing import NamedTuple
@@ -38,6 +38,7 @@ def trainer_args(
     mixed_precision: bool,
     xla: bool,
     fine_tune_fraction: float = -1.0,
+    seed: int = 42,
     hyperparameters: dict = {},  # noqa: B006 (KFP needs a literal default)
     leave_out: list = [],  # noqa: B006
 ) -> NamedTuple("Outputs", args=list, hyperparameters=dict):
@@ -72,6 +73,7 @@ def trainer_args(
         "image_size": int(dataset.metadata["image_size"]),
         "mixed_precision": str(mixed_precision).lower(),
         "xla": str(xla).lower(),
+        "seed": seed,
         **resolved,
     }
     if fine_tune_fraction >= 0:

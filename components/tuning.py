@@ -1,5 +1,5 @@
 """Step 5, hyperparameter tuning (optional): a Vertex HyperparameterTuningJob over the trainer,
-then our own best-trial step (GCPC 2.22 has none, DESIGN.md fact 6).
+then our own best-trial step (GCPC 2.22 has none: docs/facts.md, fact 9).
 
 The study (`study_parameters`, `study_metrics`) is fixed here and serialized with GCPC's own
 `serialize_parameters`/`serialize_metrics`; trial counts and the search algorithm are pipeline
@@ -8,7 +8,7 @@ through cloudml-hypertune at the end of every epoch.
 
 `pick_best_trial` works on trials in the `aiplatform_v1.Trial` JSON form; the Vertex form
 (`best_trial`) reads them from the tuning job, the local form from the local tuner's trials
-table (`components.local`), so both pick by the same rule.
+table (`local.tuner`, read by `local.steps.local_best_trial`), so both pick by the same rule.
 """
 
 from typing import Any, NamedTuple

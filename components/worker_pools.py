@@ -1,7 +1,7 @@
 """Step 2, worker pool specs: built at run time by a typed component from pipeline parameters.
 
 Pipeline parameters placed inside a `worker_pool_specs` literal would reach the GCPC launcher as
-strings, and it rejects string int32 fields (DESIGN.md fact 8); so the specs are built here, as
+strings, and it rejects string int32 fields (docs/facts.md, fact 11); so the specs are built here, as
 data, and validated (`components.hardware.validate_machine`) before anything is submitted.
 
 Layout (what Vertex gives the containers as TF_CONFIG/CLUSTER_SPEC):
@@ -9,7 +9,7 @@ Layout (what Vertex gives the containers as TF_CONFIG/CLUSTER_SPEC):
   pool 1: `worker_count` workers (may be 0: then the job is one machine);
   pool 2: optional Reduction Server replicas (NCCL all-reduce offload; needs GPU workers).
 The same specs feed `CustomTrainingJobOp`, `HyperparameterTuningJobRunOp` and, on the local
-target, the local job runner (`components.training`).
+target, the local job runner (`local.jobs`).
 """
 
 from typing import Any, NamedTuple

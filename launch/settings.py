@@ -155,7 +155,7 @@ def load(
     caching = values.get("ENABLE_CACHING", "").lower()
     if caching == "true":
         # aiplatform's PipelineJob(enable_caching=True) rewrites every task's cachingOptions
-        # (pipeline_utils._set_enable_caching_value), the registry lookups included.
+        # (pipeline_jobs._set_enable_caching_value), the registry lookups included.
         problems.append(
             "ENABLE_CACHING='true' is not allowed: it would force caching on every step, including "
             "the Model Registry lookups whose cached answers are stale; leave it unset (each step's "

@@ -211,7 +211,7 @@ def test_ctrl_c_stops_the_run_and_every_replica(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     # Its own process group, like a terminal's foreground job: Ctrl-C signals the whole group.
     proc = subprocess.Popen(
-        cli_command(runs, "--epochs", "50"),
+        cli_command(runs, "--epochs", "50", "--verbose"),  # every replica line, to catch epoch 1's start
         cwd=ROOT,
         env=NO_PROJECT,
         stdout=subprocess.PIPE,

@@ -1,7 +1,7 @@
 """The one place TensorFlow is imported, so tf-keras (not Keras 3) is what `tf.keras` means.
 
 Keras 3 fails under MultiWorkerMirroredStrategy and its BackupAndRestore is not multi-worker
-safe (DESIGN.md fact 1); tf-keras, pinned to TensorFlow's minor version, works.
+safe (docs/facts.md, fact 1); tf-keras, pinned to TensorFlow's minor version, works.
 """
 
 import os

@@ -18,7 +18,6 @@ from typing import Any
 BACKBONES = ("resnet50", "resnet101", "efficientnet_b0", "mobilenet_v2", "tiny")
 """Backbones `--backbone` accepts; `tiny` is a small CNN for tests and fast local runs."""
 
-PRETRAINED_BACKBONES = tuple(b for b in BACKBONES if b != "tiny")
 HP_METRICS = ("val_accuracy", "val_loss", "accuracy", "loss")
 """Metrics the trainer computes every epoch, and so the only valid `--hp_metric` tags."""
 

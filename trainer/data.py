@@ -15,9 +15,9 @@ from typing import Any
 from trainer import images, storage
 from trainer._tf import tf
 from trainer.config import SPLITS
+from trainer.contract import METADATA_FILE
+from trainer.contract import METADATA_FORMAT_VERSION as FORMAT_VERSION
 
-FORMAT_VERSION = 1
-METADATA_FILE = "metadata.json"
 FEATURES = {
     "image": tf.io.FixedLenFeature([], tf.string),
     "label": tf.io.FixedLenFeature([], tf.int64),

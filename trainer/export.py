@@ -40,6 +40,6 @@ def serving_function(model: keras.Model, class_names: Sequence[str], image_size:
 
 def save(model: keras.Model, path: str, class_names: Sequence[str], image_size: int) -> None:
     """Writes the Keras SavedModel with the serving signature. Every worker must call this
-    (saving runs collectives, DESIGN.md fact 3); only the chief's `path` is kept."""
+    (saving runs collectives: docs/facts.md, fact 3); only the chief's `path` is kept."""
     serve = serving_function(model, class_names, image_size)
     model.save(path, save_format="tf", include_optimizer=False, signatures={"serving_default": serve})

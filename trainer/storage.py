@@ -17,11 +17,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from trainer._tf import tf
+from trainer.contract import METADATA_FILE, SAVED_MODEL_FILE
 
 GCS_FUSE_ROOT = "/gcs/"
 
 # Written last when publishing, so their presence means the folder is complete.
-COMPLETION_FILES = ("saved_model.pb", "metadata.json")
+COMPLETION_FILES = (SAVED_MODEL_FILE, METADATA_FILE)
 
 
 def resolve(path: str) -> str:

@@ -16,7 +16,6 @@ import numpy as np
 
 CASSAVA_CLASSES = ("cbb", "cbsd", "cgm", "cmd", "healthy")
 ARCHIVE_FOLDER = "cassavaleafdata"
-SPLIT_FOLDERS = ("train", "validation", "test")
 
 Image = np.ndarray
 

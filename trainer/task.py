@@ -19,12 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainer.config import STATE_FIELDS, TrainConfig, parse_args
+from trainer.contract import CONFIG_FILE, HISTORY_FILE, METRICS_FILE, STATE_FILE
 from trainer.distribute import ClusterInfo, cluster_from_tf_config
-
-METRICS_FILE = "metrics.json"
-CONFIG_FILE = "config.json"
-STATE_FILE = "run_state.json"
-HISTORY_FILE = "history.json"
 
 
 def run(

@@ -178,6 +178,7 @@ def test_trainer_args_apply_the_best_trial_and_leave_out_tuned_flags() -> None:
         "--image_size=64",
         "--mixed_precision=false",
         "--xla=false",
+        "--seed=42",  # the pipeline's seed reaches training, not only the split carving
         "--learning_rate=0.003",
         "--per_replica_batch_size=16",
         "--dense_units=64",
@@ -192,8 +193,9 @@ def test_trainer_args_apply_the_best_trial_and_leave_out_tuned_flags() -> None:
     assert tuned.hyperparameters["dense_units"] == 256 and isinstance(
         tuned.hyperparameters["dense_units"], int
     )
-    trial = trainer_args(leave_out=["learning_rate", "dropout"], fine_tune_fraction=0.5)
+    trial = trainer_args(leave_out=["learning_rate", "dropout"], fine_tune_fraction=0.5, seed=7)
     assert not any(a.startswith(("--learning_rate", "--dropout")) for a in trial.args)
+    assert "--seed=7" in trial.args
     assert "--fine_tune_fraction=0.5" in trial.args
 
 

@@ -43,7 +43,7 @@ def vertex(monkeypatch: pytest.MonkeyPatch) -> Iterator[RestFake]:
         return 200, {**body, "name": "projects/p-proj/locations/us-central1/schedules/77", "state": "ACTIVE"}
 
     # submit() first probes the pipeline-root bucket's owner through Resource Manager (no fake of
-    # that service here): record the probe instead (DESIGN.md fact 10).
+    # that service here): record the probe instead (docs/facts.md, fact 13).
     from google.cloud.aiplatform.utils import gcs_utils
 
     probes: list[str] = []

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from trainer import data
+from trainer import contract, data
 from trainer._tf import tf
 
 
@@ -74,3 +75,13 @@ def test_file_sharding_gives_workers_disjoint_examples(
 def test_missing_metadata_names_the_folder_and_the_fix(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"must be a folder written by `python -m trainer\.prepare`"):
         data.load_metadata(str(tmp_path))
+
+
+def test_prepared_metadata_has_exactly_the_declared_keys(synthetic_dir: Path) -> None:
+    """What trainer.prepare writes is what trainer.contract declares (and tests/test_contracts.py
+    checks every reader against)."""
+    written = json.loads((synthetic_dir / contract.METADATA_FILE).read_text())
+    assert sorted(written) == sorted(contract.METADATA_KEYS)
+    assert written["format_version"] == contract.METADATA_FORMAT_VERSION == data.FORMAT_VERSION
+    for split in ("train", "validation", "test"):
+        assert sorted(set(written["splits"][split]) - {"carved_from"}) == sorted(contract.METADATA_SPLIT_KEYS)

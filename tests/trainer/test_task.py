@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import FAST_TRAIN_FLAGS
 from tests.processes import ROOT, tail, trainer_env
-from trainer import synthetic
+from trainer import contract, synthetic
 from trainer.config import parse_args
 
 
@@ -55,6 +55,11 @@ def test_single_machine_run_publishes_model_metrics_and_config(trained: dict[str
     assert matrix.shape == (5, 5) and matrix.sum() == metrics["test_examples"] == 100
     assert np.trace(matrix) / matrix.sum() == pytest.approx(metrics["test_accuracy"])
     assert metrics["class_names"] == list(synthetic.CASSAVA_CLASSES)
+    # What trainer.contract declares (and tests/test_contracts.py checks every reader against).
+    assert (sorted(metrics), sorted(metrics["confusion_matrix"])) == (
+        sorted(contract.METRICS_KEYS),
+        sorted(contract.CONFUSION_MATRIX_KEYS),
+    )
     assert json.loads((model_dir / "config.json").read_text()) == trained["config"].to_dict()
     # The checkpoint and log folders default beside the model, never inside it.
     assert (trained["out"] / "model_checkpoints" / "history.json").exists()
