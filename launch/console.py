@@ -19,7 +19,7 @@ _REPLICA_SHOWN = re.compile(r"^(epoch \d+/\d+ done|published |prepare: |prepared
 _RUNNER = re.compile(r"^\[(?P<job>[\w.-]+)\] (?P<text>.*)$")
 _RUNNER_SHOWN = re.compile(r"(restarting the whole job|^trial \d+ (started|failed|val_|[a-z_]+=))")
 # A component's own messages.
-_STEP_SHOWN = re.compile(r"^(PROMOTE: |HOLD: |registered |serving image |best trial )")
+_STEP_SHOWN = re.compile(r"^(PROMOTE: |HOLD: |registered |serving image |best trial |making the TensorFlow )")
 
 
 def headline(line: str) -> str | None:
