@@ -1,11 +1,13 @@
 """The pipeline: the DAG and nothing else.
 
-    image build -> prepare dataset -> [tune -> best trial] -> train -> evaluate + gate
-        -> upload a new model version -> [move the champion alias]
+    image build -> prepare dataset -> same task as the champion? -> [tune -> best trial]
+        -> train -> evaluate + gate -> upload a new model version -> [move the champion alias]
 
-`create_pipeline("vertex")` wires the Google Cloud Pipeline Components (compiled to
-`compiled/pipeline.json` by `make compile`); `create_pipeline("local")` wires the same DAG with
-the local stand-ins that take the same specs (run by `make run` with no project configured).
+`create_pipeline("vertex")` wires the Google Cloud Pipeline Components (compiled by
+`make compile` to `compiled/pipeline.json`, and with the failure e-mail exit handler to
+`compiled/pipeline-notify.json`); `create_pipeline("local")` wires the same DAG with the local
+stand-ins of `local.steps`, which take the same specs (run by `make run` with no project
+configured). The steps that differ are looked up in `BACKENDS`, one entry per target.
 Every parameter, its type, its defaults and its help live once, in `PARAMETERS`: the compiled
 spec, the local run's flags and the docs are all generated from it.
 """
@@ -266,13 +268,24 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         base_output_directory=prep_pools.outputs["base_output_directory"]
     ).after(prep_job)
 
-    # 4-5. Tuning (optional), then the final multi-worker training.
+    # The champion, read before any training: a run whose dataset is of another task (other
+    # class names, or the same in another order) than the champion's is refused here, not after
+    # hours of training (the gate refuses it too).
+    champion = _uncached(steps.find_champion(where, p), "find-champion")
+    same_task = registry.check_same_task(
+        dataset=dataset.outputs["dataset"],
+        champion_class_names=champion.outputs["class_names"],
+        model_display_name=p["model_display_name"],
+    ).set_display_name("check-same-task")
+
+    # 4-5. Tuning (optional), then the final multi-worker training, both after the check.
     with dsl.If(p["tune"] == True, name="tuning-enabled"):  # noqa: E712 (a KFP condition)
         tune_args = training.trainer_args(
             dataset=dataset.outputs["dataset"],
             **model_flags,
             leave_out=[str(s["parameter_id"]) for s in tuning.study_parameters()],
         ).set_display_name("tuning-trainer-args")
+        tune_args.after(same_task)
         tune_pools = worker_pools.worker_pool_specs(
             image_uri=image_uri,
             command=training.TRAIN_COMMAND,
@@ -289,6 +302,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         **model_flags,
         hyperparameters=dsl.OneOf(best_hyperparameters, no_tuning.output),
     ).set_display_name("training-trainer-args")
+    train_args.after(same_task)
     train_pools = worker_pools.worker_pool_specs(
         image_uri=image_uri,
         command=training.TRAIN_COMMAND,
@@ -309,7 +323,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         train_job
     )
 
-    # 6-7. Gate against the champion, upload a new version, move the alias when it passed.
+    # 6-7. Gate against the champion (read above), upload a new version, move the alias when it passed.
     settings = registry.upload_settings(
         location=p["location"],
         serving_image=p["serving_image"],
@@ -320,7 +334,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         source_commit=p["source_commit"],
         pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
     )
-    steps.registry(where, p, model, settings)
+    steps.registry(where, p, model, settings, champion)
 
 
 def _vertex_image(p: dict[str, Any]) -> dsl.PipelineTask:
@@ -412,20 +426,36 @@ def _local_tuning(where: dict[str, Any], p: dict[str, Any], pools: dsl.PipelineT
     return best.set_display_name("best-trial").outputs["hyperparameters"]
 
 
+def _vertex_find_champion(where: dict[str, Any], p: dict[str, Any]) -> dsl.PipelineTask:
+    return registry.find_champion(**where, model_display_name=p["model_display_name"])
+
+
+def _local_find_champion(where: dict[str, Any], p: dict[str, Any]) -> dsl.PipelineTask:
+    return local_steps.local_find_champion(
+        registry_dir=p["registry_dir"], model_display_name=p["model_display_name"]
+    )
+
+
+def _gate(p: dict[str, Any], model: dsl.PipelineTask, champion: dsl.PipelineTask) -> dsl.PipelineTask:
+    return evaluation.evaluate_model(
+        model=model.outputs["model"],
+        min_accuracy=p["min_accuracy"],
+        champion_accuracy=champion.outputs["champion_accuracy"],
+        champion_class_names=champion.outputs["class_names"],
+    )
+
+
 def _vertex_registry(
-    where: dict[str, Any], p: dict[str, Any], model: dsl.PipelineTask, settings: dsl.PipelineTask
+    where: dict[str, Any],
+    p: dict[str, Any],
+    model: dsl.PipelineTask,
+    settings: dsl.PipelineTask,
+    champion: dsl.PipelineTask,
 ) -> None:
     from google_cloud_pipeline_components.types.artifact_types import UnmanagedContainerModel, VertexModel
     from google_cloud_pipeline_components.v1.model import ModelUploadOp
 
-    champion = _uncached(
-        registry.find_champion(**where, model_display_name=p["model_display_name"]), "find-champion"
-    )
-    gate = evaluation.evaluate_model(
-        model=model.outputs["model"],
-        min_accuracy=p["min_accuracy"],
-        champion_accuracy=champion.outputs["champion_accuracy"],
-    )
+    gate = _gate(p, model, champion)
     unmanaged = dsl.importer(
         artifact_uri=model.outputs["model_uri"],
         artifact_class=UnmanagedContainerModel,
@@ -455,19 +485,13 @@ def _vertex_registry(
 
 
 def _local_registry(
-    where: dict[str, Any], p: dict[str, Any], model: dsl.PipelineTask, settings: dsl.PipelineTask
+    where: dict[str, Any],
+    p: dict[str, Any],
+    model: dsl.PipelineTask,
+    settings: dsl.PipelineTask,
+    champion: dsl.PipelineTask,
 ) -> None:
-    champion = _uncached(
-        local_steps.local_find_champion(
-            registry_dir=p["registry_dir"], model_display_name=p["model_display_name"]
-        ),
-        "find-champion",
-    )
-    gate = evaluation.evaluate_model(
-        model=model.outputs["model"],
-        min_accuracy=p["min_accuracy"],
-        champion_accuracy=champion.outputs["champion_accuracy"],
-    )
+    gate = _gate(p, model, champion)
     upload = local_steps.local_upload_model(
         model=model.outputs["model"],
         registry_dir=p["registry_dir"],
@@ -487,12 +511,18 @@ class Backend:
     build_image: Callable[[dict[str, Any]], dsl.PipelineTask]
     custom_job: Callable[..., dsl.PipelineTask]
     tuning: Callable[[dict[str, Any], dict[str, Any], dsl.PipelineTask], Any]
-    registry: Callable[[dict[str, Any], dict[str, Any], dsl.PipelineTask, dsl.PipelineTask], None]
+    find_champion: Callable[[dict[str, Any], dict[str, Any]], dsl.PipelineTask]
+    # (where, parameters, model-from-job, upload-settings, find-champion)
+    registry: Callable[
+        [dict[str, Any], dict[str, Any], dsl.PipelineTask, dsl.PipelineTask, dsl.PipelineTask], None
+    ]
 
 
 BACKENDS = {
-    "vertex": Backend(_vertex_image, _vertex_custom_job, _vertex_tuning, _vertex_registry),
-    "local": Backend(_local_image, _local_custom_job, _local_tuning, _local_registry),
+    "vertex": Backend(
+        _vertex_image, _vertex_custom_job, _vertex_tuning, _vertex_find_champion, _vertex_registry
+    ),
+    "local": Backend(_local_image, _local_custom_job, _local_tuning, _local_find_champion, _local_registry),
 }
 
 

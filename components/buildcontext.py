@@ -3,9 +3,14 @@ this module inside the KFP runtime, where `kfp.dsl` has no decorators)."""
 
 from __future__ import annotations
 
+import fnmatch
 import gzip
 import io
 import os
+import re
+import stat
+import subprocess
+import sys
 import tarfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -45,22 +50,221 @@ def tarball_members(data: bytes) -> list[tuple[str, bytes]]:
     return out
 
 
+# Names that look like secrets, matched case-insensitively against a file's own name. Such a file
+# is refused, not silently left out: something meant it to be in the context, and a person
+# should decide where it goes. .dockerignore excludes the same names for a plain `docker build`.
+SECRET_NAMES = (
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    ".env",
+    ".env.*",
+    "*credentials*.json",
+    "*service-account*.json",
+    "*service_account*.json",
+    ".netrc",
+    ".npmrc",
+    ".pypirc",
+    ".git-credentials",
+)
+# Content that looks like a secret, whatever the file is called: (what it is, patterns that
+# must all be found).
+_SECRET_CONTENT = (
+    ("a Google service-account key", (rb'"type"\s*:\s*"service_account"', rb'"private_key"')),
+    ("a PEM private key", (rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----",)),
+)
+# Git's variables that would point it at another repository than the checkout's own.
+_GIT_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR")
+
+
 def context_members(root: str | os.PathLike[str]) -> Iterator[tuple[str, bytes]]:
-    """The build context of a checkout, as (relative path, content), caches left out."""
-    base = Path(root)
-    missing = [name for name in (*CONTEXT_FILES, *CONTEXT_DIRS) if not (base / name).exists()]
+    """The build context of a checkout, as (relative path, content), in path order.
+
+    In a git checkout the context is the files git tracks (`git ls-files`) among CONTEXT_FILES
+    and below CONTEXT_DIRS, as they are in the working tree; files git does not track are left
+    out, and named in one line on stderr when git does not ignore them (a module not yet
+    `git add`ed is missing from the image). Where `root` is not a git checkout (Cloud Build hands
+    its steps the source without .git; an unpacked tarball) or git is not installed, every file
+    below CONTEXT_DIRS is taken instead, with the same rules:
+
+    - caches (`__pycache__/`, `*.pyc`, `*.pyo`) are left out, as .dockerignore does;
+    - a symlink is never followed out of the checkout: one whose target resolves outside it is
+      refused. One whose target is itself a member of the context is taken with that file's
+      content (the tarball holds regular files only); any other symlink (to a folder, to a file
+      outside the context or left out of it, dangling) is refused, as is a path that goes
+      through a symlinked folder;
+    - anything that is not a regular file where a file is expected (a folder named like a file,
+      a FIFO, a socket, a device) is refused;
+    - a file whose name matches SECRET_NAMES, or whose content looks like a Google
+      service-account key or a PEM private key, is refused.
+
+    A refusal is a ValueError naming every offending file and what to do, raised before the
+    first member is yielded, so nothing is packed or uploaded."""
+    yield from _collect(Path(root))
+
+
+def _collect(base: Path) -> list[tuple[str, bytes]]:
+    missing = [name for name in (*CONTEXT_FILES, *CONTEXT_DIRS) if not os.path.lexists(base / name)]
     if missing:
         raise ValueError(
             f"build context {base} lacks {', '.join(missing)}; it needs {', '.join(CONTEXT_FILES)} "
             f"and the folders {', '.join(CONTEXT_DIRS)}/"
         )
-    for name in CONTEXT_FILES:
-        yield name, (base / name).read_bytes()
+    problems: list[str] = []
     for folder in CONTEXT_DIRS:
-        for path in sorted((base / folder).rglob("*")):
-            rel = path.relative_to(base)
-            if path.is_file() and not set(rel.parts) & set(_SKIP_PARTS) and path.suffix not in _SKIP_SUFFIXES:
-                yield rel.as_posix(), path.read_bytes()
+        if os.path.islink(base / folder) or not (base / folder).is_dir():
+            problems.append(f"{folder}: must be a folder in the checkout (not a file, not a symlink)")
+    if problems:
+        raise _refusal(base, problems)
+
+    tracked = _git_files(base, "--cached")
+    names: Iterable[str]
+    if tracked is None:
+        names = _walk(base)
+    else:
+        untracked_files = [n for n in CONTEXT_FILES if n not in tracked]
+        if untracked_files:
+            raise ValueError(
+                f"build context {base}: {', '.join(untracked_files)} not tracked by git; the context "
+                f"is what git tracks, so `git add` {'it' if len(untracked_files) == 1 else 'them'}"
+            )
+        names = tracked
+        untracked = sorted(n for n in _git_files(base, "--others", "--exclude-standard") or () if _kept(n))
+        if untracked:
+            shown = ", ".join(untracked[:10]) + (
+                f" and {len(untracked) - 10} more" if len(untracked) > 10 else ""
+            )
+            print(
+                f"build context {base}: left out {len(untracked)} file(s) git does not track: {shown}"
+                " (`git add` what the image needs)",
+                file=sys.stderr,
+            )
+
+    real_base = os.path.realpath(base)
+    files: dict[str, bytes] = {}
+    links: dict[str, str] = {}  # symlink -> its target, relative to the checkout
+    for name in sorted(n for n in names if _kept(n)):
+        path = base / name
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            continue  # tracked, but deleted in the working tree: not in the context
+        real = os.path.realpath(path)
+        inside = real == real_base or real.startswith(real_base.rstrip(os.sep) + os.sep)
+        if stat.S_ISLNK(mode):
+            if not inside:
+                problems.append(
+                    f"{name}: a symlink to {real}, outside the checkout; symlinks are never followed "
+                    "out of it: put the file itself in the checkout or remove the link"
+                )
+            else:
+                links[name] = Path(os.path.relpath(real, real_base)).as_posix()
+        elif os.path.normcase(real) != os.path.normcase(os.path.join(real_base, name)):
+            problems.append(
+                f"{name}: its path goes through a symlinked folder (to {real}); "
+                "put the folder itself in the checkout or remove the link"
+            )
+        elif not stat.S_ISREG(mode):
+            problems.append(
+                f"{name}: not a regular file ({_kind(mode)}); the context holds files only: remove "
+                "it or move it out of the context"
+            )
+        else:
+            files[name] = path.read_bytes()
+    for name, target in links.items():
+        if target in files:
+            files[name] = files[target]
+        else:
+            problems.append(
+                f"{name}: a symlink to {target}, which is not itself a file of the build context; "
+                "put the file itself there or remove the link"
+            )
+
+    for name, data in sorted(files.items()):
+        problem = _secret(name, data)
+        if problem:
+            target = f" (the symlink's target {links[name]})" if name in links else ""
+            problems.append(
+                f"{name}{target}: {problem}; secrets must never reach the image: remove it, or move it "
+                "out of the context (and out of git: `git rm --cached`), and pass it at run time instead"
+            )
+    if problems:
+        raise _refusal(base, problems)
+    return sorted(files.items())
+
+
+def _kept(name: str) -> bool:
+    """Whether a context path survives the cache rules .dockerignore also has."""
+    parts = name.split("/")
+    return not set(parts) & set(_SKIP_PARTS) and not parts[-1].endswith(_SKIP_SUFFIXES)
+
+
+def _git_files(base: Path, *which: str) -> set[str] | None:
+    """`git ls-files -z` for the context's paths, relative to `base`; None where `base` is not in
+    a git checkout or git is not installed."""
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV}
+    env["LC_ALL"] = "C"  # git's messages untranslated: "not a git repository" is looked for
+    specs = [*CONTEXT_FILES, *(f"{d}/" for d in CONTEXT_DIRS)]
+    cmd = ["git", "--literal-pathspecs", "-C", str(base), "ls-files", "-z", *which, "--", *specs]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, env=env, check=False)
+    except OSError:  # no git here: the source is all there is
+        return None
+    if proc.returncode != 0:
+        error = proc.stderr.decode(errors="replace").strip()
+        if "not a git repository" in error:
+            return None
+        raise ValueError(f"build context {base}: `git ls-files` failed: {error}")
+    listed = {os.fsdecode(n) for n in proc.stdout.split(b"\0") if n}
+    # A pathspec `Dockerfile` also matches `Dockerfile/x`: keep exactly the context's paths.
+    return {n for n in listed if n in CONTEXT_FILES or n.startswith(tuple(f"{d}/" for d in CONTEXT_DIRS))}
+
+
+def _walk(base: Path) -> list[str]:
+    """Every non-folder path below CONTEXT_DIRS (symlinked folders included, not followed)."""
+    names = list(CONTEXT_FILES)
+    for folder in CONTEXT_DIRS:
+        for top, dirs, filenames in os.walk(base / folder, followlinks=False):
+            rel = Path(top).relative_to(base).as_posix()
+            names += [f"{rel}/{d}" for d in dirs if os.path.islink(os.path.join(top, d))]
+            dirs[:] = sorted(
+                d for d in dirs if d not in _SKIP_PARTS and not os.path.islink(os.path.join(top, d))
+            )
+            names += [f"{rel}/{f}" for f in filenames]
+    return names
+
+
+def _kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((kind for test, kind in kinds if test(mode)), "not a file")
+
+
+def _secret(name: str, data: bytes) -> str:
+    """Why `name` looks like a secret, or "" where it does not."""
+    base = name.rsplit("/", 1)[-1].lower()
+    matched = [p for p in SECRET_NAMES if fnmatch.fnmatchcase(base, p)]
+    if matched:
+        return f"its name looks like a secret ({matched[0]})"
+    for what, patterns in _SECRET_CONTENT:
+        if all(re.search(p, data) for p in patterns):
+            return f"its content looks like {what}"
+    return ""
+
+
+def _refusal(base: Path, problems: list[str]) -> ValueError:
+    lines = "\n".join(f"  - {p}" for p in problems)
+    return ValueError(f"build context {base}: refusing to pack it, nothing was uploaded:\n{lines}")
 
 
 def write_context_tarball(root: str | os.PathLike[str], out: io.BufferedIOBase | str) -> str:

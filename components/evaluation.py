@@ -3,8 +3,10 @@
 Reads the trainer's `metrics.json` (written by the chief beside the SavedModel, from the
 reloaded model on the test split), logs `dsl.Metrics` and the confusion matrix as
 `dsl.ClassificationMetrics` so the Vertex console draws them, and decides whether the new model
-may become the champion: test accuracy at least `min_accuracy` and not below the current
-champion's (`champion_accuracy` < 0: there is none).
+may become the champion: trained for the champion's task (the same class names in the same
+order, `components.registry.task_mismatch`; the run was already refused before training
+otherwise, this is belt and braces), test accuracy at least `min_accuracy` and not below the
+current champion's (`champion_accuracy` < 0: there is none).
 """
 
 from typing import NamedTuple
@@ -12,6 +14,7 @@ from typing import NamedTuple
 from kfp import dsl
 
 from components import runtime
+from components.registry import task_mismatch
 from components.runtime import fuse_path
 
 # The keys of the trainer's metrics.json `evaluate_model` reads. The trainer declares what it
@@ -25,18 +28,23 @@ METRICS_READ = (
     "images_per_second",
     "epochs_completed",
     "confusion_matrix",
+    "class_names",
 )
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[fuse_path])
+@dsl.component(
+    base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[fuse_path, task_mismatch]
+)
 def evaluate_model(
     model: dsl.Input[dsl.Model],
     min_accuracy: float,
     champion_accuracy: float,
+    champion_class_names: list,
     metrics: dsl.Output[dsl.Metrics],
     confusion: dsl.Output[dsl.ClassificationMetrics],
 ) -> NamedTuple("Outputs", promote=bool, test_accuracy=float, reason=str):
-    """Logs the model's metrics and returns the gate's decision and its reason."""
+    """Logs the model's metrics and returns the gate's decision and its reason.
+    `champion_class_names` ([] when there is no champion) must be the model's class names."""
     import collections
     import json
     import os
@@ -53,7 +61,10 @@ def evaluate_model(
     confusion.log_confusion_matrix(list(cm["labels"]), [[int(c) for c in row] for row in cm["matrix"]])
 
     accuracy = float(m["test_accuracy"])
-    if accuracy < min_accuracy:
+    other_task = task_mismatch(m["class_names"], champion_class_names)
+    if other_task:
+        promote, reason = False, f"not comparable with the champion: {other_task}"
+    elif accuracy < min_accuracy:
         promote, reason = False, f"test accuracy {accuracy:.4f} is below min_accuracy {min_accuracy:.4f}"
     elif champion_accuracy >= 0 and accuracy < champion_accuracy:
         promote, reason = (

@@ -2,10 +2,16 @@
 moves only when the gate passes.
 
 Vertex form: `find_champion` looks the model up by display name (its parent, when it exists,
-and the champion's test accuracy from the metrics.json beside its SavedModel); the pipeline
-uploads with GCPC's `ModelUploadOp` from an `UnmanagedContainerModel` (importer) carrying the
-prebuilt TensorFlow serving image (`serving_container_uri`); `set_champion` moves the alias.
-Local form: `local_find_champion` and `local_upload_model` keep the same shape in a folder.
+and the champion's test accuracy and class names from the metrics.json beside its SavedModel);
+`check_same_task` refuses, before any training, a dataset whose class names are not the
+champion's; the pipeline uploads with GCPC's `ModelUploadOp` from an `UnmanagedContainerModel`
+(importer) carrying the prebuilt TensorFlow serving image (`serving_container_uri`);
+`set_champion` moves the alias. Local form: `local_find_champion` and `local_upload_model` keep
+the same shape in a folder.
+
+A model is only ever compared with, and may only replace, a champion trained for the same task:
+the same class names in the same order (`task_mismatch`). Otherwise a one-class folder, whose
+test accuracy is trivially 1.0, would take the alias from a five-class champion.
 """
 
 from collections.abc import Mapping
@@ -18,7 +24,7 @@ from components import runtime
 # The keys of the trainer's metrics.json `find_champion` reads (the champion's). The trainer
 # declares what it writes in trainer/contract.py, which components cannot import (they run
 # without the trainer); tests/test_contracts.py checks this list against it and the code below.
-METRICS_READ = ("test_accuracy",)
+METRICS_READ = ("test_accuracy", "class_names")
 
 
 # Vertex AI's prebuilt TensorFlow 2 prediction images that exist, newest first: Google's
@@ -116,6 +122,30 @@ def check_registry_parameters(values: Mapping[str, Any]) -> None:
     )
 
 
+def task_mismatch(class_names: list, champion_class_names: list, model_display_name: str = "") -> str:
+    """Why a model trained on `class_names` may be neither compared with nor replace the champion
+    trained on `champion_class_names`; "" when it may (no champion: `[]`, or the same class names
+    in the same order). The check before training and the gate both use it."""
+    new = [str(c) for c in class_names]
+    old = [str(c) for c in champion_class_names]
+    if not old or new == old:
+        return ""
+    if sorted(new) == sorted(old):
+        how = "the same class names in another order (a label index would mean another class)"
+    else:
+        how = f"{len(new)} class(es) against the champion's {len(old)}"
+        missing, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+        if missing or extra:
+            how += f"; missing {missing}, extra {extra}"
+    model = f" of {model_display_name!r}" if model_display_name else ""
+    return (
+        f"this run's dataset has the classes {new} but the champion{model} was trained on {old}: "
+        f"{how}. A model may only be compared with, and replace, a champion trained for the same "
+        "task (the same class names in the same order). To train for a different task, use another "
+        "model_display_name; to retrain this one, use a dataset with the champion's classes."
+    )
+
+
 def label_value(value: str) -> str:
     """A string as a Vertex label value: lowercase letters, digits, _ and -, at most 63."""
     import re
@@ -168,10 +198,12 @@ def upload_settings(
 )
 def find_champion(
     project: str, location: str, model_display_name: str, alias: str = "champion"
-) -> NamedTuple("Outputs", exists=bool, resource_name=str, resource_uri=str, champion_accuracy=float):
-    """The registry's model named `model_display_name` (the parent of the new version) and the
-    test accuracy of its `alias` version (-1 when the model or the alias does not exist yet).
-    Fails when two models share the name: the parent would be ambiguous."""
+) -> NamedTuple(
+    "Outputs", exists=bool, resource_name=str, resource_uri=str, champion_accuracy=float, class_names=list
+):
+    """The registry's model named `model_display_name` (the parent of the new version), and the
+    test accuracy and class names of its `alias` version (-1 and [] when the model or the alias
+    does not exist yet). Fails when two models share the name: the parent would be ambiguous."""
     import collections
     import json
     import re
@@ -181,7 +213,7 @@ def find_champion(
     from google.cloud import aiplatform_v1
 
     Outputs = collections.namedtuple(
-        "Outputs", ["exists", "resource_name", "resource_uri", "champion_accuracy"]
+        "Outputs", ["exists", "resource_name", "resource_uri", "champion_accuracy", "class_names"]
     )
     endpoint = f"{location}-aiplatform.googleapis.com"
     client = aiplatform_v1.ModelServiceClient(client_options={"api_endpoint": endpoint})
@@ -195,7 +227,7 @@ def find_champion(
     )
     if not found:
         print(f"no model named {model_display_name!r} yet: the upload creates it")
-        return Outputs(False, "", "", -1.0)
+        return Outputs(False, "", "", -1.0, [])
     if len(found) > 1:
         names = ", ".join(m.name for m in found)
         raise RuntimeError(
@@ -207,28 +239,94 @@ def find_champion(
         champion = client.get_model(name=f"{parent}@{alias}")
     except exceptions.NotFound:
         print(f"{parent} has no {alias!r} version yet")
-        return Outputs(True, parent, uri, -1.0)
+        return Outputs(True, parent, uri, -1.0, [])
     match = re.match(r"^gs://([^/]+)/(.*?)/?$", champion.artifact_uri)
     if not match:
         raise RuntimeError(f"champion {champion.name}@{champion.version_id} has no gs:// artifact_uri")
     blob = storage.Client(project=project).bucket(match.group(1)).blob(f"{match.group(2)}/metrics.json")
-    accuracy = float(json.loads(blob.download_as_bytes())["test_accuracy"])
-    print(f"{parent}: {alias} is version {champion.version_id}, test_accuracy {accuracy:.4f}")
-    return Outputs(True, parent, uri, accuracy)
+    champion_metrics = json.loads(blob.download_as_bytes())
+    accuracy = float(champion_metrics["test_accuracy"])
+    class_names = [str(c) for c in champion_metrics["class_names"]]
+    print(
+        f"{parent}: {alias} is version {champion.version_id}, test_accuracy {accuracy:.4f}, "
+        f"classes {class_names}"
+    )
+    return Outputs(True, parent, uri, accuracy, class_names)
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
-def set_champion(project: str, location: str, model: dsl.Input[dsl.Artifact], alias: str = "champion") -> str:
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[task_mismatch])
+def check_same_task(
+    dataset: dsl.Input[dsl.Dataset], champion_class_names: list, model_display_name: str
+) -> list:
+    """Refuses the run before any training when the prepared dataset's class names (the Dataset
+    artifact's metadata, from its metadata.json) are not the champion's, in the same order: the
+    model could neither be compared with the champion nor replace it. Returns the class names."""
+    class_names = [str(c) for c in dataset.metadata["class_names"]]
+    why = task_mismatch(class_names, champion_class_names, model_display_name)
+    if why:
+        raise ValueError(why)
+    if champion_class_names:
+        print(f"dataset classes {class_names}: the champion's, in the same order")
+    else:
+        print(f"dataset classes {class_names}: no champion yet")
+    return class_names
+
+
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[task_mismatch])
+def set_champion(
+    project: str, location: str, model: dsl.Input[dsl.Artifact], alias: str = "champion"
+) -> NamedTuple("Outputs", moved=bool, reason=str):
     """Moves `alias` to the uploaded version (`model` is ModelUploadOp's VertexModel output,
-    whose resourceName is `projects/.../models/ID@VERSION`). Returns that versioned name."""
+    whose resourceName is `projects/.../models/ID@VERSION`), after reading the champion again:
+    `find-champion` ran when this run started, and another run may have registered a better
+    model of this task since. The alias moves only when the new version is still at least as
+    good as the champion now (test accuracy, from each version's metrics.json) and of the same
+    task (`task_mismatch`); otherwise it stays, and the reason is returned."""
+    import collections
+    import json
+    import re
+
+    import google.cloud.storage as storage
+    from google.api_core import exceptions
     from google.cloud import aiplatform_v1
 
+    Outputs = collections.namedtuple("Outputs", ["moved", "reason"])
     name = model.metadata["resourceName"]
     if "@" not in name:
         raise ValueError(f"expected a versioned model name (...@VERSION), got {name!r}")
+    parent = name.split("@")[0]
     client = aiplatform_v1.ModelServiceClient(
         client_options={"api_endpoint": f"{location}-aiplatform.googleapis.com"}
     )
+
+    def metrics_of(version: aiplatform_v1.Model) -> dict:
+        match = re.match(r"^gs://([^/]+)/(.*?)/?$", version.artifact_uri)
+        if not match:
+            raise RuntimeError(f"{version.name}@{version.version_id} has no gs:// artifact_uri")
+        blob = storage.Client(project=project).bucket(match.group(1)).blob(f"{match.group(2)}/metrics.json")
+        return json.loads(blob.download_as_bytes())
+
+    new = metrics_of(client.get_model(name=name))
+    try:
+        current = client.get_model(name=f"{parent}@{alias}")
+    except exceptions.NotFound:
+        current = None
+    if current is not None and f"{parent}@{current.version_id}" != name:
+        champion = metrics_of(current)
+        mismatch = task_mismatch(list(new["class_names"]), list(champion["class_names"]))
+        if mismatch:
+            reason = f"{alias} stays on version {current.version_id}: {mismatch}"
+            print(reason)
+            return Outputs(False, reason)
+        if float(new["test_accuracy"]) < float(champion["test_accuracy"]):
+            reason = (
+                f"{alias} stays on version {current.version_id}: its test accuracy "
+                f"{float(champion['test_accuracy']):.4f} (registered since this run looked) is above "
+                f"this version's {float(new['test_accuracy']):.4f}"
+            )
+            print(reason)
+            return Outputs(False, reason)
     updated = client.merge_version_aliases(name=name, version_aliases=[alias])
-    print(f"{alias} -> {name} (aliases now {list(updated.version_aliases)})")
-    return name
+    reason = f"{alias} -> {name} (aliases now {list(updated.version_aliases)})"
+    print(reason)
+    return Outputs(True, reason)

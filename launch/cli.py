@@ -98,6 +98,28 @@ def validate_local(args: Mapping[str, Any]) -> None:
     for name in ("epochs", "per_replica_batch_size", "image_size", "dataset_shards", "max_trial_count"):
         if args[name] < 1:
             raise ValueError(f"{name} must be >= 1, got {args[name]}")
+    # The registry folder is written only by the last step (upload-model): check now that it is a
+    # folder this run can write (or create), not after the whole run.
+    import tempfile
+
+    registry_dir = Path(args["registry_dir"])
+    if registry_dir.exists() and not registry_dir.is_dir():
+        raise ValueError(f"registry_dir {registry_dir} exists and is not a folder")
+    existing = registry_dir
+    while not existing.exists():  # a folder to create: its nearest existing parent must be writable
+        existing = existing.absolute().parent
+    if not existing.is_dir():
+        raise ValueError(f"registry_dir {registry_dir} cannot be created: {existing} is not a folder")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".write-check-", dir=existing)
+        os.close(handle)
+        os.remove(probe)
+    except OSError as err:
+        what = "is not writable" if existing == registry_dir else f"cannot be created in {existing}"
+        raise ValueError(
+            f"registry_dir {registry_dir} {what} ({err.strerror or err}): give --registry_dir a folder "
+            "you can write"
+        ) from None
 
 
 # --- the local run ----------------------------------------------------------------------------

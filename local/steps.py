@@ -6,7 +6,8 @@ for and runs it on this machine, as strictly as Vertex (see docs/vertex-fidelity
     local_tuning_job      for HyperparameterTuningJobRunOp: real trials chosen by Optuna (`local.tuner`)
     local_best_trial      for best_trial: the same rule on the local trials table
     local_find_champion   for find_champion, on the registry folder
-    local_upload_model    for ModelUploadOp + set_champion: a serving check, then a new version
+    local_upload_model    for ModelUploadOp + set_champion: a serving check, then a new version,
+                          and the champion alias decided again under the registry's lock
 
 Their bodies run in kfp.local's executor, where `kfp.dsl` has no decorators: they import only
 plain modules (`local.jobs`, `local.tuner`, `local.servingenv`, `components.buildcontext`);
@@ -19,13 +20,14 @@ from kfp import dsl
 
 from components import runtime
 from components.buildcontext import context_tag
-from components.registry import check_model_display_name, prebuilt_tf_version
+from components.registry import check_model_display_name, prebuilt_tf_version, task_mismatch
 from components.tuning import pick_best_trial
 
-# The keys of the trainer's metrics.json `local_find_champion` and `local_upload_model` read.
-# trainer/contract.py declares what the trainer writes (this layer does not import the trainer);
+# The keys of the trainer's metrics.json the local registry reads (`champion_record`, for
+# `local_find_champion` and `local_upload_model`, and `register_version`). trainer/contract.py
+# declares what the trainer writes (this layer does not import the trainer);
 # tests/test_contracts.py checks this list against it and against the code below.
-METRICS_READ = ("test_accuracy",)
+METRICS_READ = ("test_accuracy", "class_names")
 
 
 @dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[context_tag])
@@ -145,46 +147,160 @@ def registry_folder(name: str) -> str:
 
 # --- the model registry, in a folder ---------------------------------------------------------
 # <registry_dir>/<model folder>/<version>/model/  the SavedModel (and its metrics.json, config.json)
-# <registry_dir>/<model folder>/<version>/version.json  labels, serving image, metrics, gate, source
+# <registry_dir>/<model folder>/<version>/version.json  labels, serving image, metrics, gate,
+#     the alias decision, source
 # <registry_dir>/<model folder>/aliases.json  {"default": "1", "champion": "<version>"}
+# <registry_dir>/<model folder>/.lock  held (fcntl) while a version is added and the alias moved
 
 
-@dsl.component(
-    base_image=runtime.BASE_IMAGE,
-    install_kfp_package=False,
-    additional_funcs=[check_model_display_name, registry_folder],
-)
-def local_find_champion(registry_dir: str, model_display_name: str, alias: str = "champion") -> NamedTuple(
-    "Outputs", exists=bool, resource_name=str, resource_uri=str, champion_accuracy=float
-):
-    """Local form of `find_champion`, on the local registry folder."""
-    import collections
+def champion_record(model_dir: str, alias: str = "champion") -> dict:
+    """The `alias` version of the local registry's model folder `model_dir`: its `version`,
+    `test_accuracy` and `class_names` (from the metrics.json beside its SavedModel); {} when the
+    model or the alias does not exist."""
     import json
     import os
 
-    Outputs = collections.namedtuple(
-        "Outputs", ["exists", "resource_name", "resource_uri", "champion_accuracy"]
-    )
-    model_dir = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
     aliases_path = os.path.join(model_dir, "aliases.json")
     if not os.path.exists(aliases_path):
-        print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
-        return Outputs(False, "", "", -1.0)
+        return {}
     with open(aliases_path) as f:
         version = json.load(f).get(alias)
     if version is None:
-        print(f"{model_display_name} has no {alias!r} version yet")
-        return Outputs(True, model_dir, model_dir, -1.0)
-    with open(os.path.join(model_dir, version, "model", "metrics.json")) as f:
-        accuracy = float(json.load(f)["test_accuracy"])
-    print(f"{model_display_name}: {alias} is version {version}, test_accuracy {accuracy:.4f}")
-    return Outputs(True, model_dir, model_dir, accuracy)
+        return {}
+    with open(os.path.join(model_dir, str(version), "model", "metrics.json")) as f:
+        metrics = json.load(f)
+    return {
+        "version": str(version),
+        "test_accuracy": float(metrics["test_accuracy"]),
+        "class_names": [str(c) for c in metrics["class_names"]],
+    }
+
+
+def register_version(
+    model_path: str,
+    registry_dir: str,
+    model_display_name: str,
+    promote: bool,
+    gate_reason: str,
+    details: dict,
+    alias: str = "champion",
+) -> tuple:
+    """Adds the SavedModel folder `model_path` to the local registry as the next version of
+    `model_display_name` and moves `alias` to it when it still deserves it; returns (version,
+    its folder, whether it took the alias, why).
+
+    All of it happens under the model's lock (`fcntl`): two concurrent runs never get the same
+    version, and the alias is never moved on a stale comparison. The gate (`promote`,
+    `gate_reason`) compared the model with the champion read at the start of its run; another
+    run may have registered a better champion since. So under the lock the current champion is
+    read again, and the alias moves only if the gate passed and the model is still at least as
+    good as the champion (test accuracy) and trained for the same task (class names). The
+    decision and its reason are recorded in version.json, with `details` (serving image,
+    labels, source, serving check)."""
+    import fcntl
+    import json
+    import os
+    import shutil
+    import time
+
+    with open(os.path.join(model_path, "metrics.json")) as f:
+        metrics = json.load(f)
+    accuracy = float(metrics["test_accuracy"])
+    class_names = [str(c) for c in metrics["class_names"]]
+    root = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        current = champion_record(root, alias)
+        other_task = task_mismatch(class_names, current.get("class_names", []), model_display_name)
+        was = f"{alias} version {current.get('version')}"
+        champion = promote and not other_task and accuracy >= current.get("test_accuracy", -1.0)
+        if not promote:
+            reason = f"the gate held it: {gate_reason}"
+        elif not current:
+            reason = f"the gate passed it ({gate_reason}) and there is no {alias} yet"
+        elif other_task:
+            reason = f"{was} is of another task: {other_task}"
+        elif not champion:  # registered by another run after this run's gate read the registry
+            reason = (
+                f"{was} has test accuracy {current['test_accuracy']:.4f}, above this model's {accuracy:.4f}"
+            )
+        else:
+            reason = f"test accuracy {accuracy:.4f} >= {was}'s {current['test_accuracy']:.4f}"
+        versions = [int(v) for v in os.listdir(root) if v.isdigit()]
+        version = str(max(versions, default=0) + 1)
+        staging = os.path.join(root, f".{version}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(model_path, os.path.join(staging, "model"))
+        record = {
+            "model": model_display_name,
+            "version": version,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **details,
+            "test_accuracy": accuracy,
+            "class_names": class_names,
+            "gate": {"promote": promote, "reason": gate_reason},
+            "alias": {"name": alias, "moved": champion, "reason": reason, "before": current or None},
+        }
+        with open(os.path.join(staging, "version.json"), "w") as f:
+            json.dump(record, f, indent=1)
+        os.rename(staging, os.path.join(root, version))
+        aliases_path = os.path.join(root, "aliases.json")
+        aliases = {}
+        if os.path.exists(aliases_path):
+            with open(aliases_path) as f:
+                aliases = json.load(f)
+        aliases.setdefault("default", version)
+        if champion:
+            aliases[alias] = version
+        with open(aliases_path + ".tmp", "w") as f:
+            json.dump(aliases, f, indent=1)
+        os.replace(aliases_path + ".tmp", aliases_path)
+    return version, os.path.join(root, version), champion, reason
 
 
 @dsl.component(
     base_image=runtime.BASE_IMAGE,
     install_kfp_package=False,
-    additional_funcs=[check_model_display_name, registry_folder, prebuilt_tf_version],
+    additional_funcs=[check_model_display_name, registry_folder, champion_record],
+)
+def local_find_champion(registry_dir: str, model_display_name: str, alias: str = "champion") -> NamedTuple(
+    "Outputs", exists=bool, resource_name=str, resource_uri=str, champion_accuracy=float, class_names=list
+):
+    """Local form of `find_champion`, on the local registry folder: the champion's test
+    accuracy and class names (-1 and [] when there is none)."""
+    import collections
+    import os
+
+    Outputs = collections.namedtuple(
+        "Outputs", ["exists", "resource_name", "resource_uri", "champion_accuracy", "class_names"]
+    )
+    model_dir = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
+    if not os.path.exists(os.path.join(model_dir, "aliases.json")):
+        print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
+        return Outputs(False, "", "", -1.0, [])
+    current = champion_record(model_dir, alias)
+    if not current:
+        print(f"{model_display_name} has no {alias!r} version yet")
+        return Outputs(True, model_dir, model_dir, -1.0, [])
+    print(
+        f"{model_display_name}: {alias} is version {current['version']}, "
+        f"test_accuracy {current['test_accuracy']:.4f}, classes {current['class_names']}"
+    )
+    return Outputs(True, model_dir, model_dir, current["test_accuracy"], current["class_names"])
+
+
+@dsl.component(
+    base_image=runtime.BASE_IMAGE,
+    install_kfp_package=False,
+    additional_funcs=[
+        check_model_display_name,
+        registry_folder,
+        prebuilt_tf_version,
+        task_mismatch,
+        champion_record,
+        register_version,
+    ],
 )
 def local_upload_model(
     model: dsl.Input[dsl.Model],
@@ -197,15 +313,12 @@ def local_upload_model(
 ) -> NamedTuple("Outputs", version=str, path=str, champion=bool):
     """Local form of `ModelUploadOp` + `set_champion`: checks that the SavedModel serves
     (`python -m trainer.serve`, its `serving_default` on test images), then registers it as the
-    next version of `model_display_name` and moves the champion alias when `promote`."""
+    next version of `model_display_name` and moves the champion alias when `promote` and, under
+    the registry's lock, the model is still at least as good as the champion (`register_version`)."""
     import collections
-    import fcntl
     import json
-    import os
-    import shutil
     import subprocess
     import sys
-    import time
 
     from local import servingenv
 
@@ -231,45 +344,20 @@ def local_upload_model(
         f"e.g. {answers[0]['image']} -> {answers[0]['class_name']}"
     )
 
-    root = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two local runs never get the same version
-        versions = [int(v) for v in os.listdir(root) if v.isdigit()]
-        version = str(max(versions, default=0) + 1)
-        staging = os.path.join(root, f".{version}.partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(model.path, os.path.join(staging, "model"))
-        with open(os.path.join(model.path, "metrics.json")) as f:
-            metrics = json.load(f)
-        record = {
-            "model": model_display_name,
-            "version": version,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "source_uri": model.uri,
-            "serving_image": serving_image,
-            "labels": labels,
-            "test_accuracy": metrics["test_accuracy"],
-            "gate": {"promoted": promote, "reason": gate_reason},
-            "serving_check": answers,
-        }
-        with open(os.path.join(staging, "version.json"), "w") as f:
-            json.dump(record, f, indent=1)
-        os.rename(staging, os.path.join(root, version))
-        aliases_path = os.path.join(root, "aliases.json")
-        aliases = {}
-        if os.path.exists(aliases_path):
-            with open(aliases_path) as f:
-                aliases = json.load(f)
-        aliases.setdefault("default", version)
-        if promote:
-            aliases["champion"] = version
-        with open(aliases_path + ".tmp", "w") as f:
-            json.dump(aliases, f, indent=1)
-        os.replace(aliases_path + ".tmp", aliases_path)
-    where = os.path.join(root, version)
-    print(
-        f"registered {model_display_name} version {version} at {where}" + (" (champion)" if promote else "")
+    details = {
+        "source_uri": model.uri,
+        "serving_image": serving_image,
+        "labels": labels,
+        "serving_check": answers,
+    }
+    version, where, champion, reason = register_version(
+        model.path, registry_dir, model_display_name, promote, gate_reason, details
     )
+    if champion:
+        print(f"registered {model_display_name} version {version} at {where} (champion)")
+    elif promote:  # the gate passed it, but a better champion was registered since
+        print(f"registered {model_display_name} version {version} at {where}; champion NOT moved: {reason}")
+    else:
+        print(f"registered {model_display_name} version {version} at {where}")
     Outputs = collections.namedtuple("Outputs", ["version", "path", "champion"])
-    return Outputs(version, where, promote)
+    return Outputs(version, where, champion)

@@ -106,10 +106,10 @@ Reader = tuple[str, str, set[str]]
 METRICS_READERS: dict[str, list[Reader]] = {
     "components.training": [("components/training.py", "model_from_job", {"metrics"})],
     "components.evaluation": [("components/evaluation.py", "evaluate_model", {"m"})],
-    "components.registry": [("components/registry.py", "find_champion", set())],
+    "components.registry": [("components/registry.py", "find_champion", {"champion_metrics"})],
     "local.steps": [
-        ("local/steps.py", "local_find_champion", set()),
-        ("local/steps.py", "local_upload_model", {"metrics"}),
+        ("local/steps.py", "champion_record", {"metrics"}),
+        ("local/steps.py", "register_version", {"metrics"}),
     ],
     "launch.report": [("launch/report.py", "write_report", {"metrics"})],
 }

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from google.cloud import aiplatform_v1
 from google.protobuf import json_format
+from kfp import compiler
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 import pipeline
@@ -26,6 +27,14 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def spec(fresh: Path) -> dict[str, Any]:
     return json.loads(fresh.read_text())
+
+
+@pytest.fixture(scope="module")
+def local_spec(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The local target's DAG, compiled as `make run` compiles it (in the process, not committed)."""
+    out = tmp_path_factory.mktemp("compiled") / "pipeline-local.json"
+    compiler.Compiler().compile(pipeline.create_pipeline("local"), str(out))
+    return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +104,7 @@ def test_the_dag_has_every_step(spec: dict[str, Any]) -> None:
         "model-from-job",
         "evaluate-model",
         "find-champion",
+        "check-same-task",
         "serving-container",
         "upload-new-version",
         "upload-first-version",
@@ -189,6 +199,57 @@ def test_dependencies_and_conditions(spec: dict[str, Any]) -> None:
     # The upload waits for the gate (the .after() lands on the enclosing If/Else group).
     [branches] = {p for p in tasks["upload-new-version"]["parents"] if p.startswith("condition-branches")}
     assert "evaluate-model" in dependencies(tasks, branches)
+
+
+def upstream(tasks: dict[str, Any], name: str) -> set[str]:
+    """Every step `name` waits for: its own dependencies and those of the groups (conditions)
+    it runs in, and theirs, transitively."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        for waits_for in dependencies(tasks, current) | {
+            d for parent in tasks[current]["parents"] for d in dependencies(tasks, parent)
+        }:
+            if waits_for not in seen:
+                seen.add(waits_for)
+                todo.append(waits_for)
+    return seen
+
+
+def producer(tasks: dict[str, Any], source: dict[str, Any]) -> tuple[str, str]:
+    """(display name of the producing task, output key) of a task input wired to an output."""
+    keys = {t["key"]: display for display, t in tasks.items()}
+    if "taskOutputArtifact" in source:
+        out = source["taskOutputArtifact"]
+        return keys[out["producerTask"]], out["outputArtifactKey"]
+    out = source["taskOutputParameter"]
+    return keys[out["producerTask"]], out["outputParameterKey"]
+
+
+@pytest.mark.parametrize("target", ["vertex", "local"])
+def test_a_dataset_of_another_task_is_refused_before_any_training(
+    spec: dict[str, Any], local_spec: dict[str, Any], target: str
+) -> None:
+    """A one-class folder scores 1.0: its model must never be compared with (nor replace) a
+    five-class champion. `check-same-task` compares the prepared dataset's class names with the
+    champion's, found before training by an uncached `find-champion`, and both the tuning job and
+    the final training wait for it; the gate compares the class names again."""
+    tasks = walk(spec if target == "vertex" else local_spec)
+    check = tasks["check-same-task"]
+    inputs = check["task"]["inputs"]
+    assert producer(tasks, inputs["artifacts"]["dataset"]) == ("register-dataset", "dataset")
+    assert producer(tasks, inputs["parameters"]["champion_class_names"]) == ("find-champion", "class_names")
+    assert check["parents"] == ()  # runs on every run, not under a condition
+    for job in ("tune-hyperparameters", "train-model"):
+        assert "check-same-task" in upstream(tasks, job), f"{job} can start before check-same-task"
+    # Directly, not only through the tuning branch (the .after() of the tuning args lands on it).
+    assert "check-same-task" in dependencies(tasks, "training-trainer-args")
+    assert "train-model" not in upstream(tasks, "find-champion")
+    assert not cached(tasks["find-champion"])
+    gate = tasks["evaluate-model"]["task"]["inputs"]["parameters"]
+    assert producer(tasks, gate["champion_class_names"]) == ("find-champion", "class_names")
+    assert producer(tasks, gate["champion_accuracy"]) == ("find-champion", "champion_accuracy")
 
 
 def test_every_gcpc_op_is_placed_explicitly(spec: dict[str, Any]) -> None:

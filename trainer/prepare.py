@@ -40,6 +40,12 @@ from trainer.config import ENCODINGS, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, SPLITS, fl
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 CARVED_SPLITS = ("validation", "test")
+# A classifier needs at least two classes: with one, every prediction is right (test accuracy
+# 1.0) and the model would look better than any real champion.
+MIN_CLASSES = 2
+# A split with fewer images than this of a class gets a warning: its figures (the gate's test
+# accuracy, the tuning metric) are too noisy to compare models by.
+FEW_IMAGES_PER_CLASS = 5
 
 
 class PrepareError(ValueError):
@@ -631,10 +637,39 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
     return metadata
 
 
+def check_classes(source: Source, config: PrepareConfig) -> None:
+    """Raises PrepareError, naming the source and the classes found, when the source has fewer
+    than MIN_CLASSES classes."""
+    found = list(source.class_names)
+    if len(found) < MIN_CLASSES:
+        layout = " (one folder per class under train/)" if config.source.startswith("folder:") else ""
+        raise PrepareError(
+            f"--source {config.source} has {len(found)} class(es) {found}: a classifier needs at least "
+            f"{MIN_CLASSES}{layout}; with one, every prediction is right and its test accuracy (1.0) "
+            "means nothing"
+        )
+
+
+def few_images_warnings(class_counts: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """One warning per split that has fewer than FEW_IMAGES_PER_CLASS images of some class."""
+    warnings = []
+    for split, counts in class_counts.items():
+        few = {name: n for name, n in counts.items() if n < FEW_IMAGES_PER_CLASS}
+        if few:
+            listed = ", ".join(f"{name} {n}" for name, n in few.items())
+            warnings.append(
+                f"warning: split {split!r} has fewer than {FEW_IMAGES_PER_CLASS} images of "
+                f"{len(few)} of its {len(counts)} classes ({listed}): its accuracy is too noisy to "
+                "compare models by; add images (or raise the split's fraction)"
+            )
+    return warnings
+
+
 def _write(source: Source, config: PrepareConfig, staging: str, progress: Progress) -> dict[str, Any]:
     from trainer import data, images, storage
     from trainer._tf import tf
 
+    check_classes(source, config)
     counts, assignment, carved = carve_plan(source, config)
     writers = {split: ShardWriter(staging, split, counts[split], config.shards) for split in SPLITS}
     class_counts = {split: [0] * len(source.class_names) for split in SPLITS}
@@ -672,6 +707,9 @@ def _write(source: Source, config: PrepareConfig, staging: str, progress: Progre
             "shards": writers[split].names,
             **({"carved_from": carved[split]} if split in carved else {}),
         }
+    per_class = {s: dict(zip(source.class_names, class_counts[s], strict=True)) for s in SPLITS}
+    for warning in few_images_warnings(per_class):
+        progress.say(warning)
     metadata = {
         "format_version": data.FORMAT_VERSION,
         "source": config.source,

@@ -1,16 +1,26 @@
 """The registry step's rules, as strict as Vertex: serving images that exist, display names,
-labels, and a local registry no name can escape."""
+labels, a local registry no name can escape, and a champion only ever compared with (and
+replaced by) a model of the same task: the same class names in the same order."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
+from google.cloud import aiplatform_v1
+from google.cloud.aiplatform_v1.services.model_service.transports.grpc import ModelServiceGrpcTransport
+from kfp import dsl
 
 from components import registry
 from local import steps
+from tests.fakes import Abort, GrpcFake, insecure_client, storage_emulator
+
+CASSAVA = ["cbb", "cbsd", "cgm", "cmd", "healthy"]
 
 
 def aiplatform_tf2_versions() -> set[str]:
@@ -160,7 +170,201 @@ def test_local_find_champion_reads_the_mapped_folder(tmp_path: Path) -> None:
     folder = tmp_path / steps.registry_folder(name)
     (folder / "3" / "model").mkdir(parents=True)
     (folder / "aliases.json").write_text(json.dumps({"default": "1", "champion": "3"}))
-    (folder / "3" / "model" / "metrics.json").write_text(json.dumps({"test_accuracy": 0.91}))
+    metrics = {"test_accuracy": 0.91, "class_names": CASSAVA}
+    (folder / "3" / "model" / "metrics.json").write_text(json.dumps(metrics))
     out = steps.local_find_champion.python_func(registry_dir=str(tmp_path), model_display_name=name)
-    assert out.exists and out.champion_accuracy == 0.91
+    assert out.exists and out.champion_accuracy == 0.91 and out.class_names == CASSAVA
     assert not (tmp_path.parent / "outside").exists()
+
+
+def test_local_find_champion_without_a_champion_has_no_class_names(tmp_path: Path) -> None:
+    none = steps.local_find_champion.python_func(registry_dir=str(tmp_path), model_display_name="m")
+    assert (none.exists, none.champion_accuracy, none.class_names) == (False, -1.0, [])
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "aliases.json").write_text(json.dumps({"default": "1"}))
+    no_alias = steps.local_find_champion.python_func(registry_dir=str(tmp_path), model_display_name="m")
+    assert (no_alias.exists, no_alias.champion_accuracy, no_alias.class_names) == (True, -1.0, [])
+
+
+# --- the same task: the same class names in the same order -----------------------------------
+
+
+def test_a_model_of_the_champions_classes_or_without_a_champion_is_comparable() -> None:
+    assert registry.task_mismatch(CASSAVA, CASSAVA) == ""
+    assert registry.task_mismatch(["only"], []) == ""  # no champion (preparation refuses one class)
+
+
+@pytest.mark.parametrize(
+    ("classes", "how"),
+    [
+        (
+            ["healthy"],
+            "1 class(es) against the champion's 5; missing ['cbb', 'cbsd', 'cgm', 'cmd'], extra []",
+        ),
+        (["cat", "dog"], "2 class(es) against the champion's 5; missing"),
+        (list(reversed(CASSAVA)), "the same class names in another order"),
+    ],
+    ids=["one-class", "unrelated", "reordered"],
+)
+def test_another_task_is_named_with_both_class_lists_and_what_to_do(classes: list[str], how: str) -> None:
+    why = registry.task_mismatch(classes, CASSAVA, "cassava-classifier")
+    assert f"this run's dataset has the classes {classes}" in why
+    assert f"the champion of 'cassava-classifier' was trained on {CASSAVA}" in why
+    assert how in why and "use another model_display_name" in why
+
+
+def dataset(tmp_path: Path, class_names: list[str]) -> dsl.Dataset:
+    # kfp.local hands artifact metadata through JSON: the class names arrive as a list.
+    metadata = json.loads(json.dumps({"class_names": class_names, "image_size": 64}))
+    return dsl.Dataset(uri=str(tmp_path / "data"), metadata=metadata)
+
+
+def test_the_check_before_training_passes_the_champions_classes_and_a_first_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    same = registry.check_same_task.python_func(
+        dataset=dataset(tmp_path, CASSAVA), champion_class_names=CASSAVA, model_display_name="m"
+    )
+    assert same == CASSAVA and "the champion's, in the same order" in capsys.readouterr().out
+    first = registry.check_same_task.python_func(
+        dataset=dataset(tmp_path, ["a", "b"]), champion_class_names=[], model_display_name="m"
+    )
+    assert first == ["a", "b"] and "no champion yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "classes", [["healthy"], ["cat", "dog"], list(reversed(CASSAVA)), [*CASSAVA, "extra"]]
+)
+def test_the_check_before_training_refuses_another_task(tmp_path: Path, classes: list[str]) -> None:
+    with pytest.raises(ValueError) as refused:
+        registry.check_same_task.python_func(
+            dataset=dataset(tmp_path, classes), champion_class_names=CASSAVA, model_display_name="cassava"
+        )
+    message = str(refused.value)
+    assert str(classes) in message and str(CASSAVA) in message
+    assert "use another model_display_name" in message
+
+
+# --- find_champion (Vertex) against a fake ModelService and a Cloud Storage emulator ----------
+
+PARENT = "projects/p/locations/us-central1/models/77"
+BUCKET = "models-bucket"
+
+
+@pytest.fixture
+def model_service(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """Models by display name, and the version each alias points to (a Model with its
+    artifact_uri); the champion's metrics.json is in the storage emulator."""
+    import google.cloud.storage as storage
+
+    state: dict[str, Any] = {"models": {}, "aliases": {}}
+    fake = GrpcFake()
+
+    def list_models(request: aiplatform_v1.ListModelsRequest) -> aiplatform_v1.ListModelsResponse:
+        name = re.fullmatch(r'display_name="(.*)"', request.filter)
+        assert name, request.filter
+        return aiplatform_v1.ListModelsResponse(models=state["models"].get(name.group(1), []))
+
+    def get_model(request: aiplatform_v1.GetModelRequest) -> aiplatform_v1.Model:
+        if request.name not in state["aliases"]:
+            raise Abort(grpc.StatusCode.NOT_FOUND, f"{request.name} not found")
+        return state["aliases"][request.name]
+
+    def merge_aliases(request: aiplatform_v1.MergeVersionAliasesRequest) -> aiplatform_v1.Model:
+        model = state["aliases"][request.name]
+        for alias in request.version_aliases:
+            state["aliases"][f"{request.name.split('@')[0]}@{alias}"] = model
+        return aiplatform_v1.Model(
+            name=model.name, version_id=model.version_id, version_aliases=list(request.version_aliases)
+        )
+
+    service = "google.cloud.aiplatform.v1.ModelService"
+    fake.add(service, "ListModels", aiplatform_v1.ListModelsRequest, list_models)
+    fake.add(service, "GetModel", aiplatform_v1.GetModelRequest, get_model)
+    fake.add(service, "MergeVersionAliases", aiplatform_v1.MergeVersionAliasesRequest, merge_aliases)
+    state["fake"] = fake
+    fake.start()
+    monkeypatch.setattr(
+        aiplatform_v1,
+        "ModelServiceClient",
+        insecure_client(aiplatform_v1.ModelServiceClient, ModelServiceGrpcTransport, fake.address),
+    )
+    with storage_emulator() as url:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+        state["bucket"] = storage.Client(project="p").create_bucket(BUCKET)
+        yield state
+    fake.stop()
+
+
+def find(**overrides: Any) -> Any:
+    args = {"project": "p", "location": "us-central1", "model_display_name": "cassava", **overrides}
+    return registry.find_champion.python_func(**args)
+
+
+def test_find_champion_returns_the_champions_accuracy_and_class_names(model_service: dict[str, Any]) -> None:
+    model_service["models"]["cassava"] = [aiplatform_v1.Model(name=PARENT)]
+    model_service["aliases"][f"{PARENT}@champion"] = aiplatform_v1.Model(
+        name=PARENT, version_id="3", artifact_uri=f"gs://{BUCKET}/runs/7/train/model/"
+    )
+    metrics = {"test_accuracy": 0.91, "class_names": CASSAVA}
+    model_service["bucket"].blob("runs/7/train/model/metrics.json").upload_from_string(json.dumps(metrics))
+    out = find()
+    assert (out.exists, out.resource_name, out.champion_accuracy, out.class_names) == (
+        True,
+        PARENT,
+        0.91,
+        CASSAVA,
+    )
+    assert out.resource_uri == f"https://us-central1-aiplatform.googleapis.com/v1/{PARENT}"
+
+
+def test_find_champion_without_a_model_or_an_alias_has_no_class_names(model_service: dict[str, Any]) -> None:
+    assert find().class_names == [] and find().champion_accuracy == -1.0 and not find().exists
+    model_service["models"]["cassava"] = [aiplatform_v1.Model(name=PARENT)]
+    no_alias = find()
+    assert (no_alias.exists, no_alias.champion_accuracy, no_alias.class_names) == (True, -1.0, [])
+
+
+def version(state: dict[str, Any], number: str, accuracy: float, classes: list[str]) -> str:
+    """Registers version `number` (reachable as PARENT@number) with its metrics.json in GCS."""
+    folder = f"runs/{number}/train/model"
+    state["aliases"][f"{PARENT}@{number}"] = aiplatform_v1.Model(
+        name=PARENT, version_id=number, artifact_uri=f"gs://{BUCKET}/{folder}/"
+    )
+    metrics = {"test_accuracy": accuracy, "class_names": classes}
+    state["bucket"].blob(f"{folder}/metrics.json").upload_from_string(json.dumps(metrics))
+    return f"{PARENT}@{number}"
+
+
+def set_champion(name: str) -> Any:
+    model = dsl.Artifact(uri="https://x", metadata={"resourceName": name})
+    return registry.set_champion.python_func(project="p", location="us-central1", model=model)
+
+
+def test_set_champion_moves_the_alias_when_still_the_best(model_service: dict[str, Any]) -> None:
+    version(model_service, "1", 0.90, CASSAVA)
+    model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][f"{PARENT}@1"]
+    out = set_champion(version(model_service, "2", 0.92, CASSAVA))
+    assert out.moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "2"
+    worse = set_champion(version(model_service, "3", 0.5, CASSAVA))  # below version 2, now the champion
+    assert not worse.moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "2"
+
+
+def test_a_better_champion_registered_since_the_run_looked_keeps_the_alias(
+    model_service: dict[str, Any],
+) -> None:
+    """Two overlapping runs: find-champion ran before either uploaded. The later one to finish
+    (worse) must not take the alias from the better one registered in between."""
+    version(model_service, "5", 0.97, CASSAVA)
+    model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][f"{PARENT}@5"]
+    out = set_champion(version(model_service, "6", 0.93, CASSAVA))
+    assert not out.moved and "stays on version 5" in out.reason and "0.9700" in out.reason
+    assert model_service["aliases"][f"{PARENT}@champion"].version_id == "5"
+    assert not model_service["fake"].calls("MergeVersionAliases")
+    other = set_champion(version(model_service, "7", 0.99, ["cat", "dog"]))
+    assert not other.moved and "was trained on" in other.reason
+
+
+def test_the_first_champion_takes_the_alias(model_service: dict[str, Any]) -> None:
+    out = set_champion(version(model_service, "1", 0.6, CASSAVA))
+    assert out.moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "1"

@@ -148,6 +148,8 @@ def test_register_dataset_points_at_the_job_output(tmp_path: Path) -> None:
     assert dataset.uri == str(tmp_path / "job" / "model")
     assert (out.num_classes, out.train_examples) == (5, 300)
     assert dataset.metadata["image_size"] == 64 and dataset.metadata["test_examples"] == 100
+    # What check-same-task compares with the champion's, before any training.
+    assert dataset.metadata["class_names"] == ["cbb", "cbsd", "cgm", "cmd", "healthy"]
     with pytest.raises(RuntimeError, match=r"left no readable dataset in .*empty/model"):
         prepare.register_dataset.python_func(base_output_directory=str(tmp_path / "empty"), dataset=dataset)
 
@@ -206,7 +208,7 @@ def test_trainer_args_reject_unknown_or_fractional_hyperparameters() -> None:
         trainer_args(hyperparameters={"dense_units": 12.5})
 
 
-def write_model(folder: Path, accuracy: float = 0.93) -> None:
+def write_model(folder: Path, accuracy: float = 0.93, class_names: tuple[str, ...] = ("a", "b")) -> None:
     folder.mkdir(parents=True)
     (folder / "saved_model.pb").write_bytes(b"pb")
     metrics = {
@@ -218,6 +220,7 @@ def write_model(folder: Path, accuracy: float = 0.93) -> None:
         "epochs_completed": 3,
         "num_workers": 2,
         "confusion_matrix": {"labels": ["a", "b"], "matrix": [[9, 1], [0, 10]]},
+        "class_names": list(class_names),
     }
     (folder / "metrics.json").write_text(json.dumps(metrics))
 
@@ -253,6 +256,7 @@ def test_gate(tmp_path: Path, accuracy: float, champion: float, promote: bool, r
         model=dsl.Model(uri=str(tmp_path / "model")),
         min_accuracy=0.9,
         champion_accuracy=champion,
+        champion_class_names=["a", "b"] if champion >= 0 else [],
         metrics=metrics,
         confusion=confusion,
     )
@@ -261,6 +265,26 @@ def test_gate(tmp_path: Path, accuracy: float, champion: float, promote: bool, r
     matrix = confusion.metadata["confusionMatrix"]
     assert [c["displayName"] for c in matrix["annotationSpecs"]] == ["a", "b"]
     assert [r["row"] for r in matrix["rows"]] == [[9, 1], [0, 10]]
+
+
+@pytest.mark.parametrize(
+    "classes", [("healthy",), ("b", "a"), ("a", "b", "c")], ids=["one-class", "reordered", "more"]
+)
+def test_the_gate_refuses_a_model_of_another_task(tmp_path: Path, classes: tuple[str, ...]) -> None:
+    """Belt and braces (check-same-task refused the run before training): a one-class model
+    scoring 1.0 never replaces the champion of another task, whatever its accuracy."""
+    write_model(tmp_path / "model", 1.0, class_names=classes)
+    out = evaluation.evaluate_model.python_func(
+        model=dsl.Model(uri=str(tmp_path / "model")),
+        min_accuracy=0.5,
+        champion_accuracy=0.9,
+        champion_class_names=["a", "b"],
+        metrics=dsl.Metrics(uri=str(tmp_path / "m")),
+        confusion=dsl.ClassificationMetrics(uri=str(tmp_path / "c")),
+    )
+    assert out.promote is False and out.test_accuracy == 1.0
+    assert out.reason.startswith("not comparable with the champion: ")
+    assert str(list(classes)) in out.reason and "['a', 'b']" in out.reason
 
 
 def locked() -> dict[str, str]:

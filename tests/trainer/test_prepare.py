@@ -105,6 +105,8 @@ def _bad(root: Path, case: str) -> str:
     elif case == "corrupt":
         write_images(root / "train" / "b", 3, seed=1)
         (root / "train" / "b" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    elif case == "one_class":
+        pass  # train/a only: a classifier of one class is right on every image
     elif case == "class_mismatch":
         write_images(root / "train" / "b", 3, seed=1)
         write_images(root / "test" / "a", 2, seed=2)
@@ -119,6 +121,10 @@ def _bad(root: Path, case: str) -> str:
         ("empty", "has no train/ folder; expected PATH/<split>/<class>/*.jpg"),
         ("empty_class", "class 'b' has no images in"),
         ("corrupt", "cannot decode image"),
+        (
+            "one_class",
+            "has 1 class(es) ['a']: a classifier needs at least 2 (one folder per class under train/)",
+        ),
         ("class_mismatch", "split 'test' has different classes than train (missing ['b'], extra ['c'])"),
     ],
 )
@@ -133,6 +139,42 @@ def test_bad_folders_get_a_clear_error_and_no_output(tmp_path: Path, case: str, 
     assert not out.exists()
     # Nothing half-written beside it either (the staging folder is gone).
     assert sorted(p.name for p in tmp_path.iterdir()) == ([] if case == "missing" else ["src"])
+
+
+def test_one_class_is_refused_by_the_command_naming_the_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A one-class folder would score 1.0 and look better than any real champion."""
+    from trainer.prepare import main
+
+    source = _bad(tmp_path / "src", "one_class")
+    code = main([f"--source={source}", f"--output_dir={tmp_path / 'out'}", "--image_size=32"])
+    err = capsys.readouterr().err
+    assert code == 1  # bad input, as every PrepareError (2 is for bad flags)
+    assert f"error: --source {source} has 1 class(es) ['a']" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_tiny_splits_are_warned_about(image_folder: Path, tmp_path: Path) -> None:
+    """image_folder: 8 training images a class, of which 10% carved into validation (under one
+    image a class), and a test split of 2 images a class: both too few to compare models by."""
+    out = io.StringIO()
+    prepare(
+        PrepareConfig(source=f"folder:{image_folder}", output_dir=str(tmp_path / "out"), image_size=32),
+        Progress(bars=False, out=out),
+    )
+    warnings = [line for line in out.getvalue().splitlines() if line.startswith("prepare: warning: ")]
+    assert [w.split("'")[1] for w in warnings] == ["validation", "test"], out.getvalue()
+    assert "fewer than 5 images of 3 of its 3 classes (daisy 2, rose 2, tulip 2)" in warnings[1]
+
+
+def test_few_images_warnings_name_the_split_and_its_small_classes() -> None:
+    from trainer.prepare import few_images_warnings
+
+    counts = {"train": {"a": 50, "b": 60}, "test": {"a": 4, "b": 30}}
+    [warning] = few_images_warnings(counts)
+    assert "split 'test' has fewer than 5 images of 1 of its 2 classes (a 4)" in warning
+    assert few_images_warnings({"train": {"a": 5, "b": 5}}) == []
 
 
 def test_unknown_tfds_dataset_is_rejected_before_any_work(tmp_path: Path) -> None:

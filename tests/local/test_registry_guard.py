@@ -1,0 +1,209 @@
+"""The local model registry's guards: a `--registry_dir` that cannot be written is refused before
+the first step (not at upload, after the whole run), and the champion alias is decided again
+under the registry's lock, so two concurrent runs never hand it to the worse model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kfp import dsl
+
+import pipeline
+from launch import cli
+from local import steps
+
+CLASSES = ["cbb", "cbsd", "cgm", "cmd", "healthy"]
+NAME = "cassava-classifier"
+
+
+def local_args(**overrides: Any) -> dict[str, Any]:
+    return {**{q.name: q.default_for("local") for q in pipeline.parameters_for("local")}, **overrides}
+
+
+# --- registry_dir, checked before any step ---------------------------------------------------
+
+
+def test_a_registry_dir_to_be_made_or_already_there_passes_and_nothing_is_left(tmp_path: Path) -> None:
+    cli.validate_local(local_args(registry_dir=str(tmp_path / "new" / "registry")))
+    assert list(tmp_path.iterdir()) == []  # checked, not created: upload-model makes it
+    (tmp_path / "registry").mkdir()
+    cli.validate_local(local_args(registry_dir=str(tmp_path / "registry")))
+    assert list((tmp_path / "registry").iterdir()) == []  # the probe file is removed
+
+
+def test_a_registry_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "registry").write_text("not a folder")
+    with pytest.raises(ValueError, match=f"registry_dir {tmp_path / 'registry'} exists and is not a folder"):
+        cli.validate_local(local_args(registry_dir=str(tmp_path / "registry")))
+    with pytest.raises(ValueError, match=rf"cannot be created: {tmp_path / 'registry'} is not a folder"):
+        cli.validate_local(local_args(registry_dir=str(tmp_path / "registry" / "models")))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_registry_dir_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "registry"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        with pytest.raises(ValueError, match=f"registry_dir {folder} is not writable"):
+            cli.validate_local(local_args(registry_dir=str(folder)))
+        with pytest.raises(ValueError, match=f"cannot be created in {folder}"):
+            cli.validate_local(local_args(registry_dir=str(folder / "models")))
+    finally:
+        folder.chmod(0o755)
+
+
+def test_a_registry_dir_on_a_read_only_filesystem_is_refused() -> None:
+    """Also as root: /sys is mounted read-only in containers (skipped where it is writable)."""
+    probe = Path("/sys")
+    if not probe.is_dir() or _writable(probe):
+        pytest.skip("no read-only folder on this machine")
+    with pytest.raises(ValueError, match="registry_dir /sys is not writable"):
+        cli.validate_local(local_args(registry_dir="/sys"))
+    with pytest.raises(ValueError, match="registry_dir /sys/no/registry cannot be created in /sys "):
+        cli.validate_local(local_args(registry_dir="/sys/no/registry"))
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        (folder / ".probe").touch()
+    except OSError:
+        return False
+    (folder / ".probe").unlink()
+    return True
+
+
+# --- the champion alias, decided under the registry's lock ------------------------------------
+
+
+def fake_model(folder: Path, accuracy: float, classes: list[str] = CLASSES) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "saved_model.pb").write_bytes(b"pb")
+    (folder / "metrics.json").write_text(json.dumps({"test_accuracy": accuracy, "class_names": classes}))
+    return folder
+
+
+def register(registry: Path, model: Path, promote: bool = True, reason: str = "gate passed") -> tuple:
+    return steps.register_version(
+        str(model), str(registry), NAME, promote, reason, {"source_uri": str(model)}
+    )
+
+
+def aliases(registry: Path) -> dict[str, str]:
+    return json.loads((registry / NAME / "aliases.json").read_text())
+
+
+def version_record(registry: Path, version: str) -> dict[str, Any]:
+    return json.loads((registry / NAME / version / "version.json").read_text())
+
+
+def test_a_stale_gate_does_not_take_the_alias_from_a_better_champion(tmp_path: Path) -> None:
+    """Runs A (0.95) and B (0.92) both passed the gate against champion v1 (0.90), read at their
+    start. A registers first and becomes the champion; B's promote=True is stale."""
+    registry = tmp_path / "registry"
+    assert register(registry, fake_model(tmp_path / "v1", 0.90))[2] is True
+    a = register(registry, fake_model(tmp_path / "a", 0.95), reason="test accuracy 0.95 >= 0.90")
+    b = register(registry, fake_model(tmp_path / "b", 0.92), reason="test accuracy 0.92 >= 0.90")
+    assert a[:3] == ("2", str(registry / NAME / "2"), True)
+    assert b[:3] == ("3", str(registry / NAME / "3"), False)
+    assert "champion version 2 has test accuracy 0.9500, above this model's 0.9200" in b[3]
+    assert aliases(registry) == {"default": "1", "champion": "2"}
+    record = version_record(registry, "3")  # the decision and its reason, beside the version
+    assert record["gate"] == {"promote": True, "reason": "test accuracy 0.92 >= 0.90"}
+    assert record["alias"]["moved"] is False and record["alias"]["reason"] == b[3]
+    assert record["alias"]["before"] == {"version": "2", "test_accuracy": 0.95, "class_names": CLASSES}
+    assert version_record(registry, "2")["alias"]["moved"] is True
+
+
+def test_the_first_two_models_race_for_an_empty_registry(tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    register(registry, fake_model(tmp_path / "a", 0.95), reason="no champion yet")
+    held = register(registry, fake_model(tmp_path / "b", 0.93), reason="no champion yet")
+    assert held[2] is False and aliases(registry)["champion"] == "1"
+
+
+def test_as_good_as_the_champion_takes_the_alias_and_a_held_gate_never_does(tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    register(registry, fake_model(tmp_path / "v1", 0.90))
+    tie = register(registry, fake_model(tmp_path / "v2", 0.90))
+    assert tie[2] is True and "test accuracy 0.9000 >= champion version 1's 0.9000" in tie[3]
+    held = register(registry, fake_model(tmp_path / "v3", 0.99), promote=False, reason="below min_accuracy")
+    assert held[2] is False and held[3] == "the gate held it: below min_accuracy"
+    assert aliases(registry) == {"default": "1", "champion": "2"}
+
+
+def test_a_model_of_another_task_never_takes_the_alias_under_the_lock(tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    register(registry, fake_model(tmp_path / "v1", 0.80))
+    other = register(registry, fake_model(tmp_path / "one-class", 1.0, ["healthy"]))
+    assert other[2] is False and "is of another task" in other[3] and "['healthy']" in other[3]
+    assert aliases(registry)["champion"] == "1"
+
+
+def test_concurrent_registrations_get_distinct_versions_and_the_best_is_champion(tmp_path: Path) -> None:
+    """Every gate passed against an empty registry (all stale but the first to register): in
+    whatever order the lock lets them in, the most accurate model ends up the champion."""
+    registry = tmp_path / "registry"
+    accuracies = [0.91, 0.97, 0.93, 0.95, 0.92, 0.96]
+    models = [fake_model(tmp_path / f"m{i}", a) for i, a in enumerate(accuracies)]
+    with ThreadPoolExecutor(len(models)) as pool:
+        results = list(pool.map(lambda m: register(registry, m, reason="no champion yet"), models))
+    assert sorted(int(r[0]) for r in results) == list(range(1, len(models) + 1))
+    champion = aliases(registry)["champion"]
+    assert version_record(registry, champion)["test_accuracy"] == max(accuracies)
+
+
+# --- the component: serving check (stubbed), then the same guarded registration ----------------
+
+
+@pytest.fixture
+def serving_check_passes(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Stands in for `python -m trainer.serve` (which runs under the serving image's TensorFlow)."""
+    calls: list[list[str]] = []
+    real_run = subprocess.run
+
+    def run(cmd: Any, *args: Any, **kwargs: Any) -> Any:
+        if list(cmd[1:3]) != ["-m", "trainer.serve"]:
+            return real_run(cmd, *args, **kwargs)
+        calls.append(list(cmd))
+        line = json.dumps({"image": "test-0.jpg", "class_name": "cbb", "class_index": 0})
+        return subprocess.CompletedProcess(cmd, 0, stdout=line + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    return calls
+
+
+def upload(registry: Path, model: Path, promote: bool) -> Any:
+    return steps.local_upload_model.python_func(
+        model=dsl.Model(uri=str(model)),
+        registry_dir=str(registry),
+        model_display_name=NAME,
+        # Not a prebuilt image: checked under this interpreter (stubbed here), no serving env.
+        serving_image="us-docker.pkg.dev/p/r/trainer-serving@sha256:" + "0" * 64,
+        labels={"team": "ml"},
+        promote=promote,
+        gate_reason="passed against the champion read at the start of the run",
+    )
+
+
+def test_the_upload_step_does_not_take_the_alias_on_a_stale_gate(
+    tmp_path: Path, serving_check_passes: list[list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    registry = tmp_path / "registry"
+    better = upload(registry, fake_model(tmp_path / "a", 0.95), promote=True)
+    stale = upload(registry, fake_model(tmp_path / "b", 0.92), promote=True)
+    assert (better.version, better.champion) == ("1", True)
+    assert (stale.version, stale.champion) == ("2", False)
+    assert aliases(registry) == {"default": "1", "champion": "1"}
+    out = capsys.readouterr().out
+    assert "registered cassava-classifier version 2 at " in out and "champion NOT moved: " in out
+    record = version_record(registry, "2")
+    assert record["labels"] == {"team": "ml"} and record["serving_check"][0]["class_name"] == "cbb"
+    assert [c[0] for c in serving_check_passes] == [sys.executable, sys.executable]
