@@ -1,5 +1,8 @@
 # The project's interface. `make help` lists the targets; every target sets itself up.
 SHELL := /bin/bash
+# Every recipe line fails on its first failing command, a pipe's included (pipefail), so every
+# failure reaches make's exit status.
+.SHELLFLAGS := -e -o pipefail -c
 .DEFAULT_GOAL := help
 
 UV ?= $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
@@ -33,35 +36,58 @@ test-fast: $(STAMP) ## Run the tests that start no extra TensorFlow processes
 compile: $(STAMP) ## Compile pipeline.py to compiled/pipeline.json and pipeline-notify.json (byte-identical on every run)
 	$(PY) pipeline.py
 
+# The variables a person gives make (CRON='0 6 * * 1', NAME=projects/...) reach the programs in
+# their environment, never through a recipe line: `export` hands each value over verbatim and
+# launch.submit reads and validates them there (CRON, TIMEZONE, START, END, MAX_CONCURRENT, NAME;
+# WAIT when `make run` submits to Vertex), so the shell never parses them (TIMEZONE='x"; touch f'
+# is only a bad time zone). `override X := $(value X)` keeps make itself from expanding a `$(...)` inside a value:
+# make expands a variable from the command line or the environment whenever it exports it.
+# TARGET and BENCH are read by the shell from the environment, inside double quotes ("$$TARGET"),
+# which passes them as one argument, unparsed. ARGS is the exception, on purpose: flags for the
+# program, split and unquoted by the shell like any command line (quote inside it accordingly).
 TARGET ?= auto
-ARGS ?=
 WAIT ?=
-run: $(STAMP) ## Run the pipeline: locally when no PROJECT_ID is configured (env or env.sh), else on Vertex (WAIT=1 follows it). ARGS="--epochs 5 --tune true"
-	@WAIT=$(WAIT) $(PY) -m launch.cli run --target $(TARGET) $(ARGS)
-
 CRON ?=
 TIMEZONE ?=
 MAX_CONCURRENT ?= 1
 START ?=
 END ?=
 NAME ?=
+BENCH ?=
+ARGS ?=
+override TARGET := $(value TARGET)
+override WAIT := $(value WAIT)
+override CRON := $(value CRON)
+override TIMEZONE := $(value TIMEZONE)
+override MAX_CONCURRENT := $(value MAX_CONCURRENT)
+override START := $(value START)
+override END := $(value END)
+override NAME := $(value NAME)
+override BENCH := $(value BENCH)
+export TARGET WAIT CRON TIMEZONE MAX_CONCURRENT START END NAME BENCH
+
+# Ends the recipe lines that run launch.cli or launch.submit: when the program fails, one last line
+# names its exit code and what the code means (make itself exits 2 for any failed recipe; see
+# README "Exit codes"), then the recipe fails with that code (make's "Error N" repeats it).
+EXPLAIN = || { code=$$?; case $$code in 1) why="failed: the run failed, or a request to Google Cloud did";; 2) why="usage or settings error: nothing was started";; 130) why="interrupted";; *) why="failed";; esac; echo "make $@: exit code $$code, $$why" >&2; exit $$code; }
+
+run: $(STAMP) ## Run the pipeline: locally when no PROJECT_ID is configured (env or env.sh), else on Vertex (WAIT=1 follows it). ARGS="--epochs 5 --tune true"
+	@$(PY) -m launch.cli run --target="$$TARGET" $(ARGS) $(EXPLAIN)
+
 schedule: $(STAMP) ## Schedule this commit's template on Vertex: CRON='0 6 * * 1' [TIMEZONE=Europe/Paris MAX_CONCURRENT=1 START=iso END=iso ARGS=...]
-	@test -n "$(CRON)" || { echo "make schedule needs CRON='<minute> <hour> <day> <month> <weekday>'" >&2; exit 2; }
-	$(PY) -m launch.submit schedule --cron "$(CRON)" --max_concurrent_runs $(MAX_CONCURRENT) $(if $(TIMEZONE),--timezone "$(TIMEZONE)") $(if $(START),--start_time "$(START)") $(if $(END),--end_time "$(END)") $(ARGS)
+	@$(PY) -m launch.submit schedule $(ARGS) $(EXPLAIN)
 
 schedules: $(STAMP) ## List the project's pipeline schedules
-	$(PY) -m launch.submit schedules
+	@$(PY) -m launch.submit schedules $(EXPLAIN)
 
 schedule-pause schedule-resume schedule-delete: $(STAMP) ## Pause, resume or delete a schedule: NAME=projects/.../schedules/ID
-	@test -n "$(NAME)" || { echo "make $@ needs NAME=projects/<p>/locations/<r>/schedules/<id> (see make schedules)" >&2; exit 2; }
-	$(PY) -m launch.submit $(subst schedule-,,$@) "$(NAME)"
+	@$(PY) -m launch.submit $(subst schedule-,,$@) $(EXPLAIN)
 
 e2e: $(STAMP) ## A real run on Vertex AI (needs a project in env.sh): submit, wait, check the model version
 	$(PY) -m pytest -m e2e tests/e2e
 
-BENCH ?=
 bench: $(STAMP) ## Run the benchmarks (all, or BENCH=input|train|gpu|prepare); writes benchmarks/results/ and the BENCHMARKS.md table
-	$(PY) -m benchmarks run $(if $(BENCH),--bench $(BENCH))
+	$(PY) -m benchmarks run $${BENCH:+--bench="$$BENCH"}
 
 lint: $(STAMP) ## Check formatting, lint rules and types (ruff format --check, ruff, mypy)
 	$(VENV)/bin/ruff format --check .

@@ -8,6 +8,7 @@ setting, what it got and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,7 +16,10 @@ from pathlib import Path
 # Setting -> (what it is, required). The order is env.sh.example's.
 SETTINGS: dict[str, tuple[str, bool]] = {
     "PROJECT_ID": ("Google Cloud project id (e.g. my-project)", True),
-    "REGION": ("Vertex AI region of every job, e.g. us-central1", True),
+    "REGION": (
+        "Vertex AI region of every job, e.g. us-central1 (checked against google-cloud-aiplatform's list)",
+        True,
+    ),
     "PIPELINE_ROOT": ("gs://<bucket>/<path> where runs keep their artifacts (and the build context)", True),
     "SERVICE_ACCOUNT": (
         "service account the pipeline and its jobs run as (<name>@<project>.iam.gserviceaccount.com)",
@@ -70,6 +74,32 @@ _ENDPOINT = re.compile(
 
 class SettingsError(ValueError):
     """Every bad setting, one per line."""
+
+
+def vertex_regions() -> frozenset[str]:
+    """The regions Vertex AI serves, as the installed google-cloud-aiplatform lists them:
+    `google.cloud.aiplatform.constants.base.SUPPORTED_REGIONS`, the list `aiplatform.init()`
+    checks its location against (`utils.validate_region`). Less `global`: "Vertex AI doesn't
+    support a global location" for training and pipelines ("Vertex AI locations",
+    https://cloud.google.com/vertex-ai/docs/general/locations; `global` is for generative AI
+    endpoints). Imported here, not at the top: the SDK takes seconds to import, and only the
+    Vertex target needs it."""
+    from google.cloud.aiplatform.constants import base
+
+    return frozenset(base.SUPPORTED_REGIONS) - {"global"}
+
+
+def region_problem(region: str) -> str | None:
+    """Why `region` is not a Vertex AI region (naming the closest ones), or None."""
+    regions = vertex_regions()
+    if region in regions:
+        return None
+    close = difflib.get_close_matches(region, sorted(regions), n=3, cutoff=0.6)
+    hint = f"closest: {', '.join(close)}" if close else f"one of: {', '.join(sorted(regions))}"
+    return (
+        f"REGION={region!r} is not a Vertex AI region (google-cloud-aiplatform lists {len(regions)}, "
+        f"google.cloud.aiplatform.constants.base.SUPPORTED_REGIONS); {hint}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +159,8 @@ def load(
         return match
 
     check("PROJECT_ID", _PROJECT)
-    check("REGION", _REGION)
+    if check("REGION", _REGION) and (problem := region_problem(values["REGION"])):
+        problems.append(problem)
     check("PIPELINE_ROOT", _BUCKET_URI)
     check("SERVICE_ACCOUNT", _SERVICE_ACCOUNT)
     check("NETWORK", _NETWORK)

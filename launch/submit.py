@@ -5,14 +5,25 @@ Everything is sent by the real client libraries (google-cloud-storage, google-cl
 `PipelineJob`/`PipelineJobSchedule`, kfp's `RegistryClient`); settings are validated first
 (`launch.settings`), so a bad setting costs no request.
 
-    python -m launch.submit schedule --cron '0 6 * * 1' [--timezone Europe/Paris]
-        [--max_concurrent_runs 1] [--start_time ISO] [--end_time ISO] [--<parameter> VALUE ...]
-    python -m launch.submit schedules | pause NAME | resume NAME | delete NAME
+    python -m launch.submit schedule [--<parameter> VALUE ...]
+        with CRON='0 6 * * 1' [TIMEZONE=Europe/Paris MAX_CONCURRENT=1 START=ISO END=ISO] in the
+        environment (or --cron, --timezone, --max_concurrent_runs, --start_time, --end_time)
+    python -m launch.submit schedules | pause [NAME] | resume [NAME] | delete [NAME]
+        (NAME=projects/<p>/locations/<region>/schedules/<id> in the environment, or as argument)
+
+make hands its variables over in the environment (the Makefile exports them; no recipe line puts
+them into a shell command), and they are checked here, each error naming the variable, before any
+request. Exit status: 0 done; 2 a usage or settings error, missing credentials included (nothing
+was sent); 1 a failed run (`make run WAIT=1`) or a request Google Cloud refused (with its
+traceback); 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
+import difflib
 import io
 import json
 import os
@@ -20,6 +31,7 @@ import re
 import subprocess
 import sys
 import time
+import zoneinfo
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -254,10 +266,59 @@ def _with_template(given: Mapping[str, Any], template: Path) -> tuple[dict[str, 
     return values, template
 
 
+def credential_errors() -> tuple[type[Exception], ...]:
+    """What google-auth raises when there are no credentials (DefaultCredentialsError, from
+    `google.auth.default()` as a client is made) or they are refused (RefreshError, as a token is
+    fetched): both before the request that needed them is sent."""
+    from google.auth import exceptions
+
+    return (exceptions.DefaultCredentialsError, exceptions.RefreshError)
+
+
+def no_credentials(prog: str, err: Exception) -> str:
+    """One line saying what is missing and the three ways Application Default Credentials finds
+    credentials, in its search order: GOOGLE_APPLICATION_CREDENTIALS, the gcloud CLI's ADC file,
+    the attached service account ("How Application Default Credentials works",
+    https://cloud.google.com/docs/authentication/application-default-credentials)."""
+    from google.auth import exceptions
+
+    reason = " ".join(str(err).split())
+    reason = reason if len(reason) <= 300 else reason[:297] + "..."
+    what = (
+        "the Google Cloud credentials were refused"
+        if isinstance(err, exceptions.RefreshError)
+        else "no Google Cloud credentials"
+    )
+    return (
+        f"{prog}: {what} ({reason}); provide Application Default Credentials: run "
+        "`gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a "
+        "service account key file, or run where a service account is attached (Compute Engine, "
+        "Cloud Build, Cloud Run, GKE)"
+    )
+
+
+WAIT_VALUES = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
+
+
+def check_wait(text: str) -> bool:
+    """WAIT (`make run WAIT=1`): follow the Vertex run to its end."""
+    if text.lower() not in WAIT_VALUES:
+        raise ValueError(
+            f"WAIT={text!r} is not valid: expected 1, true or yes (follow the run to its end), "
+            "or 0, false, no or empty (submit and return)"
+        )
+    return WAIT_VALUES[text.lower()]
+
+
 def main(ns: argparse.Namespace, environ: Mapping[str, str], project: str) -> int:
     """`make run` with a project configured (called by launch.cli)."""
     import pipeline
 
+    try:
+        wait = check_wait(environ.get("WAIT", ""))
+    except ValueError as err:
+        print(f"make run: {err}", file=sys.stderr)
+        return 2
     try:
         settings = settings_mod.load(environ)
     except SettingsError as err:
@@ -276,13 +337,190 @@ def main(ns: argparse.Namespace, environ: Mapping[str, str], project: str) -> in
         if getattr(ns, q.name, None) is not None
     }
     try:
-        return submit(settings, given, wait=environ.get("WAIT", "") not in ("", "0", "false"))
+        return submit(settings, given, wait=wait)
+    except credential_errors() as err:
+        print(no_credentials("make run", err), file=sys.stderr)
+        return 2
     except ValueError as err:
         print(f"make run: {err}", file=sys.stderr)
         return 2
 
 
 # --- schedules ----------------------------------------------------------------------------------
+
+# make's schedule variables (CRON, TIMEZONE, MAX_CONCURRENT, START, END, NAME), checked before
+# any request. Vertex takes a cron expression with an optional `TZ=<IANA zone> ` prefix, "a valid
+# string from IANA time zone database" (aiplatform's PipelineJobSchedule.create docstring; "Schedule
+# a pipeline run with the scheduler API",
+# https://cloud.google.com/vertex-ai/docs/pipelines/schedule-pipeline-run). The five fields, their
+# ranges and names, `*`, ranges, `/` steps and lists are the unix-cron format of Google's
+# schedulers ("Configure cron job schedules",
+# https://cloud.google.com/scheduler/docs/configuring/cron-job-schedules).
+MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
+WEEKDAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
+CRON_FIELDS: tuple[tuple[str, int, int, tuple[str, ...]], ...] = (
+    ("minute", 0, 59, ()),
+    ("hour", 0, 23, ()),
+    ("day of month", 1, 31, ()),
+    ("month", 1, 12, MONTHS),
+    ("day of week", 0, 7, WEEKDAYS),  # 0 and 7 are Sunday
+)
+CRON_USAGE = (
+    "CRON='<minute> <hour> <day of month> <month> <day of week>', e.g. CRON='0 6 * * 1' (Mondays, 06:00)"
+)
+# A schedule's resource name (aiplatform_v1 ScheduleServiceClient.schedule_path).
+SCHEDULE_NAME = re.compile(r"projects/[a-z0-9-]+/locations/[a-z0-9-]+/schedules/[A-Za-z0-9_-]+")
+SCHEDULE_NAME_USAGE = (
+    "NAME=projects/<project>/locations/<region>/schedules/<id> (`make schedules` lists them)"
+)
+
+
+def _cron_value(text: str, low: int, high: int, names: tuple[str, ...]) -> int | None:
+    if re.fullmatch(r"[0-9]{1,2}", text):
+        value = int(text)
+    elif text.upper() in names:
+        value = names.index(text.upper()) + low
+    else:
+        return None
+    return value if low <= value <= high else None
+
+
+def _cron_field_ok(field: str, low: int, high: int, names: tuple[str, ...]) -> bool:
+    for item in field.split(","):
+        span, slash, step = item.partition("/")
+        if slash and not (re.fullmatch(r"[0-9]{1,2}", step) and int(step) >= 1):
+            return False
+        if span == "*":
+            continue
+        first, dash, last = span.partition("-")
+        start = _cron_value(first, low, high, names)
+        if start is None or (slash and not dash):  # a step follows `*` or a range
+            return False
+        if dash:
+            end = _cron_value(last, low, high, names)
+            if end is None or end < start:
+                return False
+    return True
+
+
+def check_cron(cron: str) -> str:
+    """CRON: five unix-cron fields; returns them joined by single spaces."""
+    if not cron.strip():
+        raise ValueError(f"CRON is not set: {CRON_USAGE}")
+    if cron.strip().upper().startswith(("TZ=", "CRON_TZ=")):
+        raise ValueError(f"CRON={cron!r}: give the time zone as TIMEZONE=<IANA time zone>, not in CRON")
+    if re.search(r"[^ -~]", cron):
+        raise ValueError(f"CRON={cron!r} has a newline, tab or other non-printing character: {CRON_USAGE}")
+    fields = cron.split()
+    if len(fields) != 5:
+        raise ValueError(
+            f"CRON must have five fields (minute hour day month weekday), got {cron!r}: {CRON_USAGE}"
+        )
+    bad = [
+        f"{name} {field!r} (expected {low}-{high}{', ' + names[0] + '-' + names[-1] if names else ''})"
+        for field, (name, low, high, names) in zip(fields, CRON_FIELDS, strict=True)
+        if not _cron_field_ok(field, low, high, names)
+    ]
+    if bad:
+        raise ValueError(
+            f"CRON={cron!r} is not a unix-cron expression: {'; '.join(bad)}. Each field takes *, a value, "
+            "a range a-b, a step */n or a-b/n, or a list of these (a,b,c)"
+        )
+    return " ".join(fields)
+
+
+def check_timezone(timezone: str) -> str:
+    """TIMEZONE: empty (the schedule's cron is read in UTC), or an IANA time zone name."""
+    if not timezone:
+        return ""
+    known = zoneinfo.available_timezones()
+    if timezone in known:
+        return timezone
+    if not known and re.fullmatch(r"[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*", timezone):
+        return timezone  # no time zone database on this machine to check against (pip install tzdata)
+    close = difflib.get_close_matches(timezone, sorted(known), n=3)
+    raise ValueError(
+        f"TIMEZONE={timezone!r} is not an IANA time zone name (e.g. Europe/Paris, America/New_York, "
+        f"UTC; the tz database here has {len(known)})" + (f"; closest: {', '.join(close)}" if close else "")
+    )
+
+
+def check_timestamp(name: str, text: str) -> str | None:
+    """START or END: an ISO-8601 timestamp with a UTC offset; returned in UTC as RFC 3339, the
+    JSON form of the Schedule's start_time/end_time (protobuf Timestamps), or None when empty."""
+    if not text:
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"{name}={text!r} is not an ISO-8601 timestamp: expected e.g. 2026-12-01T06:00:00Z or "
+            "2026-12-01T07:00:00+01:00"
+        ) from None
+    if when.tzinfo is None:
+        raise ValueError(
+            f"{name}={text!r} has no UTC offset: add Z (UTC) or +HH:MM, e.g. {when.isoformat()}Z"
+        )
+    return when.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def check_max_concurrent(value: int | str) -> int:
+    """MAX_CONCURRENT: how many of the schedule's runs may run at once, an integer >= 1."""
+    text = str(value)
+    if not re.fullmatch(r"[0-9]{1,9}", text) or int(text) < 1:
+        raise ValueError(
+            f"MAX_CONCURRENT={text!r} is not valid: expected an integer >= 1 (how many of the "
+            "schedule's runs may run at once)"
+        )
+    return int(text)
+
+
+def check_schedule_name(name: str) -> str:
+    """NAME of `make schedule-pause|resume|delete`: a schedule's full resource name."""
+    if not name:
+        raise ValueError(f"NAME is not set: {SCHEDULE_NAME_USAGE}")
+    if not SCHEDULE_NAME.fullmatch(name):
+        raise ValueError(f"NAME={name!r} is not a schedule's resource name: expected {SCHEDULE_NAME_USAGE}")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleOptions:
+    cron: str
+    timezone: str = ""
+    max_concurrent_runs: int = 1
+    start_time: str | None = None
+    end_time: str | None = None
+
+
+def schedule_options(
+    cron: str,
+    timezone: str = "",
+    max_concurrent: int | str = 1,
+    start: str | None = None,
+    end: str | None = None,
+) -> ScheduleOptions:
+    """Every schedule variable checked; raises ValueError naming each bad one, one per line."""
+    problems: list[str] = []
+    checked: dict[str, Any] = {}
+    checks = {
+        "cron": lambda: check_cron(cron),
+        "timezone": lambda: check_timezone(timezone),
+        "max_concurrent_runs": lambda: check_max_concurrent(max_concurrent),
+        "start_time": lambda: check_timestamp("START", start or ""),
+        "end_time": lambda: check_timestamp("END", end or ""),
+    }
+    for key, check in checks.items():
+        try:
+            checked[key] = check()
+        except ValueError as err:
+            problems.append(str(err))
+    begin, finish = checked.get("start_time"), checked.get("end_time")
+    if begin and finish and datetime.datetime.fromisoformat(finish) <= datetime.datetime.fromisoformat(begin):
+        problems.append(f"END={end!r} is not after START={start!r}")
+    if problems:
+        raise ValueError("\n".join(problems))
+    return ScheduleOptions(**checked)
 
 
 def upload_template(
@@ -336,10 +574,7 @@ def create_schedule(
     """A Vertex pipeline schedule of the template version pinned to this commit."""
     from google.cloud import aiplatform
 
-    if len(cron.split()) != 5:
-        raise ValueError(f"CRON must have five fields (minute hour day month weekday), got {cron!r}")
-    if max_concurrent_runs < 1:
-        raise ValueError(f"max_concurrent_runs must be >= 1, got {max_concurrent_runs}")
+    options = schedule_options(cron, timezone, max_concurrent_runs, start_time, end_time)
     commit = source_commit(root)
     if commit.endswith("-dirty"):
         raise ValueError(
@@ -357,10 +592,10 @@ def create_schedule(
         pipeline_job=job, display_name=f"multiworker-cassava-training-{commit[:8]}"
     )
     schedule.create(
-        cron=f"TZ={timezone} {cron}" if timezone else cron,
-        max_concurrent_run_count=max_concurrent_runs,
-        start_time=start_time,
-        end_time=end_time,
+        cron=f"TZ={options.timezone} {options.cron}" if options.timezone else options.cron,
+        max_concurrent_run_count=options.max_concurrent_runs,
+        start_time=options.start_time,
+        end_time=options.end_time,
         service_account=settings.service_account or None,
         network=settings.network or None,
     )
@@ -368,66 +603,113 @@ def create_schedule(
     return schedule
 
 
-def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
-    import pipeline
+PROGS = {
+    "schedule": "make schedule",
+    "schedules": "make schedules",
+    "pause": "make schedule-pause",
+    "resume": "make schedule-resume",
+    "delete": "make schedule-delete",
+}
 
+
+def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
+    """`python -m launch.submit ...` (module docstring); returns the exit status."""
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
     action, rest = argv[0], list(argv[1:])
-    try:
-        settings = settings_mod.load(environ)
-    except SettingsError as err:
-        print(f"cannot reach Vertex AI; fix these settings (env or env.sh):\n{err}", file=sys.stderr)
+    prog = PROGS.get(action, "launch.submit")
+    if action == "schedule":
+        return _schedule(rest, environ)
+    if action == "schedules" and not rest:
+        name = ""
+    elif action in ("pause", "resume", "delete") and len(rest) <= 1:
+        try:
+            name = check_schedule_name(rest[0] if rest else environ.get("NAME", ""))
+        except ValueError as err:
+            print(f"{prog}: {err}", file=sys.stderr)
+            return 2
+    else:
+        print(
+            f"unknown schedule command {' '.join(argv)!r}; use schedule, schedules, pause NAME, resume NAME or delete NAME",
+            file=sys.stderr,
+        )
+        return 2
+    settings = _settings(prog, environ)
+    if settings is None:
         return 2
     from google.cloud import aiplatform
 
-    if action == "schedule":
-        parser = flags.build_parser(pipeline.parameters_for("vertex"))
-        parser.prog = "make schedule CRON=..."
-        parser.add_argument("--cron", required=True)
-        parser.add_argument("--timezone", default="")
-        parser.add_argument("--max_concurrent_runs", type=int, default=1)
-        parser.add_argument("--start_time", default=None)
-        parser.add_argument("--end_time", default=None)
-        ns = parser.parse_args(rest)
-        given = {
-            q.name: getattr(ns, q.name)
-            for q in pipeline.parameters_for("vertex")
-            if getattr(ns, q.name) is not None
-        }
-        try:
-            create_schedule(
-                settings,
-                given,
-                cron=ns.cron,
-                timezone=ns.timezone,
-                max_concurrent_runs=ns.max_concurrent_runs,
-                start_time=ns.start_time,
-                end_time=ns.end_time,
-            )
-        except ValueError as err:
-            print(f"make schedule: {err}", file=sys.stderr)
-            return 2
-        return 0
-    init_aiplatform(settings)
-    if action == "schedules":
-        for s in aiplatform.PipelineJobSchedule.list():
-            state = s.state.name if s.state is not None else "?"
-            print(f"{s.resource_name}  {s.display_name}  {state}  cron={s.cron!r}")
-        return 0
-    if action in ("pause", "resume", "delete") and len(rest) == 1:
-        schedule = aiplatform.PipelineJobSchedule.get(rest[0])
+    try:
+        init_aiplatform(settings)
+        if action == "schedules":
+            for s in aiplatform.PipelineJobSchedule.list():
+                state = s.state.name if s.state is not None else "?"
+                print(f"{s.resource_name}  {s.display_name}  {state}  cron={s.cron!r}")
+            return 0
+        schedule = aiplatform.PipelineJobSchedule.get(name)
         getattr(schedule, action)()
-        print(
-            f"{action}d {schedule.resource_name}" if action != "pause" else f"paused {schedule.resource_name}"
-        )
-        return 0
-    print(
-        f"unknown schedule command {' '.join(argv)!r}; use schedule, schedules, pause NAME, resume NAME or delete NAME",
-        file=sys.stderr,
+    except credential_errors() as err:
+        print(no_credentials(prog, err), file=sys.stderr)
+        return 2
+    print(f"{action}d {schedule.resource_name}" if action != "pause" else f"paused {schedule.resource_name}")
+    return 0
+
+
+def _settings(prog: str, environ: Mapping[str, str]) -> Settings | None:
+    try:
+        return settings_mod.load(environ)
+    except SettingsError as err:
+        print(f"{prog}: cannot reach Vertex AI; fix these settings (env or env.sh):\n{err}", file=sys.stderr)
+        return None
+
+
+def _schedule(rest: Sequence[str], environ: Mapping[str, str]) -> int:
+    """`make schedule`: the variables and flags checked, then the settings, then the requests."""
+    import pipeline
+
+    parser = flags.build_parser(pipeline.parameters_for("vertex"))
+    parser.prog = "make schedule CRON=..."
+    parser.add_argument("--cron", default=environ.get("CRON", ""), help="default: CRON")
+    parser.add_argument("--timezone", default=environ.get("TIMEZONE", ""), help="default: TIMEZONE")
+    parser.add_argument(
+        "--max_concurrent_runs",
+        default=environ.get("MAX_CONCURRENT", "") or "1",
+        help="default: MAX_CONCURRENT",
     )
-    return 2
+    parser.add_argument("--start_time", default=environ.get("START", ""), help="default: START")
+    parser.add_argument("--end_time", default=environ.get("END", ""), help="default: END")
+    ns = parser.parse_args(rest)
+    try:
+        options = schedule_options(ns.cron, ns.timezone, ns.max_concurrent_runs, ns.start_time, ns.end_time)
+    except ValueError as err:
+        print(f"make schedule: {err}", file=sys.stderr)
+        return 2
+    settings = _settings("make schedule", environ)
+    if settings is None:
+        return 2
+    given = {
+        q.name: getattr(ns, q.name)
+        for q in pipeline.parameters_for("vertex")
+        if getattr(ns, q.name) is not None
+    }
+    try:
+        create_schedule(
+            settings,
+            given,
+            cron=options.cron,
+            timezone=options.timezone,
+            max_concurrent_runs=options.max_concurrent_runs,
+            start_time=options.start_time,
+            end_time=options.end_time,
+        )
+    except credential_errors() as err:
+        print(no_credentials("make schedule", err), file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"make schedule: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

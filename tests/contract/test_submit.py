@@ -411,3 +411,104 @@ def test_bad_recipients_are_refused_before_any_request(
         )
     assert vertex.requests == []
     assert list(gcs.bucket(BUCKET).list_blobs()) == []
+
+
+# --- make's schedule variables, checked before any request -------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cron", ["0 6 * * 1", "*/15 0-23/2 1,15 JAN-JUN MON-FRI", "59 23 31 12 7", "  0  6 * * sun  "]
+)
+def test_unix_cron_expressions_pass(cron: str) -> None:
+    assert submit.check_cron(cron) == " ".join(cron.split())
+
+
+@pytest.mark.parametrize(
+    ("cron", "message"),
+    [
+        ("", "CRON is not set"),
+        ("every monday", "CRON must have five fields"),
+        ("0 6 * * 1 2026", "CRON must have five fields"),
+        ("TZ=Europe/Paris 0 6 * * 1", "give the time zone as TIMEZONE="),
+        ("0 6 * *\n1", "has a newline, tab or other non-printing character"),
+        ("60 6 * * 1", "minute '60' (expected 0-59)"),
+        ("0 6 0 * 1", "day of month '0' (expected 1-31)"),
+        ("0 6 * 13 1", "month '13' (expected 1-12, JAN-DEC)"),
+        ("0 6 * * FUN", "day of week 'FUN' (expected 0-7, SUN-SAT)"),
+        ("0 5/2 * * 1", "hour '5/2'"),
+        ("0 9-5 * * 1", "hour '9-5'"),
+        ('x"; touch f; echo "', "is not a unix-cron expression"),
+    ],
+)
+def test_bad_cron_is_named(cron: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        submit.check_cron(cron)
+
+
+def test_schedule_variables_are_all_named_at_once_before_any_request(vertex: RestFake) -> None:
+    config = settings.load(env(vertex), Path("/nonexistent"))
+    with pytest.raises(ValueError) as info:
+        submit.create_schedule(
+            config,
+            {},
+            cron="0 6 * * 1",
+            timezone="Europe/Pari",
+            max_concurrent_runs=0,
+            start_time="2026-12-01",
+            end_time="tomorrow",
+        )
+    lines = str(info.value).splitlines()
+    assert (
+        lines[0].startswith("TIMEZONE='Europe/Pari' is not an IANA time zone name")
+        and "closest: Europe/Paris" in lines[0]
+    )
+    assert lines[1].startswith("MAX_CONCURRENT='0' is not valid: expected an integer >= 1")
+    assert (
+        lines[2] == "START='2026-12-01' has no UTC offset: add Z (UTC) or +HH:MM, e.g. 2026-12-01T00:00:00Z"
+    )
+    assert lines[3].startswith("END='tomorrow' is not an ISO-8601 timestamp")
+    assert vertex.requests == []
+
+
+def test_schedule_times_are_sent_in_utc_and_must_be_in_order() -> None:
+    options = submit.schedule_options(
+        "0 6 * * 1", "Europe/Paris", "3", "2026-12-01T07:00:00+01:00", "2027-01-01T00:00:00.5Z"
+    )
+    assert options == submit.ScheduleOptions(
+        cron="0 6 * * 1",
+        timezone="Europe/Paris",
+        max_concurrent_runs=3,
+        start_time="2026-12-01T06:00:00Z",
+        end_time="2027-01-01T00:00:00.500000Z",
+    )
+    with pytest.raises(ValueError, match="END='2026-11-30T00:00:00Z' is not after START="):
+        submit.schedule_options("0 6 * * 1", start="2026-12-01T00:00:00Z", end="2026-11-30T00:00:00Z")
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("projects/p-proj/locations/us-central1/schedules/77", True),
+        ("projects/123456/locations/europe-west4/schedules/abc_1-2", True),
+        ("", False),
+        ("77", False),
+        ("projects/p-proj/locations/us-central1/schedules/77/extra", False),
+        ("projects/p-proj/locations/us-central1/schedules/$(touch x)", False),
+    ],
+)
+def test_schedule_names_are_resource_names(name: str, ok: bool) -> None:
+    if ok:
+        assert submit.check_schedule_name(name) == name
+    else:
+        with pytest.raises(ValueError, match=r"NAME( is not set|=.* is not a schedule's resource name)"):
+            submit.check_schedule_name(name)
+
+
+@pytest.mark.parametrize(("wait", "expected"), [("", False), ("0", False), ("1", True), ("TRUE", True)])
+def test_wait_values(wait: str, expected: bool) -> None:
+    assert submit.check_wait(wait) is expected
+
+
+def test_make_run_with_a_bad_wait_exits_2_before_the_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--target", "vertex"], {"WAIT": "sometimes"}) == 2
+    assert "make run: WAIT='sometimes' is not valid" in capsys.readouterr().err
