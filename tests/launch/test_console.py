@@ -24,7 +24,10 @@ SHOWN = [
     ("PROMOTE: test accuracy 0.95 >= 0.90; no champion yet", "    PROMOTE: test accuracy"),
     ("registered cassava-classifier version 3 at /x", "    registered cassava-classifier"),
     # The first local run makes the serving check's environment: say why the step takes a while.
-    ("making the TensorFlow 2.15 serving environment in /x/.cache/serving-tf-2.15 (...); once", "    making the"),
+    (
+        "making the TensorFlow 2.15 serving environment in /x/.cache/serving-tf-2.15 (...); once",
+        "    making the",
+    ),
 ]
 HIDDEN = [
     "[train-model worker-0] [worker-0] epoch 2/6 done in 0.8s: loss=0.5",  # the chief speaks for the job
