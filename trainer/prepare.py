@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import inspect
 import math
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -46,6 +48,8 @@ MIN_CLASSES = 2
 # A split with fewer images than this of a class gets a warning: its figures (the gate's test
 # accuracy, the tuning metric) are too noisy to compare models by.
 FEW_IMAGES_PER_CLASS = 5
+# Split folder names people use for validation; a folder source with one is told to rename it.
+VALIDATION_ALIASES = ("val", "valid", "dev", "eval")
 
 
 class PrepareError(ValueError):
@@ -322,6 +326,31 @@ def _tfds_source(builder: Any, image_key: str, label_key: str) -> Source:
     )
 
 
+def _check_image_file(p: str) -> None:
+    """Raises PrepareError naming local image path `p` unless it is a readable regular file (or a
+    symlink to one), so that a bad entry is refused while listing, before any TensorFlow work."""
+    allowed = f"each {'/'.join(IMAGE_EXTENSIONS)} entry in a class folder must be a readable image file"
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise PrepareError(f"{p} is a symlink loop; {allowed}") from None
+        if os.path.islink(p):
+            raise PrepareError(f"{p} is a broken symlink (to {os.readlink(p)}); {allowed}") from None
+        raise PrepareError(f"cannot read {p} ({e.strerror}); {allowed}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise PrepareError(f"{p} is a folder, not an image; {allowed}")
+    if not stat.S_ISREG(st.st_mode):
+        raise PrepareError(f"{p} is not a regular file; {allowed}")
+    if not os.access(p, os.R_OK):
+        raise PrepareError(f"cannot read {p} (permission denied); {allowed}")
+    try:
+        with open(p, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise PrepareError(f"cannot read {p} ({e.strerror}); {allowed}") from None
+
+
 def open_folder(path: str) -> Source:
     from trainer import images, storage
     from trainer._tf import tf
@@ -336,7 +365,15 @@ def open_folder(path: str) -> Source:
         )
 
     layout = "PATH/<split>/<class>/*.jpg (split: train, validation or test)"
-    present = [s for s in SPLITS if s in subdirs(root)]
+    top = subdirs(root)
+    for name in top:
+        if name not in SPLITS and not name.startswith("."):
+            hint = " (rename it to validation/)" if name.lower() in VALIDATION_ALIASES else ""
+            raise PrepareError(
+                f"--source folder:{path}: unknown split folder {storage.join(root, name)}{hint}; "
+                f"allowed split folders: {', '.join(SPLITS)}"
+            )
+    present = [s for s in SPLITS if s in top]
     if "train" not in present:
         raise PrepareError(f"--source folder:{path} has no train/ folder; expected {layout}")
 
@@ -368,6 +405,9 @@ def open_folder(path: str) -> Source:
                 raise PrepareError(
                     f"class {name!r} has no images in {folder} (allowed: {', '.join(IMAGE_EXTENSIONS)})"
                 )
+            if not storage.is_remote(folder):
+                for p in found:
+                    _check_image_file(p)
             paths += found
             labels += [label] * len(found)
         files_by_split[split] = (paths, labels)
@@ -624,9 +664,17 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
     """Prepares `config.source` into `config.output_dir`; returns the metadata written.
     `progress` defaults to `Progress.auto()`: bars on a terminal, else plain lines."""
     from trainer import storage
+    from trainer._tf import tf
 
     progress = progress or Progress.auto()
 
+    output = storage.resolve(config.output_dir)
+    exists = tf.io.gfile.exists(output) if storage.is_remote(output) else os.path.lexists(output)
+    if not config.overwrite and exists and not tf.io.gfile.isdir(output):
+        raise PrepareError(
+            f"--output_dir {config.output_dir} is an existing file, not a folder; pass --overwrite "
+            "to replace it, or name a folder"
+        )
     if not config.overwrite and storage.is_nonempty_dir(config.output_dir):
         raise PrepareError(
             f"--output_dir {config.output_dir} already exists and is not empty; pass --overwrite "

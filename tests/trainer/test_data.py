@@ -85,3 +85,94 @@ def test_prepared_metadata_has_exactly_the_declared_keys(synthetic_dir: Path) ->
     assert written["format_version"] == contract.METADATA_FORMAT_VERSION == data.FORMAT_VERSION
     for split in ("train", "validation", "test"):
         assert sorted(set(written["splits"][split]) - {"carved_from"}) == sorted(contract.METADATA_SPLIT_KEYS)
+
+
+# --- the shards are checked against metadata.json when it is loaded ---------------------------
+
+
+@pytest.fixture
+def copied(synthetic_dir: Path, tmp_path: Path) -> Path:
+    """A private copy of the prepared dataset, to corrupt."""
+    import shutil
+
+    return Path(shutil.copytree(synthetic_dir, tmp_path / "data"))
+
+
+def test_an_intact_dataset_passes_both_checks(copied: Path) -> None:
+    for verify in ("size", "full"):
+        meta = data.load_metadata(str(copied), verify=verify)
+        assert meta.splits["train"].count == 300
+
+
+def test_a_truncated_shard_is_refused_naming_it(copied: Path) -> None:
+    shard = copied / "train-00003-of-00008.tfrecord"
+    first = next(iter(tf.data.TFRecordDataset(str(shard)))).numpy()
+    with tf.io.TFRecordWriter(str(shard)) as w:  # 1 of its records left, a valid TFRecord file
+        w.write(first)
+    with pytest.raises(
+        data.DataError,
+        match=r"train-00003-of-00008\.tfrecord of split 'train'.*expected 38 records.*prepare the dataset again",
+    ):
+        data.load_metadata(str(copied))
+
+
+def test_a_shard_swapped_with_one_of_another_split_is_refused(copied: Path) -> None:
+    (copied / "train-00001-of-00008.tfrecord").write_bytes(
+        (copied / "test-00001-of-00008.tfrecord").read_bytes()
+    )
+    with pytest.raises(data.DataError, match=r"train-00001-of-00008\.tfrecord of split 'train'.*swapped"):
+        data.load_metadata(str(copied))
+
+
+def test_metadata_listing_a_shard_of_another_split_is_refused(copied: Path) -> None:
+    meta = json.loads((copied / contract.METADATA_FILE).read_text())
+    meta["splits"]["train"]["shards"][2] = "test-00002-of-00008.tfrecord"
+    (copied / contract.METADATA_FILE).write_text(json.dumps(meta))
+    with pytest.raises(
+        data.DataError, match=r"split 'train'.*names train-00002-of-00008\.tfrecord; found test-00002"
+    ):
+        data.load_metadata(str(copied))
+
+
+def test_a_missing_shard_is_refused_naming_it(copied: Path) -> None:
+    (copied / "validation-00005-of-00008.tfrecord").unlink()
+    with pytest.raises(
+        data.DataError,
+        match=r"validation-00005-of-00008\.tfrecord of split 'validation'.*found none.*prepare the dataset again",
+    ):
+        data.load_metadata(str(copied))
+
+
+def test_full_verification_catches_a_same_size_byte_flip(
+    copied: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shard = copied / "test-00006-of-00008.tfrecord"
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    data.load_metadata(str(copied))  # the cheap check cannot see it
+    monkeypatch.setenv(data.VERIFY_ENV, "full")
+    with pytest.raises(data.DataError, match=r"test-00006-of-00008\.tfrecord of split 'test'.*corrupted"):
+        data.load_metadata(str(copied))
+
+
+def test_full_verification_catches_swapped_content_of_equal_count(copied: Path) -> None:
+    """validation and test shards hold the same number of records: only the hashes differ."""
+    (copied / "validation-00000-of-00008.tfrecord").write_bytes(
+        (copied / "test-00000-of-00008.tfrecord").read_bytes()
+    )
+    data.load_metadata(str(copied))
+    with pytest.raises(data.DataError, match=r"expected the fingerprint sha256:.*found sha256:"):
+        data.load_metadata(str(copied), verify="full")
+
+
+def test_an_unknown_verify_mode_is_refused(synthetic_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"verify='quick'.*\('size', 'full'\)"):
+        data.load_metadata(str(synthetic_dir), verify="quick")
+
+
+def test_read_errors_can_be_explained_with_the_split_files(copied: Path, meta: data.DatasetMetadata) -> None:
+    error = tf.errors.DataLossError(None, None, "corrupted record at 234859")
+    message = str(data.explain_read_error(error, str(copied), meta, "train"))
+    assert "corrupted record at 234859" in message and "train-00007-of-00008.tfrecord" in message
+    assert "TRAINER_VERIFY_DATA=full" in message

@@ -3,6 +3,7 @@ from __future__ import annotations
 import inspect
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,10 @@ def write_images(folder: Path, count: int, *, seed: int, fmt: str = "jpg") -> No
         image = rng.integers(0, 255, (40 + i, 50, 3), dtype=np.uint8)
         encoded = tf.io.encode_png(image) if fmt == "png" else tf.io.encode_jpeg(image)
         (folder / f"img{i}.{fmt}").write_bytes(encoded.numpy())
+
+
+ALLOWED = "each .jpg/.jpeg/.png entry in a class folder must be a readable image file"
+ALLOWED_SPLITS = "allowed split folders: train, validation, test"
 
 
 @pytest.fixture
@@ -111,6 +116,22 @@ def _bad(root: Path, case: str) -> str:
         write_images(root / "train" / "b", 3, seed=1)
         write_images(root / "test" / "a", 2, seed=2)
         write_images(root / "test" / "c", 2, seed=3)
+    elif case in ("val", "valid", "dev", "eval", "holdout"):
+        write_images(root / "train" / "b", 3, seed=1)
+        write_images(root / case / "a", 2, seed=2)
+        write_images(root / case / "b", 2, seed=3)
+    elif case in ("dangling_symlink", "symlink_loop", "folder_named_jpg", "unreadable"):
+        write_images(root / "train" / "b", 3, seed=1)
+        bad = root / "train" / "b" / "x.jpg"
+        if case == "dangling_symlink":
+            bad.symlink_to(root / "train" / "b" / "gone.jpg")
+        elif case == "symlink_loop":
+            bad.symlink_to(bad)
+        elif case == "folder_named_jpg":
+            bad.mkdir()
+        else:
+            (root / "train" / "b" / "img0.jpg").rename(bad)
+            bad.chmod(0)
     return f"folder:{root}"
 
 
@@ -126,10 +147,27 @@ def _bad(root: Path, case: str) -> str:
             "has 1 class(es) ['a']: a classifier needs at least 2 (one folder per class under train/)",
         ),
         ("class_mismatch", "split 'test' has different classes than train (missing ['b'], extra ['c'])"),
+        *[
+            (split, f"unknown split folder {{src}}/{split} (rename it to validation/); {ALLOWED_SPLITS}")
+            for split in ("val", "valid", "dev", "eval")
+        ],
+        ("holdout", f"unknown split folder {{src}}/holdout; {ALLOWED_SPLITS}"),
+        (
+            "dangling_symlink",
+            f"{{src}}/train/b/x.jpg is a broken symlink (to {{src}}/train/b/gone.jpg); {ALLOWED}",
+        ),
+        ("symlink_loop", f"{{src}}/train/b/x.jpg is a symlink loop; {ALLOWED}"),
+        ("folder_named_jpg", f"{{src}}/train/b/x.jpg is a folder, not an image; {ALLOWED}"),
+        pytest.param(
+            "unreadable",
+            f"cannot read {{src}}/train/b/x.jpg (permission denied); {ALLOWED}",
+            marks=pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file"),
+        ),
     ],
 )
 def test_bad_folders_get_a_clear_error_and_no_output(tmp_path: Path, case: str, message: str) -> None:
     source = _bad(tmp_path / "src", case)
+    message = message.format(src=tmp_path / "src")
     out = tmp_path / "out"
     with pytest.raises(PrepareError) as err:
         prepare(PrepareConfig(source=source, output_dir=str(out), image_size=32))
@@ -139,6 +177,37 @@ def test_bad_folders_get_a_clear_error_and_no_output(tmp_path: Path, case: str, 
     assert not out.exists()
     # Nothing half-written beside it either (the staging folder is gone).
     assert sorted(p.name for p in tmp_path.iterdir()) == ([] if case == "missing" else ["src"])
+
+
+def test_an_unreadable_image_is_named_while_listing_even_as_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root reads a chmod 0 file, so here the file reads as unreadable through os.access."""
+    import os as os_module
+
+    source = _bad(tmp_path / "src", "unreadable")
+    bad = str(tmp_path / "src" / "train" / "b" / "x.jpg")
+    access = os_module.access
+    monkeypatch.setattr(os_module, "access", lambda p, mode, **kw: p != bad and access(p, mode, **kw))
+    out = tmp_path / "out"
+    with pytest.raises(PrepareError) as err:
+        prepare(PrepareConfig(source=source, output_dir=str(out), image_size=32))
+    assert f"cannot read {bad} (permission denied); {ALLOWED}" in str(err.value)
+    assert not out.exists()
+
+
+def test_the_command_refuses_a_val_folder_naming_it_with_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainer.prepare import main
+
+    source = _bad(tmp_path / "src", "val")
+    code = main([f"--source={source}", f"--output_dir={tmp_path / 'out'}", "--image_size=32"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"error: --source {source}: unknown split folder {tmp_path / 'src' / 'val'}" in err
+    assert "rename it to validation/" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_one_class_is_refused_by_the_command_naming_the_source(
@@ -181,6 +250,17 @@ def test_unknown_tfds_dataset_is_rejected_before_any_work(tmp_path: Path) -> Non
     with pytest.raises(PrepareError, match="unknown TFDS dataset 'no_such_dataset'"):
         prepare(PrepareConfig(source="tfds:no_such_dataset", output_dir=str(tmp_path / "out")))
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_dir_that_is_a_file_is_kept_unless_overwrite(image_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.write_text("keep me")
+    config = PrepareConfig(source=f"folder:{image_folder}", output_dir=str(out), image_size=32)
+    with pytest.raises(
+        PrepareError, match=f"--output_dir {out} is an existing file, not a folder; pass --overwrite"
+    ):
+        prepare(config)
+    assert out.read_text() == "keep me"
 
 
 def test_an_existing_dataset_is_kept_unless_overwrite(image_folder: Path, tmp_path: Path) -> None:
