@@ -334,7 +334,13 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         source_commit=p["source_commit"],
         pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
     )
-    steps.registry(where, p, model, settings, champion)
+    gate = evaluation.evaluate_model(
+        model=model.outputs["model"],
+        min_accuracy=p["min_accuracy"],
+        champion_accuracy=champion.outputs["champion_accuracy"],
+        champion_class_names=champion.outputs["class_names"],
+    )
+    steps.registry(where, p, model, settings, champion, gate)
 
 
 def _vertex_image(p: dict[str, Any]) -> dsl.PipelineTask:
@@ -436,26 +442,17 @@ def _local_find_champion(where: dict[str, Any], p: dict[str, Any]) -> dsl.Pipeli
     )
 
 
-def _gate(p: dict[str, Any], model: dsl.PipelineTask, champion: dsl.PipelineTask) -> dsl.PipelineTask:
-    return evaluation.evaluate_model(
-        model=model.outputs["model"],
-        min_accuracy=p["min_accuracy"],
-        champion_accuracy=champion.outputs["champion_accuracy"],
-        champion_class_names=champion.outputs["class_names"],
-    )
-
-
 def _vertex_registry(
     where: dict[str, Any],
     p: dict[str, Any],
     model: dsl.PipelineTask,
     settings: dsl.PipelineTask,
     champion: dsl.PipelineTask,
+    gate: dsl.PipelineTask,
 ) -> None:
     from google_cloud_pipeline_components.types.artifact_types import UnmanagedContainerModel, VertexModel
     from google_cloud_pipeline_components.v1.model import ModelUploadOp
 
-    gate = _gate(p, model, champion)
     unmanaged = dsl.importer(
         artifact_uri=model.outputs["model_uri"],
         artifact_class=UnmanagedContainerModel,
@@ -490,8 +487,8 @@ def _local_registry(
     model: dsl.PipelineTask,
     settings: dsl.PipelineTask,
     champion: dsl.PipelineTask,
+    gate: dsl.PipelineTask,
 ) -> None:
-    gate = _gate(p, model, champion)
     upload = local_steps.local_upload_model(
         model=model.outputs["model"],
         registry_dir=p["registry_dir"],
@@ -512,10 +509,8 @@ class Backend:
     custom_job: Callable[..., dsl.PipelineTask]
     tuning: Callable[[dict[str, Any], dict[str, Any], dsl.PipelineTask], Any]
     find_champion: Callable[[dict[str, Any], dict[str, Any]], dsl.PipelineTask]
-    # (where, parameters, model-from-job, upload-settings, find-champion)
-    registry: Callable[
-        [dict[str, Any], dict[str, Any], dsl.PipelineTask, dsl.PipelineTask, dsl.PipelineTask], None
-    ]
+    # (where, parameters, model-from-job, upload-settings, find-champion, evaluate-model)
+    registry: Callable[..., None]
 
 
 BACKENDS = {

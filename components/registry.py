@@ -41,8 +41,6 @@ def prebuilt_tf_serving_versions() -> tuple[str, ...]:
 
 PREBUILT_TF_SERVING_VERSIONS = prebuilt_tf_serving_versions()
 DEFAULT_SERVING_TF_VERSION = PREBUILT_TF_SERVING_VERSIONS[0]
-SERVING_IMAGE_MODES = ("prebuilt", "custom")
-SERVING_ACCELERATORS = ("cpu", "gpu")
 
 
 def serving_container_uri(tf_version: str, accelerator: str, location: str) -> str:
@@ -56,7 +54,7 @@ def serving_container_uri(tf_version: str, accelerator: str, location: str) -> s
             f"serving_tf_version {tf_version!r} has no prebuilt Vertex AI TensorFlow serving image; "
             f"prebuilt versions: {', '.join(versions)} (or use serving_image=custom)"
         )
-    if accelerator not in ("cpu", "gpu"):  # SERVING_ACCELERATORS (inlined: shipped alone)
+    if accelerator not in ("cpu", "gpu"):
         raise ValueError(f"serving accelerator must be cpu or gpu, got {accelerator!r}")
     area = location.split("-")[0]
     prefix = {"europe": "europe", "asia": "asia", "australia": "asia", "me": "asia"}.get(area, "us")

@@ -261,8 +261,8 @@ def _with_template(given: Mapping[str, Any], template: Path) -> tuple[dict[str, 
     emails = check_notification_emails(values.pop("notification_emails", None))
     if emails:
         values["notification_emails"] = emails
-        if template == pipeline.COMPILED:
-            template = pipeline.COMPILED_NOTIFY
+    if template == pipeline.COMPILED:
+        template = pipeline.template_for(emails)
     return values, template
 
 
