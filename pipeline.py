@@ -1,7 +1,8 @@
 """The pipeline: the DAG and nothing else.
 
     image build -> prepare dataset -> same task as the champion? -> [tune -> best trial]
-        -> train -> evaluate + gate -> upload a new model version -> [move the champion alias]
+        -> train -> evaluate the new model and the champion on this run's test split -> gate
+        -> upload a new model version -> [move the champion alias]
 
 `create_pipeline("vertex")` wires the Google Cloud Pipeline Components (compiled by
 `make compile` to `compiled/pipeline.json`, and with the failure e-mail exit handler to
@@ -92,7 +93,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     _p("dataset_shards", int, 32, "TFRecord shards per split (>= workers, for FILE sharding).", 8),
     _p("synthetic_per_class", int, 60, "Training images per class of the synthetic source."),
     _p("seed", int, 42, "Seed of the split carving and of training."),
-    _p("prepare_machine_type", str, "n1-standard-8", "CPU machine of the preparation job."),
+    _p("prepare_machine_type", str, "n1-standard-8", "CPU machine of the preparation and evaluation jobs."),
     # Model and training.
     _p("backbone", str, "resnet50", "resnet50, resnet101, efficientnet_b0, mobilenet_v2 or tiny.", "tiny"),
     _p("weights", str, "imagenet", "imagenet, none, or a weights file (gs://...).", "none"),
@@ -188,7 +189,20 @@ PARAMETERS: tuple[Parameter, ...] = (
         tuning.LOCAL_SEARCH_SPACE,
     ),
     # Gate and registry.
-    _p("min_accuracy", float, 0.5, "Test accuracy the model needs to become the champion.", 0.9),
+    _p(
+        "gate_metric",
+        str,
+        "accuracy",
+        "What the gate compares on this run's test split: accuracy, or macro_f1 (the mean per-class "
+        "F1, which an imbalanced test split cannot flatter).",
+    ),
+    _p(
+        "min_score",
+        float,
+        0.5,
+        "Lowest gate_metric on this run's test split a model needs to become the champion.",
+        0.9,
+    ),
     _p(
         "model_display_name", str, "cassava-classifier", "The registry model that gets a new version per run."
     ),
@@ -230,6 +244,7 @@ NEVER_CACHED = (
     "prepare-worker-pools",
     "tuning-worker-pools",
     "training-worker-pools",
+    "evaluation-worker-pools",
     "find-champion",
     "upload-new-version",
     "upload-first-version",
@@ -301,21 +316,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         seed=p["seed"],
         synthetic_per_class=p["synthetic_per_class"],
     )
-    prep_pools = worker_pools.worker_pool_specs(
-        image_uri=image_uri,
-        command=prepare.PREPARE_COMMAND,
-        args=prep_args.output,
-        chief_machine_type=p["prepare_machine_type"],
-        chief_accelerator_type="",
-        chief_accelerator_count=0,
-        worker_count=0,
-        worker_machine_type="",
-        worker_accelerator_type="",
-        worker_accelerator_count=0,
-        boot_disk_type=p["boot_disk_type"],
-        boot_disk_size_gb=p["boot_disk_size_gb"],
-        region=p["location"],
-    )
+    prep_pools = _cpu_pools(image_uri, prepare.PREPARE_COMMAND, prep_args.output, p)
     _uncached(prep_pools, "prepare-worker-pools")
     prep_job = steps.custom_job(
         "prepare-dataset",
@@ -382,7 +383,23 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         train_job
     )
 
-    # 6-7. Gate against the champion (read above), upload a new version, move the alias when it passed.
+    # 6. The new model and the champion (read above) evaluated side by side on this run's test
+    # split by a one-replica CPU job on the trainer image; the gate compares those figures.
+    eval_args = evaluation.evaluation_args(
+        dataset=dataset.outputs["dataset"],
+        model=model.outputs["model"],
+        champion_uri=champion.outputs["champion_uri"],
+    ).set_display_name("evaluation-args")
+    eval_pools = _cpu_pools(image_uri, evaluation.EVALUATE_COMMAND, eval_args.output, p)
+    _uncached(eval_pools, "evaluation-worker-pools")
+    eval_job = steps.custom_job(
+        "evaluate-models",
+        where,
+        eval_pools,
+        {**job_settings, "restart_job_on_worker_restart": False},
+    )
+
+    # 7. Upload a new version, move the alias when the gate passed.
     settings = registry.upload_settings(
         location=p["location"],
         serving_image=p["serving_image"],
@@ -395,11 +412,32 @@ def _dag(target: str, p: dict[str, Any]) -> None:
     )
     gate = evaluation.evaluate_model(
         model=model.outputs["model"],
-        min_accuracy=p["min_accuracy"],
-        champion_accuracy=champion.outputs["champion_accuracy"],
+        evaluation_dir=eval_pools.outputs["base_output_directory"],
+        gate_metric=p["gate_metric"],
+        min_score=p["min_score"],
         champion_class_names=champion.outputs["class_names"],
+        champion_version=champion.outputs["champion_version"],
+    ).after(eval_job)
+    steps.registry(where, p, model, settings, champion, gate, eval_pools)
+
+
+def _cpu_pools(image_uri: Any, command: list[str], args: Any, p: dict[str, Any]) -> dsl.PipelineTask:
+    """The worker pool specs of a one-replica CPU job (`prepare_machine_type`) on the trainer image."""
+    return worker_pools.worker_pool_specs(
+        image_uri=image_uri,
+        command=command,
+        args=args,
+        chief_machine_type=p["prepare_machine_type"],
+        chief_accelerator_type="",
+        chief_accelerator_count=0,
+        worker_count=0,
+        worker_machine_type="",
+        worker_accelerator_type="",
+        worker_accelerator_count=0,
+        boot_disk_type=p["boot_disk_type"],
+        boot_disk_size_gb=p["boot_disk_size_gb"],
+        region=p["location"],
     )
-    steps.registry(where, p, model, settings, champion, gate)
 
 
 def _vertex_image(p: dict[str, Any]) -> dsl.PipelineTask:
@@ -517,7 +555,10 @@ def _vertex_registry(
     settings: dsl.PipelineTask,
     champion: dsl.PipelineTask,
     gate: dsl.PipelineTask,
+    evaluated: dsl.PipelineTask,
 ) -> None:
+    """ModelUploadOp (the gate's figures as the version's description), then set_champion when
+    the gate passed. `evaluated` (the evaluation job's pools) is the local registry's alone."""
     from google_cloud_pipeline_components.types.artifact_types import UnmanagedContainerModel, VertexModel
     from google_cloud_pipeline_components.v1.model import ModelUploadOp
 
@@ -531,6 +572,7 @@ def _vertex_registry(
         "display_name": p["model_display_name"],
         "unmanaged_container_model": unmanaged.output,
         "labels": settings.outputs["labels"],
+        "description": gate.outputs["description"],
         "encryption_spec_key_name": p["encryption_spec_key_name"],
     }
     with dsl.If(champion.outputs["exists"] == True, name="model-exists"):  # noqa: E712
@@ -546,7 +588,12 @@ def _vertex_registry(
         as_first.after(gate)
     uploaded = dsl.OneOf(as_version.outputs["model"], as_first.outputs["model"])
     with dsl.If(gate.outputs["promote"] == True, name="gate-passed"):  # noqa: E712
-        _uncached(registry.set_champion(**where, model=uploaded), "set-champion")
+        _uncached(
+            registry.set_champion(
+                **where, model=uploaded, evaluated_champion=champion.outputs["champion_version"]
+            ),
+            "set-champion",
+        )
 
 
 def _local_registry(
@@ -556,6 +603,7 @@ def _local_registry(
     settings: dsl.PipelineTask,
     champion: dsl.PipelineTask,
     gate: dsl.PipelineTask,
+    evaluated: dsl.PipelineTask,
 ) -> None:
     upload = local_steps.local_upload_model(
         model=model.outputs["model"],
@@ -565,6 +613,9 @@ def _local_registry(
         labels=settings.outputs["labels"],
         promote=gate.outputs["promote"],
         gate_reason=gate.outputs["reason"],
+        description=gate.outputs["description"],
+        evaluated_champion=champion.outputs["champion_version"],
+        evaluation_dir=evaluated.outputs["base_output_directory"],
     )
     _uncached(upload, "upload-model")
 
@@ -577,7 +628,8 @@ class Backend:
     custom_job: Callable[..., dsl.PipelineTask]
     tuning: Callable[[dict[str, Any], dict[str, Any], dsl.PipelineTask], Any]
     find_champion: Callable[[dict[str, Any], dict[str, Any]], dsl.PipelineTask]
-    # (where, parameters, model-from-job, upload-settings, find-champion, evaluate-model)
+    # (where, parameters, model-from-job, upload-settings, find-champion, evaluate-model,
+    # evaluation-worker-pools)
     registry: Callable[..., None]
 
 

@@ -1,12 +1,24 @@
-"""Step 6, evaluation and the promotion gate.
+"""Step 6, evaluation and the promotion gate: a like-for-like champion/challenger comparison.
 
-Reads the trainer's `metrics.json` (written by the chief beside the SavedModel, from the
-reloaded model on the test split), logs `dsl.Metrics` and the confusion matrix as
-`dsl.ClassificationMetrics` so the Vertex console draws them, and decides whether the new model
-may become the champion: trained for the champion's task (the same class names in the same
-order, `components.registry.task_mismatch`; the run was already refused before training
-otherwise, this is belt and braces), test accuracy at least `min_accuracy` and not below the
-current champion's (`champion_accuracy` < 0: there is none).
+    evaluation_args -> worker_pool_specs -> evaluation job (`python -m trainer.evaluate`, one
+        CPU replica on the trainer image) -> evaluate_model (the gate)
+
+The champion recorded its test figures on the test split of its own run, which may be other
+data (new images, another preparation). So the evaluation job runs the new model (the
+challenger) and the current champion side by side on *this* run's test split, each through its
+serving signature, and writes `evaluation.json` into the job's model folder; `evaluate_model`
+reads it, logs the challenger's metrics (`dsl.Metrics`, and the confusion matrix as
+`dsl.ClassificationMetrics` so the Vertex console draws them), and decides whether the new
+model may become the champion on the `gate_metric` (`accuracy` or `macro_f1`):
+
+- trained for the champion's task (the same class names in the same order,
+  `components.registry.task_mismatch`; the run was refused before training otherwise, this is
+  belt and braces);
+- its gate metric at least `min_score`;
+- and not below the champion's gate metric on the same split (no champion: the floor alone).
+
+The decision, both figures on this split and what the champion recorded on its own split make
+the `description` of the model version (Vertex) or its `version.json` (local).
 """
 
 from typing import NamedTuple
@@ -17,73 +29,152 @@ from components import runtime
 from components.registry import task_mismatch
 from components.runtime import fuse_path
 
-# The keys of the trainer's metrics.json `evaluate_model` reads. The trainer declares what it
-# writes in trainer/contract.py, which components cannot import (they run without the trainer);
-# tests/test_contracts.py checks this list against it and against the code below.
-METRICS_READ = (
-    "test_accuracy",
-    "test_loss",
-    "val_accuracy",
-    "val_loss",
-    "images_per_second",
-    "epochs_completed",
-    "confusion_matrix",
-    "class_names",
-    "per_class",
+EVALUATE_COMMAND = ["python", "-m", "trainer.evaluate"]
+GATE_METRICS = ("accuracy", "macro_f1")
+"""What the gate may compare: test accuracy, or the macro F1 (the mean of the per-class F1: on
+imbalanced data such as cassava, a model that always answers the largest class has a high
+accuracy and a low macro F1)."""
+
+# The keys of the trainer's metrics.json `evaluate_model` reads, and of evaluation.json (each
+# model's entry in its `models`). The trainer declares what it writes in trainer/contract.py,
+# which components cannot import (they run without the trainer); tests/test_contracts.py checks
+# these lists against it and against the code below.
+METRICS_READ = ("val_accuracy", "val_loss", "images_per_second", "epochs_completed", "class_names")
+EVALUATION_READ = (
+    "split",
+    "dataset_fingerprint",
+    "models",
+    "examples",
+    "loss",
+    "accuracy",
     "macro_f1",
+    "per_class",
+    "confusion_matrix",
+    "recorded",
 )
+
+
+def gate_decision(
+    gate_metric: str,
+    min_score: float,
+    score: float,
+    champion_score: float,
+    champion_recorded: float,
+    other_task: str,
+) -> tuple:
+    """(promote, reason) for a challenger scoring `score` on this run's test split, against a
+    champion scoring `champion_score` on the same split (< 0: no champion) that recorded
+    `champion_recorded` on its own (< 0: unknown). `other_task`: `task_mismatch`'s verdict."""
+    if gate_metric not in ("accuracy", "macro_f1"):
+        raise ValueError(f"gate_metric must be accuracy or macro_f1, got {gate_metric!r}")
+    if not 0.0 <= min_score <= 1.0:
+        raise ValueError(f"min_score must be from 0 to 1, got {min_score}")
+    name = "test accuracy" if gate_metric == "accuracy" else "test macro F1"
+    own = f" (it recorded {champion_recorded:.4f} on its own test split)" if champion_recorded >= 0 else ""
+    if other_task:
+        return False, f"not comparable with the champion: {other_task}"
+    if score < min_score:
+        return False, f"{name} {score:.4f} is below min_score {min_score:.4f}"
+    if champion_score < 0:
+        return True, f"{name} {score:.4f} >= min_score {min_score:.4f}; no champion yet"
+    if score < champion_score:
+        return (
+            False,
+            f"{name} {score:.4f} is below the champion's {champion_score:.4f} on this test split{own}",
+        )
+    return True, f"{name} {score:.4f} >= the champion's {champion_score:.4f} on this test split{own}"
+
+
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
+def evaluation_args(dataset: dsl.Input[dsl.Dataset], model: dsl.Input[dsl.Model], champion_uri: str) -> list:
+    """The `trainer.evaluate` flags of the evaluation job: this run's dataset, the new model and,
+    when there is one (`champion_uri` != ""), the champion's SavedModel folder. evaluation.json
+    goes to the job's AIP_MODEL_DIR (`<base>/model/`)."""
+    args = [f"--data_dir={dataset.uri}", f"--model_dir={model.uri}"]
+    if champion_uri:
+        args.append(f"--champion_dir={champion_uri}")
+    print("evaluation args:", " ".join(args))
+    return args
 
 
 @dsl.component(
-    base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[fuse_path, task_mismatch]
+    base_image=runtime.BASE_IMAGE,
+    install_kfp_package=False,
+    additional_funcs=[fuse_path, task_mismatch, gate_decision],
 )
 def evaluate_model(
     model: dsl.Input[dsl.Model],
-    min_accuracy: float,
-    champion_accuracy: float,
+    evaluation_dir: str,
+    gate_metric: str,
+    min_score: float,
     champion_class_names: list,
+    champion_version: str,
     metrics: dsl.Output[dsl.Metrics],
     confusion: dsl.Output[dsl.ClassificationMetrics],
-) -> NamedTuple("Outputs", promote=bool, test_accuracy=float, reason=str):
-    """Logs the model's metrics and returns the gate's decision and its reason.
-    `champion_class_names` ([] when there is no champion) must be the model's class names."""
+) -> NamedTuple("Outputs", promote=bool, score=float, champion_score=float, reason=str, description=str):
+    """Logs the new model's metrics and returns the gate's decision (see `gate_decision`), its
+    reason, both scores on this run's test split (champion_score -1: no champion) and the model
+    version's description. `evaluation_dir` is the evaluation job's base output directory
+    (evaluation.json in its `model/`); `champion_class_names` ([] when there is no champion)
+    must be the model's class names; `champion_version` names the champion evaluated."""
     import collections
     import json
     import os
 
-    if not 0.0 <= min_accuracy <= 1.0:
-        raise ValueError(f"min_accuracy must be from 0 to 1, got {min_accuracy}")
     with open(os.path.join(fuse_path(model.uri), "metrics.json")) as f:
         m = json.load(f)
-    for key in ("test_accuracy", "test_loss", "val_accuracy", "val_loss", "images_per_second"):
+    with open(os.path.join(fuse_path(evaluation_dir.rstrip("/")), "model", "evaluation.json")) as f:
+        evaluated = json.load(f)
+    models = evaluated["models"]
+    new = models["challenger"]
+    old = models.get("champion")
+    if champion_class_names and old is None:
+        raise RuntimeError(
+            f"champion {champion_version} exists but evaluation.json has no figures for it: "
+            "the evaluation job did not evaluate it"
+        )
+    split = evaluated["split"]
+    for key in ("accuracy", "loss", "macro_f1"):
+        if new.get(key) is not None:
+            metrics.log_metric(f"{split}_{key}", float(new[key]))
+    for key in ("val_accuracy", "val_loss", "images_per_second"):
         if m.get(key) is not None:
             metrics.log_metric(key, float(m[key]))
     metrics.log_metric("epochs_completed", int(m["epochs_completed"]))
-    if m.get("macro_f1") is not None:
-        metrics.log_metric("macro_f1", float(m["macro_f1"]))
-    for name, c in (m.get("per_class") or {}).items():
+    for name, c in (new.get("per_class") or {}).items():
         print(
             f"  {name:<24} precision {c['precision']:.3f}  recall {c['recall']:.3f}  "
             f"f1 {c['f1']:.3f}  support {c['support']}"
         )
-    cm = m["confusion_matrix"]
+    cm = new["confusion_matrix"]
     confusion.log_confusion_matrix(list(cm["labels"]), [[int(c) for c in row] for row in cm["matrix"]])
 
-    accuracy = float(m["test_accuracy"])
-    other_task = task_mismatch(m["class_names"], champion_class_names)
-    if other_task:
-        promote, reason = False, f"not comparable with the champion: {other_task}"
-    elif accuracy < min_accuracy:
-        promote, reason = False, f"test accuracy {accuracy:.4f} is below min_accuracy {min_accuracy:.4f}"
-    elif champion_accuracy >= 0 and accuracy < champion_accuracy:
-        promote, reason = (
-            False,
-            f"test accuracy {accuracy:.4f} is below the champion's {champion_accuracy:.4f}",
-        )
-    elif champion_accuracy >= 0:
-        promote, reason = True, f"test accuracy {accuracy:.4f} >= champion's {champion_accuracy:.4f}"
-    else:
-        promote, reason = True, f"test accuracy {accuracy:.4f} >= {min_accuracy:.4f}; no champion yet"
+    score = float(new[gate_metric])
+    champion_score = float(old[gate_metric]) if old is not None else -1.0
+    recorded = old["recorded"].get(gate_metric) if old is not None else None
+    if old is not None:
+        metrics.log_metric(f"champion_{split}_{gate_metric}", champion_score)
+    promote, reason = gate_decision(
+        gate_metric,
+        min_score,
+        score,
+        champion_score,
+        -1.0 if recorded is None else float(recorded),
+        task_mismatch(m["class_names"], champion_class_names),
+    )
     print(("PROMOTE: " if promote else "HOLD: ") + reason)
-    Outputs = collections.namedtuple("Outputs", ["promote", "test_accuracy", "reason"])
-    return Outputs(promote, accuracy, reason)
+    figures = f"accuracy {float(new['accuracy']):.4f}, macro F1 {float(new['macro_f1']):.4f}"
+    description = (
+        f"{'Promoted' if promote else 'Held'} on {gate_metric} over this run's {split} split "
+        f"({new['examples']} images, dataset {evaluated['dataset_fingerprint'][:19]}): {figures}"
+    )
+    if old is not None:
+        description += (
+            f"; champion {champion_version}: accuracy {float(old['accuracy']):.4f}, macro F1 "
+            f"{float(old['macro_f1']):.4f} on the same split"
+        )
+    description += f". {reason}"
+    Outputs = collections.namedtuple(
+        "Outputs", ["promote", "score", "champion_score", "reason", "description"]
+    )
+    return Outputs(promote, score, champion_score, reason, description)

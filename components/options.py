@@ -53,7 +53,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from components import hardware, image, registry, tuning, worker_pools
+from components import evaluation, hardware, image, registry, tuning, worker_pools
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULING_STRATEGIES = ("STANDARD", "SPOT", "FLEX_START")
@@ -561,8 +561,15 @@ def _registry_problems(v: Mapping[str, Any], region: str) -> list[Problem]:
             "serving_image",
         )
         problems.append(Problem((name,), text))
-    if not isinstance(v["min_accuracy"], int | float) or not 0 <= v["min_accuracy"] <= 1:
-        problems.append(Problem(("min_accuracy",), f"must be from 0 to 1, got {v['min_accuracy']!r}"))
+    if v["gate_metric"] not in evaluation.GATE_METRICS:
+        problems.append(
+            Problem(
+                ("gate_metric",),
+                f"must be one of {', '.join(evaluation.GATE_METRICS)}, got {v['gate_metric']!r}",
+            )
+        )
+    if not isinstance(v["min_score"], int | float) or not 0 <= v["min_score"] <= 1:
+        problems.append(Problem(("min_score",), f"must be from 0 to 1, got {v['min_score']!r}"))
     return problems
 
 

@@ -2,11 +2,13 @@
 moves only when the gate passes.
 
 Vertex form: `find_champion` looks the model up by display name (its parent, when it exists,
-and the champion's test accuracy and class names from the metrics.json beside its SavedModel);
-`check_same_task` refuses, before any training, a dataset whose class names are not the
-champion's; the pipeline uploads with GCPC's `ModelUploadOp` from an `UnmanagedContainerModel`
-(importer) carrying the prebuilt TensorFlow serving image (`serving_container_uri`);
-`set_champion` moves the alias. Local form: `local_find_champion` and `local_upload_model` keep
+and the champion's versioned name, SavedModel folder and class names, from the metrics.json
+beside its SavedModel); `check_same_task` refuses, before any training, a dataset whose class
+names are not the champion's; the evaluation job re-evaluates the champion beside the new model
+on this run's test split (`components.evaluation`); the pipeline uploads with GCPC's
+`ModelUploadOp` from an `UnmanagedContainerModel` (importer) carrying the serving image
+(`serving_container_uri`), with the gate's figures as the version's description; `set_champion`
+moves the alias if it is still on the champion the gate compared with. Local form: `local_find_champion` and `local_upload_model` keep
 the same shape in a folder.
 
 A model is only ever compared with, and may only replace, a champion trained for the same task:
@@ -197,11 +199,19 @@ def upload_settings(
 def find_champion(
     project: str, location: str, model_display_name: str, alias: str = "champion"
 ) -> NamedTuple(
-    "Outputs", exists=bool, resource_name=str, resource_uri=str, champion_accuracy=float, class_names=list
+    "Outputs",
+    exists=bool,
+    resource_name=str,
+    resource_uri=str,
+    champion_version=str,
+    champion_uri=str,
+    class_names=list,
 ):
-    """The registry's model named `model_display_name` (the parent of the new version), and the
-    test accuracy and class names of its `alias` version (-1 and [] when the model or the alias
-    does not exist yet). Fails when two models share the name: the parent would be ambiguous."""
+    """The registry's model named `model_display_name` (the parent of the new version), and its
+    `alias` version: its versioned name (`projects/.../models/ID@VERSION`), the gs:// folder of
+    its SavedModel (which the evaluation job re-evaluates on this run's test split) and its class
+    names ("", "" and [] when the model or the alias does not exist yet). Fails when two models
+    share the name: the parent would be ambiguous."""
     import collections
     import json
     import re
@@ -211,7 +221,8 @@ def find_champion(
     from google.cloud import aiplatform_v1
 
     Outputs = collections.namedtuple(
-        "Outputs", ["exists", "resource_name", "resource_uri", "champion_accuracy", "class_names"]
+        "Outputs",
+        ["exists", "resource_name", "resource_uri", "champion_version", "champion_uri", "class_names"],
     )
     endpoint = f"{location}-aiplatform.googleapis.com"
     client = aiplatform_v1.ModelServiceClient(client_options={"api_endpoint": endpoint})
@@ -225,7 +236,7 @@ def find_champion(
     )
     if not found:
         print(f"no model named {model_display_name!r} yet: the upload creates it")
-        return Outputs(False, "", "", -1.0, [])
+        return Outputs(False, "", "", "", "", [])
     if len(found) > 1:
         names = ", ".join(m.name for m in found)
         raise RuntimeError(
@@ -237,19 +248,20 @@ def find_champion(
         champion = client.get_model(name=f"{parent}@{alias}")
     except exceptions.NotFound:
         print(f"{parent} has no {alias!r} version yet")
-        return Outputs(True, parent, uri, -1.0, [])
+        return Outputs(True, parent, uri, "", "", [])
     match = re.match(r"^gs://([^/]+)/(.*?)/?$", champion.artifact_uri)
     if not match:
         raise RuntimeError(f"champion {champion.name}@{champion.version_id} has no gs:// artifact_uri")
     blob = storage.Client(project=project).bucket(match.group(1)).blob(f"{match.group(2)}/metrics.json")
     champion_metrics = json.loads(blob.download_as_bytes())
-    accuracy = float(champion_metrics["test_accuracy"])
     class_names = [str(c) for c in champion_metrics["class_names"]]
+    recorded = float(champion_metrics["test_accuracy"])
     print(
-        f"{parent}: {alias} is version {champion.version_id}, test_accuracy {accuracy:.4f}, "
-        f"classes {class_names}"
+        f"{parent}: {alias} is version {champion.version_id} ({champion.artifact_uri}), "
+        f"recorded test_accuracy {recorded:.4f} on its own test split, classes {class_names}"
     )
-    return Outputs(True, parent, uri, accuracy, class_names)
+    version = f"{parent}@{champion.version_id}"
+    return Outputs(True, parent, uri, version, f"gs://{match.group(1)}/{match.group(2)}", class_names)
 
 
 @dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[task_mismatch])
@@ -270,21 +282,23 @@ def check_same_task(
     return class_names
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[task_mismatch])
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
 def set_champion(
-    project: str, location: str, model: dsl.Input[dsl.Artifact], alias: str = "champion"
+    project: str,
+    location: str,
+    model: dsl.Input[dsl.Artifact],
+    evaluated_champion: str,
+    alias: str = "champion",
 ) -> NamedTuple("Outputs", moved=bool, reason=str):
     """Moves `alias` to the uploaded version (`model` is ModelUploadOp's VertexModel output,
-    whose resourceName is `projects/.../models/ID@VERSION`), after reading the champion again:
-    `find-champion` ran when this run started, and another run may have registered a better
-    model of this task since. The alias moves only when the new version is still at least as
-    good as the champion now (test accuracy, from each version's metrics.json) and of the same
-    task (`task_mismatch`); otherwise it stays, and the reason is returned."""
+    whose resourceName is `projects/.../models/ID@VERSION`), after reading the alias again: the
+    gate compared this version with `evaluated_champion` (its versioned name; "" when there was
+    none) on this run's test split, and another run may have moved the alias since. The alias
+    moves only when it is still where it was when the gate compared: a champion registered since
+    was never compared with this version on like-for-like data, so the alias stays, and the
+    reason says to run again."""
     import collections
-    import json
-    import re
 
-    import google.cloud.storage as storage
     from google.api_core import exceptions
     from google.cloud import aiplatform_v1
 
@@ -296,34 +310,20 @@ def set_champion(
     client = aiplatform_v1.ModelServiceClient(
         client_options={"api_endpoint": f"{location}-aiplatform.googleapis.com"}
     )
-
-    def metrics_of(version: aiplatform_v1.Model) -> dict:
-        match = re.match(r"^gs://([^/]+)/(.*?)/?$", version.artifact_uri)
-        if not match:
-            raise RuntimeError(f"{version.name}@{version.version_id} has no gs:// artifact_uri")
-        blob = storage.Client(project=project).bucket(match.group(1)).blob(f"{match.group(2)}/metrics.json")
-        return json.loads(blob.download_as_bytes())
-
-    new = metrics_of(client.get_model(name=name))
     try:
         current = client.get_model(name=f"{parent}@{alias}")
     except exceptions.NotFound:
         current = None
-    if current is not None and f"{parent}@{current.version_id}" != name:
-        champion = metrics_of(current)
-        mismatch = task_mismatch(list(new["class_names"]), list(champion["class_names"]))
-        if mismatch:
-            reason = f"{alias} stays on version {current.version_id}: {mismatch}"
-            print(reason)
-            return Outputs(False, reason)
-        if float(new["test_accuracy"]) < float(champion["test_accuracy"]):
-            reason = (
-                f"{alias} stays on version {current.version_id}: its test accuracy "
-                f"{float(champion['test_accuracy']):.4f} (registered since this run looked) is above "
-                f"this version's {float(new['test_accuracy']):.4f}"
-            )
-            print(reason)
-            return Outputs(False, reason)
+    now = f"{parent}@{current.version_id}" if current is not None else ""
+    if now not in (evaluated_champion, name):
+        was = f"version {evaluated_champion.split('@')[-1]}" if evaluated_champion else "no version"
+        reason = (
+            f"{alias} stays on {f'version {current.version_id}' if current else 'no version'}: it was on {was} "
+            f"when this run's gate compared, and this version was never compared with the "
+            f"{alias} now; run the pipeline again to compare them on like-for-like data"
+        )
+        print(reason)
+        return Outputs(False, reason)
     updated = client.merge_version_aliases(name=name, version_aliases=[alias])
     reason = f"{alias} -> {name} (aliases now {list(updated.version_aliases)})"
     print(reason)

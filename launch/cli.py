@@ -217,7 +217,14 @@ def run_local(
     }
     if "evaluate-model" in by_name and by_name["evaluate-model"].status == "SUCCESS":
         gate = by_name["evaluate-model"].outputs
-        summary["gate"] = {"promote": gate["promote"], "reason": gate["reason"]}
+        summary["gate"] = {
+            "promote": gate["promote"],
+            "reason": gate["reason"],
+            # Both on this run's test split (champion_score -1: there was no champion).
+            "metric": args.get("gate_metric"),
+            "score": gate["score"],
+            "champion_score": gate["champion_score"],
+        }
     upload = by_name.get("upload-model")
     if upload and upload.status == "SUCCESS":
         summary["model"] = {

@@ -28,6 +28,18 @@ from components.tuning import pick_best_trial
 # declares what the trainer writes (this layer does not import the trainer);
 # tests/test_contracts.py checks this list against it and against the code below.
 METRICS_READ = ("test_accuracy", "class_names")
+# The keys of the evaluation job's evaluation.json `local_upload_model` records (its top level and
+# each model's entry), checked the same way against trainer/contract.py.
+EVALUATION_READ = (
+    "split",
+    "dataset_fingerprint",
+    "models",
+    "examples",
+    "accuracy",
+    "macro_f1",
+    "loss",
+    "recorded",
+)
 
 
 @dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[context_tag])
@@ -154,9 +166,9 @@ def registry_folder(name: str) -> str:
 
 
 def champion_record(model_dir: str, alias: str = "champion") -> dict:
-    """The `alias` version of the local registry's model folder `model_dir`: its `version`,
-    `test_accuracy` and `class_names` (from the metrics.json beside its SavedModel); {} when the
-    model or the alias does not exist."""
+    """The `alias` version of the local registry's model folder `model_dir`: its `version`, its
+    SavedModel folder `path`, and `test_accuracy` and `class_names` (from the metrics.json beside
+    its SavedModel); {} when the model or the alias does not exist."""
     import json
     import os
 
@@ -167,10 +179,12 @@ def champion_record(model_dir: str, alias: str = "champion") -> dict:
         version = json.load(f).get(alias)
     if version is None:
         return {}
-    with open(os.path.join(model_dir, str(version), "model", "metrics.json")) as f:
+    path = os.path.join(model_dir, str(version), "model")
+    with open(os.path.join(path, "metrics.json")) as f:
         metrics = json.load(f)
     return {
         "version": str(version),
+        "path": path,
         "test_accuracy": float(metrics["test_accuracy"]),
         "class_names": [str(c) for c in metrics["class_names"]],
     }
@@ -183,6 +197,7 @@ def register_version(
     promote: bool,
     gate_reason: str,
     details: dict,
+    evaluated_champion: str = "",
     alias: str = "champion",
 ) -> tuple:
     """Adds the SavedModel folder `model_path` to the local registry as the next version of
@@ -191,12 +206,13 @@ def register_version(
 
     All of it happens under the model's lock (`fcntl`): two concurrent runs never get the same
     version, and the alias is never moved on a stale comparison. The gate (`promote`,
-    `gate_reason`) compared the model with the champion read at the start of its run; another
-    run may have registered a better champion since. So under the lock the current champion is
-    read again, and the alias moves only if the gate passed and the model is still at least as
-    good as the champion (test accuracy) and trained for the same task (class names). The
-    decision and its reason are recorded in version.json, with `details` (serving image,
-    labels, source, serving check)."""
+    `gate_reason`) compared the model with `evaluated_champion` (the champion's version when the
+    run started; "" when there was none), both evaluated on this run's test split; another run
+    may have moved the alias since. So under the lock the alias is read again, and it moves only
+    if the gate passed, the alias is still on the version the gate compared with (Vertex's
+    `set_champion` rule), and the model is of the same task (class names). The decision and its
+    reason are recorded in version.json, with `details` (serving image, labels, source, serving
+    check, the gate's figures)."""
     import fcntl
     import json
     import os
@@ -214,19 +230,24 @@ def register_version(
         current = champion_record(root, alias)
         other_task = task_mismatch(class_names, current.get("class_names", []), model_display_name)
         was = f"{alias} version {current.get('version')}"
-        champion = promote and not other_task and accuracy >= current.get("test_accuracy", -1.0)
+        moved_since = current.get("version", "") != evaluated_champion
+        champion = promote and not other_task and not moved_since
         if not promote:
             reason = f"the gate held it: {gate_reason}"
-        elif not current:
-            reason = f"the gate passed it ({gate_reason}) and there is no {alias} yet"
         elif other_task:
             reason = f"{was} is of another task: {other_task}"
-        elif not champion:  # registered by another run after this run's gate read the registry
+        elif moved_since:  # another run moved the alias after this run's gate read the registry
+            compared = f"version {evaluated_champion}" if evaluated_champion else "no version"
+            now = f"version {current['version']}" if current else "no version"
             reason = (
-                f"{was} has test accuracy {current['test_accuracy']:.4f}, above this model's {accuracy:.4f}"
+                f"{alias} is now on {now}, but was on {compared} when this run's gate compared: this "
+                f"model was never compared with the {alias} now; run again to compare them on "
+                "like-for-like data"
             )
+        elif not current:
+            reason = f"the gate passed it ({gate_reason}) and there is no {alias} yet"
         else:
-            reason = f"test accuracy {accuracy:.4f} >= {was}'s {current['test_accuracy']:.4f}"
+            reason = f"the gate passed it against {was} ({gate_reason})"
         versions = [int(v) for v in os.listdir(root) if v.isdigit()]
         version = str(max(versions, default=0) + 1)
         staging = os.path.join(root, f".{version}.partial")
@@ -265,29 +286,36 @@ def register_version(
     additional_funcs=[check_model_display_name, registry_folder, champion_record],
 )
 def local_find_champion(registry_dir: str, model_display_name: str, alias: str = "champion") -> NamedTuple(
-    "Outputs", exists=bool, resource_name=str, resource_uri=str, champion_accuracy=float, class_names=list
+    "Outputs",
+    exists=bool,
+    resource_name=str,
+    resource_uri=str,
+    champion_version=str,
+    champion_uri=str,
+    class_names=list,
 ):
-    """Local form of `find_champion`, on the local registry folder: the champion's test
-    accuracy and class names (-1 and [] when there is none)."""
+    """Local form of `find_champion`, on the local registry folder: the champion's version, its
+    SavedModel folder and its class names ("", "" and [] when there is none)."""
     import collections
     import os
 
     Outputs = collections.namedtuple(
-        "Outputs", ["exists", "resource_name", "resource_uri", "champion_accuracy", "class_names"]
+        "Outputs",
+        ["exists", "resource_name", "resource_uri", "champion_version", "champion_uri", "class_names"],
     )
     model_dir = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
     if not os.path.exists(os.path.join(model_dir, "aliases.json")):
         print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
-        return Outputs(False, "", "", -1.0, [])
+        return Outputs(False, "", "", "", "", [])
     current = champion_record(model_dir, alias)
     if not current:
         print(f"{model_display_name} has no {alias!r} version yet")
-        return Outputs(True, model_dir, model_dir, -1.0, [])
+        return Outputs(True, model_dir, model_dir, "", "", [])
     print(
-        f"{model_display_name}: {alias} is version {current['version']}, "
-        f"test_accuracy {current['test_accuracy']:.4f}, classes {current['class_names']}"
+        f"{model_display_name}: {alias} is version {current['version']} ({current['path']}), recorded "
+        f"test_accuracy {current['test_accuracy']:.4f} on its own test split, classes {current['class_names']}"
     )
-    return Outputs(True, model_dir, model_dir, current["test_accuracy"], current["class_names"])
+    return Outputs(True, model_dir, model_dir, current["version"], current["path"], current["class_names"])
 
 
 @dsl.component(
@@ -310,11 +338,15 @@ def local_upload_model(
     labels: dict,
     promote: bool,
     gate_reason: str,
+    description: str,
+    evaluated_champion: str,
+    evaluation_dir: str,
 ) -> NamedTuple("Outputs", version=str, path=str, champion=bool):
     """Local form of `ModelUploadOp` + `set_champion`: checks that the SavedModel serves
     (`python -m trainer.serve`, its `serving_default` on test images), then registers it as the
-    next version of `model_display_name` and moves the champion alias when `promote` and, under
-    the registry's lock, the model is still at least as good as the champion (`register_version`)."""
+    next version of `model_display_name`, with the gate's `description` and figures (the
+    evaluation job's `evaluation_dir`), and moves the champion alias when `promote` and, under
+    the registry's lock, the alias is still on `evaluated_champion` (`register_version`)."""
     import collections
     import json
     import signal
@@ -355,14 +387,27 @@ def local_upload_model(
         f"e.g. {answers[0]['image']} -> {answers[0]['class_name']}"
     )
 
+    import os
+
+    with open(os.path.join(evaluation_dir, "model", "evaluation.json")) as f:
+        evaluated = json.load(f)
     details = {
         "source_uri": model.uri,
         "serving_image": serving_image,
         "labels": labels,
+        "description": description,
+        "evaluation": {
+            "split": evaluated["split"],
+            "dataset_fingerprint": evaluated["dataset_fingerprint"],
+            "models": {
+                role: {k: m.get(k) for k in ("examples", "accuracy", "macro_f1", "loss", "recorded")}
+                for role, m in evaluated["models"].items()
+            },
+        },
         "serving_check": answers,
     }
     version, where, champion, reason = register_version(
-        model.path, registry_dir, model_display_name, promote, gate_reason, details
+        model.path, registry_dir, model_display_name, promote, gate_reason, details, evaluated_champion
     )
     if champion:
         print(f"registered {model_display_name} version {version} at {where} (champion)")

@@ -165,6 +165,26 @@ def test_every_metrics_key_read_anywhere_is_one_the_trainer_writes() -> None:
     assert not wrong, f"metrics.json keys read but not in trainer.contract.METRICS_KEYS: {wrong}"
 
 
+EVALUATION_READERS: dict[str, list[Reader]] = {
+    # `models` maps roles (challenger, champion) to entries: only the documents and entries count.
+    "components.evaluation": [("components/evaluation.py", "evaluate_model", {"evaluated", "new", "old"})],
+    "local.steps": [("local/steps.py", "local_upload_model", {"evaluated", "m"})],
+}
+
+
+@pytest.mark.parametrize("module_name", sorted(EVALUATION_READERS))
+def test_each_evaluation_reader_reads_keys_trainer_evaluate_writes(module_name: str) -> None:
+    import importlib
+
+    module = importlib.import_module(module_name)
+    read: set[str] = set()
+    for path, function, names in EVALUATION_READERS[module_name]:
+        read |= keys_read(function_node(path, function), names)
+    assert sorted(read) == sorted(module.EVALUATION_READ), f"{module_name}.EVALUATION_READ is out of date"
+    declared = {*contract.EVALUATION_KEYS, *contract.EVALUATION_MODEL_KEYS}
+    assert set(module.EVALUATION_READ) <= declared, sorted(set(module.EVALUATION_READ) - declared)
+
+
 def test_every_metadata_key_read_is_one_preparation_writes() -> None:
     import importlib
 

@@ -82,12 +82,15 @@ def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tm
     assert s["metrics"]["num_workers"] == 2  # one chief and one worker, really distributed
     assert s["model"]["version"] == "1" and s["model"]["champion"] is True
     steps = {step["name"]: step for step in s["steps"]}
-    for name in ("build-trainer-image", "prepare-dataset", "train-model", "evaluate-model", "upload-model"):
+    steps_run = ("build-trainer-image", "prepare-dataset", "train-model", "evaluate-models", "evaluate-model")
+    for name in (*steps_run, "upload-model"):
         assert steps[name]["status"] == "SUCCESS" and steps[name]["seconds"] > 0
     assert "tune-hyperparameters" not in steps
     version = Path(s["model"]["path"])
     record = json.loads((version / "version.json").read_text())
     assert len(record["serving_check"]) == 5 and (version / "model" / "saved_model.pb").exists()
+    assert list(record["evaluation"]["models"]) == ["challenger"]  # no champion to compare with yet
+    assert record["description"].startswith("Promoted on accuracy over this run's test split")
     aliases = json.loads((runs / "registry" / "cassava-classifier" / "aliases.json").read_text())
     assert aliases == {"default": "1", "champion": "1"}
     report = Path(s["report"]).read_text()
@@ -98,6 +101,14 @@ def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tm
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-3000:]
     t = summary(runs)
     assert t["run_id"] != s["run_id"] and t["model"]["version"] == "2"
+    # The gate compared both models on this run's test split: version 1 was evaluated again.
+    evaluated = json.loads((Path(t["model"]["path"]) / "version.json").read_text())["evaluation"]
+    assert sorted(evaluated["models"]) == ["challenger", "champion"]
+    assert s["gate"]["champion_score"] == -1.0 and s["gate"]["metric"] == "accuracy"
+    assert t["gate"]["champion_score"] == evaluated["models"]["champion"]["accuracy"]
+    assert t["gate"]["score"] == evaluated["models"]["challenger"]["accuracy"]
+    assert evaluated["models"]["champion"]["examples"] == evaluated["models"]["challenger"]["examples"] > 0
+    assert any(line.strip().startswith("evaluated champion: accuracy") for line in second.stdout.splitlines())
     trials = t["tuning"]["trials"]
     assert len(trials) >= 2 and all(tr["state"] in ("SUCCEEDED", "INFEASIBLE") for tr in trials)
     best = t["tuning"]["best"]

@@ -249,7 +249,41 @@ def test_a_dataset_of_another_task_is_refused_before_any_training(
     assert not cached(tasks["find-champion"])
     gate = tasks["evaluate-model"]["task"]["inputs"]["parameters"]
     assert producer(tasks, gate["champion_class_names"]) == ("find-champion", "class_names")
-    assert producer(tasks, gate["champion_accuracy"]) == ("find-champion", "champion_accuracy")
+    assert producer(tasks, gate["champion_version"]) == ("find-champion", "champion_version")
+
+
+@pytest.mark.parametrize("target", ["vertex", "local"])
+def test_the_gate_compares_both_models_evaluated_by_one_job_on_this_runs_test_split(
+    target: str, spec: dict[str, Any], local_spec: dict[str, Any]
+) -> None:
+    """The champion is re-evaluated on this run's data: the evaluation job gets this run's
+    dataset, the new model and the champion's SavedModel folder from find-champion; the gate
+    reads that job's output folder and waits for it; the alias moves only from the champion the
+    gate compared with."""
+    tasks = walk(spec if target == "vertex" else local_spec)
+    args = tasks["evaluation-args"]["task"]["inputs"]
+    assert producer(tasks, args["artifacts"]["dataset"]) == ("register-dataset", "dataset")
+    assert producer(tasks, args["artifacts"]["model"]) == ("model-from-job", "model")
+    assert producer(tasks, args["parameters"]["champion_uri"]) == ("find-champion", "champion_uri")
+    pools = tasks["evaluation-worker-pools"]["task"]["inputs"]["parameters"]
+    assert producer(tasks, pools["args"]) == ("evaluation-args", "Output")
+    assert pools["chief_machine_type"]["componentInputParameter"].endswith("prepare_machine_type")
+    assert pools["worker_count"]["runtimeValue"]["constant"] == 0  # one CPU replica
+    assert not cached(tasks["evaluation-worker-pools"])
+    job = tasks["evaluate-models"]["task"]["inputs"]["parameters"]
+    assert producer(tasks, job["worker_pool_specs"]) == ("evaluation-worker-pools", "worker_pool_specs")
+    gate = tasks["evaluate-model"]
+    params = gate["task"]["inputs"]["parameters"]
+    assert producer(tasks, params["evaluation_dir"]) == ("evaluation-worker-pools", "base_output_directory")
+    assert "evaluate-models" in dependencies(tasks, "evaluate-model")
+    for name in ("gate_metric", "min_score"):
+        assert params[name]["componentInputParameter"].endswith(name)
+    if target == "vertex":  # inside the gate-passed condition: a channel from find-champion
+        champion = tasks["set-champion"]["task"]["inputs"]["parameters"]["evaluated_champion"]
+        assert champion == {"componentInputParameter": "pipelinechannel--find-champion-champion_version"}
+    else:
+        champion = tasks["upload-model"]["task"]["inputs"]["parameters"]["evaluated_champion"]
+        assert producer(tasks, champion) == ("find-champion", "champion_version")
 
 
 def test_every_gcpc_op_is_placed_explicitly(spec: dict[str, Any]) -> None:
@@ -267,7 +301,7 @@ def test_every_gcpc_op_is_placed_explicitly(spec: dict[str, Any]) -> None:
             assert key in params, f"{display} has no explicit {key} (GCPC defaults to us-central1)"
             assert params[key]["componentInputParameter"] in (key, f"pipelinechannel--{key}"), display
         checked += 1
-    assert checked == 5  # prepare, tune, train, upload x2
+    assert checked == 6  # prepare, tune, train, evaluate, upload x2
 
 
 def test_defaults_are_the_codelab_and_nothing_from_this_machine(spec: dict[str, Any], fresh: Path) -> None:
@@ -437,7 +471,11 @@ def test_tuning_payload_is_a_hyperparameter_tuning_job(spec: dict[str, Any]) -> 
 
 def test_upload_payload_is_a_model(spec: dict[str, Any]) -> None:
     root = root_values(spec, project="p", location="us-central1")
-    upstream = {("upload-settings", "labels"): {"pipeline_run": "run-1", "source_commit": "abc"}}
+    description = "Promoted on macro_f1 over this run's test split (20 images, ...): accuracy 0.9000"
+    upstream = {
+        ("upload-settings", "labels"): {"pipeline_run": "run-1", "source_commit": "abc"},
+        ("evaluate-model", "description"): description,
+    }
     payload = render_payload(spec, "upload-new-version", upstream, root)
     payload.pop("pipeline_job")  # an UploadModelRequest field the launcher moves out of the Model
     model = json_format.ParseDict(
@@ -446,6 +484,31 @@ def test_upload_payload_is_a_model(spec: dict[str, Any]) -> None:
     assert model.display_name == "cassava-classifier"
     assert dict(model.labels) == {"pipeline_run": "run-1", "source_commit": "abc"}
     assert list(model.version_aliases) == []  # the alias moves only after the gate (set-champion)
+    assert model.description == description  # the gate's like-for-like figures, on the version
+
+
+def test_evaluation_payload_is_one_cpu_replica_running_trainer_evaluate(spec: dict[str, Any]) -> None:
+    pools = worker_pools.build_worker_pool_specs(
+        image_uri="img@sha256:" + "0" * 64,
+        command=["python", "-m", "trainer.evaluate"],
+        args=["--data_dir=gs://b/data", "--model_dir=gs://b/train/model", "--champion_dir=gs://b/v3/model"],
+        chief_machine_type="n1-standard-8",
+    )
+    upstream = {
+        ("evaluation-worker-pools", "worker_pool_specs"): pools,
+        ("evaluation-worker-pools", "base_output_directory"): "gs://b/root/run/evaluate",
+    }
+    root = root_values(spec, project="p", location="us-central1", labels={"team": "ml"})
+    payload = render_payload(spec, "evaluate-models", upstream, root)
+    job = json_format.ParseDict(
+        payload, aiplatform_v1.CustomJob.pb(aiplatform_v1.CustomJob()), ignore_unknown_fields=False
+    )
+    [pool] = job.job_spec.worker_pool_specs
+    assert pool.replica_count == 1 and pool.machine_spec.accelerator_count == 0
+    assert list(pool.container_spec.command) == ["python", "-m", "trainer.evaluate"]
+    assert job.job_spec.scheduling.restart_job_on_worker_restart is False
+    assert job.job_spec.base_output_directory.output_uri_prefix == "gs://b/root/run/evaluate"
+    assert dict(job.labels) == {"team": "ml"}
 
 
 def test_the_default_upload_names_a_serving_image_that_exists(spec: dict[str, Any]) -> None:

@@ -73,3 +73,29 @@ METADATA_KEYS = (
 METADATA_SPLIT_KEYS = ("count", "class_counts", "shards")
 """The keys of each split in metadata.json's `splits` (plus `carved_from` for a split that was
 carved from train)."""
+
+# --- in the evaluation job's output folder (`python -m trainer.evaluate`) --------------------
+EVALUATION_FILE = "evaluation.json"
+
+EVALUATION_KEYS = (
+    "split",  # the split evaluated ("test")
+    "data_dir",
+    "dataset_fingerprint",
+    "class_names",
+    "method",  # how the models were run (their serving signature)
+    "models",  # {challenger|champion: EVALUATION_MODEL_KEYS}; no champion: challenger alone
+)
+"""Every top-level key of evaluation.json."""
+
+EVALUATION_MODEL_KEYS = (
+    "model_dir",
+    "examples",
+    "loss",
+    "accuracy",
+    "macro_f1",
+    "per_class",  # as metrics.json's
+    "confusion_matrix",  # as metrics.json's (CONFUSION_MATRIX_KEYS)
+    "recorded",  # {accuracy, macro_f1, dataset_fingerprint}: what the model's own metrics.json says
+    "seconds",
+)
+"""The keys of each model's entry in evaluation.json's `models`."""

@@ -10,14 +10,14 @@ import pytest
 from components.hardware import (
     FIXED_GPU_MACHINES,
     K80,
-    PTX_ONLY_GPUS,
-    UNUSABLE_GPUS,
-    allowed_counts,
-    gpu_tables,
     P4,
     P100,
+    PTX_ONLY_GPUS,
     T4,
+    UNUSABLE_GPUS,
     V100,
+    allowed_counts,
+    gpu_tables,
     validate_machine,
 )
 

@@ -173,17 +173,20 @@ def test_local_find_champion_reads_the_mapped_folder(tmp_path: Path) -> None:
     metrics = {"test_accuracy": 0.91, "class_names": CASSAVA}
     (folder / "3" / "model" / "metrics.json").write_text(json.dumps(metrics))
     out = steps.local_find_champion.python_func(registry_dir=str(tmp_path), model_display_name=name)
-    assert out.exists and out.champion_accuracy == 0.91 and out.class_names == CASSAVA
+    assert out.exists and out.class_names == CASSAVA
+    # The champion's version and SavedModel folder: what the evaluation job re-evaluates.
+    assert (out.champion_version, out.champion_uri) == ("3", str(folder.resolve() / "3" / "model"))
     assert not (tmp_path.parent / "outside").exists()
 
 
 def test_local_find_champion_without_a_champion_has_no_class_names(tmp_path: Path) -> None:
     none = steps.local_find_champion.python_func(registry_dir=str(tmp_path), model_display_name="m")
-    assert (none.exists, none.champion_accuracy, none.class_names) == (False, -1.0, [])
+    assert (none.exists, none.champion_version, none.champion_uri, none.class_names) == (False, "", "", [])
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "aliases.json").write_text(json.dumps({"default": "1"}))
     no_alias = steps.local_find_champion.python_func(registry_dir=str(tmp_path), model_display_name="m")
-    assert (no_alias.exists, no_alias.champion_accuracy, no_alias.class_names) == (True, -1.0, [])
+    assert (no_alias.exists, no_alias.champion_version, no_alias.champion_uri) == (True, "", "")
+    assert no_alias.class_names == []
 
 
 # --- the same task: the same class names in the same order -----------------------------------
@@ -301,7 +304,9 @@ def find(**overrides: Any) -> Any:
     return registry.find_champion.python_func(**args)
 
 
-def test_find_champion_returns_the_champions_accuracy_and_class_names(model_service: dict[str, Any]) -> None:
+def test_find_champion_returns_the_champions_version_folder_and_class_names(
+    model_service: dict[str, Any],
+) -> None:
     model_service["models"]["cassava"] = [aiplatform_v1.Model(name=PARENT)]
     model_service["aliases"][f"{PARENT}@champion"] = aiplatform_v1.Model(
         name=PARENT, version_id="3", artifact_uri=f"gs://{BUCKET}/runs/7/train/model/"
@@ -309,20 +314,23 @@ def test_find_champion_returns_the_champions_accuracy_and_class_names(model_serv
     metrics = {"test_accuracy": 0.91, "class_names": CASSAVA}
     model_service["bucket"].blob("runs/7/train/model/metrics.json").upload_from_string(json.dumps(metrics))
     out = find()
-    assert (out.exists, out.resource_name, out.champion_accuracy, out.class_names) == (
-        True,
-        PARENT,
-        0.91,
-        CASSAVA,
-    )
+    assert (out.exists, out.resource_name, out.class_names) == (True, PARENT, CASSAVA)
+    # The versioned name set_champion checks the alias against, and the folder (without the
+    # trailing slash) the evaluation job reads the champion's SavedModel from.
+    assert (out.champion_version, out.champion_uri) == (f"{PARENT}@3", f"gs://{BUCKET}/runs/7/train/model")
     assert out.resource_uri == f"https://us-central1-aiplatform.googleapis.com/v1/{PARENT}"
 
 
 def test_find_champion_without_a_model_or_an_alias_has_no_class_names(model_service: dict[str, Any]) -> None:
-    assert find().class_names == [] and find().champion_accuracy == -1.0 and not find().exists
+    assert (find().class_names, find().champion_version, find().champion_uri, find().exists) == (
+        [],
+        "",
+        "",
+        False,
+    )
     model_service["models"]["cassava"] = [aiplatform_v1.Model(name=PARENT)]
     no_alias = find()
-    assert (no_alias.exists, no_alias.champion_accuracy, no_alias.class_names) == (True, -1.0, [])
+    assert (no_alias.exists, no_alias.champion_version, no_alias.class_names) == (True, "", [])
 
 
 def version(state: dict[str, Any], number: str, accuracy: float, classes: list[str]) -> str:
@@ -336,35 +344,42 @@ def version(state: dict[str, Any], number: str, accuracy: float, classes: list[s
     return f"{PARENT}@{number}"
 
 
-def set_champion(name: str) -> Any:
+def set_champion(name: str, evaluated: str) -> Any:
     model = dsl.Artifact(uri="https://x", metadata={"resourceName": name})
-    return registry.set_champion.python_func(project="p", location="us-central1", model=model)
+    return registry.set_champion.python_func(
+        project="p", location="us-central1", model=model, evaluated_champion=evaluated
+    )
 
 
-def test_set_champion_moves_the_alias_when_still_the_best(model_service: dict[str, Any]) -> None:
-    version(model_service, "1", 0.90, CASSAVA)
-    model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][f"{PARENT}@1"]
-    out = set_champion(version(model_service, "2", 0.92, CASSAVA))
-    assert out.moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "2"
-    worse = set_champion(version(model_service, "3", 0.5, CASSAVA))  # below version 2, now the champion
-    assert not worse.moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "2"
-
-
-def test_a_better_champion_registered_since_the_run_looked_keeps_the_alias(
+def test_set_champion_moves_the_alias_from_the_champion_the_gate_compared_with(
     model_service: dict[str, Any],
 ) -> None:
-    """Two overlapping runs: find-champion ran before either uploaded. The later one to finish
-    (worse) must not take the alias from the better one registered in between."""
-    version(model_service, "5", 0.97, CASSAVA)
+    one = version(model_service, "1", 0.90, CASSAVA)
+    model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][one]
+    out = set_champion(version(model_service, "2", 0.92, CASSAVA), evaluated=one)
+    assert out.moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "2"
+    assert model_service["fake"].calls("MergeVersionAliases")
+
+
+def test_a_champion_registered_since_the_gate_compared_keeps_the_alias(
+    model_service: dict[str, Any],
+) -> None:
+    """Two overlapping runs: both gates compared with version 4; the first to finish moved the
+    alias to version 5. The second (version 6) was never compared with version 5 on like-for-
+    like data, so it must not take the alias, however its own figures look."""
+    four = version(model_service, "4", 0.90, CASSAVA)
+    version(model_service, "5", 0.91, CASSAVA)
     model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][f"{PARENT}@5"]
-    out = set_champion(version(model_service, "6", 0.93, CASSAVA))
-    assert not out.moved and "stays on version 5" in out.reason and "0.9700" in out.reason
+    out = set_champion(version(model_service, "6", 0.99, CASSAVA), evaluated=four)
+    assert not out.moved and "stays on version 5" in out.reason and "was on version 4" in out.reason
+    assert "run the pipeline again" in out.reason
     assert model_service["aliases"][f"{PARENT}@champion"].version_id == "5"
     assert not model_service["fake"].calls("MergeVersionAliases")
-    other = set_champion(version(model_service, "7", 0.99, ["cat", "dog"]))
-    assert not other.moved and "was trained on" in other.reason
+    # A gate that compared with no champion (the first run) cannot take the alias once one exists.
+    first = set_champion(version(model_service, "7", 0.99, CASSAVA), evaluated="")
+    assert not first.moved and "was on no version" in first.reason
 
 
 def test_the_first_champion_takes_the_alias(model_service: dict[str, Any]) -> None:
-    out = set_champion(version(model_service, "1", 0.6, CASSAVA))
+    out = set_champion(version(model_service, "1", 0.6, CASSAVA), evaluated="")
     assert out.moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "1"

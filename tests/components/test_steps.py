@@ -242,35 +242,95 @@ def test_model_from_job_requires_a_saved_model(tmp_path: Path) -> None:
         training.model_from_job.python_func(base_output_directory=str(tmp_path / "bad"), model=model)
 
 
-@pytest.mark.parametrize(
-    ("accuracy", "champion", "promote", "reason"),
-    [
-        (0.93, -1.0, True, "no champion yet"),
-        (0.93, 0.90, True, ">= champion's 0.9000"),
-        (0.93, 0.93, True, ">= champion's 0.9300"),
-        (0.93, 0.95, False, "below the champion's 0.9500"),
-        (0.80, -1.0, False, "below min_accuracy 0.9000"),
-    ],
-)
-def test_gate(tmp_path: Path, accuracy: float, champion: float, promote: bool, reason: str) -> None:
-    write_model(tmp_path / "model", accuracy)
-    metrics, confusion = (
-        dsl.Metrics(uri=str(tmp_path / "m")),
-        dsl.ClassificationMetrics(uri=str(tmp_path / "c")),
-    )
+def write_evaluation(base: Path, challenger: dict[str, float], champion: dict[str, float] | None) -> str:
+    """The evaluation job's output (`<base>/model/evaluation.json`, as trainer.evaluate writes it)."""
+
+    def entry(figures: dict[str, float], recorded: dict[str, float]) -> dict[str, Any]:
+        return {
+            "examples": 20,
+            "loss": 0.3,
+            **figures,
+            "per_class": {"a": {"precision": 0.9, "recall": 1.0, "f1": 0.947, "support": 10}},
+            "confusion_matrix": {"labels": ["a", "b"], "matrix": [[10, 0], [2, 8]]},
+            "recorded": recorded,
+        }
+
+    models = {"challenger": entry(challenger, {})}
+    if champion is not None:
+        models["champion"] = entry(champion, {"accuracy": 0.99, "macro_f1": 0.98})
+    (base / "model").mkdir(parents=True)
+    document = {"split": "test", "dataset_fingerprint": "sha256:" + "ab" * 32, "models": models}
+    (base / "model" / "evaluation.json").write_text(json.dumps(document))
+    return str(base)
+
+
+def gate(tmp_path: Path, metric: str, new: dict[str, float], old: dict[str, float] | None, **kw: Any) -> Any:
+    if not (tmp_path / "model").exists():
+        write_model(tmp_path / "model")
+    metrics = dsl.Metrics(uri=str(tmp_path / "m"))
+    confusion = dsl.ClassificationMetrics(uri=str(tmp_path / "c"))
     out = evaluation.evaluate_model.python_func(
         model=dsl.Model(uri=str(tmp_path / "model")),
-        min_accuracy=0.9,
-        champion_accuracy=champion,
-        champion_class_names=["a", "b"] if champion >= 0 else [],
+        evaluation_dir=write_evaluation(tmp_path / "evaluation", new, old),
+        gate_metric=metric,
+        min_score=kw.get("min_score", 0.8),
+        champion_class_names=kw.get("champion_class_names", ["a", "b"] if old else []),
+        champion_version="projects/p/locations/l/models/7@3" if old else "",
         metrics=metrics,
         confusion=confusion,
     )
-    assert out.promote is promote and reason in out.reason and out.test_accuracy == accuracy
-    assert metrics.metadata["test_accuracy"] == accuracy and metrics.metadata["epochs_completed"] == 3
-    matrix = confusion.metadata["confusionMatrix"]
+    return out, metrics, confusion
+
+
+@pytest.mark.parametrize(
+    ("metric", "new", "old", "promote", "reason"),
+    [
+        ("accuracy", {"accuracy": 0.93, "macro_f1": 0.85}, None, True, "test accuracy 0.9300 >= min_score 0.8000; no champion yet"),
+        ("accuracy", {"accuracy": 0.93, "macro_f1": 0.85}, {"accuracy": 0.90, "macro_f1": 0.95}, True, ">= the champion's 0.9000 on this test split (it recorded 0.9900 on its own test split)"),
+        ("accuracy", {"accuracy": 0.93, "macro_f1": 0.85}, {"accuracy": 0.93, "macro_f1": 0.95}, True, ">= the champion's 0.9300"),
+        ("accuracy", {"accuracy": 0.93, "macro_f1": 0.85}, {"accuracy": 0.95, "macro_f1": 0.80}, False, "test accuracy 0.9300 is below the champion's 0.9500 on this test split"),
+        # The same figures judged on macro F1 turn both decisions around.
+        ("macro_f1", {"accuracy": 0.93, "macro_f1": 0.85}, {"accuracy": 0.90, "macro_f1": 0.95}, False, "test macro F1 0.8500 is below the champion's 0.9500 on this test split (it recorded 0.9800"),
+        ("macro_f1", {"accuracy": 0.93, "macro_f1": 0.85}, {"accuracy": 0.95, "macro_f1": 0.80}, True, "test macro F1 0.8500 >= the champion's 0.8000"),
+        ("accuracy", {"accuracy": 0.70, "macro_f1": 0.85}, None, False, "test accuracy 0.7000 is below min_score 0.8000"),
+        ("macro_f1", {"accuracy": 0.93, "macro_f1": 0.75}, None, False, "test macro F1 0.7500 is below min_score 0.8000"),
+    ],
+)  # fmt: skip
+def test_the_gate_compares_like_for_like_figures_on_the_gate_metric(
+    tmp_path: Path,
+    metric: str,
+    new: dict[str, float],
+    old: dict[str, float] | None,
+    promote: bool,
+    reason: str,
+) -> None:
+    """The gate reads the figures of both models on this run's test split (evaluation.json),
+    never the champion's own recorded figure (0.99 / 0.98 here, which would hold every model)."""
+    out, metrics, confusion = gate(tmp_path, metric, new, old)
+    assert out.promote is promote and reason in out.reason, out.reason
+    assert out.score == new[metric] and out.champion_score == (old[metric] if old else -1.0)
+    assert (
+        metrics.metadata["test_accuracy"] == new["accuracy"]
+        and metrics.metadata["test_macro_f1"] == new["macro_f1"]
+    )
+    assert metrics.metadata["epochs_completed"] == 3
+    if old:
+        assert metrics.metadata[f"champion_test_{metric}"] == old[metric]
+        assert (
+            f"champion projects/p/locations/l/models/7@3: accuracy {old['accuracy']:.4f}" in out.description
+        )
+    assert out.description.startswith(
+        ("Promoted" if promote else "Held") + f" on {metric} over this run's test split (20 images"
+    )
+    assert out.reason in out.description
+    matrix = confusion.metadata["confusionMatrix"]  # the challenger's, on this run's test split
     assert [c["displayName"] for c in matrix["annotationSpecs"]] == ["a", "b"]
-    assert [r["row"] for r in matrix["rows"]] == [[9, 1], [0, 10]]
+    assert [r["row"] for r in matrix["rows"]] == [[10, 0], [2, 8]]
+
+
+def test_the_gate_refuses_a_champion_the_evaluation_job_left_out(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"evaluation\.json has no figures for it"):
+        gate(tmp_path, "accuracy", {"accuracy": 0.9, "macro_f1": 0.9}, None, champion_class_names=["a", "b"])
 
 
 @pytest.mark.parametrize(
@@ -280,17 +340,29 @@ def test_the_gate_refuses_a_model_of_another_task(tmp_path: Path, classes: tuple
     """Belt and braces (check-same-task refused the run before training): a one-class model
     scoring 1.0 never replaces the champion of another task, whatever its accuracy."""
     write_model(tmp_path / "model", 1.0, class_names=classes)
-    out = evaluation.evaluate_model.python_func(
-        model=dsl.Model(uri=str(tmp_path / "model")),
-        min_accuracy=0.5,
-        champion_accuracy=0.9,
-        champion_class_names=["a", "b"],
-        metrics=dsl.Metrics(uri=str(tmp_path / "m")),
-        confusion=dsl.ClassificationMetrics(uri=str(tmp_path / "c")),
+    out, _, _ = gate(
+        tmp_path,
+        "accuracy",
+        {"accuracy": 1.0, "macro_f1": 1.0},
+        {"accuracy": 0.9, "macro_f1": 0.9},
+        min_score=0.5,
     )
-    assert out.promote is False and out.test_accuracy == 1.0
+    assert out.promote is False and out.score == 1.0
     assert out.reason.startswith("not comparable with the champion: ")
     assert str(list(classes)) in out.reason and "['a', 'b']" in out.reason
+
+
+@pytest.mark.parametrize(
+    ("champion_uri", "expected"),
+    [("", ["--data_dir=/d", "--model_dir=/m"]), ("gs://b/v3/model", ["--data_dir=/d", "--model_dir=/m", "--champion_dir=gs://b/v3/model"])],
+)  # fmt: skip
+def test_evaluation_args_add_the_champion_only_when_there_is_one(
+    champion_uri: str, expected: list[str]
+) -> None:
+    args = evaluation.evaluation_args.python_func(
+        dataset=dsl.Dataset(uri="/d"), model=dsl.Model(uri="/m"), champion_uri=champion_uri
+    )
+    assert args == expected
 
 
 def locked() -> dict[str, str]:

@@ -202,7 +202,7 @@ def plan(spec: dict[str, Any], root: dict[str, Any]) -> Run:
     """Every output the GCPC tasks of a run with these parameter values read."""
     from kfp import dsl
 
-    from components import prepare, registry, training
+    from components import evaluation, prepare, registry, training
 
     run = Run(spec=spec, region=root["location"], root=go_numbers(root))
     tasks = walk(spec)
@@ -232,12 +232,25 @@ def plan(spec: dict[str, Any], root: dict[str, Any]) -> Run:
     args = call_body(run, "training-trainer-args", trainer_args, dataset=dataset)
     run.upstream[("training-trainer-args", "args")] = args.args
     worker_pools(run, "training-worker-pools")
-    run.upstream[("model-from-job", "model_uri")] = run.job_dir("training-worker-pools") + "/model"
+    model_uri = run.job_dir("training-worker-pools") + "/model"
+    run.upstream[("model-from-job", "model_uri")] = model_uri
+    # The evaluation job: this run's dataset, the new model and the champion's folder.
+    champion = champion_name(run.region)
+    run.upstream[("find-champion", "champion_uri")] = f"gs://{PROJECT}-models/champion/model"
+    run.upstream[("find-champion", "champion_version")] = f"{champion}@3"
+    run.upstream[("evaluation-args", "Output")] = call_body(
+        run,
+        "evaluation-args",
+        evaluation.evaluation_args.python_func,
+        dataset=dataset,
+        model=dsl.Model(name="model", uri=model_uri),
+    )
+    worker_pools(run, "evaluation-worker-pools")
+    run.upstream[("evaluate-model", "description")] = "Promoted on accuracy over this run's test split"
 
     settings = call_body(run, "upload-settings", registry.upload_settings.python_func)
     run.upstream[("upload-settings", "serving_image")] = settings.serving_image
     run.upstream[("upload-settings", "labels")] = settings.labels
-    champion = champion_name(run.region)
     run.upstream[("find-champion", "exists")] = True
     run.upstream[("find-champion", "resource_name")] = champion
     run.upstream[("find-champion", "resource_uri")] = (
@@ -252,7 +265,14 @@ def launched_tasks(run: Run) -> list[str]:
     """The GCPC tasks this run reaches, in order (both upload branches: each is a launcher the
     template must get right, whether the model exists yet or not)."""
     tuning = ["tune-hyperparameters"] if run.tune else []
-    return ["prepare-dataset", *tuning, "train-model", "upload-first-version", "upload-new-version"]
+    return [
+        "prepare-dataset",
+        *tuning,
+        "train-model",
+        "evaluate-models",
+        "upload-first-version",
+        "upload-new-version",
+    ]
 
 
 # --- rendering and running a launcher -------------------------------------------------------------

@@ -568,6 +568,7 @@ def check_upload(run: Run, task: str) -> None:
     assert model["container_spec"] == {"image_uri": run.upstream[("upload-settings", "serving_image")]}
     assert model.get("encryption_spec", {}).get("kms_key_name", "") == run.root["encryption_spec_key_name"]
     assert model["labels"] == {**SYSTEM_LABELS, **run.upstream[("upload-settings", "labels")]}
+    assert model["description"] == run.upstream[("evaluate-model", "description")]
     assert not label_problems(model["labels"]), label_problems(model["labels"])
     assert model["pipeline_job"] == (
         f"projects/{harness.PROJECT}/locations/{run.region}/pipelineJobs/{harness.PIPELINE_JOB_UUID}"
@@ -584,6 +585,16 @@ def check_run(run: Run) -> None:
         assert endpoints and set(endpoints) == {f"{run.region}-aiplatform.googleapis.com"}, (task, endpoints)
     check_custom_job(run, "prepare-dataset", "prepare-worker-pools")
     check_custom_job(run, "train-model", "training-worker-pools")
+    check_custom_job(run, "evaluate-models", "evaluation-worker-pools")
+    evaluation = as_dict(run.requests["evaluate-models"])["custom_job"]["job_spec"]["worker_pool_specs"]
+    assert [int(pool["replica_count"]) for pool in evaluation] == [1]  # one CPU replica
+    assert "accelerator_type" not in evaluation[0]["machine_spec"]
+    assert evaluation[0]["container_spec"]["command"] == ["python", "-m", "trainer.evaluate"]
+    assert evaluation[0]["container_spec"]["args"] == run.upstream[("evaluation-args", "Output")]
+    assert (
+        f"--champion_dir={run.upstream[('find-champion', 'champion_uri')]}"
+        in evaluation[0]["container_spec"]["args"]
+    )
     train_args = as_dict(run.requests["train-model"])["custom_job"]["job_spec"]["worker_pool_specs"][0]
     assert train_args["container_spec"]["args"] == run.upstream[("training-trainer-args", "args")]
     if run.tune:
@@ -832,7 +843,7 @@ def matrix_markdown(rows: tuple[Row, ...] = ROWS) -> str:
             sets += f"; REGION `{row.region}`"
         sets += "".join(f"; {k} `{v or '(unset)'}`" for k, v in row.settings.items())
         if row.accepted:
-            launched = "custom_job (prepare-dataset, train-model)"
+            launched = "custom_job (prepare-dataset, train-model, evaluate-models)"
             if row.values.get("tune"):
                 launched += ", hyperparameter_tuning_job (tune-hyperparameters)"
             launched += ", upload_model (upload-first-version, upload-new-version)"

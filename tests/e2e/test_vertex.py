@@ -42,7 +42,7 @@ def test_a_small_run_registers_a_model_version() -> None:
         "chief_accelerator_count": 0,
         "worker_accelerator_type": "",
         "worker_accelerator_count": 0,
-        "min_accuracy": 0.0,
+        "min_score": 0.0,
     }
     assert submit.submit(config, small, wait=True, poll_seconds=30) == 0
     models = aiplatform.Model.list(filter=f'display_name="{name}"')

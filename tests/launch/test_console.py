@@ -21,6 +21,11 @@ SHOWN = [
         "[train-model] chief-0 was killed (signal 9): restarting the whole job (1/3 restarts)",
         "    train-model: chief-0",
     ),
+    # The evaluation job's figures of both models on this run's test split.
+    (
+        "[evaluate-models chief-0] evaluated champion: accuracy 0.9100, macro F1 0.9000 on this test split",
+        "    evaluated champion: accuracy 0.9100",
+    ),
     ("PROMOTE: test accuracy 0.95 >= 0.90; no champion yet", "    PROMOTE: test accuracy"),
     ("registered cassava-classifier version 3 at /x", "    registered cassava-classifier"),
     # The first local run makes the serving check's environment: say why the step takes a while.
@@ -38,6 +43,7 @@ HIDDEN = [
     "[train-model] attempt 1: starting chief-0, worker-0",
     "trainer args: --data_dir=/x --epochs=6",
     "worker pools for /x:",
+    "[evaluate-models chief-0] evaluating champion: 25/100 test images",
 ]
 
 

@@ -422,6 +422,9 @@ def test_a_killed_serving_check_is_reported_as_killed_not_as_a_model_that_does_n
             labels={},
             promote=True,
             gate_reason="",
+            description="",
+            evaluated_champion="",
+            evaluation_dir=str(tmp_path / "evaluation"),
         )
     message = str(raised.value)
     assert "was killed by signal 9 (SIGKILL) before it finished" in message

@@ -90,9 +90,11 @@ def fake_model(folder: Path, accuracy: float, classes: list[str] = CLASSES) -> P
     return folder
 
 
-def register(registry: Path, model: Path, promote: bool = True, reason: str = "gate passed") -> tuple:
+def register(
+    registry: Path, model: Path, promote: bool = True, reason: str = "gate passed", evaluated: str = ""
+) -> tuple:
     return steps.register_version(
-        str(model), str(registry), NAME, promote, reason, {"source_uri": str(model)}
+        str(model), str(registry), NAME, promote, reason, {"source_uri": str(model)}, evaluated
     )
 
 
@@ -104,60 +106,68 @@ def version_record(registry: Path, version: str) -> dict[str, Any]:
     return json.loads((registry / NAME / version / "version.json").read_text())
 
 
-def test_a_stale_gate_does_not_take_the_alias_from_a_better_champion(tmp_path: Path) -> None:
-    """Runs A (0.95) and B (0.92) both passed the gate against champion v1 (0.90), read at their
-    start. A registers first and becomes the champion; B's promote=True is stale."""
+def test_a_stale_gate_does_not_take_the_alias(tmp_path: Path) -> None:
+    """Runs A and B both passed the gate against champion v1, evaluated at their start. A
+    registers first and becomes the champion; B was never compared with A on like-for-like data,
+    so its promote=True is stale, whatever its own figures (B is even more accurate here)."""
     registry = tmp_path / "registry"
     assert register(registry, fake_model(tmp_path / "v1", 0.90))[2] is True
-    a = register(registry, fake_model(tmp_path / "a", 0.95), reason="test accuracy 0.95 >= 0.90")
-    b = register(registry, fake_model(tmp_path / "b", 0.92), reason="test accuracy 0.92 >= 0.90")
+    a = register(registry, fake_model(tmp_path / "a", 0.95), reason="0.95 >= 0.90", evaluated="1")
+    b = register(registry, fake_model(tmp_path / "b", 0.97), reason="0.97 >= 0.90", evaluated="1")
     assert a[:3] == ("2", str(registry / NAME / "2"), True)
     assert b[:3] == ("3", str(registry / NAME / "3"), False)
-    assert "champion version 2 has test accuracy 0.9500, above this model's 0.9200" in b[3]
+    assert "champion is now on version 2, but was on version 1 when this run's gate compared" in b[3]
     assert aliases(registry) == {"default": "1", "champion": "2"}
     record = version_record(registry, "3")  # the decision and its reason, beside the version
-    assert record["gate"] == {"promote": True, "reason": "test accuracy 0.92 >= 0.90"}
+    assert record["gate"] == {"promote": True, "reason": "0.97 >= 0.90"}
     assert record["alias"]["moved"] is False and record["alias"]["reason"] == b[3]
-    assert record["alias"]["before"] == {"version": "2", "test_accuracy": 0.95, "class_names": CLASSES}
+    before = record["alias"]["before"]
+    assert (before["version"], before["test_accuracy"], before["class_names"]) == ("2", 0.95, CLASSES)
     assert version_record(registry, "2")["alias"]["moved"] is True
 
 
 def test_the_first_two_models_race_for_an_empty_registry(tmp_path: Path) -> None:
     registry = tmp_path / "registry"
     register(registry, fake_model(tmp_path / "a", 0.95), reason="no champion yet")
-    held = register(registry, fake_model(tmp_path / "b", 0.93), reason="no champion yet")
-    assert held[2] is False and aliases(registry)["champion"] == "1"
+    held = register(registry, fake_model(tmp_path / "b", 0.97), reason="no champion yet")
+    assert held[2] is False and "was on no version" in held[3] and aliases(registry)["champion"] == "1"
 
 
-def test_as_good_as_the_champion_takes_the_alias_and_a_held_gate_never_does(tmp_path: Path) -> None:
+def test_a_passed_gate_against_the_current_champion_takes_the_alias_and_a_held_gate_never_does(
+    tmp_path: Path,
+) -> None:
     registry = tmp_path / "registry"
     register(registry, fake_model(tmp_path / "v1", 0.90))
-    tie = register(registry, fake_model(tmp_path / "v2", 0.90))
-    assert tie[2] is True and "test accuracy 0.9000 >= champion version 1's 0.9000" in tie[3]
-    held = register(registry, fake_model(tmp_path / "v3", 0.99), promote=False, reason="below min_accuracy")
-    assert held[2] is False and held[3] == "the gate held it: below min_accuracy"
+    passed = register(
+        registry, fake_model(tmp_path / "v2", 0.80), reason="macro F1 0.91 >= 0.90", evaluated="1"
+    )
+    assert passed[2] is True and "the gate passed it against champion version 1" in passed[3]
+    held = register(
+        registry, fake_model(tmp_path / "v3", 0.99), promote=False, reason="below min_score", evaluated="2"
+    )
+    assert held[2] is False and held[3] == "the gate held it: below min_score"
     assert aliases(registry) == {"default": "1", "champion": "2"}
 
 
 def test_a_model_of_another_task_never_takes_the_alias_under_the_lock(tmp_path: Path) -> None:
     registry = tmp_path / "registry"
     register(registry, fake_model(tmp_path / "v1", 0.80))
-    other = register(registry, fake_model(tmp_path / "one-class", 1.0, ["healthy"]))
+    other = register(registry, fake_model(tmp_path / "one-class", 1.0, ["healthy"]), evaluated="1")
     assert other[2] is False and "is of another task" in other[3] and "['healthy']" in other[3]
     assert aliases(registry)["champion"] == "1"
 
 
-def test_concurrent_registrations_get_distinct_versions_and_the_best_is_champion(tmp_path: Path) -> None:
-    """Every gate passed against an empty registry (all stale but the first to register): in
-    whatever order the lock lets them in, the most accurate model ends up the champion."""
+def test_concurrent_registrations_get_distinct_versions_and_one_alias_move(tmp_path: Path) -> None:
+    """Every gate passed against an empty registry: whatever order the lock lets them in, each
+    gets its own version, the first registered takes the alias, and every other one is held as
+    stale (it was compared with no champion, and there is one by then)."""
     registry = tmp_path / "registry"
-    accuracies = [0.91, 0.97, 0.93, 0.95, 0.92, 0.96]
-    models = [fake_model(tmp_path / f"m{i}", a) for i, a in enumerate(accuracies)]
+    models = [fake_model(tmp_path / f"m{i}", 0.9 + i / 100) for i in range(6)]
     with ThreadPoolExecutor(len(models)) as pool:
         results = list(pool.map(lambda m: register(registry, m, reason="no champion yet"), models))
     assert sorted(int(r[0]) for r in results) == list(range(1, len(models) + 1))
-    champion = aliases(registry)["champion"]
-    assert version_record(registry, champion)["test_accuracy"] == max(accuracies)
+    assert [r[0] for r in results if r[2]] == ["1"] and aliases(registry)["champion"] == "1"
+    assert all("was on no version" in r[3] for r in results if not r[2])
 
 
 # --- the component: serving check (stubbed), then the same guarded registration ----------------
@@ -190,7 +200,20 @@ def upload(registry: Path, model: Path, promote: bool) -> Any:
         labels={"team": "ml"},
         promote=promote,
         gate_reason="passed against the champion read at the start of the run",
+        description="Promoted on accuracy over this run's test split",
+        evaluated_champion="",
+        evaluation_dir=str(evaluation_dir(model.parent)),
     )
+
+
+def evaluation_dir(folder: Path) -> Path:
+    """An evaluation job's output, as trainer.evaluate writes it (challenger alone)."""
+    base = folder / "evaluation"
+    (base / "model").mkdir(parents=True, exist_ok=True)
+    figures = {"examples": 10, "accuracy": 0.9, "macro_f1": 0.88, "loss": 0.3, "recorded": {}}
+    document = {"split": "test", "dataset_fingerprint": "sha256:ab", "models": {"challenger": figures}}
+    (base / "model" / "evaluation.json").write_text(json.dumps(document))
+    return base
 
 
 def test_the_upload_step_does_not_take_the_alias_on_a_stale_gate(
@@ -206,4 +229,6 @@ def test_the_upload_step_does_not_take_the_alias_on_a_stale_gate(
     assert "registered cassava-classifier version 2 at " in out and "champion NOT moved: " in out
     record = version_record(registry, "2")
     assert record["labels"] == {"team": "ml"} and record["serving_check"][0]["class_name"] == "cbb"
+    assert record["evaluation"]["models"]["challenger"]["macro_f1"] == 0.88
+    assert record["description"].startswith("Promoted on accuracy")
     assert [c[0] for c in serving_check_passes] == [sys.executable, sys.executable]

@@ -1,0 +1,249 @@
+"""Evaluates models side by side on one prepared dataset's split, the way they are served:
+`python -m trainer.evaluate --data_dir D --model_dir CHALLENGER [--champion_dir CHAMPION]`.
+
+The champion/challenger gate's like-for-like comparison. The champion recorded its test figures
+on the test split of *its* run, which may be other data (new images, another preparation); so the
+pipeline's evaluation job (one CPU replica on the trainer image) runs both models here, on this
+run's test split, and the gate compares those figures (docs/training.md, "The gate").
+
+Both models are run through their `serving_default` signature, the contract every published
+model keeps: each stored test image is encoded as PNG (lossless) and given as `image_bytes`, so
+each model decodes and resizes it exactly as it would when served, whatever image size it was
+trained at. Writes `evaluation.json` (trainer.contract.EVALUATION_KEYS) into `--output_dir`
+(default: $AIP_MODEL_DIR, which Vertex derives from the job's base output directory), with
+each model's accuracy, loss, macro F1, per-class figures and confusion matrix, and the figures
+the champion recorded on its own test split beside them.
+
+Everything is checked before any image is read: both models load and have the signature, the
+champion was trained on the dataset's class names in the same order. Exit status 2 on a bad
+flag, 1 when a model or the data cannot be used, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from trainer.contract import EVALUATION_FILE, METRICS_FILE
+
+ROLES = ("challenger", "champion")
+
+
+class EvaluationError(Exception):
+    """A model or the dataset cannot be evaluated; the message says which and why."""
+
+
+def summarize(labels: Sequence[int], probabilities: Any, class_names: Sequence[str]) -> dict[str, Any]:
+    """Loss, accuracy, confusion matrix, per-class figures and macro F1 of `probabilities`
+    ([N, K]) against integer `labels` ([N]): exact over every example."""
+    import numpy as np
+
+    from trainer import metrics as metrics_lib
+
+    p, y = np.asarray(probabilities, dtype=np.float64), np.asarray(labels, dtype=np.int64)
+    k = len(class_names)
+    if p.ndim != 2 or p.shape != (len(y), k):
+        raise EvaluationError(f"expected probabilities of shape ({len(y)}, {k}), got {p.shape}")
+    predicted = p.argmax(-1)
+    matrix = np.zeros((k, k), dtype=int)
+    np.add.at(matrix, (y, predicted), 1)
+    per_class = metrics_lib.per_class(matrix.tolist(), class_names)
+    return {
+        "examples": len(y),
+        "loss": float(-np.mean(np.log(np.clip(p[np.arange(len(y)), y], 1e-7, 1.0)))) if len(y) else None,
+        "accuracy": float(np.mean(predicted == y)) if len(y) else None,
+        "macro_f1": metrics_lib.macro_f1(per_class),
+        "per_class": per_class,
+        "confusion_matrix": {
+            "labels": list(class_names),
+            "rows": "true class",
+            "columns": "predicted class",
+            "matrix": matrix.tolist(),
+        },
+    }
+
+
+def predict_split(
+    predict: Callable[[Any], Any],
+    data_dir: str,
+    meta: Any,
+    split: str,
+    *,
+    batch_size: int = 256,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[Any, Any]:
+    """(labels [N], probabilities [N, K]) of `predict` (uint8 image batch -> probabilities) over a
+    whole split, in the stored order."""
+    import numpy as np
+
+    from trainer import data
+
+    ds = data.make_dataset(data_dir, meta, split, batch_size=batch_size, training=False)
+    labels, probs, done = [], [], 0
+    total = meta.splits[split].count
+    for x, y in ds:
+        probs.append(np.asarray(predict(x)))
+        labels.append(y.numpy())
+        done += len(labels[-1])
+        if progress is not None:
+            progress(done, total)
+    if not labels:
+        return np.zeros((0,), dtype=np.int64), np.zeros((0, meta.num_classes))
+    return np.concatenate(labels), np.concatenate(probs)
+
+
+def served_predictor(model_dir: str) -> Callable[[Any], Any]:
+    """uint8 image batch -> probabilities, through the SavedModel's `serving_default` on PNG bytes
+    (as Vertex serves it: `trainer.serve`). Raises EvaluationError when it does not load."""
+    from trainer import serve
+    from trainer._tf import tf
+
+    try:
+        served = serve.load(model_dir)
+    except serve.ServingError as err:
+        raise EvaluationError(str(err)) from None
+
+    @tf.function
+    def encode(batch: tf.Tensor) -> tf.Tensor:
+        return tf.map_fn(tf.io.encode_png, batch, fn_output_signature=tf.string)
+
+    def predict(batch: Any) -> Any:
+        out = served.signature(**{serve.SERVING_INPUT: encode(batch)})
+        return out["probabilities"].numpy()
+
+    predict.served = served  # type: ignore[attr-defined]  # keeps the variables alive
+    return predict
+
+
+def recorded_metrics(model_dir: str) -> dict[str, Any]:
+    """The metrics.json the trainer published beside a SavedModel."""
+    from trainer import storage
+    from trainer._tf import tf
+
+    path = storage.join(model_dir, METRICS_FILE)
+    if not tf.io.gfile.exists(storage.resolve(path)):
+        raise EvaluationError(f"{model_dir} has no {METRICS_FILE}: it was not published by trainer.task")
+    recorded: dict[str, Any] = storage.read_json(path)
+    return recorded
+
+
+def evaluate(
+    data_dir: str,
+    models: Mapping[str, str],
+    *,
+    split: str = "test",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """evaluation.json's content for `models` ({role: SavedModel folder}) on `split`."""
+    from trainer import data
+
+    meta = data.load_metadata(data_dir)
+    if meta.splits[split].count == 0:
+        raise EvaluationError(f"{data_dir}: the {split} split has no images")
+    # Every check before any image is read.
+    recorded, predictors = {}, {}
+    for role, model_dir in models.items():
+        recorded[role] = recorded_metrics(model_dir)
+        names = [str(c) for c in recorded[role].get("class_names", [])]
+        if names != list(meta.class_names):
+            raise EvaluationError(
+                f"the {role} in {model_dir} was trained on the classes {names}, this dataset has "
+                f"{list(meta.class_names)}: it cannot be evaluated on it (the same class names in the "
+                "same order are needed)"
+            )
+        predictors[role] = served_predictor(model_dir)
+    out: dict[str, Any] = {
+        "split": split,
+        "data_dir": data_dir,
+        "dataset_fingerprint": meta.fingerprint,
+        "class_names": list(meta.class_names),
+        "method": "serving_default on PNG-encoded stored images (each model decodes and resizes as served)",
+        "models": {},
+    }
+    for role, model_dir in models.items():
+        started = time.perf_counter()
+        log(f"evaluating {role} {model_dir}: {meta.splits[split].count} {split} images, as served")
+        labels, probs = predict_split(
+            predictors[role], data_dir, meta, split, progress=_progress(role, split, log)
+        )
+        figures = summarize(labels, probs, meta.class_names)
+        figures["model_dir"] = model_dir
+        figures["seconds"] = time.perf_counter() - started
+        own = recorded[role]
+        figures["recorded"] = {
+            "accuracy": own.get("test_accuracy"),
+            "macro_f1": own.get("macro_f1"),
+            "dataset_fingerprint": own.get("dataset_fingerprint"),
+        }
+        out["models"][role] = figures
+        log(
+            f"evaluated {role}: accuracy {figures['accuracy']:.4f}, macro F1 {figures['macro_f1']:.4f} "
+            f"on this {split} split (recorded on its own: accuracy {_fmt(own.get('test_accuracy'))}, "
+            f"macro F1 {_fmt(own.get('macro_f1'))})"
+        )
+    return out
+
+
+def _progress(role: str, split: str, log: Callable[[str], None]) -> Callable[[int, int], None]:
+    """Says how far the evaluation of one model is, about every quarter of the split."""
+    marks = {"next": 0}
+
+    def progress(done: int, total: int) -> None:
+        if done >= marks["next"] or done == total:
+            log(f"evaluating {role}: {done}/{total} {split} images")
+            marks["next"] = done + max(1, total // 4)
+
+    return progress
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value):.4f}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data_dir", required=True, help="The prepared dataset (trainer.prepare output).")
+    p.add_argument("--model_dir", required=True, help="The challenger's SavedModel folder.")
+    p.add_argument("--champion_dir", default="", help="The champion's SavedModel folder ('': none).")
+    p.add_argument("--split", default="test", choices=("test", "validation"), help="The split evaluated.")
+    p.add_argument(
+        "--output_dir",
+        default=os.environ.get("AIP_MODEL_DIR", ""),
+        help="Where evaluation.json is written (default: $AIP_MODEL_DIR).",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.output_dir:
+        parser.error("--output_dir is required when $AIP_MODEL_DIR is not set")
+    models = {"challenger": args.model_dir}
+    if args.champion_dir:
+        models["champion"] = args.champion_dir
+    from trainer import storage
+    from trainer._tf import tf
+
+    try:
+        result = evaluate(args.data_dir, models, split=args.split, log=_log)
+    except (EvaluationError, ValueError, OSError) as err:  # data.DataError is a ValueError
+        print(f"python -m trainer.evaluate: error: {err}", file=sys.stderr)  # noqa: T201
+        return 1
+    tf.io.gfile.makedirs(storage.resolve(args.output_dir))
+    path = storage.join(args.output_dir, EVALUATION_FILE)
+    storage.write_json(path, result)
+    _log(f"evaluation: wrote {path}")
+    return 0
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)  # noqa: T201 - the job's log
+
+
+if __name__ == "__main__":
+    sys.exit(main())
