@@ -82,7 +82,7 @@ def test_both_models_are_evaluated_as_served_on_this_splits_images(
     assert any("evaluated champion: accuracy" in line and "recorded on its own: accuracy 0.9900" in line for line in lines)  # fmt: skip
 
 
-def test_the_command_writes_evaluation_json_and_refuses_a_champion_of_other_classes(
+def test_the_command_writes_evaluation_json_into_aip_model_dir(
     synthetic_dir: Path, dataset: dict, tmp_path: Path
 ) -> None:
     classes = dataset["class_names"]
@@ -100,19 +100,20 @@ def test_the_command_writes_evaluation_json_and_refuses_a_champion_of_other_clas
     written = json.loads((tmp_path / "job" / "model" / "evaluation.json").read_text())
     assert list(written["models"]) == ["challenger"]  # no champion given: the new model alone
 
+
+def test_a_champion_of_other_classes_is_refused_before_any_image_is_read(
+    synthetic_dir: Path, dataset: dict, tmp_path: Path
+) -> None:
+    classes = dataset["class_names"]
+    challenger = constant_model(tmp_path / "new", 0, classes, 64, {"test_accuracy": 0.2})
     other = constant_model(tmp_path / "other", 0, list(reversed(classes)), 64, {"test_accuracy": 0.9})
-    refused = subprocess.run(
-        [*command, f"--champion_dir={other}", f"--output_dir={tmp_path / 'refused'}"],
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert refused.returncode == 1
-    assert "the champion in" in refused.stderr and "same class names in the same order" in refused.stderr
-    assert "evaluating challenger" not in refused.stdout  # refused before any image was read
-    assert not (tmp_path / "refused").exists()
+    lines: list[str] = []
+    with pytest.raises(evaluate.EvaluationError, match="same class names in the same order") as raised:
+        evaluate.evaluate(
+            str(synthetic_dir), {"challenger": str(challenger), "champion": str(other)}, log=lines.append
+        )
+    assert str(raised.value).startswith(f"the champion in {other} was trained on the classes")
+    assert not lines  # refused before any image was read
 
 
 @pytest.mark.parametrize(
