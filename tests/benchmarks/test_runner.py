@@ -39,7 +39,8 @@ def test_unknown_benchmarks_are_refused_with_the_known_names(capsys: pytest.Capt
         runner.main(["run", "--bench", "input,nope"])
     assert exit_info.value.code == 2
     assert (
-        "unknown benchmark(s) nope; known: input, train, gpu, prepare, e2e, memory" in capsys.readouterr().err
+        "unknown benchmark(s) nope; known: input, train, gpu, prepare, e2e, memory, tuning"
+        in capsys.readouterr().err
     )
 
 

@@ -1,0 +1,352 @@
+"""`tuning`: does `make run ARGS="--tune true"` end at or above the untuned run?
+
+Each repetition uses a fresh runs folder and a fresh local registry and runs what `make run`
+runs with no project configured (`python -m launch.cli run --target local`, the default local
+parameters), twice, with the same `--seed`:
+1. untuned: version 1 of the model, the champion (no champion before it);
+2. `--tune true` (the defaults: 2 trials, 1 at a time, the local search space around the local
+   learning rate and dropout), into the same registry: its `evaluate-models` job evaluates the
+   tuned model (the challenger) and version 1 (the champion) side by side on this run's test
+   split, and the gate compares them.
+
+The accuracies and macro F1 compared are those of that side-by-side evaluation (run 2's
+`version.json`, `evaluation.models.{challenger,champion}`): both models on the same images,
+through their serving signatures. Each run's own `test_accuracy` is on its own split; the two
+runs carve the same split from the same seed, but comparing the evaluation job's figures needs no
+such assumption. Also recorded: every trial (parameters, final val_accuracy), the best trial's
+hyperparameters, each run's wall time (what the user waits for, interpreter and imports
+included), the share of the CPUs other processes used meanwhile, and whether the gate promoted.
+
+Two repetitions with different seeds (42, the default, and 43): about 3 minutes each on 2 cores
+(4.5 with the machine busy). If one repetition takes over `MAX_REPETITION_SECONDS` the rest are skipped, to keep the
+benchmark within about 10 minutes, and the result's inputs say so.
+
+Ratio: mean tuned accuracy / mean untuned accuracy on the shared test split. Goal: tuned >=
+untuned (accuracy) in every repetition; a tie counts as met. At this size (100 test images, one
+image = 0.01) the comparison is coarse and noisy: two trials of a tiny model on synthetic leaves
+that the untuned model already classifies almost perfectly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import (
+    ROOT,
+    _cpu_busy_seconds,
+    _other_share,
+    busy_note,
+    make_result,
+    say,
+    tail,
+)
+
+NAME = "tuning"
+IMPLEMENTED = True
+SEEDS = (42, 43)
+"""One repetition per seed: 42 is the pipeline's default (repetition 1 is exactly `make run`)."""
+MAX_REPETITION_SECONDS = 300.0
+"""A repetition slower than this skips the rest (the benchmark stays within about 10 minutes)."""
+METRIC = "accuracy"
+TUNING_PARAMETERS = ("max_trial_count", "parallel_trial_count", "search_algorithm", "search_space")
+"""The tuned run's pipeline parameters that describe its tuning (its defaults: recorded, not set)."""
+GOAL = {
+    "description": "tuned >= untuned on the same test split (accuracy), in every repetition",
+    "metric": METRIC,
+    "every_repetition": True,
+}
+
+
+@dataclasses.dataclass
+class Launch:
+    """One `launch.cli run` and what it left."""
+
+    summary: dict[str, Any]
+    wall_seconds: float
+    other_cpu_share: float | None = None
+    log: str = ""
+
+
+class TuningBenchmarkError(RuntimeError):
+    """A run failed or did not leave what the comparison needs."""
+
+
+# --- turning the runs' records into figures (no run needed: unit-tested) ---------------------
+
+
+def trials_table(tuning: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The tuning job's trials, compact: id, state, parameters, final objective value."""
+    out = []
+    for trial in (tuning or {}).get("trials") or []:
+        final = (trial.get("finalMeasurement") or {}).get("metrics") or []
+        out.append(
+            {
+                "id": str(trial.get("id")),
+                "state": trial.get("state"),
+                "parameters": {p["parameterId"]: p["value"] for p in trial.get("parameters") or []},
+                "value": final[0]["value"] if final else None,
+            }
+        )
+    return out
+
+
+def _side(evaluation: Mapping[str, Any], side: str) -> dict[str, Any]:
+    figures = (evaluation.get("models") or {}).get(side)
+    if not figures:
+        raise TuningBenchmarkError(f"version.json's evaluation has no {side!r} figures: {evaluation!r}")
+    return {
+        "accuracy": float(figures["accuracy"]),
+        "macro_f1": float(figures["macro_f1"]),
+        "examples": int(figures["examples"]),
+    }
+
+
+def _succeeded(launch: Launch, what: str) -> dict[str, Any]:
+    summary = launch.summary
+    if summary.get("status") != "SUCCEEDED":
+        raise TuningBenchmarkError(
+            f"the {what} run ended {summary.get('status')}: {summary.get('error')} (log: {launch.log})"
+        )
+    if not summary.get("model"):
+        raise TuningBenchmarkError(f"the {what} run registered no model (log: {launch.log})")
+    return summary
+
+
+def repetition_figures(
+    seed: int, untuned: Launch, tuned: Launch, version_record: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One repetition's figures from the two runs' summaries and the tuned version's
+    `version.json`. Raises when the comparison is not the one this benchmark means to make (the
+    untuned model did not become the champion, the tuned run's gate saw no champion)."""
+    first, second = _succeeded(untuned, "untuned"), _succeeded(tuned, "tuned")
+    if not first["model"].get("champion"):
+        raise TuningBenchmarkError(f"the untuned run's model did not become the champion: {first['model']}")
+    gate = second.get("gate") or {}
+    if gate.get("champion_score", -1) == -1:
+        raise TuningBenchmarkError(f"the tuned run's gate compared with no champion: {gate}")
+    if not second.get("tuning"):
+        raise TuningBenchmarkError("the tuned run has no tuning record (was --tune true passed?)")
+    evaluation = version_record.get("evaluation") or {}
+    challenger, champion = _side(evaluation, "challenger"), _side(evaluation, "champion")
+    before = (version_record.get("alias") or {}).get("before") or {}
+    if before.get("version") not in (None, first["model"]["version"]):
+        raise TuningBenchmarkError(
+            f"the tuned run's champion was version {before.get('version')}, not the untuned run's "
+            f"version {first['model']['version']}"
+        )
+    best = second["tuning"].get("best") or {}
+    parameters = second.get("parameters") or {}
+    return {
+        "seed": seed,
+        "tuning_parameters": {k: parameters.get(k) for k in TUNING_PARAMETERS},
+        "test_examples": challenger["examples"],
+        "dataset_fingerprint": evaluation.get("dataset_fingerprint"),
+        "untuned": {
+            "accuracy": champion["accuracy"],
+            "macro_f1": champion["macro_f1"],
+            "own_test_accuracy": first.get("metrics", {}).get("test_accuracy"),
+            "version": first["model"]["version"],
+            "wall_seconds": round(untuned.wall_seconds, 2),
+            "pipeline_seconds": first.get("wall_seconds"),
+            "other_cpu_share": untuned.other_cpu_share,
+        },
+        "tuned": {
+            "accuracy": challenger["accuracy"],
+            "macro_f1": challenger["macro_f1"],
+            "own_test_accuracy": second.get("metrics", {}).get("test_accuracy"),
+            "version": second["model"]["version"],
+            "wall_seconds": round(tuned.wall_seconds, 2),
+            "pipeline_seconds": second.get("wall_seconds"),
+            "tune_seconds": next(
+                (s["seconds"] for s in second.get("steps", []) if s["name"] == "tune-hyperparameters"), None
+            ),
+            "other_cpu_share": tuned.other_cpu_share,
+            "training_hyperparameters": second.get("training_hyperparameters"),
+        },
+        "trials": trials_table(second["tuning"]),
+        "best_trial": {
+            "id": best.get("trial_id"),
+            "value": best.get("value"),
+            "hyperparameters": best.get("hyperparameters"),
+        },
+        "gate": {
+            "promote": bool(gate.get("promote")),
+            "reason": gate.get("reason"),
+            "metric": gate.get("metric"),
+            "score": gate.get("score"),
+            "champion_score": gate.get("champion_score"),
+        },
+        "champion_moved": bool(second["model"].get("champion")),
+        "tuned_at_least_untuned": challenger[METRIC] >= champion[METRIC],
+    }
+
+
+def _mean(repetitions: Sequence[Mapping[str, Any]], side: str, key: str) -> float:
+    return statistics.fmean(float(r[side][key]) for r in repetitions)
+
+
+def build_result(
+    repetitions: Sequence[Mapping[str, Any]],
+    *,
+    inputs: Mapping[str, Any],
+    wall_seconds: float,
+    machine: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The benchmark's result from its repetitions' figures."""
+    if not repetitions:
+        raise TuningBenchmarkError("no repetition ran")
+    means = {
+        f"{side}_{key}": round(_mean(repetitions, side, key), 4)
+        for side in ("untuned", "tuned")
+        for key in ("accuracy", "macro_f1")
+    }
+    untuned_acc, tuned_acc = _mean(repetitions, "untuned", METRIC), _mean(repetitions, "tuned", METRIC)
+    met = all(r["tuned_at_least_untuned"] for r in repetitions)
+    promoted = sum(bool(r["gate"]["promote"]) for r in repetitions)
+    runs = [
+        {"seed": r["seed"], "side": side, **{k: r[side][k] for k in ("wall_seconds", "other_cpu_share")}}
+        for r in repetitions
+        for side in ("untuned", "tuned")
+    ]
+    per_rep = ", ".join(
+        f"{r['tuned']['accuracy']:.3f} vs {r['untuned']['accuracy']:.3f}" for r in repetitions
+    )
+    examples = sorted({r["test_examples"] for r in repetitions})
+    summary = (
+        f"tuned vs untuned accuracy {per_rep} (seed{'s' if len(repetitions) > 1 else ''} "
+        f"{', '.join(str(r['seed']) for r in repetitions)}; {'/'.join(map(str, examples))} test images); "
+        f"macro F1 {means['tuned_macro_f1']:.3f} vs {means['untuned_macro_f1']:.3f}; "
+        f"gate promoted {promoted}/{len(repetitions)}; "
+        f"{statistics.fmean(r['untuned']['wall_seconds'] + r['tuned']['wall_seconds'] for r in repetitions):.0f}s "
+        "per repetition"
+    )
+    return make_result(
+        NAME,
+        inputs=inputs,
+        figures={
+            "repetitions": list(repetitions),
+            "mean": means,
+            "runs": runs,
+            "wall_seconds": round(wall_seconds, 2),
+        },
+        ratio=tuned_acc / untuned_acc if untuned_acc > 0 else None,
+        goal=GOAL,
+        goal_met=met,
+        machine=machine,
+        summary=summary,
+        notes=busy_note(runs),
+    )
+
+
+# --- the runs ---------------------------------------------------------------------------------
+
+
+def launch(work_dir: Path, seed: int, *, tune: bool, log: Path) -> Launch:
+    """`python -m launch.cli run --target local` into `work_dir`'s runs folder and registry."""
+    command = [
+        sys.executable,
+        "-m",
+        "launch.cli",
+        "run",
+        "--target",
+        "local",
+        "--runs_dir",
+        str(work_dir / "runs"),
+        "--registry_dir",
+        str(work_dir / "registry"),
+        "--seed",
+        str(seed),
+        *(["--tune", "true"] if tune else []),
+    ]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy_before = _cpu_busy_seconds()
+    started = time.perf_counter()
+    with log.open("w") as out:
+        code = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    wall = time.perf_counter() - started
+    usage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own_cpu = (usage_after.ru_utime + usage_after.ru_stime) - (usage_before.ru_utime + usage_before.ru_stime)
+    summary_path = work_dir / "runs" / "latest" / "summary.json"
+    if code != 0 or not summary_path.exists():
+        raise TuningBenchmarkError(
+            f"the {'tuned' if tune else 'untuned'} run (seed {seed}) failed (exit {code}); "
+            f"the end of its output ({log}):\n{tail(log)}"
+        )
+    return Launch(
+        summary=json.loads(summary_path.read_text(encoding="utf-8")),
+        wall_seconds=wall,
+        other_cpu_share=_other_share(busy_before, _cpu_busy_seconds(), own_cpu, wall),
+        log=str(log),
+    )
+
+
+def repetition(work: Path, seed: int, index: int, count: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"bench-tuning-{seed}-", dir=work) as tmp:
+        where = Path(tmp)
+        logs = work / "logs"
+        say(f"tuning: repetition {index}/{count} (seed {seed}): untuned run (fresh registry)")
+        untuned = launch(where, seed, tune=False, log=logs / f"tuning-{seed}-untuned.log")
+        say(
+            f"tuning: untuned run done in {untuned.wall_seconds:.0f}s "
+            f"(test accuracy {untuned.summary.get('metrics', {}).get('test_accuracy')} on its own split); "
+            "tuned run (--tune true)"
+        )
+        tuned = launch(where, seed, tune=True, log=logs / f"tuning-{seed}-tuned.log")
+        model = tuned.summary.get("model") or {}
+        version_path = Path(str(model.get("path", where / "missing"))) / "version.json"
+        if tuned.summary.get("status") == "SUCCEEDED" and not version_path.exists():
+            raise TuningBenchmarkError(f"the tuned run's version record is missing: {version_path}")
+        record = json.loads(version_path.read_text(encoding="utf-8")) if version_path.exists() else {}
+        figures = repetition_figures(seed, untuned, tuned, record)
+    say(
+        f"tuning: tuned run done in {tuned.wall_seconds:.0f}s; on the shared test split "
+        f"({figures['test_examples']} images) tuned accuracy {figures['tuned']['accuracy']:.4f} "
+        f"vs untuned {figures['untuned']['accuracy']:.4f} (macro F1 {figures['tuned']['macro_f1']:.4f} "
+        f"vs {figures['untuned']['macro_f1']:.4f}); gate {'promoted' if figures['gate']['promote'] else 'held'} it"
+    )
+    return figures
+
+
+def run(work: Path, results_dir: Path) -> dict[str, Any]:
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    repetitions: list[dict[str, Any]] = []
+    skipped = None
+    for i, seed in enumerate(SEEDS, start=1):
+        rep_started = time.perf_counter()
+        repetitions.append(repetition(work, seed, i, len(SEEDS)))
+        took = time.perf_counter() - rep_started
+        if i < len(SEEDS) and took > MAX_REPETITION_SECONDS:
+            skipped = (
+                f"repetition {i} took {took:.0f}s (> {MAX_REPETITION_SECONDS:.0f}s): "
+                f"the other {len(SEEDS) - i} skipped to keep the benchmark within about 10 minutes"
+            )
+            say(f"tuning: {skipped}")
+            break
+    first = repetitions[0]
+    inputs = {
+        "command": "make run (local target, default parameters) with --seed S, then the same with "
+        "--tune true into the same registry",
+        "seeds_planned": list(SEEDS),
+        "seeds": [r["seed"] for r in repetitions],
+        "repetitions": len(repetitions),
+        "compared_on": "the tuned run's test split: its evaluate-models job evaluates the tuned model "
+        "(challenger) and the untuned one (champion) side by side (version.json evaluation)",
+        "max_repetition_seconds": MAX_REPETITION_SECONDS,
+        "tuning": first["tuning_parameters"],
+        **({"repetitions_skipped": skipped} if skipped else {}),
+    }
+    result = build_result(repetitions, inputs=inputs, wall_seconds=time.perf_counter() - started)
+    say(f"tuning: {result['summary']}")
+    return result
