@@ -782,7 +782,9 @@ def _example(encoded: bytes, label: int) -> bytes:
         "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[encoded])),
         "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
     }
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    # deterministic: the map of features in the same order in every process, so the same images
+    # give the same bytes and the same dataset fingerprint (protobuf map order is otherwise free).
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
