@@ -129,6 +129,19 @@ PARAMETERS: tuple[Parameter, ...] = (
     ),
     _p("label_smoothing", float, 0.0, "Label smoothing of the cross-entropy, in [0, 1)."),
     _p("class_weights", str, "none", "none or balanced (each class weighs the same in the loss)."),
+    _p(
+        "export_epoch",
+        str,
+        "best",
+        "best (the epoch with the best validation accuracy, kept as training goes) or last. Tuning "
+        "trials are measured the same way (BEST_MEASUREMENT or LAST_MEASUREMENT).",
+    ),
+    _p(
+        "early_stopping_patience",
+        int,
+        0,
+        "Stop training when validation accuracy has not improved for this many epochs (0: never).",
+    ),
     # Hardware.
     _p("chief_machine_type", str, "n1-standard-8", "Machine of the chief (pool 0, one replica)."),
     _p("chief_accelerator_type", str, V100, "GPU of the chief ('' for none).", ""),
@@ -298,6 +311,8 @@ def _dag(target: str, p: dict[str, Any]) -> None:
             "lr_reference_batch_size",
             "label_smoothing",
             "class_weights",
+            "export_epoch",
+            "early_stopping_patience",
             "fine_tune_fraction",
             "seed",
         )
@@ -498,14 +513,23 @@ def _study(p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _selection(p: dict[str, Any]) -> Any:
+    """The study's measurement selection, from `export_epoch` (a step: it is a run's value)."""
+    return (
+        tuning.measurement_selection(export_epoch=p["export_epoch"])
+        .set_display_name("measurement-selection")
+        .output
+    )
+
+
 def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], pools: dsl.PipelineTask) -> Any:
     """The tuning job and the best-trial step; returns the best hyperparameters channel.
 
     No automated early stopping: GCPC 2.22's op builds the payload's study_spec from its metrics,
     parameters, algorithm and measurement selection alone, and has no input for
     `median_automated_stopping_spec` or `decay_curve_stopping_spec`, so every trial runs all its
-    epochs (the local tuner does the same). The measurement selection is left at the op's
-    default, BEST_MEASUREMENT, which the local tuner applies too."""
+    epochs unless `early_stopping_patience` stops it (the local tuner does the same). The
+    measurement selection follows `export_epoch` (`tuning.measurement_selection`)."""
     from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import HyperparameterTuningJobRunOp
 
     job = HyperparameterTuningJobRunOp(
@@ -516,6 +540,7 @@ def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], pools: dsl.Pipeline
         **_study(p),
         max_failed_trial_count=p["max_failed_trial_count"],
         study_spec_algorithm=p["search_algorithm"],
+        study_spec_measurement_selection_type=_selection(p),
         encryption_spec_key_name=p["encryption_spec_key_name"],
         service_account=p["service_account"],
         network=p["network"],
@@ -532,6 +557,8 @@ def _local_tuning(where: dict[str, Any], p: dict[str, Any], pools: dsl.PipelineT
         **_study(p),
         max_failed_trial_count=p["max_failed_trial_count"],
         study_spec_algorithm=p["search_algorithm"],
+        measurement_selection=_selection(p),
+        seed=p["seed"],
         timeout=p["timeout"],
     ).set_display_name("tune-hyperparameters")
     best = local_steps.local_best_trial(trials=job.outputs["trials"], metric_id=tuning.METRIC_ID)

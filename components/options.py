@@ -93,6 +93,8 @@ TRAINER_FLAGS = (
     "lr_reference_batch_size",
     "label_smoothing",
     "class_weights",
+    "export_epoch",
+    "early_stopping_patience",
     "seed",
     "learning_rate",
     "per_replica_batch_size",

@@ -6,7 +6,7 @@ Command-line contract handed to the trainer image (see `trainer_args`):
         --epochs N --learning_rate F --per_replica_batch_size N --dense_units N --dropout F
         --mixed_precision BOOL --xla BOOL --seed N --augment POLICY --lr_schedule S
         --warmup_epochs F --lr_reference_batch_size N --label_smoothing F --class_weights W
-        [--fine_tune_fraction F]
+        --export_epoch best|last --early_stopping_patience N [--fine_tune_fraction F]
 `--model_dir`, `--checkpoint_dir` and `--tensorboard_dir` are left to their defaults, the
 AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR Vertex derives from the job's
 base output directory (per trial in a tuning job). `model_from_job` makes `<base>/model` the
@@ -47,6 +47,8 @@ def trainer_args(
     lr_reference_batch_size: int = 0,
     label_smoothing: float = 0.0,
     class_weights: str = "none",
+    export_epoch: str = "best",
+    early_stopping_patience: int = 0,
     hyperparameters: dict = {},  # noqa: B006 (KFP needs a literal default)
     leave_out: list = [],  # noqa: B006
     search_space: list = [],  # noqa: B006
@@ -98,6 +100,8 @@ def trainer_args(
         "lr_reference_batch_size": lr_reference_batch_size,
         "label_smoothing": label_smoothing,
         "class_weights": class_weights,
+        "export_epoch": export_epoch,
+        "early_stopping_patience": early_stopping_patience,
         **resolved,
     }
     if fine_tune_fraction >= 0:

@@ -109,6 +109,18 @@ def study_metrics() -> list[dict[str, Any]]:
     return serialize_metrics({METRIC_ID: "maximize"})
 
 
+@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
+def measurement_selection(export_epoch: str) -> str:
+    """The study's measurement selection that matches what the trainer exports: a trial's final
+    measurement is its best epoch's (`BEST_MEASUREMENT`) when the trainer exports its best epoch,
+    its last epoch's (`LAST_MEASUREMENT`) when it exports its last (aiplatform_v1
+    `StudySpec.MeasurementSelectionType`), so a trial is judged by the model it would publish."""
+    selections = {"best": "BEST_MEASUREMENT", "last": "LAST_MEASUREMENT"}
+    if export_epoch not in selections:
+        raise ValueError(f"export_epoch must be best or last, got {export_epoch!r}")
+    return selections[export_epoch]
+
+
 def spec_id(spec: Any) -> str:
     """A parameter spec's id, from either JSON form ('' when it has none)."""
     if not isinstance(spec, Mapping):

@@ -104,10 +104,13 @@ def local_tuning_job(
     trials: dsl.Output[dsl.Artifact],
     max_failed_trial_count: int = 0,
     study_spec_algorithm: str = "ALGORITHM_UNSPECIFIED",
+    measurement_selection: str = "BEST_MEASUREMENT",
+    seed: int = 0,
     timeout: str = "3600s",
 ) -> int:
     """Local form of `HyperparameterTuningJobRunOp`: real trials chosen by Optuna from the same
-    study spec (see `local.tuner`). `trials` gets the trials table; returns its size."""
+    study spec (see `local.tuner`), seeded with the run's `seed` (Vertex's Vizier takes none).
+    `trials` gets the trials table; returns its size."""
     import json
 
     from local import tuner
@@ -121,6 +124,8 @@ def local_tuning_job(
         parallel_trial_count=parallel_trial_count,
         max_failed_trial_count=max_failed_trial_count,
         algorithm=study_spec_algorithm,
+        measurement_selection=measurement_selection,
+        seed=seed,
         project=project,
         timeout=timeout,
     )

@@ -58,15 +58,21 @@ def start(
 
 
 def start_cluster(
-    args: Sequence[str], *, num_workers: int, logs: Path, env: Mapping[str, str] | None = None
+    args: Sequence[str],
+    *,
+    num_workers: int,
+    logs: Path,
+    env: Mapping[str, str] | None = None,
+    module: str = "trainer.task",
 ) -> dict[str, subprocess.Popen[bytes]]:
-    """A chief and `num_workers` workers of `python -m trainer.task`, keyed `chief-0`, ..."""
+    """A chief and `num_workers` workers of `python -m <module>` (`trainer.task`, or a test's
+    wrapper of it), keyed `chief-0`, ..."""
     cluster = vertex_cluster(num_workers)
     procs = {}
     for kind, index in tasks(cluster):
         tf_config = json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
         procs[f"{kind}-{index}"] = start(
-            "trainer.task",
+            module,
             args,
             log=logs / f"{kind}-{index}.log",
             env={**(env or {}), "TF_CONFIG": tf_config},

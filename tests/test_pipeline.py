@@ -446,6 +446,7 @@ def test_tuning_payload_is_a_hyperparameter_tuning_job(spec: dict[str, Any]) -> 
     upstream = {
         ("tuning-worker-pools", "worker_pool_specs"): default_pools(spec),
         ("tuning-worker-pools", "base_output_directory"): "gs://b/root/run/tune",
+        ("measurement-selection", "Output"): "LAST_MEASUREMENT",
     }
     root = root_values(spec, project="p", location="europe-west4", search_algorithm="RANDOM_SEARCH")
     payload = render_payload(spec, "tune-hyperparameters", upstream, root)
@@ -463,6 +464,11 @@ def test_tuning_payload_is_a_hyperparameter_tuning_job(spec: dict[str, Any]) -> 
         "per_replica_batch_size",
     }
     assert [m.metric_id for m in job.study_spec.metrics] == ["val_accuracy"]
+    # The study judges a trial by the epoch the trainer would export (export_epoch=last here).
+    selection = aiplatform_v1.StudySpec.MeasurementSelectionType.LAST_MEASUREMENT
+    assert job.study_spec.measurement_selection_type == selection
+    selection_task = walk(spec)["measurement-selection"]["task"]["inputs"]["parameters"]
+    assert selection_task["export_epoch"] == {"componentInputParameter": "pipelinechannel--export_epoch"}
     assert len(job.trial_job_spec.worker_pool_specs) == 2
     # The trials' flags leave out exactly the declared space's ids: trainer_args gets the same space.
     tuned_args = walk(spec)["tuning-trainer-args"]["task"]["inputs"]["parameters"]["search_space"]

@@ -4,6 +4,7 @@ backup, and stopping on SIGTERM."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 
 from trainer import hpmetric, storage
 from trainer._tf import keras, tf
+from trainer.contract import BEST_DIR
 
 
 def log(prefix: str, message: str) -> None:
@@ -254,8 +256,9 @@ class Backup(keras.callbacks.BackupAndRestore):
     "epoch" a backup saved mid-epoch would resume at the next epoch, skipping the rest of this
     one. The parent's periodic save that an integer turns on is replaced here.
 
-    Keep it last among the callbacks: an epoch counts as done once it is backed up, after the
-    other callbacks (the history record) have seen it.
+    Keep it after the other callbacks but `BestEpoch`: an epoch counts as done once it is backed
+    up, after the other callbacks (the history record) have seen it; `BestEpoch` copies the
+    backup just saved.
     """
 
     def __init__(self, backup_dir: str, steps_per_epoch: int, stop: StopRequest, prefix: str) -> None:
@@ -300,3 +303,234 @@ class Backup(keras.callbacks.BackupAndRestore):
             f"SIGTERM received by {who}: {what}, then exiting with status {TERMINATED_EXIT_CODE} "
             "(a restart resumes from the backup)",
         )
+
+
+# --- the exported epoch: the best by --hp_metric, and early stopping ---------------------------
+
+
+def improves(goal: str, value: float, best: float | None) -> bool:
+    """Whether `value` beats `best` (None: no epoch yet) in the direction `goal` ("max" or "min",
+    `config.metric_goal`). Strictly: of equal epochs the earliest stays the best, as Vertex's
+    BEST_MEASUREMENT and `local.tuner` keep the first of equal measurements. A NaN or infinite
+    value never improves."""
+    if not math.isfinite(value):
+        return False
+    return best is None or (value > best if goal == "max" else value < best)
+
+
+def latest_backup(backup_dir: str) -> str | None:
+    """The newest checkpoint of the chief's backup: tf-keras's BackupAndRestore reads and (on the
+    chief, or a single machine) writes `<backup_dir>/chief` through a CheckpointManager with
+    max_to_keep=1 (`WorkerTrainingState.__init__` in tf_keras/src/distribute/
+    worker_training_state.py: `os.path.join(checkpoint_dir, "chief")`; other workers write into
+    a temporary folder they delete). None when nothing was backed up."""
+    found: str | None = tf.train.latest_checkpoint(storage.resolve(storage.join(backup_dir, "chief")))
+    return found
+
+
+def backup_position(checkpoint: str) -> tuple[int, int]:
+    """(epoch, step), both 0-based, at which a backup checkpoint was saved: the variables
+    `ckpt_saved_epoch` and `ckpt_saved_batch` tf-keras saves with the model (same file). A backup
+    saved at an epoch's end holds its last step, steps_per_epoch - 1."""
+    reader = tf.compat.v1.train.NewCheckpointReader(checkpoint)  # the prefix, never a folder
+    epoch = reader.get_tensor("ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE")
+    step = reader.get_tensor("ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE")
+    return int(epoch), int(step)
+
+
+class BestEpoch(keras.callbacks.Callback):
+    """Keeps the epoch with the best `metric` (`--hp_metric`) as the export candidate, and stops
+    training once it has not improved for `patience` epochs (0: never).
+
+    Every replica takes the same decisions: the metrics in `logs` are the same on every replica
+    under MultiWorkerMirroredStrategy (Keras reads its metrics' variables across replicas, an
+    all-reduce), and the best so far is read by every replica from `best.json` before training
+    (`resume`). So every replica sets `model.stop_training` at the same epoch, and knows which
+    checkpoint to restore before the export (`export_plan`), which every replica must run.
+
+    Only the chief writes. When an epoch improves and `keep_weights` is set (`--export_epoch
+    best`), it copies that epoch's backup, just saved by `Backup` (so this callback comes after
+    it), into `<checkpoint_dir>/best/epoch-<NNNN>.*`, then records it in `best.json` (written
+    through a temporary name), then deletes the older copies. A crash at any point leaves
+    `best.json` naming a complete copy; files no record names are deleted at the next write.
+
+    A crash (or SIGTERM: `Backup` stops the process after its save, before this callback) after
+    an epoch's backup and before its record loses that epoch's decision: `resume` takes it again
+    at the restart, from `history.json` (written before the backup) and the backup itself, which
+    still holds that epoch's end (the next backup comes after the decision).
+    """
+
+    def __init__(
+        self,
+        checkpoint_dir: str,
+        backup_dir: str,
+        *,
+        metric: str,
+        patience: int,
+        keep_weights: bool,
+        steps_per_epoch: int,
+        epochs: int,
+        is_chief: bool,
+        prefix: str,
+    ) -> None:
+        from trainer.config import metric_goal
+        from trainer.contract import BEST_FILE
+
+        super().__init__()
+        self.checkpoint_dir, self.backup_dir = checkpoint_dir, backup_dir
+        self.metric, self.goal, self.patience = metric, metric_goal(metric), patience
+        self.keep_weights, self.steps, self.epochs = keep_weights, steps_per_epoch, epochs
+        self.is_chief, self.prefix = is_chief, prefix
+        self.path = storage.join(checkpoint_dir, BEST_FILE)
+        self.record: dict[str, Any] | None = None
+        if tf.io.gfile.exists(storage.resolve(self.path)):
+            self.record = storage.read_json(self.path)
+            if self.record.get("metric") != metric:
+                raise ValueError(
+                    f"--checkpoint_dir {checkpoint_dir} holds a backup whose best epoch was chosen by "
+                    f"--hp_metric {self.record.get('metric')} ({BEST_FILE}), not {metric}; use "
+                    f"--hp_metric {self.record.get('metric')} to resume it, or another --checkpoint_dir "
+                    "to start afresh"
+                )
+        self.trained = 0  # the last epoch trained (1-based), in this run or before the restart
+        self.stopped_after: int | None = self.record.get("stopped_early_after") if self.record else None
+
+    # --- the state, the same on every replica
+
+    @property
+    def best_epoch(self) -> int:
+        """The best epoch so far (1-based), 0 when none had a finite metric."""
+        return int(self.record["epoch"]) if self.record and self.record.get("epoch") else 0
+
+    @property
+    def best_value(self) -> float | None:
+        return float(self.record["value"]) if self.record and self.record.get("epoch") else None
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.stopped_after is not None
+
+    def resume(self, history: dict[str, dict[str, float]]) -> None:
+        """Before training, on every replica: where the backup stands, and the decision on the
+        last epoch it holds if a crash lost it (see the class docstring). Raises ValueError when
+        `best.json` names an epoch the backup has not reached (the backup was deleted)."""
+        latest = latest_backup(self.backup_dir)
+        completed = 0
+        at_epoch_end = False
+        if latest is not None:
+            epoch, step = backup_position(latest)
+            at_epoch_end = step == self.steps - 1
+            completed = epoch + 1 if at_epoch_end else epoch
+        self.trained = completed
+        if self.best_epoch > completed:
+            raise ValueError(
+                f"--checkpoint_dir {self.checkpoint_dir}: {self.path} names epoch {self.best_epoch} as "
+                f"the best, but the backup holds only {completed} epoch(s); use another --checkpoint_dir "
+                "to start afresh"
+            )
+        if completed > self.best_epoch and not self.stopped_early:
+            value = history.get(str(completed), {}).get(self.metric)
+            if value is None:
+                log(self.prefix, f"history.json has no {self.metric} for epoch {completed}: not a candidate")
+            elif improves(self.goal, value, self.best_value) and self.keep_weights and not at_epoch_end:
+                log(self.prefix, f"the backup no longer holds epoch {completed}'s end: not a candidate")
+            else:
+                self._consider(completed, float(value), latest)
+        if self.stopped_early:
+            log(
+                self.prefix,
+                f"training ended after epoch {self.stopped_after}, stopped early (no improvement of "
+                f"{self.metric} for {_epochs(self.patience)}); not training again",
+            )
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        logs = logs or {}
+        if self.metric not in logs:
+            raise KeyError(f"--hp_metric {self.metric} was not computed; computed: {sorted(logs)}")
+        self.trained = epoch + 1
+        latest = latest_backup(self.backup_dir) if self.is_chief else None
+        self._consider(epoch + 1, float(logs[self.metric]), latest)
+        if self.stopped_early:
+            self.model.stop_training = True
+
+    def _consider(self, epoch: int, value: float, latest: str | None) -> None:
+        """Epoch `epoch` (1-based) ended with `value`, and `latest` (the chief's) holds it."""
+        if improves(self.goal, value, self.best_value):
+            kept = "; kept as the export candidate" if self.keep_weights else ""
+            log(self.prefix, f"epoch {epoch} is the best so far ({self.metric}={value:.4f}){kept}")
+            record = {
+                "metric": self.metric,
+                "goal": self.goal,
+                "epoch": epoch,
+                "value": value,
+                "checkpoint": f"{BEST_DIR}/epoch-{epoch:04d}" if self.keep_weights else None,
+                "stopped_early_after": None,
+            }
+            if self.is_chief:
+                if self.keep_weights:
+                    self._copy_backup(epoch, latest)
+                self._write(record)
+            self.record = record
+        elif self.patience and epoch < self.epochs and epoch - self.best_epoch >= self.patience:
+            since = f"since epoch {self.best_epoch}" if self.best_epoch else "since training began"
+            log(
+                self.prefix,
+                f"early stopping: no improvement of {self.metric} for {_epochs(epoch - self.best_epoch)} {since}",
+            )
+            self.stopped_after = epoch
+            record = {
+                **(self.record or {"metric": self.metric, "goal": self.goal, "epoch": None, "value": None}),
+                "checkpoint": (self.record or {}).get("checkpoint"),
+                "stopped_early_after": epoch,
+            }
+            if self.is_chief:
+                self._write(record)
+            self.record = record
+
+    # --- the chief's files
+
+    def _copy_backup(self, epoch: int, latest: str | None) -> None:
+        if latest is None or backup_position(latest) != (epoch - 1, self.steps - 1):
+            raise RuntimeError(
+                f"the backup in {self.backup_dir} does not hold the end of epoch {epoch} "
+                f"(newest checkpoint: {latest}, at (epoch, step) "
+                f"{backup_position(latest) if latest else None}, 0-based): has tf-keras's "
+                "BackupAndRestore changed?"
+            )
+        target = storage.resolve(storage.join(self.checkpoint_dir, BEST_DIR, f"epoch-{epoch:04d}"))
+        tf.io.gfile.makedirs(os.path.dirname(target))
+        files = tf.io.gfile.glob(latest + ".*")
+        # The index last: TensorFlow finds a checkpoint's data through its index.
+        for path in sorted(files, key=lambda p: p.endswith(".index")):
+            tf.io.gfile.copy(path, target + path[len(latest) :], overwrite=True)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        storage.write_json(self.path, record)
+        # Then the copies the record no longer names (and any a crash left before its record).
+        folder = storage.resolve(storage.join(self.checkpoint_dir, BEST_DIR))
+        keep = os.path.basename(record["checkpoint"]) + "." if record.get("checkpoint") else None
+        if tf.io.gfile.isdir(folder):
+            for name in tf.io.gfile.listdir(folder):
+                if keep is None or not name.startswith(keep):
+                    tf.io.gfile.remove(storage.join(folder, name))
+
+    # --- the export
+
+    def export_plan(self, export_epoch: str, *, model_is_last: bool) -> tuple[int, str | None, str]:
+        """(the epoch to export, the checkpoint to restore into the model first or None, what to
+        say), the same on every replica. `model_is_last`: the model holds the last epoch trained
+        (False when training was skipped, after an early stop before a restart). `best` without
+        a best epoch (no epoch had a finite metric) exports the last."""
+        if export_epoch == "best" and self.record and self.record.get("checkpoint"):
+            path = storage.resolve(storage.join(self.checkpoint_dir, self.record["checkpoint"]))
+            what = f"exporting epoch {self.best_epoch} (best {self.metric}={self.best_value:.4f})"
+            return self.best_epoch, path, what
+        if export_epoch == "best":
+            what = f"no epoch had a finite {self.metric}: exporting the last, epoch {self.trained}"
+        else:
+            what = f"exporting epoch {self.trained}, the last trained (--export_epoch last)"
+        return self.trained, None if model_is_last else latest_backup(self.backup_dir), what
+
+
+def _epochs(n: int) -> str:
+    return f"{n} epoch" if n == 1 else f"{n} epochs"

@@ -28,6 +28,9 @@ AUGMENT_POLICIES = ("auto", "none", "flip_lr", "flip", "leaf")
 """`--augment`: `none`; `flip_lr` (left-right flips); `flip` (both axes); `leaf` (flips, 90-degree
 rotations, brightness, contrast and a random crop resized back: for photos of leaves, whose
 class does not depend on orientation or framing); `auto` follows the data (`augment_policy`)."""
+EXPORT_EPOCHS = ("best", "last")
+"""`--export_epoch`: `best` exports the weights of the epoch with the best `--hp_metric` (the
+earliest of equals), `last` those of the last epoch trained."""
 LR_SCHEDULES = ("cosine", "constant")
 """`--lr_schedule`: `cosine` (linear warm-up, then cosine decay to zero) or `constant`."""
 CLASS_WEIGHTS = ("none", "balanced")
@@ -73,6 +76,10 @@ class TrainConfig:
         with the replicas in sync.
       label_smoothing: label smoothing of the cross-entropy, in [0, 1).
       class_weights: one of CLASS_WEIGHTS.
+      export_epoch: which epoch's weights are exported, one of EXPORT_EPOCHS: `best` by
+        `hp_metric` (`metric_goal` gives the direction), or `last`.
+      early_stopping_patience: stop once `hp_metric` has not improved for this many epochs
+        (0: never; train all `epochs`).
     """
 
     data_dir: str
@@ -99,6 +106,8 @@ class TrainConfig:
     lr_reference_batch_size: int = 0
     label_smoothing: float = 0.0
     class_weights: str = "none"
+    export_epoch: str = "best"
+    early_stopping_patience: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -112,6 +121,16 @@ STATE_FIELDS = tuple(
 fingerprint instead, and the reported metric's name). A backup may only be resumed by a run with
 the same values: resuming another run's backup with another learning rate, dropout, batch size
 or seed would silently publish a model trained half one way and half the other."""
+
+
+def metric_goal(metric: str) -> str:
+    """`max` for an accuracy, `min` for a loss: the direction in which `metric` (one of
+    HP_METRICS) improves, for choosing the exported epoch and for early stopping."""
+    if metric.endswith("accuracy"):
+        return "max"
+    if metric.endswith("loss"):
+        return "min"
+    raise ValueError(f"no direction is known for the metric {metric!r}; expected one of {HP_METRICS}")
 
 
 # --- argparse types: each names what is allowed -------------------------------------------
@@ -277,6 +296,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--label_smoothing", type=float_in(0, 1, high_open=True), default=defaults["label_smoothing"])
     add("--class_weights", choices=CLASS_WEIGHTS, default=defaults["class_weights"])
+    add(
+        "--export_epoch",
+        choices=EXPORT_EPOCHS,
+        default=defaults["export_epoch"],
+        help="Export the epoch with the best --hp_metric, or the last epoch trained.",
+    )
+    add(
+        "--early_stopping_patience",
+        type=int_in(0),
+        default=defaults["early_stopping_patience"],
+        help="Stop when --hp_metric has not improved for this many epochs (0: off).",
+    )
     return p
 
 

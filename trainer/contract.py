@@ -17,6 +17,8 @@ CONFIG_FILE = "config.json"
 # --- in --checkpoint_dir (the chief's; kept across restarts) ----------------------------------
 HISTORY_FILE = "history.json"
 STATE_FILE = "run_state.json"
+BEST_FILE = "best.json"  # the export candidate: {metric, goal, epoch, value, checkpoint, ...}
+BEST_DIR = "best"  # its weights: a copy of that epoch's backup, `epoch-<NNNN>.*`
 
 # --- in a prepared dataset's folder (`python -m trainer.prepare` output) --------------------
 METADATA_FILE = "metadata.json"
@@ -33,10 +35,15 @@ METRICS_KEYS = (
     "confusion_matrix",  # {labels, rows, columns, matrix}: see CONFUSION_MATRIX_KEYS
     "per_class",  # {class name: {precision, recall, f1, support}} on the test split (trainer.metrics)
     "macro_f1",  # mean F1 over the classes with test images
-    # The last completed epoch's training figures (None when no epoch was recorded).
+    # The exported epoch's training figures (None when no epoch was recorded).
     "train_loss",
     "train_accuracy",
-    "epochs_completed",
+    "epochs_completed",  # epochs trained (fewer than --epochs after an early stop)
+    # Which epoch was exported (docs/training.md, "Which epoch is exported").
+    "best_epoch",  # the exported epoch, 1-based: the best by selection_metric, or the last
+    "export_epoch",  # --export_epoch: "best" or "last"
+    "selection_metric",  # the metric the best epoch is chosen by: --hp_metric
+    "stopped_early",  # whether --early_stopping_patience ended training before --epochs
     "history",  # {metric: [value per epoch]}, Keras History's shape
     "class_names",
     "images_per_second",  # mean training throughput, the first epoch left out (None: no epoch)

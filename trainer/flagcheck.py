@@ -58,13 +58,13 @@ def _flag_of(arg: str) -> str:
     return arg.split("=", 1)[0].removeprefix("--")
 
 
-def problems(program: str, argv: Sequence[str]) -> list[dict[str, str]]:
+def problems(program: str, argv: Sequence[str]) -> list[dict[str, Any]]:
     """Every problem the program's own parser finds in `argv`, one per flag."""
     parse_one, parse_all = _parsers()[program]
     stand_ins = STAND_INS[program]
     original = argparse.ArgumentParser.error
-    argparse.ArgumentParser.error = _raise  # type: ignore[method-assign,assignment]
-    found: list[dict[str, str]] = []
+    argparse.ArgumentParser.error = _raise  # type: ignore[method-assign]
+    found: list[dict[str, Any]] = []
     try:
         for arg in argv:
             try:

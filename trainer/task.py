@@ -4,7 +4,10 @@ Runs as a single machine (no `TF_CONFIG`) or as one task of a MultiWorkerMirrore
 cluster (Vertex AI writes `TF_CONFIG`: pool 0 is the chief, pool 1 the workers). Progress is
 backed up to `--checkpoint_dir` every epoch, and a job started again with the same flags
 resumes from the last completed epoch. The chief publishes to `--model_dir`, atomically: a
-SavedModel whose `serving_default` takes encoded images, `metrics.json` and `config.json`.
+SavedModel whose `serving_default` takes encoded images, `metrics.json` and `config.json`. The
+weights exported are the best epoch's by `--hp_metric` (`--export_epoch`), kept in the checkpoint
+folder as training goes; `--early_stopping_patience` ends training early
+(`callbacks.BestEpoch`; docs/training.md, "Which epoch is exported").
 Non-chief workers save into a temporary folder that is deleted.
 
 SIGTERM (Vertex stopping the replica's VM, or the job being cancelled) stops every replica
@@ -103,6 +106,20 @@ def _run(
         )
 
     history_path = storage.join(config.checkpoint_dir, HISTORY_FILE)
+    backup_dir = storage.join(config.checkpoint_dir, "backup")
+    # The export candidate and early stopping: where a backup being resumed stands (every replica).
+    best = cb.BestEpoch(
+        config.checkpoint_dir,
+        backup_dir,
+        metric=config.hp_metric,
+        patience=config.early_stopping_patience,
+        keep_weights=config.export_epoch == "best",
+        steps_per_epoch=steps,
+        epochs=config.epochs,
+        is_chief=cluster.is_chief,
+        prefix=prefix,
+    )
+    best.resume(cb.load_history(history_path))
     fit_callbacks: list[Any] = [cb.ProgressLogger(prefix, config.epochs, steps, global_batch)]
     if cluster.is_chief:
         fit_callbacks += [
@@ -111,17 +128,21 @@ def _run(
         ]
     fit_callbacks += [
         *callbacks,
-        # Last: an epoch counts as done once it is backed up, after it has been recorded.
-        cb.Backup(storage.resolve(storage.join(config.checkpoint_dir, "backup")), steps, stop, prefix),
+        # An epoch counts as done once it is backed up, after it has been recorded; then the best
+        # epoch's backup is copied.
+        cb.Backup(storage.resolve(backup_dir), steps, stop, prefix),
+        best,
     ]
-    model.fit(
-        train_ds,
-        epochs=config.epochs,
-        steps_per_epoch=steps,
-        validation_data=val_ds,
-        callbacks=fit_callbacks,
-        verbose=0,
-    )
+    trains = not best.stopped_early  # else stopped early before a restart: nothing more to train
+    if trains:
+        model.fit(
+            train_ds,
+            epochs=config.epochs,
+            steps_per_epoch=steps,
+            validation_data=val_ds,
+            callbacks=fit_callbacks,
+            verbose=0,
+        )
     # SIGTERM after the last epoch's check: the export (collective) never starts. Every epoch is
     # backed up, so a restart goes straight to the export.
     if stop.agreed():
@@ -132,6 +153,13 @@ def _run(
             f"SIGTERM received by another replica: {what}; exiting with status {cb.TERMINATED_EXIT_CODE}",
         )
         raise cb.Terminated(what)
+
+    # Every replica loads the exported epoch's weights: the export reads the BatchNorm statistics
+    # with collectives. The chief finished copying them before `stop.agreed()` above.
+    exported_epoch, weights, what = best.export_plan(config.export_epoch, model_is_last=trains)
+    cb.log(prefix, what)
+    if weights is not None:
+        tf.train.Checkpoint(model=model).restore(weights).expect_partial().assert_existing_objects_matched()
 
     if not cluster.is_chief:
         with tempfile.TemporaryDirectory(prefix="worker-model-") as scratch:
@@ -149,7 +177,11 @@ def _run(
         # can then run it (the trained model's BatchNorm statistics are read by collectives).
         published = keras.models.load_model(staging, compile=False)
         metrics = {
-            **_final_metrics(published, config, meta, cb.load_history(history_path)),
+            **_final_metrics(published, config, meta, cb.load_history(history_path), exported_epoch),
+            "best_epoch": exported_epoch,
+            "export_epoch": config.export_epoch,
+            "selection_metric": config.hp_metric,
+            "stopped_early": best.stopped_early,
             "num_workers": cluster.num_workers,
             "replicas": replicas,
             "global_batch_size": global_batch,
@@ -195,47 +227,36 @@ def _check_resumable(config: TrainConfig, fingerprint: str, cluster: ClusterInfo
         storage.write_json(path, state)
 
 
-def _final_metrics(model: Any, config: TrainConfig, meta: Any, history: dict[str, Any]) -> dict[str, Any]:
+def _final_metrics(
+    model: Any, config: TrainConfig, meta: Any, history: dict[str, Any], exported_epoch: int
+) -> dict[str, Any]:
     """Exact loss, accuracy and confusion matrix of `model` over the whole validation and test
     splits, per-class precision, recall and F1 and the macro F1 on the test split
-    (`trainer.metrics`), plus the training history."""
+    (`trainer.evaluate.summarize`, as the gate's evaluation job computes them), plus the training
+    history and the exported epoch's (1-based) training loss and accuracy."""
     import numpy as np
 
     from trainer import callbacks as cb
-    from trainer import data
-    from trainer import metrics as metrics_lib
+    from trainer import evaluate
     from trainer._tf import tf
 
     predict = tf.function(lambda x: model(x, training=False))
     out: dict[str, Any] = {}
     for split, key in (("validation", "val"), ("test", "test")):
-        ds = data.make_dataset(config.data_dir, meta, split, batch_size=256, training=False)
-        labels, probs = [], []
-        for x, y in ds:
-            probs.append(predict(x).numpy())
-            labels.append(y.numpy())
-        p, y = np.concatenate(probs), np.concatenate(labels)
-        out[f"{key}_loss"] = float(-np.mean(np.log(np.clip(p[np.arange(len(y)), y], 1e-7, 1.0))))
-        out[f"{key}_accuracy"] = float(np.mean(p.argmax(-1) == y))
-        out[f"{key}_examples"] = len(y)
+        labels, probs = evaluate.predict_split(lambda x: predict(x).numpy(), config.data_dir, meta, split)
+        figures = evaluate.summarize(labels, probs, meta.class_names)
+        out[f"{key}_loss"], out[f"{key}_accuracy"] = figures["loss"], figures["accuracy"]
+        out[f"{key}_examples"] = figures["examples"]
         if split == "test":
-            matrix = np.zeros((meta.num_classes, meta.num_classes), dtype=int)
-            np.add.at(matrix, (y, p.argmax(-1)), 1)
-            out["confusion_matrix"] = {
-                "labels": list(meta.class_names),
-                "rows": "true class",
-                "columns": "predicted class",
-                "matrix": matrix.tolist(),
-            }
-            out["per_class"] = metrics_lib.per_class(matrix.tolist(), meta.class_names)
-            out["macro_f1"] = metrics_lib.macro_f1(out["per_class"])
+            for name in ("confusion_matrix", "per_class", "macro_f1"):
+                out[name] = figures[name]
     hist = cb.history_as_lists(history, config.epochs)
     rates = hist.get("images_per_second", [])
     steady = rates[1:] or rates  # the first epoch also fills the cache
     return {
         **out,
-        "train_loss": hist["loss"][-1] if hist.get("loss") else None,
-        "train_accuracy": hist["accuracy"][-1] if hist.get("accuracy") else None,
+        "train_loss": _at_epoch(hist, "loss", exported_epoch),
+        "train_accuracy": _at_epoch(hist, "accuracy", exported_epoch),
         "epochs_completed": len(hist.get("loss", [])),
         "history": hist,
         "class_names": list(meta.class_names),
@@ -244,7 +265,13 @@ def _final_metrics(model: Any, config: TrainConfig, meta: Any, history: dict[str
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _at_epoch(hist: dict[str, list[float]], key: str, epoch: int) -> float | None:
+    values = hist.get(key, [])
+    return values[epoch - 1] if 0 < epoch <= len(values) else None
+
+
+def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
+    """The command line (`callbacks`: extra Keras callbacks, for tests that run replicas)."""
     config = parse_args(argv)  # exits with status 2 on a bad flag, before TensorFlow loads
     try:
         cluster = cluster_from_tf_config(os.environ.get("TF_CONFIG"))
@@ -261,12 +288,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except hpmetric.MetricFileError as e:
             print(f"python -m trainer.task: error: {e}", file=sys.stderr)
             return 2
-    from trainer import callbacks
+    from trainer import callbacks as cb
 
     try:
-        run(config, cluster=cluster)
-    except callbacks.Terminated:
-        return callbacks.TERMINATED_EXIT_CODE  # the backup is saved; already said on screen
+        run(config, cluster=cluster, callbacks=callbacks)
+    except cb.Terminated:
+        return cb.TERMINATED_EXIT_CODE  # the backup is saved; already said on screen
     return 0
 
 

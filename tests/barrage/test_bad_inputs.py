@@ -146,6 +146,8 @@ LOCAL: list[tuple[list[str], tuple[str, ...]]] = [
     (["--max_failed_trial_count", "-1"], ("max_failed_trial_count", ">= 0")),
     (["--min_score", "90"], ("min_score", "from 0 to 1")),
     (["--gate_metric", "f1"], ("gate_metric", "accuracy, macro_f1")),
+    (["--export_epoch", "first"], ("export_epoch", "best")),
+    (["--early_stopping_patience", "-1"], ("early_stopping_patience", ">= 0")),
     (["--model_display_name", ""], ("model_display_name", "required")),
     (["--model_display_name", "x" * 129], ("model_display_name", "at most 128")),
     (["--serving_image", "latest"], ("serving_image", "prebuilt, custom or an image URI")),
@@ -434,6 +436,11 @@ TASK: list[tuple[list[str], tuple[str, ...]]] = [
     (["--data_dir", "d", "--model_dir", "m", "--shuffle_buffer", "0"], ("--shuffle_buffer",)),
     (["--data_dir", "d", "--model_dir", "m", "--seed", "x"], ("--seed",)),
     (["--data_dir", "d", "--model_dir", "m", "--fine_tune_fraction", "1.01"], ("--fine_tune_fraction",)),
+    (["--data_dir", "d", "--model_dir", "m", "--export_epoch", "first"], ("--export_epoch",)),
+    (
+        ["--data_dir", "d", "--model_dir", "m", "--early_stopping_patience", "2.5"],
+        ("--early_stopping_patience",),
+    ),
 ]
 
 

@@ -372,6 +372,7 @@ def test_a_declared_space_reaches_the_vertex_tuning_payload_and_the_trials_args(
     upstream = {
         ("tuning-worker-pools", "worker_pool_specs"): default_pools(vertex_spec),
         ("tuning-worker-pools", "base_output_directory"): "gs://b/root/run/tune",
+        ("measurement-selection", "Output"): "BEST_MEASUREMENT",
     }
     payload = render_payload(vertex_spec, "tune-hyperparameters", upstream, root)
     job = json_format.ParseDict(

@@ -187,6 +187,8 @@ def test_trainer_args_apply_the_best_trial_and_leave_out_tuned_flags() -> None:
         "--lr_reference_batch_size=0",
         "--label_smoothing=0.0",
         "--class_weights=none",
+        "--export_epoch=best",
+        "--early_stopping_patience=0",
         "--learning_rate=0.003",
         "--per_replica_batch_size=16",
         "--dense_units=64",

@@ -202,7 +202,7 @@ def plan(spec: dict[str, Any], root: dict[str, Any]) -> Run:
     """Every output the GCPC tasks of a run with these parameter values read."""
     from kfp import dsl
 
-    from components import evaluation, prepare, registry, training
+    from components import evaluation, prepare, registry, training, tuning
 
     run = Run(spec=spec, region=root["location"], root=go_numbers(root))
     tasks = walk(spec)
@@ -221,6 +221,9 @@ def plan(spec: dict[str, Any], root: dict[str, Any]) -> Run:
     run.upstream[("register-dataset", "dataset")] = dataset
     trainer_args = training.trainer_args.python_func
     if run.tune:
+        run.upstream[("measurement-selection", "Output")] = tuning.measurement_selection.python_func(
+            export_epoch=run.root["export_epoch"]
+        )
         args = call_body(run, "tuning-trainer-args", trainer_args, dataset=dataset)
         run.upstream[("tuning-trainer-args", "args")] = args.args
         worker_pools(run, "tuning-worker-pools")

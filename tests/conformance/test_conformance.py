@@ -120,6 +120,7 @@ ROWS: tuple[Row, ...] = (
             f"{TUNE}.parallel_trial_count": 2,
             f"{TUNE}.study_spec.metrics": [{"metric_id": "val_accuracy", "goal": "MAXIMIZE"}],
             f"{TUNE}.study_spec.parameters#": 4,
+            f"{TUNE}.study_spec.measurement_selection_type": "BEST_MEASUREMENT",  # export_epoch=best
             f"{TUNE}.trial_job_spec.worker_pool_specs#": 2,
         },
     ),
@@ -131,8 +132,10 @@ ROWS: tuple[Row, ...] = (
             "max_trial_count": 12,
             "parallel_trial_count": 3,
             "max_failed_trial_count": 2,
+            "export_epoch": "last",
         },
         {
+            f"{TUNE}.study_spec.measurement_selection_type": "LAST_MEASUREMENT",
             f"{TUNE}.study_spec.algorithm": "RANDOM_SEARCH",
             f"{TUNE}.max_trial_count": 12,
             f"{TUNE}.parallel_trial_count": 3,
@@ -541,7 +544,8 @@ def check_tuning_job(run: Run) -> None:
     # The study's space: the `search_space` parameter where the template has one.
     space = root["search_space"] if "search_space" in root else tuning.study_parameters()
     assert [p["parameter_id"] for p in study["parameters"]] == [p["parameter_id"] for p in space]
-    assert study["measurement_selection_type"] == "BEST_MEASUREMENT"
+    selection = {"best": "BEST_MEASUREMENT", "last": "LAST_MEASUREMENT"}[root["export_epoch"]]
+    assert study["measurement_selection_type"] == selection
     trial = job["trial_job_spec"]
     assert numbers(trial["worker_pool_specs"]) == numbers(run.pools["tuning-worker-pools"])
     for pool in trial["worker_pool_specs"][:2]:  # the service adds each trial's --<parameter_id>=

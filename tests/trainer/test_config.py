@@ -31,6 +31,7 @@ def test_defaults_follow_the_codelab_and_vertex_environment() -> None:
     )
     assert config.hp_metric == "val_accuracy"
     assert config.fine_tune_fraction == 0.0  # pretrained: the head only
+    assert (config.export_epoch, config.early_stopping_patience) == ("best", 0)  # the best, no early stop
 
 
 def test_flags_override_the_environment_and_folders_default_beside_the_model() -> None:
@@ -54,9 +55,24 @@ def test_tuning_style_flags_are_accepted() -> None:
 
 def test_integer_flags_take_whole_numbers_as_vertex_tuning_formats_them() -> None:
     """Vertex hands INTEGER and DISCRETE trial values over as doubles (`32.0`)."""
-    config = parse_args([*BASE, "--per_replica_batch_size=16.0", "--epochs=1.0", "--dense_units=6.4e1"], {})
-    assert (config.per_replica_batch_size, config.epochs, config.dense_units) == (16, 1, 64)
-    assert all(type(v) is int for v in (config.per_replica_batch_size, config.epochs, config.dense_units))
+    config = parse_args(
+        [
+            *BASE,
+            "--per_replica_batch_size=16.0",
+            "--epochs=1.0",
+            "--dense_units=6.4e1",
+            "--early_stopping_patience=2.0",
+        ],
+        {},
+    )
+    values = (
+        config.per_replica_batch_size,
+        config.epochs,
+        config.dense_units,
+        config.early_stopping_patience,
+    )
+    assert values == (16, 1, 64, 2)
+    assert all(type(v) is int for v in values)
 
 
 def test_random_backbones_are_trained_whole_unless_told_otherwise() -> None:
@@ -81,6 +97,9 @@ def test_random_backbones_are_trained_whole_unless_told_otherwise() -> None:
         (["--fine_tune_fraction=1.5"], "--fine_tune_fraction: must be a number in [0, 1]"),
         (["--mixed_precision=maybe"], "--mixed_precision: must be true or false"),
         (["--hp_metric=auc"], "--hp_metric: invalid choice: 'auc' (choose from 'val_accuracy'"),
+        (["--export_epoch=first"], "--export_epoch: invalid choice: 'first' (choose from 'best', 'last')"),
+        (["--early_stopping_patience=-1"], "--early_stopping_patience: must be an integer >= 0, got -1"),
+        (["--early_stopping_patience=1.5"], "--early_stopping_patience: expected a whole number, got '1.5'"),
         (["--backbone=tiny"], "--weights imagenet is not available for --backbone tiny"),
         (["--checkpoint_dir=/out/model/ckpt"], "--checkpoint_dir must not be --model_dir or inside it"),
     ],

@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import FAST_TRAIN_FLAGS
 from tests.processes import start_cluster, wait_all
+from tests.trainer.test_best_epoch import checkpoint_weights, published_weights
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +26,21 @@ def test_chief_and_worker_train_together_and_only_the_chief_publishes(
         *FAST_TRAIN_FLAGS,
         # Twice the steps of the single-machine run (2 replicas halve them), and a fourth epoch:
         # with three, validation accuracy landed at 0.88-0.89 about once in ten loaded runs.
+        # A fifth, never reached: epoch 4 is ruined (below) and ends training, early stopping
+        # having lost patience (the first epoch without improvement).
         "--per_replica_batch_size=8",
-        "--epochs=4",
+        "--epochs=5",
+        "--early_stopping_patience=1",
     ]
-    procs = start_cluster(args, num_workers=1, logs=tmp_path / "replicas")
+    # Epoch 4 deliberately the worst (tests/trainer/sabotaged_task.py): every replica zeroes the
+    # weights after its last training step, so the best epoch must be exported.
+    procs = start_cluster(
+        args,
+        num_workers=1,
+        logs=tmp_path / "replicas",
+        env={"SABOTAGE_EPOCHS": "4"},
+        module="tests.trainer.sabotaged_task",
+    )
     wait_all(procs, timeout=300, logs=tmp_path / "replicas")
 
     metrics = json.loads((model_dir / "metrics.json").read_text())
@@ -38,9 +50,56 @@ def test_chief_and_worker_train_together_and_only_the_chief_publishes(
     # Real learning across the two workers. The last epoch's figure moves by a few points from
     # run to run (training order is not deterministic, BatchNorm sees 8 images per replica), so
     # the bar is on the best epoch, and the published model must still be clearly good.
-    assert max(metrics["history"]["val_accuracy"]) >= 0.9, metrics["history"]
+    history = metrics["history"]
+    assert max(history["val_accuracy"]) >= 0.9, history
     assert metrics["test_accuracy"] >= 0.8, metrics
-    assert metrics["epochs_completed"] == 4
+    # Both replicas stopped early after the same epoch, the first that did not improve: epoch 4,
+    # the ruined one, or epoch 3 when it only equalled epoch 2 (about one run in two: 0.99 twice),
+    # the earliest of equals staying the best; then epoch 4 never came.
+    best, completed = metrics["best_epoch"], metrics["epochs_completed"]
+    val = history["val_accuracy"]
+    assert (metrics["stopped_early"], completed, len(val)) == (True, best + 1, completed)
+    assert completed in (3, 4) and val[best - 1] == max(val) >= val[completed - 1], history
+    if completed == 4:
+        assert val[3] == pytest.approx(0.2), history  # uniform outputs: class 0's share
+    assert (metrics["export_epoch"], metrics["selection_metric"]) == ("best", "val_accuracy")
+    # The published model is that epoch's: its exact evaluation over the whole split (the chief
+    # alone, batches of 256) against Keras's during training (2 replicas, batches of 8). Measured
+    # equal; one image of 100 is allowed, in case other batch shapes tip a borderline argmax.
+    # (Keras's val_loss averages per-replica batch means, so it differs by a few thousandths.)
+    assert metrics["val_accuracy"] == pytest.approx(history["val_accuracy"][best - 1], abs=0.011), metrics
+    assert metrics["train_accuracy"] == history["accuracy"][best - 1]
+    logs = {name: (tmp_path / "replicas" / f"{name}.log").read_text() for name in ("chief-0", "worker-0")}
+    decisions = {
+        name: [
+            line.split("] ", 1)[1]
+            for line in log.splitlines()
+            if "best so far" in line or "early stopping" in line or "exporting" in line
+        ]
+        for name, log in logs.items()
+    }
+    assert decisions["chief-0"] == decisions["worker-0"], decisions
+    assert decisions["chief-0"][-2:] == [
+        f"early stopping: no improvement of val_accuracy for 1 epoch since epoch {best}",
+        f"exporting epoch {best} (best val_accuracy={history['val_accuracy'][best - 1]:.4f})",
+    ], decisions
+    # Every replica reads the same figures in `logs` (all-reduced by Keras), to the last bit: the
+    # ground for every replica deciding alone, identically.
+    exact = {
+        name: [line for line in log.splitlines() if line.startswith("exact epoch")]
+        for name, log in logs.items()
+    }
+    assert len(exact["chief-0"]) == completed and exact["chief-0"] == exact["worker-0"], exact
+    # Only the best epoch's copy is kept beside the backup.
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(p.name for p in (checkpoints / "best").iterdir()) == [
+        f"epoch-{best:04d}.data-00000-of-00001", f"epoch-{best:04d}.index",
+    ]  # fmt: skip
+    assert json.loads((checkpoints / "best.json").read_text())["epoch"] == best
+    # ... and the published weights are that copy's, to the last bit: BatchNorm's moving
+    # statistics too, which the export reads as the mean over the replicas (so every replica must
+    # load the best epoch, or the statistics are those of two epochs averaged).
+    assert published_weights(model_dir) == checkpoint_weights(checkpoints / "best" / f"epoch-{best:04d}")
     # Only the chief's files: the SavedModel and its reports, nothing a worker left behind.
     assert sorted(p.name for p in model_dir.iterdir()) == [
         "assets", "config.json", "fingerprint.pb", "keras_metadata.pb", "metrics.json",

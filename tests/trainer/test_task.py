@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -48,6 +49,15 @@ def test_single_machine_run_publishes_model_metrics_and_config(trained: dict[str
     assert metrics["test_accuracy"] >= 0.8, metrics
     assert metrics["num_workers"] == 1 and metrics["epochs_completed"] == 4
     assert len(metrics["history"]["val_accuracy"]) == 4
+    # The best epoch by --hp_metric is exported (the first of equals); its own training figures.
+    val = metrics["history"]["val_accuracy"]
+    assert metrics["best_epoch"] == 1 + val.index(max(val)), val
+    assert (metrics["export_epoch"], metrics["selection_metric"], metrics["stopped_early"]) == (
+        "best",
+        "val_accuracy",
+        False,
+    )
+    assert metrics["train_loss"] == metrics["history"]["loss"][metrics["best_epoch"] - 1]
     for key in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss"):
         assert isinstance(metrics[key], float)
     assert metrics["images_per_second"] > 0
@@ -103,6 +113,10 @@ def test_tuning_metric_is_reported_every_epoch(trained: dict[str, Any]) -> None:
         "--dropout=0.35",
         "--per_replica_batch_size=8",
         "--seed=7",
+        # Which epoch is kept and how long training lasts: --export_epoch best keeps copies
+        # from the first epoch on, which a run begun with `last` never made.
+        "--export_epoch=last",
+        "--early_stopping_patience=3",
     ],
 )
 def test_a_backup_of_another_configuration_is_refused(trained: dict[str, Any], flag: str) -> None:
@@ -121,6 +135,21 @@ def test_a_backup_of_another_configuration_is_refused(trained: dict[str, Any], f
         {},
     )
     with pytest.raises(ValueError, match=rf"holds a backup of another run \(different {name}"):
+        run(config)
+    assert not (trained["out"] / "other_model").exists()
+
+
+def test_a_backup_whose_best_epoch_was_chosen_by_another_metric_is_refused(trained: dict[str, Any]) -> None:
+    """--hp_metric is not a STATE_FIELD (it names what is reported), but it chooses the exported
+    epoch: the best epoch so far, recorded in best.json, was chosen by it."""
+    from trainer.task import run
+
+    config = dataclasses.replace(
+        trained["config"], hp_metric="val_loss", model_dir=str(trained["out"] / "other_model")
+    )
+    with pytest.raises(
+        ValueError, match=r"best epoch was chosen by --hp_metric val_accuracy \(best.json\), not val_loss"
+    ):
         run(config)
     assert not (trained["out"] / "other_model").exists()
 
