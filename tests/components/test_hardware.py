@@ -116,7 +116,8 @@ def test_cpu_machines_and_the_codelab_defaults_pass() -> None:
 def test_the_accelerators_are_aiplatforms_enum_less_the_tpus() -> None:
     from google.cloud import aiplatform_v1
 
-    enum = {e.name for e in aiplatform_v1.AcceleratorType} - {"ACCELERATOR_TYPE_UNSPECIFIED"}
+    members = aiplatform_v1.AcceleratorType.__members__  # proto-plus enums are IntEnums
+    enum = set(members) - {"ACCELERATOR_TYPE_UNSPECIFIED"}
     assert set(gpu_tables()["gpus"]) == {g for g in enum if not g.startswith("TPU_")}
 
 

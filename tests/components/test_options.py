@@ -30,7 +30,10 @@ def test_the_vertex_defaults_pass() -> None:
     assert options.check(vertex(), "vertex", REGION) == []
 
 
-H100_8 = {"chief_machine_type": "a3-highgpu-8g", "chief_accelerator_type": "NVIDIA_H100_80GB"}
+H100_8: dict[str, str | int] = {
+    "chief_machine_type": "a3-highgpu-8g",
+    "chief_accelerator_type": "NVIDIA_H100_80GB",
+}
 H100_8 |= {"chief_accelerator_count": 8, "worker_machine_type": "a3-highgpu-8g"}
 H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_count": 8}
 

@@ -108,6 +108,7 @@ def asymmetric(n: int, size: int) -> np.ndarray:
 @pytest.mark.parametrize("policy", ["flip_lr", "flip", "leaf"])
 def test_each_policy_changes_the_input_in_training_only(policy: str) -> None:
     layers = model_lib.augmentation(policy, seed=1)
+    assert layers is not None
     x = asymmetric(64, 32)
     trained = layers(x, training=True).numpy()
     assert not np.allclose(trained, x), f"{policy} left every image unchanged"
@@ -116,7 +117,9 @@ def test_each_policy_changes_the_input_in_training_only(policy: str) -> None:
 
 def test_flip_lr_only_mirrors_left_and_right() -> None:
     x = asymmetric(64, 32)
-    out = model_lib.augmentation("flip_lr", seed=3)(x, training=True).numpy()
+    layers = model_lib.augmentation("flip_lr", seed=3)
+    assert layers is not None
+    out = layers(x, training=True).numpy()
     for image, original in zip(out, x, strict=True):
         assert np.allclose(image, original) or np.allclose(image, original[:, ::-1])
     assert any(np.allclose(image, original[:, ::-1]) for image, original in zip(out, x, strict=True))
