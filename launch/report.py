@@ -23,6 +23,8 @@ METRICS_READ = (
     "history",
     "confusion_matrix",
     "per_class",
+    "best_epoch",
+    "stopped_early",
 )
 
 
@@ -35,8 +37,9 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def curves_png(history: Mapping[str, Sequence[float]]) -> str:
-    """Loss and accuracy per epoch, training and validation."""
+def curves_png(history: Mapping[str, Sequence[float]], exported_epoch: int | None = None) -> str:
+    """Loss and accuracy per epoch, training and validation; a vertical line at the epoch whose
+    weights were exported (1-based), when given."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,10 +51,15 @@ def curves_png(history: Mapping[str, Sequence[float]]) -> str:
             values = history.get(key) or []
             if values:
                 ax.plot(range(1, len(values) + 1), values, style, label=key)
+        if exported_epoch:
+            ax.axvline(
+                exported_epoch, color="tab:green", alpha=0.6, label=f"exported (epoch {exported_epoch})"
+            )
         ax.set_xlabel("epoch")
         ax.set_title(metric)
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     return _png(fig)
 
 
@@ -138,6 +146,24 @@ def write_report(
                 ("model", "version", "path", "champion"),
             ),
         ]
+    gate = summary.get("gate")
+    if gate:
+        champion = gate["champion_score"]
+        parts += [
+            "<h2>Gate (both models on this run's test split)</h2>",
+            _table(
+                [
+                    (
+                        gate["metric"],
+                        f"{gate['score']:.4f}",
+                        "none" if champion < 0 else f"{champion:.4f}",
+                        "promote" if gate["promote"] else "hold",
+                        gate["reason"],
+                    )
+                ],
+                ("metric", "this model", "champion", "decision", "reason"),
+            ),
+        ]
     if metrics:
         rows = [
             (k, metrics[k])
@@ -148,6 +174,8 @@ def write_report(
                 "val_accuracy",
                 "val_loss",
                 "images_per_second",
+                "best_epoch",
+                "stopped_early",
             )
             if k in metrics
         ]
@@ -164,8 +192,9 @@ def write_report(
             ]
         history = metrics.get("history") or {}
         if history:
+            image = curves_png(history, metrics.get("best_epoch"))
             parts.append(
-                f"<h2>Training curves</h2><img alt='training curves' src='data:image/png;base64,{curves_png(history)}'>"
+                f"<h2>Training curves</h2><img alt='training curves' src='data:image/png;base64,{image}'>"
             )
         cm = metrics.get("confusion_matrix")
         if cm:

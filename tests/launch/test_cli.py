@@ -177,3 +177,31 @@ def test_report_draws_curves_and_the_confusion_matrix(tmp_path: Path) -> None:
         tmp_path / "failed.html", {**summary, "status": "FAILED", "model": None}, None, None
     ).read_text()
     assert "data:image/png" not in no_metrics and "FAILED" in no_metrics
+
+
+def test_report_marks_the_exported_epoch_and_shows_the_gates_two_figures(tmp_path: Path) -> None:
+    history = {"accuracy": [0.5, 0.9, 0.8], "val_accuracy": [0.4, 0.9, 0.7]}
+    assert report.curves_png(history, 2) != report.curves_png(history)  # the exported epoch's line
+    summary = {
+        "run_id": "r",
+        "pipeline": "p",
+        "status": "SUCCEEDED",
+        "target": "local",
+        "wall_seconds": 1.0,
+        "steps": [],
+        "gate": {
+            "promote": False,
+            "reason": "below",
+            "metric": "macro_f1",
+            "score": 0.81,
+            "champion_score": 0.875,
+        },
+    }
+    metrics = {"test_accuracy": 0.9, "best_epoch": 2, "stopped_early": True, "history": history}
+    page = report.write_report(tmp_path / "r.html", summary, metrics, None).read_text()
+    assert "<td>macro_f1</td><td>0.8100</td><td>0.8750</td><td>hold</td><td>below</td>" in page
+    assert "<td>best_epoch</td><td>2</td>" in page and "<td>stopped_early</td><td>True</td>" in page
+    first = report.write_report(
+        tmp_path / "f.html", {**summary, "gate": {**summary["gate"], "champion_score": -1.0}}, metrics, None
+    )
+    assert "<td>none</td><td>hold</td>" in first.read_text()
