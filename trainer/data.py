@@ -203,13 +203,21 @@ def _verify_full(data_dir: str, meta: DatasetMetadata) -> None:
 
 
 def explain_read_error(
-    error: tf.errors.OpError, data_dir: str, meta: DatasetMetadata, split: str
+    error: tf.errors.OpError, data_dir: str, meta: DatasetMetadata, split: str | tuple[str, ...]
 ) -> DataError:
-    """A DataError naming the files of `split` for a read error raised while iterating it
-    (TensorFlow's `corrupted record at N` names no file)."""
-    files = ", ".join(meta.splits[split].shards)
+    """A DataError naming the files of `split` (or of each split read at once, as `fit` reads
+    train and validation) for a read error raised while iterating it (TensorFlow's `corrupted
+    record at N` names no file)."""
+    splits = (split,) if isinstance(split, str) else split
+    files = ", ".join(shard for s in splits for shard in meta.splits[s].shards)
+    which = f"split {splits[0]!r}" if len(splits) == 1 else "splits " + " and ".join(repr(s) for s in splits)
+    shards = "its shards" if len(splits) == 1 else "their shards"
+    # TensorFlow's message from inside a graph starts "Graph execution error:" and buries the
+    # cause among the op trace: keep the line that says what is wrong.
+    lines = [line.strip() for line in (error.message or "").splitlines() if line.strip()]
+    cause = next((line for line in lines if "corrupt" in line.lower()), lines[0] if lines else "")
     return DataError(
-        f"reading split {split!r} in {data_dir} failed ({error.message}); its shards: {files}. "
+        f"reading {which} in {data_dir} failed ({cause}); {shards}: {files}. "
         f'Find the bad one with `{VERIFY_ENV}=full` (or load_metadata(..., verify="full")), '
         f"then {_REPREPARE}"
     )

@@ -81,16 +81,20 @@ def predict_split(
     import numpy as np
 
     from trainer import data
+    from trainer._tf import tf
 
     ds = data.make_dataset(data_dir, meta, split, batch_size=batch_size, training=False)
     labels, probs, done = [], [], 0
     total = meta.splits[split].count
-    for x, y in ds:
-        probs.append(np.asarray(predict(x)))
-        labels.append(y.numpy())
-        done += len(labels[-1])
-        if progress is not None:
-            progress(done, total)
+    try:
+        for x, y in ds:
+            probs.append(np.asarray(predict(x)))
+            labels.append(y.numpy())
+            done += len(labels[-1])
+            if progress is not None:
+                progress(done, total)
+    except tf.errors.DataLossError as err:  # a corrupt record: name the split's shards
+        raise data.explain_read_error(err, data_dir, meta, split) from None
     if not labels:
         return np.zeros((0,), dtype=np.int64), np.zeros((0, meta.num_classes))
     return np.concatenate(labels), np.concatenate(probs)

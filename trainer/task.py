@@ -135,14 +135,17 @@ def _run(
     ]
     trains = not best.stopped_early  # else stopped early before a restart: nothing more to train
     if trains:
-        model.fit(
-            train_ds,
-            epochs=config.epochs,
-            steps_per_epoch=steps,
-            validation_data=val_ds,
-            callbacks=fit_callbacks,
-            verbose=0,
-        )
+        try:
+            model.fit(
+                train_ds,
+                epochs=config.epochs,
+                steps_per_epoch=steps,
+                validation_data=val_ds,
+                callbacks=fit_callbacks,
+                verbose=0,
+            )
+        except tf.errors.DataLossError as err:  # a corrupt record (its CRC): name the shards
+            raise data.explain_read_error(err, config.data_dir, meta, ("train", "validation")) from None
     # SIGTERM after the last epoch's check: the export (collective) never starts. Every epoch is
     # backed up, so a restart goes straight to the export.
     if stop.agreed():
@@ -289,11 +292,15 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
             print(f"python -m trainer.task: error: {e}", file=sys.stderr)
             return 2
     from trainer import callbacks as cb
+    from trainer import data
 
     try:
         run(config, cluster=cluster, callbacks=callbacks)
     except cb.Terminated:
         return cb.TERMINATED_EXIT_CODE  # the backup is saved; already said on screen
+    except data.DataError as e:  # the prepared data is damaged: named, without a traceback
+        print(f"python -m trainer.task: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

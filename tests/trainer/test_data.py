@@ -176,3 +176,30 @@ def test_read_errors_can_be_explained_with_the_split_files(copied: Path, meta: d
     message = str(data.explain_read_error(error, str(copied), meta, "train"))
     assert "corrupted record at 234859" in message and "train-00007-of-00008.tfrecord" in message
     assert "TRAINER_VERIFY_DATA=full" in message
+
+
+def test_a_corrupt_record_met_while_training_or_evaluating_names_the_shards(
+    copied: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Same size, one flipped byte: the start-up check passes, the record's CRC fails when read.
+    TensorFlow's error names no file; the trainer's names the splits being read and their shards."""
+    from tests.conftest import FAST_TRAIN_FLAGS
+    from trainer import evaluate, task
+
+    meta = data.load_metadata(str(copied))
+    for split in ("train", "test"):
+        shard = copied / meta.splits[split].shards[0]
+        raw = bytearray(shard.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        shard.write_bytes(bytes(raw))
+    with pytest.raises(
+        data.DataError, match=r"reading split 'test' in .*corrupted.*test-00000-of-00008\.tfrecord"
+    ):
+        evaluate.predict_split(lambda x: x, str(copied), meta, "test")
+    argv = [f"--data_dir={copied}", f"--model_dir={copied.parent / 'model'}", *FAST_TRAIN_FLAGS, "--epochs=1"]
+    assert task.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # one line, no traceback
+    assert err.startswith("python -m trainer.task: error: reading splits 'train' and 'validation' in ")
+    assert "corrupted record" in err
+    assert "train-00000-of-00008.tfrecord" in err and "TRAINER_VERIFY_DATA=full" in err
+    assert not (copied.parent / "model").exists()  # nothing published
