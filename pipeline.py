@@ -293,30 +293,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         "labels": p["labels"],
     }
     hardware = {k: p[k] for k in worker_pools.HARDWARE_PARAMETERS}
-    model_flags = {
-        k: p[k]
-        for k in (
-            "backbone",
-            "weights",
-            "epochs",
-            "learning_rate",
-            "per_replica_batch_size",
-            "dense_units",
-            "dropout",
-            "mixed_precision",
-            "xla",
-            "augment",
-            "lr_schedule",
-            "warmup_epochs",
-            "lr_reference_batch_size",
-            "label_smoothing",
-            "class_weights",
-            "export_epoch",
-            "early_stopping_patience",
-            "fine_tune_fraction",
-            "seed",
-        )
-    }
+    model_flags = {k: p[k] for k in training.MODEL_FLAGS}
 
     # 1. The trainer image.
     built = steps.build_image(p)

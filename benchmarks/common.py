@@ -330,6 +330,24 @@ def busy_note(runs: Iterable[Mapping[str, Any]]) -> str | None:
     )
 
 
+def local_run_command(folder: Path, *flags: str) -> list[str]:
+    """What `make run` runs with no project configured, into `folder`'s own runs folder and
+    registry (`folder/runs`, `folder/registry`), with extra pipeline `flags`."""
+    return [
+        sys.executable,
+        "-m",
+        "launch.cli",
+        "run",
+        "--target",
+        "local",
+        "--runs_dir",
+        str(folder / "runs"),
+        "--registry_dir",
+        str(folder / "registry"),
+        *flags,
+    ]
+
+
 def tail(path: Path, lines: int = 40) -> str:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")

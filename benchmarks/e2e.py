@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import make_result, say
+from benchmarks.common import local_run_command, make_result, say
 
 NAME = "e2e"
 IMPLEMENTED = True
@@ -34,18 +33,7 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-e2e-", dir=work) as tmp:
         runs = Path(tmp) / "runs"
-        command = [
-            sys.executable,
-            "-m",
-            "launch.cli",
-            "run",
-            "--target",
-            "local",
-            "--runs_dir",
-            str(runs),
-            "--registry_dir",
-            str(Path(tmp) / "registry"),
-        ]
+        command = local_run_command(Path(tmp))
         log = work / "logs" / "e2e.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()

@@ -34,7 +34,6 @@ import json
 import resource
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -46,6 +45,7 @@ from benchmarks.common import (
     _cpu_busy_seconds,
     _other_share,
     busy_note,
+    local_run_command,
     make_result,
     say,
     tail,
@@ -253,21 +253,7 @@ def build_result(
 
 def launch(work_dir: Path, seed: int, *, tune: bool, log: Path) -> Launch:
     """`python -m launch.cli run --target local` into `work_dir`'s runs folder and registry."""
-    command = [
-        sys.executable,
-        "-m",
-        "launch.cli",
-        "run",
-        "--target",
-        "local",
-        "--runs_dir",
-        str(work_dir / "runs"),
-        "--registry_dir",
-        str(work_dir / "registry"),
-        "--seed",
-        str(seed),
-        *(["--tune", "true"] if tune else []),
-    ]
+    command = local_run_command(work_dir, "--seed", str(seed), *(["--tune", "true"] if tune else []))
     log.parent.mkdir(parents=True, exist_ok=True)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy_before = _cpu_busy_seconds()

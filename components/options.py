@@ -53,7 +53,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from components import evaluation, hardware, image, registry, tuning, worker_pools
+from components import evaluation, hardware, image, registry, training, tuning, worker_pools
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULING_STRATEGIES = ("STANDARD", "SPOT", "FLEX_START")
@@ -81,27 +81,8 @@ TENSORBOARD = re.compile(r"^projects/[^/]+/locations/([^/]+)/tensorboards/[0-9]+
 DURATION = re.compile(r"^([0-9]{1,12})(\.[0-9]{1,9})?s$")
 # The trainer flags a run hands its jobs, by pipeline parameter (components.training.trainer_args
 # and components.prepare.prepare_args build the same; tests/components/test_options.py checks it).
-TRAINER_FLAGS = (
-    "backbone",
-    "weights",
-    "image_size",
-    "mixed_precision",
-    "xla",
-    "augment",
-    "lr_schedule",
-    "warmup_epochs",
-    "lr_reference_batch_size",
-    "label_smoothing",
-    "class_weights",
-    "export_epoch",
-    "early_stopping_patience",
-    "seed",
-    "learning_rate",
-    "per_replica_batch_size",
-    "dense_units",
-    "dropout",
-    "epochs",
-)
+# `fine_tune_fraction` is handed only when >= 0 (`trainer_flags`); `image_size` comes from the dataset.
+TRAINER_FLAGS = ("image_size", *(f for f in training.MODEL_FLAGS if f != "fine_tune_fraction"))
 PREPARE_FLAGS = {
     "dataset_source": "source",
     "image_size": "image_size",

@@ -21,6 +21,31 @@ from components import runtime
 from components.runtime import fuse_path
 
 TRAIN_COMMAND = ["python", "-m", "trainer.task"]
+# The pipeline parameters `trainer_args` turns into `trainer.task` flags (beside the dataset, whose
+# URI and image size it reads): the pipeline hands exactly these, and `components.options` checks
+# the same flags with the trainer's parsers. tests/components/test_steps.py keeps it equal to
+# `trainer_args`'s inputs.
+MODEL_FLAGS = (
+    "backbone",
+    "weights",
+    "epochs",
+    "learning_rate",
+    "per_replica_batch_size",
+    "dense_units",
+    "dropout",
+    "mixed_precision",
+    "xla",
+    "augment",
+    "lr_schedule",
+    "warmup_epochs",
+    "lr_reference_batch_size",
+    "label_smoothing",
+    "class_weights",
+    "export_epoch",
+    "early_stopping_patience",
+    "fine_tune_fraction",
+    "seed",
+)
 # The keys of the trainer's metrics.json `model_from_job` reads. The trainer declares what it
 # writes in trainer/contract.py, which components cannot import (they run without the trainer);
 # tests/test_contracts.py checks this list against it and against the code below.

@@ -9,11 +9,14 @@ GRID_SEARCH). Each trial is a local custom job (`local.jobs`) with
 `<base>/<trial_id>/`; its measurements come from the cloudml-hypertune file it writes. The
 trials table is a list in the `aiplatform_v1.Trial` JSON form, like the Vertex job's trials.
 
-No trial is stopped early: GCPC 2.22's `HyperparameterTuningJobRunOp` cannot ask Vertex for
-automated stopping (its payload's study_spec has no `median_automated_stopping_spec` or
-`decay_curve_stopping_spec`), so Vertex runs every trial to its end, and so does this tuner (an
-Optuna `MedianPruner` here would make the local study differ from the Vertex one). Each trial's
-final measurement is its best (`measurement_selection` BEST_MEASUREMENT, the op's default).
+No trial is stopped by the study: GCPC 2.22's `HyperparameterTuningJobRunOp` cannot ask Vertex
+for automated stopping (its payload's study_spec has no `median_automated_stopping_spec` or
+`decay_curve_stopping_spec`), so Vertex stops a trial only when the trainer does
+(`early_stopping_patience`), and so does this tuner (an Optuna `MedianPruner` here would make
+the local study differ from the Vertex one). Each trial's final measurement is chosen by
+`measurement_selection`, the study's `StudySpec.MeasurementSelectionType` (aiplatform_v1):
+BEST_MEASUREMENT (the op's default) or LAST_MEASUREMENT, which the pipeline sets from
+`export_epoch` (`components.tuning.measurement_selection`).
 """
 
 from __future__ import annotations

@@ -378,3 +378,14 @@ def test_component_pins_follow_uv_lock() -> None:
     for pin in runtime.PINNED:
         name, version = pin.split("==")
         assert versions[name] == version, f"{pin} differs from uv.lock's {versions[name]}"
+
+
+def test_model_flags_are_the_pipeline_parameters_trainer_args_takes() -> None:
+    """One list of the model flags (the pipeline hands them, the option rules check them)."""
+    import inspect
+
+    from pipeline import PARAMETERS
+
+    taken = set(inspect.signature(training.trainer_args.python_func).parameters)
+    assert taken - {"dataset", "hyperparameters", "leave_out", "search_space"} == set(training.MODEL_FLAGS)
+    assert set(training.MODEL_FLAGS) <= {p.name for p in PARAMETERS}

@@ -182,7 +182,7 @@ def test_report_draws_curves_and_the_confusion_matrix(tmp_path: Path) -> None:
 def test_report_marks_the_exported_epoch_and_shows_the_gates_two_figures(tmp_path: Path) -> None:
     history = {"accuracy": [0.5, 0.9, 0.8], "val_accuracy": [0.4, 0.9, 0.7]}
     assert report.curves_png(history, 2) != report.curves_png(history)  # the exported epoch's line
-    summary = {
+    summary: dict[str, Any] = {
         "run_id": "r",
         "pipeline": "p",
         "status": "SUCCEEDED",
