@@ -98,7 +98,13 @@ PARAMETERS: tuple[Parameter, ...] = (
     _p("backbone", str, "resnet50", "resnet50, resnet101, efficientnet_b0, mobilenet_v2 or tiny.", "tiny"),
     _p("weights", str, "imagenet", "imagenet, none, or a weights file (gs://...).", "none"),
     _p("fine_tune_fraction", float, -1.0, "Backbone fraction trained (-1: the trainer's default)."),
-    _p("epochs", int, 2, "Training epochs.", 6),
+    _p(
+        "epochs",
+        int,
+        2,
+        "Training epochs (the most, when early_stopping_patience may end training sooner).",
+        30,
+    ),
     _p(
         "learning_rate",
         float,
@@ -141,6 +147,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         int,
         0,
         "Stop training when validation accuracy has not improved for this many epochs (0: never).",
+        5,
     ),
     # Hardware.
     _p("chief_machine_type", str, "n1-standard-8", "Machine of the chief (pool 0, one replica)."),

@@ -41,6 +41,9 @@ METRICS_READ = (
     "val_loss",
     "images_per_second",
     "epochs_completed",
+    "best_epoch",
+    "export_epoch",
+    "stopped_early",
     "num_workers",
 )
 

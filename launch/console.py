@@ -2,10 +2,10 @@
 
 Every line of every step goes to the step's log (`logs/<step>.log`, replica logs beside the
 job); the screen gets one line per step, and under it only its progress and results: epochs
-done, the preparation's progress, trials, restarts, the published model, the figures of the new
-model and the champion on this run's test split, the gate's decision,
-the serving image and the registration. `--verbose` shows every line as it comes (TensorFlow's
-start-up lines included); a failing step's log tail is always shown.
+done, the preparation's progress, trials, restarts, an early stop and the epoch exported, the
+published model, the figures of the new model and the champion on this run's test split, the
+gate's decision, the serving image and the registration. `--verbose` shows every line as it
+comes (TensorFlow's start-up lines included); a failing step's log tail is always shown.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import re
 # A replica's line, as the local job runner prefixes it: "[<job> <replica>] <text>"; the trainer
 # prefixes its own lines "[<replica>] ".
 _REPLICA = re.compile(r"^\[(?P<job>[\w.-]+) (?P<replica>[a-z]+-\d+)\] (?:\[[a-z]+-\d+\] )?(?P<text>.*)$")
-_REPLICA_SHOWN = re.compile(r"^(epoch \d+/\d+ done|published |prepare: |prepared |evaluated )")
+_REPLICA_SHOWN = re.compile(
+    r"^(epoch \d+/\d+ done|early stopping: |exporting epoch |published |prepare: |prepared |evaluated )"
+)
 # The job runner's and the tuner's own lines: "[<job>] ..." and "[tune] ...".
 _RUNNER = re.compile(r"^\[(?P<job>[\w.-]+)\] (?P<text>.*)$")
 _RUNNER_SHOWN = re.compile(r"(restarting the whole job|^trial \d+ (started|failed|val_|[a-z_]+=))")

@@ -69,7 +69,7 @@ def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tm
     assert len(screen) <= 60, first.stdout
     for noise in ("I0000", "port.cc", "cuInit", "absl::InitializeLog", "config: {", "\x1b", "\r"):
         assert noise not in first.stdout, noise
-    assert any(line.strip().startswith("epoch 6/6 done") for line in screen), first.stdout
+    shown = [line.strip() for line in screen]
     assert any("PROMOTE: " in line for line in screen) and screen[-2].startswith("summary: ")
     logs = runs / "latest" / "logs"
     assert (
@@ -80,6 +80,16 @@ def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tm
     assert s["status"] == "SUCCEEDED" and s["target"] == "local"
     assert s["metrics"]["test_accuracy"] >= 0.9, s["metrics"]
     assert s["metrics"]["num_workers"] == 2  # one chief and one worker, really distributed
+    # The local default trains up to 30 epochs and stops after 5 without improvement; the
+    # synthetic set is learnt in a few, so the run stops early and says so, and which epoch it exports.
+    completed, best = s["metrics"]["epochs_completed"], s["metrics"]["best_epoch"]
+    assert s["metrics"]["stopped_early"] is True and completed == best + 5 < 30, s["metrics"]
+    assert f"epoch {completed}/30 done" in "\n".join(shown), first.stdout
+    assert f"epoch {completed + 1}/30 done" not in "\n".join(shown), first.stdout
+    assert any(
+        line.startswith("early stopping: no improvement of val_accuracy for 5 epochs") for line in shown
+    )
+    assert any(line.startswith(f"exporting epoch {best} (best val_accuracy=") for line in shown)
     assert s["model"]["version"] == "1" and s["model"]["champion"] is True
     steps = {step["name"]: step for step in s["steps"]}
     steps_run = ("build-trainer-image", "prepare-dataset", "train-model", "evaluate-models", "evaluate-model")

@@ -100,18 +100,30 @@ def augmentation(policy: str, seed: int) -> keras.Sequential | None:
     return keras.Sequential(layers, name=f"augment_{policy}")
 
 
+# The tiny backbone's blocks: (filters, 3x3 convolutions), each block ending in a 2x2 max-pool.
+TINY_BLOCKS = ((16, 1), (32, 2), (64, 2), (128, 2))
+
+
 def tiny_backbone(input_shape: tuple[int, int, int], seed: int) -> keras.Model:
-    """A small CNN (about 30k weights) for tests and fast local runs."""
+    """A small VGG-style CNN (about 290k weights) for tests and local runs, trained from scratch.
+
+    Its depth is what lets it learn classes that differ by where a shape sits (b, d, p and q):
+    every 3x3 convolution widens what one output sees, and a 64-pixel image needs a receptive
+    field of about its whole side before global pooling. On a folder of tilted, blurred characters,
+    20 epochs on one machine took the 3-convolution version this replaced (an 18-pixel field) to
+    0.35 test accuracy and this one to 0.99 (docs/training.md, "Training locally on an image folder").
+    """
     init = keras.initializers.HeNormal(seed=seed)
     inputs = keras.Input(input_shape)
     x = inputs
-    for i, filters in enumerate((16, 32, 64)):
-        x = keras.layers.Conv2D(
-            filters, 3, padding="same", use_bias=False, kernel_initializer=init, name=f"tiny_conv{i}"
-        )(x)
-        # Fast-moving statistics: a tiny run has only tens of steps.
-        x = keras.layers.BatchNormalization(momentum=0.8, name=f"tiny_bn{i}")(x)
-        x = keras.layers.ReLU(name=f"tiny_relu{i}")(x)
+    for i, (filters, convolutions) in enumerate(TINY_BLOCKS):
+        for j in range(convolutions):
+            x = keras.layers.Conv2D(
+                filters, 3, padding="same", use_bias=False, kernel_initializer=init, name=f"tiny_conv{i}_{j}"
+            )(x)
+            # Fast-moving statistics: a tiny run has only tens of steps per epoch.
+            x = keras.layers.BatchNormalization(momentum=0.8, name=f"tiny_bn{i}_{j}")(x)
+            x = keras.layers.ReLU(name=f"tiny_relu{i}_{j}")(x)
         x = keras.layers.MaxPooling2D(2, name=f"tiny_pool{i}")(x)
     return keras.Model(inputs, x, name="tiny")
 

@@ -13,6 +13,12 @@ SHOWN = [
         "[train-model chief-0] [chief-0] epoch 2/6 done in 0.8s: loss=0.5 val_accuracy=0.75",
         "    epoch 2/6 done",
     ),
+    # Why training ended before --epochs, and which epoch's weights are published.
+    (
+        "[train-model chief-0] [chief-0] early stopping: no improvement of val_accuracy for 5 epochs since epoch 3",
+        "    early stopping: no improvement",
+    ),
+    ("[train-model chief-0] [chief-0] exporting epoch 3 (best val_accuracy=1.0000)", "    exporting epoch 3"),
     ("[prepare-dataset chief-0] prepare: train 300/300 images (100%) in 0.7s", "    prepare: train 300/300"),
     ("[trial-2 chief-0] [chief-0] epoch 1/2 done in 1.0s: val_accuracy=0.5", "    trial-2: epoch 1/2 done"),
     ("[tune] trial 2 started: --learning_rate=0.001 --dense_units=64.0", "    trial 2 started"),
@@ -36,6 +42,7 @@ SHOWN = [
 ]
 HIDDEN = [
     "[train-model worker-0] [worker-0] epoch 2/6 done in 0.8s: loss=0.5",  # the chief speaks for the job
+    "[train-model worker-0] [worker-0] exporting epoch 3 (best val_accuracy=1.0000)",
     "[train-model chief-0] I0000 00:00:1795380548.926534   29277 port.cc:153] oneDNN custom operations are on.",
     "[train-model chief-0] WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
     '[train-model chief-0] [chief-0] config: {"augment": true}',
