@@ -187,3 +187,20 @@ def test_balanced_class_weights_need_the_counts() -> None:
     model = model_lib.build_model(replace(TINY, class_weights="balanced"), 3, 32)
     with pytest.raises(ValueError, match="needs the training split's class counts"):
         model_lib.compile_model(model, replace(TINY, class_weights="balanced"))
+
+
+def test_one_unit_of_the_tiny_backbone_sees_about_the_whole_64_pixel_image() -> None:
+    """What lets `tiny` learn classes that differ by where a shape sits (`b` against `d`): the
+    pixels that can change one output unit span about the whole side before global pooling. The
+    former 3-convolution backbone's unit saw 18 pixels."""
+    backbone = model_lib.tiny_backbone((64, 64, 3), seed=0)
+    x = tf.constant(np.random.default_rng(1).normal(size=(1, 64, 64, 3)), tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        features = backbone(x, training=False)
+        unit = tf.reduce_sum(features[0, 1, 1])  # a unit off the centre: its field meets the border
+    assert features.shape[1:3] == (4, 4)
+    influence = tf.reduce_sum(tf.abs(tape.gradient(unit, x)), axis=(0, 3)).numpy()
+    rows, cols = np.nonzero(influence.sum(axis=1))[0], np.nonzero(influence.sum(axis=0))[0]
+    # From the border up to beyond the middle of the image, on both axes.
+    assert rows.min() == cols.min() == 0 and rows.max() >= 48 and cols.max() >= 48, (rows, cols)
