@@ -17,7 +17,7 @@ such assumption. Also recorded: every trial (parameters, final val_accuracy), th
 hyperparameters, each run's wall time (what the user waits for, interpreter and imports
 included), the share of the CPUs other processes used meanwhile, and whether the gate promoted.
 
-Two repetitions with different seeds (42, the default, and 43): about 3 minutes each on 2 cores
+Two repetitions with different seeds (42, the default, and 43): about 4 minutes each on 2 cores
 (4.5 with the machine busy). If one repetition takes over `MAX_REPETITION_SECONDS` the rest are skipped, to keep the
 benchmark within about 10 minutes, and the result's inputs say so.
 
