@@ -18,7 +18,7 @@ hyperparameters, each run's wall time (what the user waits for, interpreter and 
 included), the share of the CPUs other processes used meanwhile, and whether the gate promoted.
 
 Two repetitions with different seeds (42, the default, and 43): about 4 minutes each on 2 cores
-(4.5 with the machine busy). If one repetition takes over `MAX_REPETITION_SECONDS` the rest are skipped, to keep the
+(more with the machine busy). If one repetition takes over `MAX_REPETITION_SECONDS` the rest are skipped, to keep the
 benchmark within about 10 minutes, and the result's inputs say so.
 
 Ratio: mean tuned accuracy / mean untuned accuracy on the shared test split. Goal: tuned >=
