@@ -83,12 +83,15 @@ def _render(char: str, font_path: Path, rng: random.Random, variant: Variant) ->
     return image.convert("RGB")
 
 
-def render(root: Path, variant: str, seed: int = 0) -> Path:
+def render(root: Path, variant: str, seed: int = 0, per_class: tuple[int, int] | None = None) -> Path:
     """Writes the folder `root` (`train/<class>/NNN.png`, `test/<class>/NNN.png`) and returns it.
+    `per_class` (training, test) replaces the variant's counts (a smaller folder for tests).
     Refuses a `root` that already has files: it never mixes two renderings."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
     spec = VARIANTS[variant]
+    if per_class is not None:
+        spec = dataclasses.replace(spec, train_per_class=per_class[0], test_per_class=per_class[1])
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(f"{root} is not empty: render into a new folder")
     fonts = [_font_dir() / name for name in spec.fonts]
