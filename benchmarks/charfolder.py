@@ -19,6 +19,10 @@ from __future__ import annotations
 import dataclasses
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 CLASSES = ("b", "d", "p", "q", "6", "9", "n", "u")
 SIDE = 96
@@ -56,7 +60,7 @@ VARIANTS = {
 }
 
 
-def _render(char: str, font_path: Path, rng: random.Random, variant: Variant) -> object:
+def _render(char: str, font_path: Path, rng: random.Random, variant: Variant) -> Image.Image:
     from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
     hard = variant.max_tilt_degrees > 0
@@ -66,16 +70,16 @@ def _render(char: str, font_path: Path, rng: random.Random, variant: Variant) ->
     font = ImageFont.truetype(str(font_path), rng.randint(44, 64))
     draw = ImageDraw.Draw(image)
     left, top, right, bottom = draw.textbbox((0, 0), char, font=font)
-    width, height = right - left, bottom - top
+    width, height = int(right - left), int(bottom - top)
     # Anywhere the whole character fits with a margin of 4 pixels.
-    x = rng.randint(4, max(4, SIDE - 4 - width)) - left
-    y = rng.randint(4, max(4, SIDE - 4 - height)) - top
+    x = rng.randint(4, max(4, SIDE - 4 - width)) - int(left)
+    y = rng.randint(4, max(4, SIDE - 4 - height)) - int(top)
     draw.text((x, y), char, fill=ink, font=font)
     if hard:
         angle = rng.uniform(-variant.max_tilt_degrees, variant.max_tilt_degrees)
-        image = image.rotate(angle, resample=Image.BILINEAR, fillcolor=background)
+        image = image.rotate(angle, resample=Image.Resampling.BILINEAR, fillcolor=background)
         image = image.filter(ImageFilter.GaussianBlur(rng.uniform(0.0, variant.max_blur)))
-        pixels = image.load()
+        pixels: Any = image.load()  # an "L" image: one int per pixel
         for i in range(SIDE):
             for j in range(SIDE):
                 value = pixels[i, j] + rng.gauss(0.0, variant.noise)
@@ -105,5 +109,5 @@ def render(root: Path, variant: str, seed: int = 0, per_class: tuple[int, int] |
             folder.mkdir(parents=True)
             for n in range(count):
                 image = _render(char, rng.choice(fonts), rng, spec)
-                image.save(folder / f"{char}-{n:03d}.png")  # type: ignore[attr-defined]
+                image.save(folder / f"{char}-{n:03d}.png")
     return root
