@@ -307,6 +307,17 @@ def _dag(target: str, p: dict[str, Any]) -> None:
     _uncached(built, "build-trainer-image")
     image_uri = built.outputs["image_uri"]
 
+    def cpu_job(
+        names: tuple[str, str], command: list[str], args: Any
+    ) -> tuple[dsl.PipelineTask, dsl.PipelineTask]:
+        """A one-replica CPU job on the trainer image (`_cpu_pools`), not restarted as a whole:
+        its worker pool specs and the job, named `names` (pools, job)."""
+        pools = _uncached(_cpu_pools(image_uri, command, args, p), names[0])
+        job = steps.custom_job(
+            names[1], where, pools, {**job_settings, "restart_job_on_worker_restart": False}
+        )
+        return pools, job
+
     # 2-3. The dataset, prepared by a one-replica CPU job.
     prep_args = prepare.prepare_args(
         source=p["dataset_source"],
@@ -315,13 +326,8 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         seed=p["seed"],
         synthetic_per_class=p["synthetic_per_class"],
     )
-    prep_pools = _cpu_pools(image_uri, prepare.PREPARE_COMMAND, prep_args.output, p)
-    _uncached(prep_pools, "prepare-worker-pools")
-    prep_job = steps.custom_job(
-        "prepare-dataset",
-        where,
-        prep_pools,
-        {**job_settings, "restart_job_on_worker_restart": False},
+    prep_pools, prep_job = cpu_job(
+        ("prepare-worker-pools", "prepare-dataset"), prepare.PREPARE_COMMAND, prep_args.output
     )
     dataset = prepare.register_dataset(
         base_output_directory=prep_pools.outputs["base_output_directory"]
@@ -389,13 +395,8 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         model=model.outputs["model"],
         champion_uri=champion.outputs["champion_uri"],
     ).set_display_name("evaluation-args")
-    eval_pools = _cpu_pools(image_uri, evaluation.EVALUATE_COMMAND, eval_args.output, p)
-    _uncached(eval_pools, "evaluation-worker-pools")
-    eval_job = steps.custom_job(
-        "evaluate-models",
-        where,
-        eval_pools,
-        {**job_settings, "restart_job_on_worker_restart": False},
+    eval_pools, eval_job = cpu_job(
+        ("evaluation-worker-pools", "evaluate-models"), evaluation.EVALUATE_COMMAND, eval_args.output
     )
 
     # 7. Upload a new version, move the alias when the gate passed.

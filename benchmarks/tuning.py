@@ -122,6 +122,19 @@ def _succeeded(launch: Launch, what: str) -> dict[str, Any]:
     return summary
 
 
+def _run_figures(evaluated: Mapping[str, Any], summary: Mapping[str, Any], launch: Launch) -> dict[str, Any]:
+    """One run's side of a repetition: its model's figures on the shared split, its own."""
+    return {
+        "accuracy": evaluated["accuracy"],
+        "macro_f1": evaluated["macro_f1"],
+        "own_test_accuracy": summary.get("metrics", {}).get("test_accuracy"),
+        "version": summary["model"]["version"],
+        "wall_seconds": round(launch.wall_seconds, 2),
+        "pipeline_seconds": summary.get("wall_seconds"),
+        "other_cpu_share": launch.other_cpu_share,
+    }
+
+
 def repetition_figures(
     seed: int, untuned: Launch, tuned: Launch, version_record: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -151,26 +164,12 @@ def repetition_figures(
         "tuning_parameters": {k: parameters.get(k) for k in TUNING_PARAMETERS},
         "test_examples": challenger["examples"],
         "dataset_fingerprint": evaluation.get("dataset_fingerprint"),
-        "untuned": {
-            "accuracy": champion["accuracy"],
-            "macro_f1": champion["macro_f1"],
-            "own_test_accuracy": first.get("metrics", {}).get("test_accuracy"),
-            "version": first["model"]["version"],
-            "wall_seconds": round(untuned.wall_seconds, 2),
-            "pipeline_seconds": first.get("wall_seconds"),
-            "other_cpu_share": untuned.other_cpu_share,
-        },
+        "untuned": _run_figures(champion, first, untuned),
         "tuned": {
-            "accuracy": challenger["accuracy"],
-            "macro_f1": challenger["macro_f1"],
-            "own_test_accuracy": second.get("metrics", {}).get("test_accuracy"),
-            "version": second["model"]["version"],
-            "wall_seconds": round(tuned.wall_seconds, 2),
-            "pipeline_seconds": second.get("wall_seconds"),
+            **_run_figures(challenger, second, tuned),
             "tune_seconds": next(
                 (s["seconds"] for s in second.get("steps", []) if s["name"] == "tune-hyperparameters"), None
             ),
-            "other_cpu_share": tuned.other_cpu_share,
             "training_hyperparameters": second.get("training_hyperparameters"),
         },
         "trials": trials_table(second["tuning"]),
