@@ -106,6 +106,37 @@ def cloud_build_regions() -> tuple[tuple[str, ...], tuple[str, ...]]:
 CLOUD_BUILD_REGIONS, RESTRICTED_BUILD_REGIONS = cloud_build_regions()
 
 
+def restricted_build_fallback(location: str) -> str:
+    """The restricted build region (`cloud_build_regions()[1]`) to retry a refused build in when
+    the build's region was not chosen (`build_location` empty): "" when there is none to try
+    (`location` is `global`, already one of the six, or unknown). A function, so the component
+    carries it with `additional_funcs`.
+
+    The rule, by the region's name (its continent), same continent first:
+    - `us-west*` -> us-west2 (Los Angeles, the western one of the two US regions);
+    - other `us-*` and `northamerica-*` -> us-central1 (Iowa);
+    - `southamerica-*` -> southamerica-east1; `europe-*` -> europe-west1; `asia-*` -> asia-east1;
+      `australia-*` -> australia-southeast1;
+    - `me-*` (Middle East) and `africa-*`, which have none of the six, -> europe-west1 (EMEA)."""
+    _, restricted = cloud_build_regions()
+    if location in restricted:
+        return ""
+    for prefix, region in (
+        ("us-west", "us-west2"),
+        ("us-", "us-central1"),
+        ("northamerica-", "us-central1"),
+        ("southamerica-", "southamerica-east1"),
+        ("europe-", "europe-west1"),
+        ("me-", "europe-west1"),
+        ("africa-", "europe-west1"),
+        ("asia-", "asia-east1"),
+        ("australia-", "australia-southeast1"),
+    ):
+        if location.startswith(prefix):
+            return region
+    return ""
+
+
 def run_cloud_build(
     session: Any,
     api_root: str,
@@ -114,6 +145,7 @@ def run_cloud_build(
     build: dict,
     wait_seconds: float,
     poll_seconds: float,
+    fall_back: bool = False,
 ) -> dict:
     """Starts `build` (a Build as REST JSON) and polls its operation until done; returns the
     finished Build (REST JSON). Raises RuntimeError naming the build id, its status and its log
@@ -129,34 +161,60 @@ def run_cloud_build(
       once `done`, `response` is the Build (`status`, `statusDetail`, `logUrl`,
       `results.images[].name/.digest`) or `error` is set (the failed Build stays in `metadata`):
       https://cloud.google.com/build/docs/api/reference/rest/v1/projects.locations.operations/get
-    Progress: one line when the build starts, one line each time its status changes."""
+    Progress: one line when the build starts, one line each time its status changes.
+
+    A project restricted to six build regions has a build elsewhere refused with
+    FAILED_PRECONDITION ("due to quota restrictions, Cloud Build cannot run builds in this region";
+    https://cloud.google.com/build/docs/locations, "Restricted regions for some projects"). With
+    `fall_back` (the region was not chosen by the user: it defaulted to the Vertex region) the
+    build is asked for once more in `restricted_build_fallback(location)`, saying so in one line;
+    otherwise, or when that is refused too, it fails with a hint naming BUILD_REGION."""
     import time
 
     import requests
 
     root = api_root.rstrip("/")
-    parent = f"projects/{project}/locations/{location}"
     images = ", ".join(build.get("images", []))
-    created = session.post(
-        f"{root}/v1/{parent}/builds", params={"projectId": project}, json=build, timeout=60
-    )
+    _, restricted = cloud_build_regions()
+
+    def create(region: str) -> Any:
+        return session.post(
+            f"{root}/v1/projects/{project}/locations/{region}/builds",
+            params={"projectId": project},
+            json=build,
+            timeout=60,
+        )
+
+    def region_refused(answer: Any) -> bool:
+        return "FAILED_PRECONDITION" in answer.text and "region" in answer.text.lower()
+
+    created, tried = create(location), [location]
+    nearer = restricted_build_fallback(location) if fall_back else ""
+    if created.status_code != 200 and nearer and region_refused(created):
+        print(
+            f"Cloud Build refused to build in {location} (this project may only build in "
+            f"{', '.join(restricted)}); BUILD_REGION is not set, so building in {nearer}, the "
+            "restricted region on the same continent (https://cloud.google.com/build/docs/locations)"
+        )
+        created = create(nearer)
+        tried.append(nearer)
     if created.status_code != 200:
         hint = ""
         if created.status_code in (401, 403):
             hint = (
                 " (the pipeline's service account needs roles/cloudbuild.builds.editor, which holds "
-                f"cloudbuild.builds.create, in project {project})"
+                f"cloudbuild.builds.create, in project {project}; see docs/iam.md)"
             )
-        elif "FAILED_PRECONDITION" in created.text and "region" in created.text.lower():
-            _, restricted = cloud_build_regions()
+        elif region_refused(created):
             hint = (
-                f" (Cloud Build cannot build in {location} for this project: some projects are "
+                f" (Cloud Build cannot build in {' or '.join(tried)} for this project: some projects are "
                 f"restricted to {', '.join(restricted)} (https://cloud.google.com/build/docs/locations). "
                 "Set BUILD_REGION (the pipeline parameter build_location) to one of them or to global; "
                 "it is independent of the Vertex region)"
             )
         raise RuntimeError(
-            f"Cloud Build refused the build of {images}: {created.status_code} {created.text[:300]!r}{hint}"
+            f"Cloud Build refused the build of {images} in {tried[-1]}: {created.status_code} "
+            f"{created.text[:300]!r}{hint}"
         )
     operation = created.json()
     name = operation["name"]
@@ -213,6 +271,7 @@ def run_cloud_build(
         registry_manifest_url,
         registry_digest,
         cloud_build_regions,
+        restricted_build_fallback,
         run_cloud_build,
     ],
 )
@@ -308,6 +367,7 @@ def build_trainer_image(
             build,
             wait_seconds=timeout_seconds + queue_ttl + 300,
             poll_seconds=poll_seconds,
+            fall_back=not build_location,
         )
         reported = {i.get("name"): i.get("digest") for i in result.get("results", {}).get("images", [])}
         for image, _ in missing:

@@ -194,13 +194,15 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
 def run_build(cloud: dict[str, Any], fake: CloudBuildFake, **args: Any) -> Any:
     try:
         return image.build_trainer_image.python_func(
-            project="p",
-            location="us-central1",
-            context_uri=f"gs://{BUCKET}/{OBJECT}",
-            repository=cloud["repository"],
-            api_root=fake.api_root,
-            poll_seconds=0.01,
-            **args,
+            **{
+                "project": "p",
+                "location": "us-central1",
+                "context_uri": f"gs://{BUCKET}/{OBJECT}",
+                "repository": cloud["repository"],
+                "api_root": fake.api_root,
+                "poll_seconds": 0.01,
+                **args,
+            }
         )
     finally:
         fake.rest.stop()
@@ -410,3 +412,120 @@ def test_a_region_restricted_project_is_told_to_set_build_region(cloud: dict[str
     text = str(err.value)
     assert "cannot build in europe-west4" in text and "Set BUILD_REGION" in text
     assert "us-central1, us-west2, europe-west1, asia-east1, australia-southeast1, southamerica-east1" in text
+    assert len(fake.posts()) == 1, "a region the user chose is never replaced"
+
+
+# The answer Cloud Build gives a project restricted to six regions (seen by users; the page is
+# https://cloud.google.com/build/docs/locations#restricted_regions_for_some_projects).
+RESTRICTED_REFUSAL = {
+    "error": {
+        "code": 400,
+        "message": "due to quota restrictions, Cloud Build cannot run builds in this region, see "
+        "https://cloud.google.com/build/docs/locations#restricted_regions_for_some_projects",
+        "status": "FAILED_PRECONDITION",
+    }
+}
+
+
+def restrict_to_six_regions(fake: CloudBuildFake) -> None:
+    """The fake refuses builds outside Cloud Build's six restricted regions, as Cloud Build does
+    for a restricted project; builds in the six go on to the fake's normal handler."""
+
+    def create(match: re.Match[str], query: Any, body: Any) -> tuple[int, Any]:
+        if match.group(2) not in image.RESTRICTED_BUILD_REGIONS:
+            return 400, RESTRICTED_REFUSAL
+        return fake.create(match, query, body)
+
+    fake.rest.routes.insert(0, ("POST", BUILDS, create))
+
+
+def build_regions(fake: CloudBuildFake) -> list[str]:
+    return [re.fullmatch(BUILDS, path).group(2) for m, path, _, _ in fake.rest.requests if m == "POST"]  # type: ignore[union-attr]
+
+
+def test_an_unchosen_build_region_falls_back_to_the_nearest_restricted_one(
+    cloud: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = CloudBuildFake()
+    restrict_to_six_regions(fake)
+    out = run_build(cloud, fake, location="europe-west4")  # build_location "": the Vertex region
+    assert out.built is True and fake.build is not None
+    assert build_regions(fake) == ["europe-west4", "europe-west1"], "one retry, on the same continent"
+    assert fake.posts()[0] == fake.posts()[1], "the same build is asked for again"
+    said = [line for line in capsys.readouterr().out.splitlines() if "refused to build in" in line]
+    assert said == [
+        (
+            "Cloud Build refused to build in europe-west4 (this project may only build in us-central1, "
+            "us-west2, europe-west1, asia-east1, australia-southeast1, southamerica-east1); BUILD_REGION "
+            "is not set, so building in europe-west1, the restricted region on the same continent "
+            "(https://cloud.google.com/build/docs/locations)"
+        )
+    ]
+
+
+def test_an_unchosen_region_is_retried_once_only(cloud: dict[str, Any]) -> None:
+    """A project restricted further than the documented six: the retry's refusal fails the step,
+    naming both regions tried and BUILD_REGION."""
+    fake = CloudBuildFake()
+    fake.rest.routes.insert(0, ("POST", BUILDS, lambda *_: (400, RESTRICTED_REFUSAL)))
+    with pytest.raises(RuntimeError) as err:
+        run_build(cloud, fake, location="asia-northeast1")
+    assert build_regions(fake) == ["asia-northeast1", "asia-east1"]
+    text = str(err.value)
+    assert "in asia-east1: 400" in text and "cannot build in asia-northeast1 or asia-east1" in text
+    assert "Set BUILD_REGION" in text
+
+
+def test_other_refusals_are_not_retried_elsewhere(cloud: dict[str, Any]) -> None:
+    fake = CloudBuildFake()
+    fake.rest.routes.insert(
+        0, ("POST", BUILDS, lambda *_: (403, {"error": {"code": 403, "status": "PERMISSION_DENIED"}}))
+    )
+    with pytest.raises(RuntimeError, match=r"roles/cloudbuild\.builds\.editor"):
+        run_build(cloud, fake, location="europe-west4")
+    assert build_regions(fake) == ["europe-west4"]
+
+
+def test_a_refused_restricted_region_has_nowhere_nearer(cloud: dict[str, Any]) -> None:
+    fake = CloudBuildFake()
+    fake.rest.routes.insert(0, ("POST", BUILDS, lambda *_: (400, RESTRICTED_REFUSAL)))
+    with pytest.raises(RuntimeError, match="cannot build in us-central1 for this project"):
+        run_build(cloud, fake)
+    assert build_regions(fake) == ["us-central1"]
+
+
+@pytest.mark.parametrize(
+    ("region", "fallback"),
+    [
+        ("us-east4", "us-central1"),
+        ("us-south1", "us-central1"),
+        ("us-west1", "us-west2"),
+        ("us-west4", "us-west2"),
+        ("northamerica-northeast1", "us-central1"),
+        ("northamerica-south1", "us-central1"),
+        ("southamerica-west1", "southamerica-east1"),
+        ("europe-west4", "europe-west1"),
+        ("europe-north2", "europe-west1"),
+        ("me-west1", "europe-west1"),
+        ("africa-south1", "europe-west1"),
+        ("asia-south1", "asia-east1"),
+        ("asia-northeast3", "asia-east1"),
+        ("australia-southeast2", "australia-southeast1"),
+        ("europe-west1", ""),
+        ("global", ""),
+    ],
+)
+def test_the_fallback_rule(region: str, fallback: str) -> None:
+    assert image.restricted_build_fallback(region) == fallback
+
+
+def test_every_cloud_build_region_has_a_restricted_fallback() -> None:
+    for region in image.CLOUD_BUILD_REGIONS:
+        fallback = image.restricted_build_fallback(region)
+        if region == "global" or region in image.RESTRICTED_BUILD_REGIONS:
+            assert fallback == "", region
+        else:
+            assert fallback in image.RESTRICTED_BUILD_REGIONS, region
+            assert fallback.split("-")[0] == region.split("-")[0] or region.startswith(
+                ("northamerica-", "me-", "africa-")
+            ), f"{region} -> {fallback}: same continent first"
