@@ -1,81 +1,70 @@
 # The trainer image: `python -m trainer.task` on Vertex AI GPU worker pools (CustomJob and the
-# tuning job's trials), and `python -m trainer.prepare` when the pipeline replaces the command.
+# tuning job's trials), and `python -m trainer.prepare` / `trainer.evaluate` when the pipeline
+# replaces the command. Two stages, each built by naming it (the pipeline's build step does):
+#   trainer           everything, and all the tuning trials, the preparation and evaluation use
+#   reduction-server  the trainer plus Google's NCCL plugin, for a training job with Reduction
+#                     Server replicas (reduction_server_count > 0) alone
 #
 # Build context (see .dockerignore): this file, trainer/, pyproject.toml and uv.lock, nothing else.
-#   docker build -t trainer .
+#   docker build --target trainer -t trainer .
 #   docker run --rm trainer --help                  # trainer.task's flags
 #   docker run --rm --entrypoint python trainer -m trainer.prepare --help
+#   docker run --rm --gpus all --entrypoint python trainer -m trainer.gpucheck   # the GPUs it sees
 
 # uv, only to turn uv.lock into an install: the version cloudbuild.yaml and ci.yml use too
 # (tests/ci check they agree). Its digest, like the base's below, is still to be filled in.
 FROM ghcr.io/astral-sh/uv:0.13.8 AS uv
 
-# CUDA-enabled TensorFlow. The tag's version must equal the tensorflow version locked in uv.lock
-# (tests/ci/test_dockerfile.py checks it): the base then already satisfies the lock's tensorflow
-# pin and contributes the CUDA/cuDNN libraries that match it, and uv installs everything else at
-# the locked versions. Bump the tag together with the lock.
+# Plain Python, of the lock's version (requires-python in pyproject.toml; tests/ci check it):
+# TensorFlow and every CUDA library it loads come from uv.lock, not from the base. TF 2.21's
+# Linux wheel is built for CUDA 12.5 and cuDNN 9 and finds them through the RUNPATHs of its own
+# shared libraries, `$ORIGIN/../nvidia/<library>/lib`: the nvidia-* wheels of its `and-cuda`
+# extra, locked in the `gpu` dependency group (pyproject.toml; tests/ci/test_cuda_lock.py checks
+# that the lock provides every library those RUNPATHs name). A TensorFlow `-gpu` base image
+# without those wheels has been reported to register no GPU at all (tensorflow/tensorflow#94593,
+# #62412), which would train on the CPUs of paid GPU machines; trainer.task refuses to start then.
 # TODO(pin): append the digest once it can be read from the registry; it is deliberately not
-# written from memory:  docker buildx imagetools inspect tensorflow/tensorflow:2.21.0-gpu
-# then FROM tensorflow/tensorflow:2.21.0-gpu@sha256:<digest>
-FROM tensorflow/tensorflow:2.21.0-gpu
+# written from memory:  docker buildx imagetools inspect python:3.11-slim-bookworm
+FROM python:3.11-slim-bookworm AS trainer
 
+# The NVIDIA driver is the host's: Vertex's GPU machines mount it into the container, as GKE's
+# device plugin does, under /usr/local/nvidia (lib64, bin; GoogleCloudPlatform/
+# container-engine-accelerators, the `-container-path` of its nvidia_gpu plugin), or the NVIDIA
+# container runtime does into the system library folders, which the loader searches anyway.
+# LD_LIBRARY_PATH names only the driver's folders (libcuda.so.1, libnvidia-ml.so.1): the CUDA
+# toolkit's libraries stay those of the lock, found through TF's RUNPATHs. NVIDIA_* ask the NVIDIA
+# container runtime (`docker run --gpus`) for the compute libraries and nvidia-smi, as NVIDIA's
+# own CUDA images do. Which of the two mounts Vertex uses, and its driver version, only a run on
+# Vertex shows: `make gpu-check` prints both.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONPATH=/app \
     TF_USE_LEGACY_KERAS=1 \
     UV_PYTHON_DOWNLOADS=never \
-    UV_NO_CACHE=1
+    UV_NO_CACHE=1 \
+    LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib \
+    PATH=/usr/local/nvidia/bin:/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
 COPY --from=uv /uv /usr/local/bin/uv
 
 # Pipes in RUN fail the build when any command in them fails, not only the last.
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Reduction Server (docs/reduction-server.md): for a job with a Reduction Server pool (worker
-# pool 2) to use its reducers, the chief's and the workers' image needs Google's NCCL transport
-# plugin. Vertex AI's "Distributed training" page, Reduction Server prerequisites: "A custom
-# container with NCCL 2.7 or later and the `google-reduction-server` package installed", from
-# the apt repository `google-fast-socket` at packages.cloud.google.com, signed by the key at
-# packages.cloud.google.com/apt/doc/apt-key.gpg:
-# https://cloud.google.com/vertex-ai/docs/training/distributed-training#reduce_training_time_with_reduction_server
-# Same repository, key and package as Google's line; only the key goes to a keyring that this
-# one repository is signed-by, not through Google's `apt-key add` (deprecated, and gone from
-# newer apt). NCCL itself is the base's: TensorFlow's CUDA build loads a shared libnccl, which
-# loads the plugin. The last command fails the build if the package brought no shared library.
-# TODO(pin): Google names no version, and the repository cannot be read from where this project
-# is built; after a build, read it with
-#   docker run --rm --entrypoint dpkg-query trainer -W google-reduction-server
-# then install google-reduction-server=<that version> here (and drop DL3008 below).
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates curl gnupg \
-    && curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg \
-        | gpg --batch --yes --dearmor -o /usr/share/keyrings/google-fast-socket.gpg \
-    && echo "deb [signed-by=/usr/share/keyrings/google-fast-socket.gpg] https://packages.cloud.google.com/apt google-fast-socket main" \
-        > /etc/apt/sources.list.d/google-fast-socket.list \
-    && apt-get update \
-    && apt-get install -y --no-install-recommends google-reduction-server \
-    && rm -rf /var/lib/apt/lists/* \
-    && dpkg -L google-reduction-server | grep '\.so'
-
 WORKDIR /app
 
 # Dependencies first, so that editing trainer/ does not reinstall them.
-# - The `trainer` dependency group exactly as locked, hashes included (uv export --frozen never
-#   re-resolves). `uv pip install` (not `sync`) into the base's own interpreter: packages the
-#   base already has at the locked version, tensorflow above all, are kept as they are (no
-#   second TensorFlow download, and the base's CUDA setup stays intact); every other package is
-#   installed or moved to its locked version.
-# - --break-system-packages: the image is this application's alone, so the interpreter the base
-#   ships is ours to install into even where it is marked externally managed.
-# - `python` is the entry point's interpreter: make sure the name exists (python3 otherwise).
-# - The import check fails the build, not the first job, if the group does not import.
+# - The `trainer` and `gpu` dependency groups exactly as locked, hashes included (uv export
+#   --frozen never re-resolves), into the base's own interpreter (the image is this
+#   application's alone).
+# - The import check fails the build, not the first job, if the groups do not import or TF was
+#   not built for CUDA; it prints the CUDA and cuDNN versions TF was built for.
 COPY pyproject.toml uv.lock /app/
-RUN (command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python) \
-    && uv export --quiet --frozen --only-group trainer --no-emit-project --output-file /tmp/requirements.txt \
-    && uv pip install --system --break-system-packages --require-hashes -r /tmp/requirements.txt \
+RUN uv export --quiet --frozen --only-group trainer --only-group gpu --no-emit-project --output-file /tmp/requirements.txt \
+    && uv pip install --system --require-hashes -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt \
-    && TF_CPP_MIN_LOG_LEVEL=2 python -c "import tensorflow as tf, tf_keras, tensorflow_datasets, hypertune, importlib_resources; print('tensorflow', tf.__version__, 'tf_keras', tf_keras.__version__)"
+    && TF_CPP_MIN_LOG_LEVEL=2 python -c "import tensorflow as tf, tf_keras, tensorflow_datasets, hypertune, importlib_resources; info = tf.sysconfig.get_build_info(); assert info['is_cuda_build'], info; print('tensorflow', tf.__version__, 'tf_keras', tf_keras.__version__, 'CUDA', info['cuda_version'], 'cuDNN', info['cudnn_version'])"
 
 COPY trainer/ /app/trainer/
 
@@ -95,3 +84,34 @@ USER 0:0
 # Vertex's containerSpec.command replaces the entry point (the pipeline runs trainer.prepare so);
 # containerSpec.args become trainer.task's flags.
 ENTRYPOINT ["python", "-m", "trainer.task"]
+
+# Reduction Server (docs/reduction-server.md): for a job with a Reduction Server pool (worker
+# pool 2) to use its reducers, the chief's and the workers' image needs Google's NCCL transport
+# plugin. Vertex AI's "Distributed training" page, Reduction Server prerequisites: "A custom
+# container with NCCL 2.7 or later and the `google-reduction-server` package installed", from
+# the apt repository `google-fast-socket` at packages.cloud.google.com, signed by the key at
+# packages.cloud.google.com/apt/doc/apt-key.gpg:
+# https://cloud.google.com/vertex-ai/docs/training/distributed-training#reduce_training_time_with_reduction_server
+# Same repository, key and package as Google's line; only the key goes to a keyring that this
+# one repository is signed-by, not through Google's `apt-key add` (deprecated, and gone from
+# newer apt). NCCL itself is the lock's (nvidia-nccl-cu12, 2.27): TensorFlow loads it, and it
+# loads the plugin. A stage of its own, so that this unpinned package from a repository the
+# project cannot read is in the image of a job that asked for reducers, and in no other.
+# The last command fails the build if the package brought no shared library.
+# TODO(pin): Google names no version, and the repository cannot be read from where this project
+# is built; after a build, read it with
+#   docker run --rm --entrypoint dpkg-query trainer-reduction-server -W google-reduction-server
+# then install google-reduction-server=<that version> here (and drop DL3008 below).
+FROM trainer AS reduction-server
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates curl gnupg \
+    && curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg \
+        | gpg --batch --yes --dearmor -o /usr/share/keyrings/google-fast-socket.gpg \
+    && echo "deb [signed-by=/usr/share/keyrings/google-fast-socket.gpg] https://packages.cloud.google.com/apt google-fast-socket main" \
+        > /etc/apt/sources.list.d/google-fast-socket.list \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends google-reduction-server \
+    && rm -rf /var/lib/apt/lists/* \
+    && dpkg -L google-reduction-server | grep '\.so'

@@ -1,7 +1,9 @@
-"""The trainer image's Dockerfile and build context: hadolint-clean, pinned to the locked TF."""
+"""The trainer image's Dockerfile and build context: hadolint-clean, everything from the lock
+(TensorFlow and its CUDA libraries), Reduction Server's plugin in its own stage."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import posixpath
 import re
@@ -53,9 +55,25 @@ def final_stage(items: list[Instruction]) -> list[Instruction]:
     return items[starts[-1] :]
 
 
+def named_stage(items: list[Instruction], name: str) -> list[Instruction]:
+    """The instructions of the stage `FROM ... AS name`, its FROM first."""
+    starts = [i for i, item in enumerate(items) if item.keyword == "FROM"] + [len(items)]
+    for begin, end in itertools.pairwise(starts):
+        words = items[begin].args.split()
+        if len(words) == 3 and words[1].upper() == "AS" and words[2] == name:
+            return items[begin:end]
+    raise AssertionError(f"no stage named {name!r}")
+
+
 @pytest.fixture(scope="module")
 def stage() -> list[Instruction]:
-    return final_stage(instructions(DOCKERFILE.read_text()))
+    """The `trainer` stage: the image every job but a Reduction Server training job runs."""
+    return named_stage(instructions(DOCKERFILE.read_text()), "trainer")
+
+
+@pytest.fixture(scope="module")
+def reduction_stage() -> list[Instruction]:
+    return named_stage(instructions(DOCKERFILE.read_text()), "reduction-server")
 
 
 def locked_version(name: str) -> str:
@@ -90,18 +108,47 @@ def test_hadolint_does_report_a_bad_dockerfile(tmp_path: Path) -> None:
 # --- the base image and the lock ----------------------------------------------------------------
 
 BASE = re.compile(
-    r"^tensorflow/tensorflow:(?P<version>\d+\.\d+\.\d+)-gpu(?:@sha256:(?P<digest>[0-9a-f]{64}))?$"
+    r"^python:(?P<version>3\.\d+)(?:\.\d+)?-slim-(?P<debian>\w+)(?:@sha256:(?P<digest>[0-9a-f]{64}))?$"
 )
 
 
-def test_base_is_the_cuda_tensorflow_image_of_the_locked_version(stage: list[Instruction]) -> None:
+def lock_python_minor() -> str:
+    """The one Python minor pyproject.toml allows (`>=3.11,<3.12`): the lock's."""
+    spec = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    match = re.fullmatch(r">=(3\.\d+),<3\.(\d+)", spec.replace(" ", ""))
+    assert match and int(match[2]) == int(match[1].split(".")[1]) + 1, spec
+    return match[1]
+
+
+def test_base_is_plain_python_of_the_locked_version(stage: list[Instruction]) -> None:
+    """No TensorFlow, CUDA or cuDNN from the base: all of them come from the lock (the `gpu`
+    group), so the image's TF finds exactly the CUDA libraries its RUNPATHs name."""
     image = stage[0].args.split()[0]
     match = BASE.match(image)
-    assert match, f"final stage FROM {image!r}: want tensorflow/tensorflow:<version>-gpu[@sha256:...]"
-    assert match["version"] == locked_version("tensorflow"), (
-        f"the base image carries TensorFlow {match['version']} but uv.lock locks "
-        f"{locked_version('tensorflow')}: bump the tag together with the lock"
+    assert match, f"trainer stage FROM {image!r}: want python:<3.N>[.P]-slim-<debian>[@sha256:...]"
+    assert match["version"] == lock_python_minor(), (
+        f"the base image carries Python {match['version']} but the lock is for {lock_python_minor()}"
     )
+
+
+def test_the_serving_image_has_the_same_base(stage: list[Instruction]) -> None:
+    serving = final_stage(instructions((ROOT / "Dockerfile.serving").read_text()))
+    assert serving[0].args.split()[0] == stage[0].args.split()[0]
+
+
+def test_only_the_drivers_folders_are_on_the_library_path(stage: list[Instruction]) -> None:
+    """The host's driver (libcuda.so.1) is mounted under /usr/local/nvidia on Vertex's and GKE's
+    GPU machines; a CUDA toolkit folder on LD_LIBRARY_PATH would win over TF's RUNPATHs (the
+    loader searches LD_LIBRARY_PATH first) and could load another CUDA than the locked one."""
+    env: dict[str, str] = {}
+    for item in stage:
+        if item.keyword == "ENV":
+            env.update(dict(word.split("=", 1) for word in shlex.split(item.args)))
+    folders = env.get("LD_LIBRARY_PATH", "").split(":")
+    assert "/usr/local/nvidia/lib64" in folders, env
+    assert not [f for f in folders if "cuda" in f], folders
+    assert env.get("NVIDIA_DRIVER_CAPABILITIES") == "compute,utility"
+    assert env.get("PATH", "").split(":")[0] == "/usr/local/nvidia/bin", "nvidia-smi for make gpu-check"
 
 
 def test_tf_keras_is_locked_to_tensorflows_minor() -> None:
@@ -126,8 +173,10 @@ def test_dependencies_come_from_the_lock_before_the_code(stage: list[Instruction
     copy_code = next(n for n, (k, a) in enumerate(keywords) if k == "COPY" and a.split()[0] == "trainer/")
     assert copy_lock < install < copy_code, "COPY lock, install, then COPY trainer/ (layer cache)"
     run_args = keywords[install][1]
-    assert "--frozen" in run_args and "--only-group trainer" in run_args, run_args
-    assert "-r /tmp/requirements.txt" in run_args, run_args
+    assert "--frozen" in run_args and "--only-group trainer --only-group gpu" in run_args, run_args
+    assert "--require-hashes -r /tmp/requirements.txt" in run_args, run_args
+    # The build fails, not the first GPU job, when TF is not a CUDA build.
+    assert "is_cuda_build" in run_args, run_args
 
 
 def test_environment(stage: list[Instruction]) -> None:
@@ -173,11 +222,13 @@ def test_hadolint_ignores_nothing_but_root_as_the_last_user_and_the_unpinned_plu
     Server's plugin waits for its version to be read from a build (the section below)."""
     text = DOCKERFILE.read_text()
     ignored = re.findall(r"#\s*hadolint\s+(?:global\s+)?ignore=(\S+)", text)
-    assert ignored in (["DL3008", "DL3002"], ["DL3002"]), ignored
+    assert sorted(ignored) in (["DL3002", "DL3008"], ["DL3002"]), ignored
     if "DL3008" in ignored:
         # On the plugin's RUN alone, with the way to pin it.
         assert re.search(r"^# hadolint ignore=DL3008\nRUN apt-get update", text, re.MULTILINE)
-        assert "TODO(pin)" in text and "dpkg-query trainer -W google-reduction-server" in text
+        assert (
+            "TODO(pin)" in text and "dpkg-query trainer-reduction-server -W google-reduction-server" in text
+        )
 
 
 # --- Reduction Server's NCCL plugin (docs/reduction-server.md) ------------------------------------
@@ -202,9 +253,9 @@ def plugin_steps(stage: list[Instruction]) -> tuple[int, list[str]]:
 
 
 def test_reduction_server_plugin_comes_from_googles_repository_with_its_key(
-    stage: list[Instruction],
+    reduction_stage: list[Instruction],
 ) -> None:
-    _, steps = plugin_steps(stage)
+    _, steps = plugin_steps(reduction_stage)
     fetch_key = [s for s in steps if PLUGIN_KEY in s]
     assert len(fetch_key) == 1, steps
     keyring = re.search(r"\|\s*gpg .*--dearmor -o (\S+)$", fetch_key[0])
@@ -219,9 +270,9 @@ def test_reduction_server_plugin_comes_from_googles_repository_with_its_key(
 
 
 def test_reduction_server_plugin_is_installed_after_its_repository_and_lists_are_dropped(
-    stage: list[Instruction],
+    reduction_stage: list[Instruction],
 ) -> None:
-    _, steps = plugin_steps(stage)
+    _, steps = plugin_steps(reduction_stage)
     source = next(n for n, s in enumerate(steps) if PLUGIN_REPOSITORY in s)
     install = next(n for n, s in enumerate(steps) if re.search(rf"\b{PLUGIN_PACKAGE}\b", s))
     assert "apt-get update" in steps[source + 1 : install], "the repository's lists are read first"
@@ -233,16 +284,19 @@ def test_reduction_server_plugin_is_installed_after_its_repository_and_lists_are
     assert steps[-1] == f"dpkg -L {PLUGIN_PACKAGE} | grep '\\.so'", steps[-1]
 
 
-def test_reduction_server_plugin_is_in_the_trainers_image_under_pipefail(
-    stage: list[Instruction],
+def test_reduction_server_plugin_is_only_in_its_own_stage_under_pipefail(
+    stage: list[Instruction], reduction_stage: list[Instruction]
 ) -> None:
-    n, _ = plugin_steps(stage)
-    copy_code = next(
-        k for k, i in enumerate(stage) if i.keyword == "COPY" and i.args.split()[0] == "trainer/"
-    )
-    assert n < copy_code, "installed in the final stage, before the code (a layer that rarely changes)"
-    shells = [json.loads(i.args) for i in stage[:n] if i.keyword == "SHELL"]
+    """The unpinned package from a repository the project cannot read goes only into the image
+    of a training job that asked for reducers (components.image builds it then), on top of the
+    trainer stage, never into the image every other job runs."""
+    assert not [i for i in stage if i.keyword == "RUN" and PLUGIN_PACKAGE in i.args]
+    assert reduction_stage[0].args.split()[0] == "trainer", reduction_stage[0]
+    n, _ = plugin_steps(reduction_stage)
+    shells = [json.loads(i.args) for i in reduction_stage[:n] if i.keyword == "SHELL"]
     assert shells and "pipefail" in shells[-1] and shells[-1][0] == "/bin/bash", shells
+    # Nothing in that stage changes what the trainer runs.
+    assert not [i for i in reduction_stage if i.keyword in ("ENTRYPOINT", "CMD", "USER", "COPY")]
 
 
 def test_dockerfile_cites_googles_reduction_server_prerequisite() -> None:

@@ -1,10 +1,9 @@
-"""The serving image's Dockerfile.serving: hadolint-clean, on the locked TensorFlow, running
+"""The serving image's Dockerfile.serving: hadolint-clean, on the locked TensorFlow and CUDA, running
 `python -m trainer.server` as a user that is not root, built from the trainer image's context."""
 
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from pathlib import Path
 
@@ -38,17 +37,12 @@ def test_hadolint_reports_nothing(tmp_path: Path) -> None:
     assert (code, output) == (0, ""), f"hadolint findings:\n{output}"
 
 
-BASE = re.compile(r"^tensorflow/tensorflow:(?P<version>\d+\.\d+\.\d+)(?:@sha256:(?P<digest>[0-9a-f]{64}))?$")
-
-
-def test_base_is_the_cpu_tensorflow_image_of_the_locked_version(stage: list[Instruction]) -> None:
+def test_base_carries_no_tensorflow_of_its_own(stage: list[Instruction]) -> None:
+    """TensorFlow (the locked one, the exporter's) and its CUDA libraries come from the lock; the
+    base is the trainer's plain Python (tests/ci/test_dockerfile.py checks it is the same)."""
     image = stage[0].args.split()[0]
-    match = BASE.match(image)
-    assert match, f"final stage FROM {image!r}: want tensorflow/tensorflow:<version>[@sha256:...] (CPU)"
-    assert match["version"] == locked_version("tensorflow"), (
-        f"the serving image carries TensorFlow {match['version']} but uv.lock locks "
-        f"{locked_version('tensorflow')}: bump the tag together with the lock"
-    )
+    assert image.startswith("python:"), image
+    assert locked_version("tensorflow").startswith("2.")
 
 
 def test_uv_is_the_trainer_images_uv() -> None:
@@ -68,7 +62,12 @@ def test_dependencies_come_from_the_lock_before_the_code(stage: list[Instruction
     copy_code = next(n for n, (k, a) in enumerate(keywords) if k == "COPY" and a.split()[0] == "trainer/")
     assert copy_lock < install < copy_code, "COPY lock, install, then COPY trainer/ (layer cache)"
     run_args = keywords[install][1]
-    for flag in ("--frozen", "--only-group trainer", "--require-hashes", "-r /tmp/requirements.txt"):
+    for flag in (
+        "--frozen",
+        "--only-group trainer --only-group gpu",
+        "--require-hashes",
+        "-r /tmp/requirements.txt",
+    ):
         assert flag in run_args, run_args
 
 
