@@ -10,6 +10,18 @@ Layout (what Vertex gives the containers as TF_CONFIG/CLUSTER_SPEC):
   pool 2: optional Reduction Server replicas (NCCL all-reduce offload; needs GPU workers).
 The same specs feed `CustomTrainingJobOp`, `HyperparameterTuningJobRunOp` and, on the local
 target, the local job runner (`local.jobs`).
+
+Each trainer pool's container gets its own request in its environment (`pool_env`:
+`TRAINER_POOL_MACHINE_TYPE`, `TRAINER_POOL_ACCELERATOR_TYPE`, `TRAINER_POOL_ACCELERATOR_COUNT`),
+so every replica can check at start that it sees the GPUs it was given (`trainer.task`; docs/gpus.md,
+"No silent CPU training"). `container_spec.env` is aiplatform_v1 `ContainerSpec.env`, a list of
+`EnvVar{name, value}` ("Environment variables to be passed to the container. Maximum limit is
+100."), set per pool ("If you are performing distributed training, you can use different settings
+for each worker pool": "Configure container settings for custom training",
+https://cloud.google.com/vertex-ai/docs/training/configure-container-settings). A tuning job's
+trials get the same pools: GCPC's `HyperparameterTuningJobRunOp` puts `worker_pool_specs` as they
+are into the payload's `trial_job_spec` (google_cloud_pipeline_components
+v1/hyperparameter_tuning_job/component.py).
 """
 
 from typing import Any, NamedTuple
@@ -37,6 +49,23 @@ HARDWARE_PARAMETERS = (
 )
 
 
+def pool_env(
+    machine_type: str, accelerator_type: str = "", accelerator_count: int = 0
+) -> list[dict[str, str]]:
+    """A trainer pool's `container_spec.env`: what the pool asked for, read by the trainer at start
+    (`trainer.config.gpu_request`, whose names tests/test_contracts.py keeps equal to these). No
+    GPU is `ACCELERATOR_TYPE_UNSPECIFIED` and `0`: aiplatform_v1 `EnvVar.value` is required, so
+    never empty. None of the names starts with `AIP_` or `CLOUD_ML_`, the prefixes of the
+    variables Vertex sets itself (docs/contracts.md, section 2)."""
+    none = "ACCELERATOR_TYPE_UNSPECIFIED"
+    has_gpu = bool(accelerator_type) and accelerator_type != none and bool(accelerator_count)
+    return [
+        {"name": "TRAINER_POOL_MACHINE_TYPE", "value": machine_type},
+        {"name": "TRAINER_POOL_ACCELERATOR_TYPE", "value": accelerator_type if has_gpu else none},
+        {"name": "TRAINER_POOL_ACCELERATOR_COUNT", "value": str(accelerator_count if has_gpu else 0)},
+    ]
+
+
 def build_worker_pool_specs(
     image_uri: str,
     command: list[str],
@@ -58,8 +87,10 @@ def build_worker_pool_specs(
 ) -> list[dict[str, Any]]:
     """The `worker_pool_specs` of a Vertex CustomJob, validated. Raises ValueError naming every
     bad setting and what is allowed, one per line, each line starting with the parameter's name.
-    Empty worker settings copy the chief's. Warnings (a GPU past the region table with
-    `check_gpu_region=False`, a GPU run through PTX) are appended to `warnings` when given."""
+    Empty worker settings copy the chief's. Each trainer pool's container carries its own request
+    in `env` (`pool_env`); the Reduction Server pool (Google's image) gets none. Warnings (a GPU
+    past the region table with `check_gpu_region=False`, a GPU run through PTX) are appended to
+    `warnings` when given."""
     import re  # inside: shipped to the worker-pools component on its own (additional_funcs)
 
     problems: list[str] = []
@@ -142,7 +173,7 @@ def build_worker_pool_specs(
     if warnings is not None:
         warnings.extend(dict.fromkeys(notes))  # chief and workers on one GPU: warn once
 
-    def pool(machine: str, gpu: str, count: int, replicas: int, container: dict[str, Any]) -> dict[str, Any]:
+    def pool(machine: str, gpu: str, count: int, replicas: int) -> dict[str, Any]:
         machine_spec: dict[str, Any] = {"machine_type": machine}
         if gpu and gpu != "ACCELERATOR_TYPE_UNSPECIFIED" and count:
             machine_spec.update(accelerator_type=gpu, accelerator_count=count)
@@ -150,16 +181,18 @@ def build_worker_pool_specs(
             "machine_spec": machine_spec,
             "replica_count": replicas,
             "disk_spec": {"boot_disk_type": boot_disk_type, "boot_disk_size_gb": boot_disk_size_gb},
-            "container_spec": container,
+            "container_spec": {
+                "image_uri": image_uri,
+                "command": list(command),
+                "args": list(args),
+                "env": pool_env(machine, gpu, count),
+            },
         }
 
-    trainer = {"image_uri": image_uri, "command": list(command), "args": list(args)}
-    specs = [pool(chief_machine_type, chief_accelerator_type, chief_accelerator_count, 1, trainer)]
+    specs = [pool(chief_machine_type, chief_accelerator_type, chief_accelerator_count, 1)]
     if worker_count:
         specs.append(
-            pool(
-                worker_machine_type, worker_accelerator_type, worker_accelerator_count, worker_count, trainer
-            )
+            pool(worker_machine_type, worker_accelerator_type, worker_accelerator_count, worker_count)
         )
     if reduction_server_count:
         area = (region or "us").split("-")[0]
@@ -185,6 +218,7 @@ def build_worker_pool_specs(
         hardware.gpu_tables,
         hardware.allowed_counts,
         hardware.validate_machine,
+        pool_env,
         build_worker_pool_specs,
     ],
 )

@@ -10,6 +10,18 @@ of the job's (`<log_dir>/.tmp/<replica>`) deleted after every attempt: on Vertex
 temporary files die with its container; here they would stay in /tmp after a SIGKILL
 (TensorFlow's autograph, for one, writes its generated modules there).
 
+Each pool's `container_spec.env` (aiplatform_v1 `EnvVar{name, value}`; the trainer pools carry
+their GPU request there, `TRAINER_POOL_*`) reaches its replicas as Vertex passes it to the
+container. A name Vertex sets itself (`AIP_*`, `CLOUD_ML_*`, `TF_CONFIG`, `CLUSTER_SPEC`), a name
+that is no C identifier, or a value with a `$(VAR_NAME)` reference (Vertex expands those, this
+runner does not) is refused before anything starts.
+
+No silent CPU training: a pool that asks for GPUs (`machine_spec.accelerator_count`) on a machine
+that has fewer is refused before any process starts, with the trainer's one line
+(`gpu_shortfall`, worded as `trainer.distribute.gpu_shortfall`; tests/local/test_jobs.py keeps them
+equal). The GPUs are found without TensorFlow: the entries of `/proc/driver/nvidia/gpus` (one per
+GPU the NVIDIA driver has; `local_gpus`), narrowed by `CUDA_VISIBLE_DEVICES` when it is set.
+
 Each replica's output is prefixed on screen and saved to `<log_dir>/<role>-<index>.log`. The
 job has a timeout; no replica outlives it, whatever ends it (failure, timeout, Ctrl-C, SIGTERM,
 `cancel`; and SIGKILL of the runner through PR_SET_PDEATHSIG on Linux). Stopping the replicas
@@ -83,6 +95,7 @@ class Replica:
     index: int
     role: str  # chief / worker
     command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()  # its pool's container_spec.env
 
     @property
     def name(self) -> str:
@@ -140,6 +153,116 @@ def check_worker_pool_specs(specs: Sequence[Mapping[str, Any]]) -> None:
         raise ValueError("worker_pool_specs would be refused by Vertex AI: " + "; ".join(problems))
 
 
+# Variables Vertex sets in every container (docs/contracts.md, section 2): a pool's env may not
+# name them (what would the replica see? Vertex does not say), here refused.
+RESERVED_ENV = ("TF_CONFIG", "CLUSTER_SPEC")
+RESERVED_ENV_PREFIXES = ("AIP_", "CLOUD_ML_")
+
+
+def container_env(pool: int, container: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A pool's `container_spec.env` as (name, value) pairs; raises ValueError naming what Vertex
+    would set itself or what this runner cannot reproduce. Vertex's `EnvVar.name` "must be a valid C
+    identifier", and a value's `$(VAR_NAME)` references are expanded (aiplatform_v1 `EnvVar`)."""
+    pairs: list[tuple[str, str]] = []
+    problems: list[str] = []
+    for item in container.get("env", []) or []:
+        name, value = str(item.get("name", "")), str(item.get("value", ""))
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            problems.append(f"{name!r} is not a C identifier (aiplatform_v1 EnvVar.name)")
+        elif name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+            problems.append(
+                f"{name} is set by Vertex AI itself (names {', '.join(RESERVED_ENV)} and "
+                f"{', '.join(p + '*' for p in RESERVED_ENV_PREFIXES)} are reserved)"
+            )
+        elif "$(" in value.replace("$$(", ""):
+            problems.append(
+                f"{name}={value!r}: Vertex AI expands $(VAR_NAME) references, the local runner does not"
+            )
+        pairs.append((name, value))
+    if problems:
+        raise ValueError(f"pool {pool} container_spec.env: " + "; ".join(problems))
+    return tuple(pairs)
+
+
+class GpusMissing(ValueError):
+    """A pool asks for more GPUs than this machine has; the message is the trainer's one line."""
+
+
+GPU_DRIVER_DIR = "/proc/driver/nvidia/gpus"
+
+
+def local_gpus(driver_dir: str = GPU_DRIVER_DIR, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The GPUs a process started here would see, without TensorFlow: the NVIDIA driver's
+    `/proc/driver/nvidia/gpus/<PCI bus id>/` entries (their `information` file's `Model:`, else the
+    bus id), in bus order, narrowed by `CUDA_VISIBLE_DEVICES` when it is set (its indices, up to
+    the first that is not a non-negative number, as CUDA reads it). Empty without the driver."""
+    env = os.environ if environ is None else environ
+    try:
+        buses = sorted(os.listdir(driver_dir))
+    except OSError:
+        return []
+    names = []
+    for bus in buses:
+        model = bus
+        with contextlib.suppress(OSError):
+            for line in Path(driver_dir, bus, "information").read_text(errors="replace").splitlines():
+                if line.startswith("Model:"):
+                    model = line.partition(":")[2].strip() or bus
+                    break
+        names.append(model)
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return names
+    picked = []
+    for item in visible.split(","):
+        item = item.strip()
+        if not item.isdigit() or int(item) >= len(names):
+            break
+        picked.append(names[int(item)])
+    return picked
+
+
+def gpu_shortfall(
+    pool: str,
+    role: str,
+    machine_type: str,
+    accelerator_type: str,
+    asked: int,
+    devices: Sequence[str],
+    seen_by: str,
+) -> str | None:
+    """`trainer.distribute.gpu_shortfall`'s rule and words, for this layer (which does not import
+    the trainer; tests/local/test_jobs.py checks both give the same line)."""
+    gpus = len(devices)
+    if gpus >= asked:
+        return None
+    seen = ", ".join(devices) or "none"
+    return (
+        f"GPU check failed: {pool} ({role}) asked for {asked} x {accelerator_type} on "
+        f"{machine_type}, but {seen_by} sees {gpus} GPU{'' if gpus == 1 else 's'} "
+        f"(devices: {seen}); refusing to train on CPU (docs/gpus.md)"
+    )
+
+
+def refuse_missing_gpus(specs: Sequence[Mapping[str, Any]], gpus: Sequence[str]) -> None:
+    """Raises GpusMissing (one line) when a pool this runner starts (0 and 1) asks for more GPUs
+    per replica than `gpus` (`local_gpus`): before any process starts."""
+    for pool, spec in enumerate(specs[: len(ROLES)]):
+        machine = (spec or {}).get("machine_spec", {})
+        asked = int(machine.get("accelerator_count", 0) or 0)
+        problem = gpu_shortfall(
+            f"workerpool{pool}",
+            ROLES[pool],
+            str(machine.get("machine_type", "")),
+            str(machine.get("accelerator_type", "")),
+            asked,
+            gpus,
+            f"this machine ({GPU_DRIVER_DIR})",
+        )
+        if problem:
+            raise GpusMissing(problem)
+
+
 def replicas(specs: Sequence[Mapping[str, Any]], log: Callable[[str], object] = print) -> list[Replica]:
     """The local processes for these worker pool specs (pools 2-3 are noted, not run)."""
     if not specs or not specs[0]:
@@ -164,7 +287,8 @@ def replicas(specs: Sequence[Mapping[str, Any]], log: Callable[[str], object] = 
             raise ValueError(f"pool {pool} has no command")
         if command[0] in ("python", "python3"):
             command[0] = sys.executable  # this checkout's environment stands in for the image
-        out += [Replica(pool, i, ROLES[pool], tuple(command)) for i in range(count)]
+        env = container_env(pool, container)
+        out += [Replica(pool, i, ROLES[pool], tuple(command), env) for i in range(count)]
     return out
 
 
@@ -354,6 +478,7 @@ class _Job:
                 env = {
                     **os.environ,
                     **replica_env(rep, addresses, self.base_output_directory, self.project, self.job_id),
+                    **dict(rep.env),  # the pool's container_spec.env (never a name of Vertex's own)
                     "TMPDIR": str(tmp_dir),
                     **self.extra_env,
                 }
@@ -417,10 +542,12 @@ def run_job(
 ) -> JobResult:
     """Runs the job to completion; raises JobFailed naming the replica and its log tail
     (JobCancelled when `cancel` is set: the replicas get SIGTERM, then SIGKILL after
-    `grace_seconds`, and are not restarted)."""
+    `grace_seconds`, and are not restarted). Raises ValueError before starting anything when the
+    specs would be refused, GpusMissing (one line) when a pool asks for GPUs this machine lacks."""
     stream = out or sys.stdout
     seconds = parse_duration(timeout)
     reps = replicas(worker_pool_specs, log=lambda m: stream.write(f"[{display_name}] {m}\n"))
+    refuse_missing_gpus(worker_pool_specs, local_gpus())
     logs = Path(log_dir)
     logs.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()

@@ -2,8 +2,10 @@
 
 Flags use underscores because they double as Vertex AI tuning parameter ids: a trial receives
 `--<parameter_id>=<value>`. Environment variables are read only here, as flag defaults
-(`AIP_MODEL_DIR`, `AIP_CHECKPOINT_DIR`, `AIP_TENSORBOARD_LOG_DIR`). Nothing in this module
-imports TensorFlow, so a bad flag is rejected (argparse error, exit code 2) in milliseconds.
+(`AIP_MODEL_DIR`, `AIP_CHECKPOINT_DIR`, `AIP_TENSORBOARD_LOG_DIR`), and as the worker pool's
+hardware request (`gpu_request`: the `TRAINER_POOL_*` variables the pipeline's worker pool specs
+carry). Nothing in this module imports TensorFlow, so a bad flag is rejected (argparse error,
+exit code 2) in milliseconds.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -354,3 +357,79 @@ def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | N
 
 def _same_or_inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+# --- the worker pool's hardware request ----------------------------------------------------
+
+# What a replica's worker pool asked Vertex for, in its container's environment: written by
+# `components.worker_pools.build_worker_pool_specs` into every trainer pool's `container_spec.env`
+# (that layer cannot import this one: tests/test_contracts.py checks the names are the same).
+POOL_MACHINE_TYPE_ENV = "TRAINER_POOL_MACHINE_TYPE"
+POOL_ACCELERATOR_TYPE_ENV = "TRAINER_POOL_ACCELERATOR_TYPE"
+POOL_ACCELERATOR_COUNT_ENV = "TRAINER_POOL_ACCELERATOR_COUNT"
+POOL_ENV = (POOL_MACHINE_TYPE_ENV, POOL_ACCELERATOR_TYPE_ENV, POOL_ACCELERATOR_COUNT_ENV)
+NO_ACCELERATOR = "ACCELERATOR_TYPE_UNSPECIFIED"
+"""`TRAINER_POOL_ACCELERATOR_TYPE` of a pool without GPUs: aiplatform_v1 `AcceleratorType`'s
+name for none (an environment variable's value is required, so it is never empty)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuRequest:
+    """What this replica's worker pool asked for: its machine type and its GPUs (type "" and
+    count 0 for none)."""
+
+    machine_type: str
+    accelerator_type: str = ""
+    accelerator_count: int = 0
+
+
+def gpu_request(environ: Mapping[str, str] | None = None) -> GpuRequest | None:
+    """The worker pool's request from `TRAINER_POOL_*` (docs/contracts.md, section 2), or None
+    when none of them is set (a replica not started from this pipeline's worker pool specs: a
+    test, a benchmark, a hand-made job), which nothing checks.
+
+    Raises ValueError naming each variable that is missing or bad and what it takes."""
+    env = os.environ if environ is None else environ
+    values = {name: env.get(name) for name in POOL_ENV}
+    if all(value is None for value in values.values()):
+        return None
+    problems = [
+        f"{name} is not set (the worker pool specs set {', '.join(POOL_ENV)} together)"
+        for name, value in values.items()
+        if value is None
+    ]
+    machine = (values[POOL_MACHINE_TYPE_ENV] or "").strip()
+    gpu = (values[POOL_ACCELERATOR_TYPE_ENV] or "").strip()
+    count_text = (values[POOL_ACCELERATOR_COUNT_ENV] or "").strip()
+    if values[POOL_MACHINE_TYPE_ENV] is not None and not re.fullmatch(r"[a-z][a-z0-9-]*", machine):
+        problems.append(
+            f"{POOL_MACHINE_TYPE_ENV}={machine!r} is not a Compute Engine machine type (e.g. n1-standard-8)"
+        )
+    if values[POOL_ACCELERATOR_TYPE_ENV] is not None and not re.fullmatch(r"[A-Z][A-Z0-9_]*", gpu):
+        problems.append(
+            f"{POOL_ACCELERATOR_TYPE_ENV}={gpu!r} is not an accelerator type: expected an aiplatform_v1 "
+            f"AcceleratorType name (e.g. NVIDIA_TESLA_V100), or {NO_ACCELERATOR} for none"
+        )
+    count = 0
+    if values[POOL_ACCELERATOR_COUNT_ENV] is not None:
+        if re.fullmatch(r"[0-9]{1,4}", count_text):
+            count = int(count_text)
+        else:
+            problems.append(
+                f"{POOL_ACCELERATOR_COUNT_ENV}={count_text!r} is not valid: expected a whole number >= 0 "
+                "(the GPUs of each replica of the pool)"
+            )
+    if not problems:
+        if count and gpu == NO_ACCELERATOR:
+            problems.append(
+                f"{POOL_ACCELERATOR_COUNT_ENV}={count} with {POOL_ACCELERATOR_TYPE_ENV}={NO_ACCELERATOR}: "
+                "a GPU count needs a GPU type"
+            )
+        elif not count and gpu != NO_ACCELERATOR:
+            problems.append(
+                f"{POOL_ACCELERATOR_TYPE_ENV}={gpu} with {POOL_ACCELERATOR_COUNT_ENV}=0: a GPU type needs "
+                f"a count >= 1 (or {NO_ACCELERATOR} for none)"
+            )
+    if problems:
+        raise ValueError("; ".join(problems))
+    return GpuRequest(machine, "" if gpu == NO_ACCELERATOR else gpu, count)

@@ -8,6 +8,12 @@ https://cloud.google.com/vertex-ai/docs/training/distributed-training). Without 
 this process is a whole single-machine job. The parsing and the chief rule need no TensorFlow;
 `create_strategy` does.
 
+Before the strategy, `check_gpus` compares the GPUs TensorFlow sees with those this replica's
+worker pool asked for (`trainer.config.gpu_request`): a replica that sees fewer stops at once with
+one line (`gpu_shortfall`, the one rule; `local.jobs` words its own refusal the same way, pinned by
+tests/local/test_jobs.py) and exit status `GPUS_MISSING_EXIT_CODE`, instead of training on CPU
+while the GPUs are billed.
+
 Only the training tasks (chief + workers) make up the cluster the strategy is built over: with
 a `ps` entry in its cluster, TensorFlow 2.21's MultiWorkerMirroredStrategy makes `ps` task 0 the
 leader of its coordination service (`multi_worker_util.coordination_leader`), and a Reduction
@@ -19,13 +25,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from trainer.config import GpuRequest
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 TRAINING_TASK_TYPES = ("chief", "worker")
+# Vertex's worker pool of each training task type (pool 0 is the chief, pool 1 the workers).
+POOL_OF_TASK = {"chief": "workerpool0", "worker": "workerpool1"}
+GPUS_MISSING_EXIT_CODE = 3
+"""Exit status of a replica that sees fewer GPUs than its worker pool asked for (`check_gpus`),
+before any training: not 1 (a failure with a traceback), 2 (bad flags) or 143 (SIGTERM)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,3 +171,78 @@ def create_strategy(cluster: ClusterInfo) -> tf.distribute.Strategy:
         )
     # Also for one device: BackupAndRestore supports MirroredStrategy, not OneDeviceStrategy.
     return tf.distribute.MirroredStrategy()
+
+
+# --- the GPUs asked for and the GPUs seen --------------------------------------------------
+
+
+class GpusMissing(RuntimeError):
+    """This replica sees fewer GPUs than its worker pool asked for; the message is one line."""
+
+
+def pool_and_role(cluster: ClusterInfo) -> tuple[str, str]:
+    """Vertex's name of this replica's worker pool and its task type: (`workerpool0`, `chief`)
+    for the chief and for a single machine (a one-replica job is pool 0), (`workerpool1`,
+    `worker`) for a worker."""
+    role = cluster.task_type or "chief"
+    return POOL_OF_TASK[role], role
+
+
+def gpu_shortfall(
+    pool: str,
+    role: str,
+    request: GpuRequest,
+    gpus: int,
+    devices: Sequence[str],
+    seen_by: str,
+    detail: str = "",
+) -> str | None:
+    """The one rule: None when `gpus` (what `seen_by` sees) covers what the pool asked for, else
+    the one line that says so, naming the pool, its machine type, the GPUs asked and the devices
+    seen. More GPUs than asked is fine."""
+    asked = request.accelerator_count
+    if gpus >= asked:
+        return None
+    seen = ", ".join(devices) or "none"
+    return (
+        f"GPU check failed: {pool} ({role}) asked for {asked} x {request.accelerator_type} on "
+        f"{request.machine_type}, but {seen_by} sees {gpus} GPU{'' if gpus == 1 else 's'} "
+        f"(devices: {seen}{'; ' + detail if detail else ''}); refusing to train on CPU (docs/gpus.md)"
+    )
+
+
+def visible_devices() -> tuple[int, list[str], str]:
+    """The GPUs TensorFlow sees, every physical device's name (`CPU:0`, `GPU:0`, ...) and its
+    build (`TensorFlow 2.21.0 built with CUDA 12.5.1, cuDNN 9`). Lists physical devices only:
+    TensorFlow's runtime is not started (the strategy must come first; `create_strategy`)."""
+    from trainer._tf import tf
+
+    devices = tf.config.list_physical_devices()
+    gpus = sum(1 for d in devices if d.device_type == "GPU")
+    names = [d.name.removeprefix("/physical_device:") for d in devices]
+    return gpus, names, describe_build(tf.__version__, tf.sysconfig.get_build_info())
+
+
+def describe_build(version: str, info: Mapping[str, Any]) -> str:
+    """`TensorFlow 2.21.0 built with CUDA 12.5.1, cuDNN 9` (or `built without CUDA`), from
+    `tf.sysconfig.get_build_info()`."""
+    if not info.get("is_cuda_build"):
+        return f"TensorFlow {version} built without CUDA"
+    return f"TensorFlow {version} built with CUDA {info.get('cuda_version', '?')}, cuDNN {info.get('cudnn_version', '?')}"
+
+
+def check_gpus(request: GpuRequest, cluster: ClusterInfo) -> str:
+    """Before the strategy: raises GpusMissing (one line) when TensorFlow sees fewer GPUs than
+    the worker pool asked for; else returns a line saying what was asked and what is seen."""
+    pool, role = pool_and_role(cluster)
+    gpus, names, build = visible_devices()
+    problem = gpu_shortfall(pool, role, request, gpus, names, "TensorFlow", build)
+    if problem:
+        raise GpusMissing(problem)
+    asked = (
+        f"{request.accelerator_count} x {request.accelerator_type}" if request.accelerator_count else "no GPU"
+    )
+    return (
+        f"{pool} ({role}) asked for {asked} on {request.machine_type}; TensorFlow sees "
+        f"{gpus} GPU{'' if gpus == 1 else 's'} (devices: {', '.join(names) or 'none'}; {build})"
+    )

@@ -10,6 +10,10 @@ folder as training goes; `--early_stopping_patience` ends training early
 (`callbacks.BestEpoch`; docs/training.md, "Which epoch is exported").
 Non-chief workers save into a temporary folder that is deleted.
 
+At start, before the distribution strategy: a replica whose worker pool asked for GPUs
+(`TRAINER_POOL_*`, set by the pipeline's worker pool specs) and that sees fewer exits with one
+line and status 3 (`distribute.GPUS_MISSING_EXIT_CODE`; docs/gpus.md, "No silent CPU training").
+
 SIGTERM (Vertex stopping the replica's VM, or the job being cancelled) stops every replica
 after the current step: the backup is saved at that step, nothing is exported or published, and
 the process exits with status 143 (`callbacks.TERMINATED_EXIT_CODE`); a restart resumes at the
@@ -27,9 +31,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.config import STATE_FIELDS, TrainConfig, parse_args, resolve_augment
+from trainer.config import STATE_FIELDS, TrainConfig, gpu_request, parse_args, resolve_augment
 from trainer.contract import CONFIG_FILE, HISTORY_FILE, METRICS_FILE, STATE_FILE
-from trainer.distribute import ClusterInfo, cluster_from_tf_config
+from trainer.distribute import (
+    GPUS_MISSING_EXIT_CODE,
+    ClusterInfo,
+    GpusMissing,
+    check_gpus,
+    cluster_from_tf_config,
+)
 
 
 def run(
@@ -291,6 +301,20 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
         except hpmetric.MetricFileError as e:
             print(f"python -m trainer.task: error: {e}", file=sys.stderr)
             return 2
+    # The GPUs this replica's worker pool asked for against those TensorFlow sees, before the
+    # strategy (and its all-reduce) is built: a replica that cannot see its GPUs stops here
+    # with one line instead of training on CPU while the GPUs are billed.
+    try:
+        request = gpu_request(os.environ)
+    except ValueError as e:
+        print(f"python -m trainer.task: error: {e}", file=sys.stderr)
+        return 2
+    if request is not None:
+        try:
+            print(f"[{cluster.name}] {check_gpus(request, cluster)}", flush=True)
+        except GpusMissing as e:
+            print(f"python -m trainer.task: error: {e}", file=sys.stderr, flush=True)
+            return GPUS_MISSING_EXIT_CODE
     from trainer import callbacks as cb
     from trainer import data
 

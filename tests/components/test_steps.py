@@ -60,6 +60,11 @@ def test_the_defaults_give_one_chief_and_workers_with_gpus(tmp_path: Path) -> No
             "image_uri": "img",
             "command": ["python", "-m", "trainer.task"],
             "args": ["--epochs=2"],
+            "env": [
+                {"name": "TRAINER_POOL_MACHINE_TYPE", "value": "n1-standard-8"},
+                {"name": "TRAINER_POOL_ACCELERATOR_TYPE", "value": V100},
+                {"name": "TRAINER_POOL_ACCELERATOR_COUNT", "value": "1"},
+            ],
         }
         assert pool["disk_spec"] == {"boot_disk_type": "pd-ssd", "boot_disk_size_gb": 100}
     assert out.base_output_directory == str(tmp_path / "job")

@@ -1,0 +1,299 @@
+"""`python -m trainer.gpucheck`: what this container sees of its GPUs, and one NCCL all-reduce.
+
+The in-image half of `make gpu-check` (`launch/gpucheck.py` submits it as a one-replica Vertex
+CustomJob on the trainer image; docs/gpus.md, "make gpu-check"). It reports:
+
+- TensorFlow's version and build (`tf.sysconfig.get_build_info()`: CUDA and cuDNN versions, the
+  compute capabilities it has kernels for), every physical device TensorFlow lists, and
+  `nvidia-smi`'s view (GPU, driver, memory, compute capability) when the image has it;
+- the worker pool's request (`TRAINER_POOL_*`, `trainer.config.gpu_request`) checked by the
+  trainer's own rule (`trainer.distribute.gpu_shortfall`): seeing fewer GPUs than asked prints the
+  trainer's one line and exits with the trainer's status, `GPUS_MISSING_EXIT_CODE` (3);
+- with GPUs, one all-reduce over all of them under `MirroredStrategy` with `NcclAllReduce`: a
+  `--all_reduce_mb` float32 tensor per GPU, each filled with its replica's number, summed; it
+  checks the sum and times the first call (NCCL's set-up included) and the mean of
+  `--iterations` more. With no GPU asked and none seen it says so and skips the all-reduce.
+
+It prints a summary and writes it as JSON (`RESULT_FILE`) into `--output_dir` (default
+`$AIP_MODEL_DIR`, which Vertex sets from the job's base output directory; nothing is written
+without either), where the launcher reads it back. Exit status: 0 done; 2 bad flags or a bad
+`TRAINER_POOL_*`/`TF_CONFIG`; 3 fewer GPUs than asked; 1 the all-reduce failed or gave a wrong sum.
+TensorFlow is imported only after the flags are checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO
+
+from trainer.config import GpuRequest, float_in, gpu_request, int_in
+from trainer.distribute import (
+    GPUS_MISSING_EXIT_CODE,
+    cluster_from_tf_config,
+    describe_build,
+    gpu_shortfall,
+    pool_and_role,
+)
+
+RESULT_FILE = "gpu_check.json"
+"""The summary's file name in `--output_dir` (`launch.gpucheck.RESULT_FILE` reads the same name;
+tests/trainer/test_gpucheck.py keeps them equal)."""
+RESULT_KEYS = (
+    "ok",
+    "error",
+    "pool",
+    "role",
+    "asked",
+    "tensorflow",
+    "build",
+    "devices",
+    "gpus",
+    "nvidia_smi",
+    "all_reduce",
+    "wall_seconds",
+)
+"""The summary's keys (`launch.gpucheck.RESULT_READ` lists those it reads)."""
+NVIDIA_SMI_QUERY = "index,name,driver_version,memory.total,compute_cap"
+PROG = "python -m trainer.gpucheck"
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="List the GPUs this container sees and run one NCCL all-reduce over them.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--output_dir",
+        default=environ.get("AIP_MODEL_DIR", "").rstrip("/"),
+        help=f"Where {RESULT_FILE} goes (local, gs:// or /gcs/); empty: print only. Default: $AIP_MODEL_DIR.",
+    )
+    p.add_argument(
+        "--all_reduce_mb",
+        type=float_in(0.001, 4096),
+        default=64.0,
+        help="Megabytes (MiB) of float32 each GPU contributes to the all-reduce.",
+    )
+    p.add_argument(
+        "--iterations", type=int_in(1, 1000), default=10, help="Timed all-reduces after the first."
+    )
+    return p
+
+
+def nvidia_smi() -> list[str] | None:
+    """`nvidia-smi`'s one line per GPU (index, name, driver, memory, compute capability), or None
+    when the image has no `nvidia-smi` (the NVIDIA container runtime usually mounts it)."""
+    path = shutil.which("nvidia-smi")
+    if not path:
+        return None
+    try:
+        done = subprocess.run(
+            [path, f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return [f"nvidia-smi failed: {err}"]
+    lines = [line.strip() for line in (done.stdout or done.stderr).splitlines() if line.strip()]
+    return lines if done.returncode == 0 else [f"nvidia-smi exited with status {done.returncode}", *lines]
+
+
+def inspect_devices() -> dict[str, Any]:
+    """What TensorFlow sees, without starting its runtime (physical devices and build info only)."""
+    from trainer._tf import tf
+
+    devices = tf.config.list_physical_devices()
+    info = dict(tf.sysconfig.get_build_info())
+    return {
+        "tensorflow": tf.__version__,
+        "build": {
+            k: info.get(k)
+            for k in ("is_cuda_build", "cuda_version", "cudnn_version", "cuda_compute_capabilities")
+        },
+        "devices": [d.name.removeprefix("/physical_device:") for d in devices],
+        "gpus": sum(1 for d in devices if d.device_type == "GPU"),
+        "nvidia_smi": nvidia_smi(),
+    }
+
+
+def nccl_all_reduce(gpus: int, megabytes: float, iterations: int) -> dict[str, Any]:
+    """One SUM all-reduce of a `megabytes` float32 tensor per GPU across all `gpus` GPUs, through
+    `MirroredStrategy(cross_device_ops=NcclAllReduce())`; replica i contributes i + 1 everywhere,
+    so every element of the result must be gpus * (gpus + 1) / 2."""
+    from trainer._tf import tf
+
+    devices = [f"/gpu:{i}" for i in range(gpus)]
+    strategy = tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=tf.distribute.NcclAllReduce())
+    elements = max(1, int(megabytes * 2**20) // 4)
+
+    def replica_step() -> Any:
+        context = tf.distribute.get_replica_context()
+        value = tf.fill([elements], tf.cast(context.replica_id_in_sync_group, tf.float32) + 1.0)
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+    @tf.function
+    def step() -> Any:
+        return strategy.run(replica_step)
+
+    expected = gpus * (gpus + 1) / 2
+
+    def once() -> tuple[float, bool]:
+        started = time.perf_counter()
+        results = strategy.experimental_local_results(step())
+        low = min(float(tf.reduce_min(r).numpy()) for r in results)  # waits for every replica
+        high = max(float(tf.reduce_max(r).numpy()) for r in results)
+        return time.perf_counter() - started, low == high == expected
+
+    first, correct = once()
+    times = []
+    for _ in range(iterations):
+        seconds, ok = once()
+        times.append(seconds)
+        correct = correct and ok
+    mean = sum(times) / len(times)
+    size = elements * 4
+    return {
+        "implementation": "NcclAllReduce",
+        "gpus": gpus,
+        "megabytes": size / 2**20,
+        "first_seconds": first,
+        "seconds": mean,
+        "iterations": iterations,
+        # NCCL's "bus bandwidth" of an all-reduce: size * 2 (n - 1) / n per second.
+        "bus_gb_per_second": (size * 2 * (gpus - 1) / gpus) / mean / 1e9 if gpus > 1 else None,
+        "correct": correct,
+        "expected_sum": expected,
+    }
+
+
+def check(
+    request: GpuRequest | None,
+    pool: str,
+    role: str,
+    seen: Mapping[str, Any],
+    all_reduce: Callable[[int], dict[str, Any]],
+) -> tuple[int, dict[str, Any], list[str]]:
+    """The check on what was seen (`inspect_devices`' form): (exit status, summary, lines to
+    print). `all_reduce(gpus)` runs the all-reduce; it is not called without GPUs or when fewer
+    GPUs than asked are seen."""
+    gpus = int(seen["gpus"])
+    summary: dict[str, Any] = {
+        "ok": True,
+        "error": None,
+        "pool": pool,
+        "role": role,
+        "asked": dataclasses.asdict(request) if request else None,
+        **{k: seen[k] for k in ("tensorflow", "build", "devices", "gpus", "nvidia_smi")},
+        "all_reduce": None,
+    }
+    build = describe_build(seen["tensorflow"], seen["build"])
+    if request is None:
+        wanted = "no GPU request in the environment (TRAINER_POOL_* unset): nothing to check against"
+    elif request.accelerator_count:
+        wanted = (
+            f"asked for {request.accelerator_count} x {request.accelerator_type} on {request.machine_type}"
+        )
+    else:
+        wanted = f"asked for 0 GPUs on {request.machine_type}"
+    lines = [
+        f"gpu check: {pool} ({role}) {wanted}",
+        f"gpu check: {build}; kernels for {', '.join(seen['build'].get('cuda_compute_capabilities') or []) or 'none'}",
+        f"gpu check: TensorFlow sees {gpus} GPU{'' if gpus == 1 else 's'} (devices: {', '.join(seen['devices']) or 'none'})",
+    ]
+    smi = seen["nvidia_smi"]
+    lines += (
+        [f"gpu check: nvidia-smi: {line}" for line in smi]
+        if smi
+        else ["gpu check: nvidia-smi: not in this image"]
+    )
+    if request is not None:
+        problem = gpu_shortfall(pool, role, request, gpus, seen["devices"], "TensorFlow", build)
+        if problem:
+            summary.update(ok=False, error=problem)
+            return GPUS_MISSING_EXIT_CODE, summary, lines
+    if not gpus:
+        asked_none = "asked for 0 GPUs and " if request is not None else ""
+        lines.append(f"gpu check: {asked_none}no GPU seen: no NCCL all-reduce to run")
+        return 0, summary, lines
+    try:
+        result = all_reduce(gpus)
+    except Exception as err:  # noqa: BLE001 (the all-reduce's own failure, NCCL or CUDA: named in one line)
+        message = " ".join(f"{type(err).__name__}: {err}".split())[:1000]
+        summary.update(ok=False, error=f"NCCL all-reduce over {gpus} GPU(s) failed: {message}")
+        return 1, summary, lines
+    summary["all_reduce"] = result
+    bandwidth = result.get("bus_gb_per_second")
+    lines.append(
+        f"gpu check: NCCL all-reduce of {result['megabytes']:g} MiB over {gpus} GPU(s): first call "
+        f"{result['first_seconds']:.3f} s (set-up included), then {result['seconds'] * 1000:.2f} ms each "
+        f"(mean of {result['iterations']})"
+        + (f", bus bandwidth {bandwidth:.1f} GB/s" if bandwidth else " (one GPU: nothing crosses a link)")
+        + ("" if result["correct"] else "; WRONG SUM")
+    )
+    if not result["correct"]:
+        summary.update(ok=False, error=f"the NCCL all-reduce over {gpus} GPU(s) gave a wrong sum")
+        return 1, summary, lines
+    return 0, summary, lines
+
+
+def say(line: str, stream: TextIO | None = None) -> None:
+    """One line to the job's log (stdout, or `stream`), flushed."""
+    out = stream or sys.stdout
+    out.write(line + "\n")
+    out.flush()
+
+
+def write_result(output_dir: str, summary: Mapping[str, Any]) -> str:
+    from trainer import storage
+
+    path = storage.join(output_dir, RESULT_FILE)
+    from trainer._tf import tf
+
+    tf.io.gfile.makedirs(storage.resolve(output_dir))
+    storage.write_json(path, dict(summary))
+    return path
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    env = os.environ if environ is None else environ
+    ns = build_parser(env).parse_args(argv)  # exits with status 2 on a bad flag
+    try:
+        request = gpu_request(env)
+        cluster = cluster_from_tf_config(env.get("TF_CONFIG"))
+    except ValueError as err:
+        say(f"{PROG}: error: {err}", sys.stderr)
+        return 2
+    pool, role = pool_and_role(cluster)
+    started = time.perf_counter()
+    seen = inspect_devices()
+    code, summary, lines = check(
+        request, pool, role, seen, lambda gpus: nccl_all_reduce(gpus, ns.all_reduce_mb, ns.iterations)
+    )
+    summary["wall_seconds"] = time.perf_counter() - started
+    for line in lines:
+        say(line)
+    if ns.output_dir:
+        try:
+            say(f"gpu check: wrote {write_result(ns.output_dir, summary)}")
+        except Exception as err:  # noqa: BLE001 (the check's verdict matters more than its file)
+            say(f"gpu check: warning: could not write {RESULT_FILE} to {ns.output_dir}: {err}")
+    if summary["error"]:
+        say(f"{PROG}: error: {summary['error']}", sys.stderr)
+    else:
+        say("gpu check: OK")
+    say(json.dumps(summary, sort_keys=True))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
