@@ -547,12 +547,50 @@ def schedule_options(
     return ScheduleOptions(**checked)
 
 
+def template_yaml(template: Path, folder: Path) -> Path:
+    """The compiled template (`compiled/*.json`) written to `folder/<name>.yaml` in the YAML form
+    kfp's compiler writes for a `.yaml` package path (`kfp.compiler.pipeline_spec_builder.
+    write_pipeline_spec_to_file`: the `# PIPELINE DEFINITION` header of
+    `extract_comments_from_pipeline_spec`, then `yaml.dump_all([spec], sort_keys=True)`). The
+    header is made from the JSON's sorted keys, not from a protobuf round trip (whose map order
+    may change from one process to the next), so one template always gives the same bytes and the
+    registry the same version digest. The JSON is first parsed strictly into a `PipelineSpec`: a
+    field kfp does not know fails here, before any upload."""
+    import yaml
+    from google.protobuf import json_format
+    from kfp.compiler import pipeline_spec_builder
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
+    document = json.loads(template.read_text())
+    json_format.ParseDict(document, pipeline_spec_pb2.PipelineSpec())
+    header = pipeline_spec_builder.extract_comments_from_pipeline_spec(
+        document, document.get("pipelineInfo", {}).get("description") or None
+    )
+    out = folder / f"{template.stem}.yaml"
+    out.write_text(header + yaml.dump_all([document], sort_keys=True))
+    return out
+
+
 def upload_template(
     settings: Settings, template: Path = COMPILED, commit: str = "", auth: Any = None, host: str = ""
 ) -> str:
     """Uploads the compiled template to Artifact Registry, tagged with the commit and `latest`;
     returns the template version's URI (under TEMPLATE_REPOSITORY; `host` sends the upload
-    elsewhere, for tests)."""
+    elsewhere, for tests).
+
+    What is sent is what Google's "Create, upload, and use a pipeline template" page documents
+    (https://cloud.google.com/vertex-ai/docs/pipelines/create-pipeline-template): a pipeline
+    compiled to a **YAML** file, posted by kfp's `RegistryClient.upload_pipeline` to the
+    repository's `https://<region>-kfp.pkg.dev/<project>/<repo>` URL as a multipart form with the
+    file in `content` and the tags comma-separated in `tags` (the page's curl example:
+    `-F tags=v1,latest -F content=@<file>.yaml`). The repository answers
+    `<package>/sha256:<digest>`; the package is the template's `pipelineInfo.name`. kfp itself
+    deprecates compiling to JSON ("Compiling to JSON is deprecated ... compile to a YAML file"),
+    so the JSON template `make compile` keeps for `make run` is rewritten as YAML
+    (`template_yaml`) for the upload; the run then reads it back from the registry
+    (`PipelineJob(template_path=<version URI>)`, which parses YAML)."""
+    import tempfile
+
     from kfp.registry import RegistryClient
 
     if not settings.template_repository:
@@ -573,7 +611,10 @@ def upload_template(
         )
         if t
     ]
-    package, version = client.upload_pipeline(file_name=str(template), tags=tags)
+    with tempfile.TemporaryDirectory() as folder:
+        package, version = client.upload_pipeline(
+            file_name=str(template_yaml(template, Path(folder))), tags=tags
+        )
     uri = f"{settings.template_repository.rstrip('/')}/{package}/{version}"
     print(f"template {uri} (tags: {', '.join(tags)})")
     return uri

@@ -4,14 +4,18 @@ RegistryClient to a fake Artifact Registry; and every bad setting stopped before
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from google.auth.credentials import AnonymousCredentials
 
+import pipeline
 from components import buildcontext
 from launch import cli, settings, submit
 from tests.fakes import RestFake, storage_emulator
@@ -153,24 +157,64 @@ class FakeRegistryAuth:
         return request
 
 
+class KfpRegistryFake:
+    """An Artifact Registry Kubeflow pipeline repository at `/p-proj/pipelines` ("Create, upload,
+    and use a pipeline template", https://cloud.google.com/vertex-ai/docs/pipelines/create-pipeline-template):
+    `POST` takes a multipart form with the template file in `content` and comma-separated `tags`,
+    parses the file as YAML into a `PipelineSpec` (strictly: an unknown field is a 400), and
+    answers `<pipelineInfo.name>/sha256:<digest of the bytes>`; `GET <package>/<version>` answers
+    the bytes uploaded. Each upload is kept in `.uploads` (filename, bytes, tags)."""
+
+    def __init__(self) -> None:
+        self.rest = RestFake()
+        self.uploads: list[dict[str, Any]] = []
+        self.versions: dict[str, bytes] = {}
+        self.rest.route("POST", r"/p-proj/pipelines/?", self.upload)
+        self.rest.route("GET", r"/p-proj/pipelines/([^/]+/sha256:[0-9a-f]{64})", self.download)
+        self.host = f"http://{self.rest.address}/p-proj/pipelines"
+
+    @staticmethod
+    def form(body: bytes) -> dict[str, tuple[str | None, Any]]:
+        """The multipart/form-data fields of `body`: name -> (filename, bytes)."""
+        import email.parser
+        import email.policy
+
+        boundary = body.split(b"\r\n", 1)[0].removeprefix(b"--")
+        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            b"Content-Type: multipart/form-data; boundary=" + boundary + b"\r\n\r\n" + body
+        )
+        fields = {}
+        for part in message.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            fields[str(name)] = (part.get_filename(), part.get_payload(decode=True))
+        return fields
+
+    def upload(self, _m: Any, _q: Any, body: Any) -> tuple[int, Any]:
+        from google.protobuf import json_format
+        from kfp.pipeline_spec import pipeline_spec_pb2
+
+        fields = self.form(body)
+        filename, content = fields["content"]
+        try:
+            document = yaml.safe_load(content)
+            spec = json_format.ParseDict(document, pipeline_spec_pb2.PipelineSpec())
+        except (yaml.YAMLError, json_format.ParseError) as err:
+            return 400, {"error": {"code": 400, "message": f"not a pipeline template: {err}"}}
+        tags = fields["tags"][1].decode().split(",") if "tags" in fields else []
+        self.uploads.append({"filename": filename, "content": content, "tags": tags})
+        version = f"{spec.pipeline_info.name}/sha256:{hashlib.sha256(content).hexdigest()}"
+        self.versions[version] = content
+        return 200, version.encode()
+
+    def download(self, match: re.Match[str], _q: Any, _b: Any) -> tuple[int, Any]:
+        return 200, self.versions[match.group(1)]
+
+
 @pytest.mark.parametrize("emails", [None, ["ml-team@example.com"]])
 def test_schedule_pins_the_template_version_of_this_commit(
     vertex: RestFake, gcs: Any, monkeypatch: pytest.MonkeyPatch, emails: list[str] | None
 ) -> None:
-    registry = RestFake()
-    uploaded: list[bytes] = []
-
-    def receive(_m: Any, _q: Any, body: Any) -> tuple[int, Any]:
-        uploaded.append(body)
-        return 200, b"multiworker-cassava-training/sha256:abc123"
-
-    def download(_m: Any, _q: Any, _b: Any) -> tuple[int, Any]:  # the version's YAML, as uploaded
-        content = re.search(rb"\r\n\r\n(\{.*\})\r\n--", uploaded[-1], re.S)
-        assert content
-        return 200, content.group(1)
-
-    registry.route("POST", r"/p-proj/pipelines/?", receive)
-    registry.route("GET", r"/p-proj/pipelines/multiworker-cassava-training/sha256:abc123", download)
+    registry = KfpRegistryFake()
     monkeypatch.setattr(submit, "source_commit", lambda root=ROOT: "a" * 40)
     # The SDK reads an Artifact Registry template over HTTPS with urllib: sent to the fake instead.
     from urllib import request as urllib_request
@@ -180,7 +224,7 @@ def test_schedule_pins_the_template_version_of_this_commit(
     real_urlopen = urllib_request.urlopen
 
     def urlopen(req: Any, *args: Any, **kwargs: Any) -> Any:
-        url = req.full_url.replace("https://us-central1-kfp.pkg.dev", f"http://{registry.address}")
+        url = req.full_url.replace("https://us-central1-kfp.pkg.dev", f"http://{registry.rest.address}")
         return real_urlopen(url, *args, **kwargs)
 
     monkeypatch.setattr(yaml_utils.request, "urlopen", urlopen)
@@ -199,12 +243,18 @@ def test_schedule_pins_the_template_version_of_this_commit(
             credentials=AnonymousCredentials(),
             transport="rest",
             registry_auth=FakeRegistryAuth(),
-            registry_host=f"http://{registry.address}/p-proj/pipelines",
+            registry_host=registry.host,
         )
     finally:
-        registry.stop()
-    [upload] = [r for r in registry.requests if r[0] == "POST"]
-    assert b'"name": "multiworker-cassava-training"' in upload[3]  # the compiled template itself
+        registry.rest.stop()
+    # The template goes up as Google's page shows it: a YAML file, with its tags, and it is the
+    # compiled template itself (the same spec as the JSON `make run` submits).
+    [upload] = registry.uploads
+    template = pipeline.template_for(emails)
+    assert upload["filename"] == f"{template.stem}.yaml"
+    assert upload["content"].startswith(b"# PIPELINE DEFINITION\n# Name: multiworker-cassava-training\n")
+    assert yaml.safe_load(upload["content"]) == json.loads(template.read_text())
+    version = f"sha256:{hashlib.sha256(upload['content']).hexdigest()}"
     [body] = vertex.bodies("POST", r"/v1/projects/p-proj/locations/us-central1/schedules")
     assert body["cron"] == "TZ=Europe/Paris 0 6 * * 1"
     assert int(body["maxConcurrentRunCount"]) == 2
@@ -213,10 +263,10 @@ def test_schedule_pins_the_template_version_of_this_commit(
     # The run names the template version it came from (read back from the registry by the SDK).
     assert (
         job["templateUri"]
-        == "https://us-central1-kfp.pkg.dev/p-proj/pipelines/multiworker-cassava-training/sha256:abc123"
+        == f"https://us-central1-kfp.pkg.dev/p-proj/pipelines/multiworker-cassava-training/{version}"
     )
-    assert [r[1] for r in registry.requests if r[0] == "GET"] == [
-        "/p-proj/pipelines/multiworker-cassava-training/sha256:abc123"
+    assert [r[1] for r in registry.rest.requests if r[0] == "GET"] == [
+        f"/p-proj/pipelines/multiworker-cassava-training/{version}"
     ]
     assert job["runtimeConfig"]["parameterValues"]["source_commit"] == "a" * 40
     assert job["runtimeConfig"]["parameterValues"]["tune"] is True
@@ -228,9 +278,8 @@ def test_schedule_pins_the_template_version_of_this_commit(
         assert not enable_cache(tasks[name]), name
     # With recipients, the template with the e-mail exit handler, under tags of its own.
     suffix = "-notify" if emails else ""
-    assert (b"vertex-pipelines-notification-email" in upload[3]) is bool(emails)
-    tags = re.search(rb'name="tags"\r\n\r\n([^\r]*)\r\n', upload[3])
-    assert tags and tags.group(1).decode().split(",") == [f"{'a' * 40}{suffix}", f"latest{suffix}"]
+    assert (b"vertex-pipelines-notification-email" in upload["content"]) is bool(emails)
+    assert upload["tags"] == [f"{'a' * 40}{suffix}", f"latest{suffix}"]
     assert ("notification_emails" in job["runtimeConfig"]["parameterValues"]) is bool(emails)
 
 
@@ -520,3 +569,44 @@ def test_build_region_is_its_own_setting_and_reaches_the_build_step(vertex: Rest
     assert body["runtimeConfig"]["parameterValues"]["location"] == "us-central1"
     with pytest.raises(settings.SettingsError, match="BUILD_REGION='mars-1' is not a Cloud Build location"):
         settings.load(env(vertex, BUILD_REGION="mars-1"), Path("/nonexistent"))
+
+
+def test_the_uploaded_template_is_what_kfp_compiles_to_yaml(tmp_path: Path) -> None:
+    """`template_yaml` turns the JSON template into what kfp's compiler writes for a `.yaml`
+    path (the file Google's pipeline-template page uploads): the same document, line for line,
+    and the same header, whose default values kfp prints in its own (unsorted) key order."""
+    import ast
+
+    from kfp import compiler
+
+    function = pipeline.create_pipeline("vertex")
+    compiler.Compiler().compile(function, str(tmp_path / "pipeline.json"))
+    compiler.Compiler().compile(function, str(tmp_path / "direct.yaml"))
+    (tmp_path / "out").mkdir()
+    converted = submit.template_yaml(tmp_path / "pipeline.json", tmp_path / "out")
+    assert converted == tmp_path / "out" / "pipeline.yaml"
+    mine, kfps = converted.read_text().splitlines(), (tmp_path / "direct.yaml").read_text().splitlines()
+    assert [line for line in mine if not line.startswith("#")] == [
+        line for line in kfps if not line.startswith("#")
+    ]
+
+    def header(lines: list[str]) -> list[Any]:
+        out: list[Any] = []
+        for line in (line for line in lines if line.startswith("#")):
+            name, default = re.fullmatch(r"(.*?)(?: \[Default: (.*)\])?", line).groups()  # type: ignore[union-attr]
+            out.append((name, ast.literal_eval(default) if default else None))
+        return out
+
+    assert header(mine) == header(kfps) and len(header(mine)) > 10
+    assert mine[0] == "# PIPELINE DEFINITION"
+    again = submit.template_yaml(tmp_path / "pipeline.json", tmp_path / "out")
+    assert again.read_bytes() == converted.read_bytes()
+
+
+def test_a_template_kfp_cannot_read_is_refused_before_any_upload(tmp_path: Path) -> None:
+    bad = tmp_path / "pipeline.json"
+    bad.write_text(json.dumps({"pipelineInfo": {"name": "x"}, "rooot": {}}))
+    from google.protobuf import json_format
+
+    with pytest.raises(json_format.ParseError, match="rooot"):
+        submit.template_yaml(bad, tmp_path)
