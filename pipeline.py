@@ -229,9 +229,11 @@ PARAMETERS: tuple[Parameter, ...] = (
     _p(
         "serving_image",
         str,
-        "prebuilt",
-        "prebuilt (Vertex's TensorFlow image of serving_tf_version), custom (an image built from "
-        "Dockerfile.serving beside the trainer's, on the trainer's TensorFlow) or an image URI.",
+        "auto",
+        "auto (Vertex's prebuilt TensorFlow image of serving_tf_version while it is available for "
+        "more than 30 more days on the run's date, else the custom image; docs/serving.md), prebuilt, "
+        "custom (an image built from Dockerfile.serving beside the trainer's, on the trainer's "
+        "TensorFlow, CPU or GPU) or an image URI.",
     ),
     _p(
         "serving_tf_version",
@@ -239,7 +241,12 @@ PARAMETERS: tuple[Parameter, ...] = (
         registry.DEFAULT_SERVING_TF_VERSION,
         f"TF version of the prebuilt serving image: {', '.join(registry.PREBUILT_TF_SERVING_VERSIONS)}.",
     ),
-    _p("serving_accelerator", str, "cpu", "cpu or gpu: which prebuilt TensorFlow serving image."),
+    _p(
+        "serving_accelerator",
+        str,
+        "cpu",
+        "cpu or gpu: which prebuilt TensorFlow serving image (the custom image serves on either).",
+    ),
     _p(
         "notification_emails",
         list,
@@ -351,11 +358,13 @@ def _dag(target: str, p: dict[str, Any]) -> None:
             search_space=p["search_space"],
         ).set_display_name("tuning-trainer-args")
         tune_args.after(same_task)
+        # The trials get no Reduction Server: every trial would start (and bill) reducers of its
+        # own, parallel_trial_count at a time, for short trainings; the final job has them.
         tune_pools = worker_pools.worker_pool_specs(
             image_uri=image_uri,
             command=training.TRAIN_COMMAND,
             args=tune_args.outputs["args"],
-            **hardware,
+            **{**hardware, "reduction_server_count": 0},
             region=p["location"],
         )
         _uncached(tune_pools, "tuning-worker-pools")
@@ -369,7 +378,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
     ).set_display_name("training-trainer-args")
     train_args.after(same_task)
     train_pools = worker_pools.worker_pool_specs(
-        image_uri=image_uri,
+        image_uri=built.outputs["training_image_uri"],
         command=training.TRAIN_COMMAND,
         args=train_args.outputs["args"],
         **hardware,
@@ -447,13 +456,19 @@ def _vertex_image(p: dict[str, Any]) -> dsl.PipelineTask:
         context_uri=p["context_uri"],
         repository=p["artifact_repository"],
         serving_image=p["serving_image"],
+        serving_tf_version=p["serving_tf_version"],
+        reduction_server_count=p["reduction_server_count"],
         build_location=p["build_location"],
     )
 
 
 def _local_image(p: dict[str, Any]) -> dsl.PipelineTask:
     return local_steps.check_build_context(
-        context_dir=p["context_uri"], repository=p["artifact_repository"], serving_image=p["serving_image"]
+        context_dir=p["context_uri"],
+        repository=p["artifact_repository"],
+        serving_image=p["serving_image"],
+        serving_tf_version=p["serving_tf_version"],
+        reduction_server_count=p["reduction_server_count"],
     )
 
 

@@ -19,6 +19,12 @@ from kfp import dsl
 
 from components import runtime
 from components.buildcontext import context_tag, tarball_members
+from components.registry import (
+    prebuilt_days_left,
+    prebuilt_tf_serving_table,
+    resolve_serving_image,
+    serving_policy,
+)
 
 
 def registry_manifest_url(image: str, tag: str) -> str:
@@ -273,6 +279,10 @@ def run_cloud_build(
         cloud_build_regions,
         restricted_build_fallback,
         run_cloud_build,
+        prebuilt_tf_serving_table,
+        serving_policy,
+        prebuilt_days_left,
+        resolve_serving_image,
     ],
 )
 def build_trainer_image(
@@ -281,15 +291,21 @@ def build_trainer_image(
     context_uri: str,
     repository: str,
     image_name: str = "trainer",
-    serving_image: str = "prebuilt",
+    serving_image: str = "auto",
+    serving_tf_version: str = "2.15",
+    reduction_server_count: int = 0,
     timeout_seconds: int = 3600,
     api_root: str = "https://cloudbuild.googleapis.com",
     poll_seconds: float = 10.0,
     build_location: str = "",
-) -> NamedTuple("Outputs", image_uri=str, tag=str, built=bool, serving_image_uri=str):
-    """Builds `<repository>/<image_name>:<content tag>` with Cloud Build unless it exists (and,
-    when `serving_image` is `custom` (the pipeline parameter), `<repository>/<image_name>-serving:<tag>`
-    from `Dockerfile.serving`); only the images whose tags are absent are built, in one build.
+) -> NamedTuple("Outputs", image_uri=str, tag=str, built=bool, serving_image_uri=str, training_image_uri=str):
+    """Builds `<repository>/<image_name>:<content tag>` (Dockerfile's `trainer` stage) with Cloud
+    Build unless it exists, and beside it, when asked: `<image_name>-reduction-server:<tag>` (the
+    `reduction-server` stage: the trainer plus Google's NCCL plugin) when `reduction_server_count`
+    > 0, and `<image_name>-serving:<tag>` (Dockerfile.serving) when `serving_image` is `custom`,
+    or `auto` and the prebuilt image of `serving_tf_version` ends within the serving policy's
+    margin on this run's date (`registry.resolve_serving_image`: the run's one decision). Only
+    the images whose tags are absent are built, in one build.
 
     Args:
         context_uri: gs:// URI of the build context tarball (Dockerfile, Dockerfile.serving,
@@ -304,6 +320,8 @@ def build_trainer_image(
         image_uri: the image pinned by digest, `<repository>/<image_name>@sha256:...`.
         tag: the content tag; built: False when every tag existed and no build ran.
         serving_image_uri: the serving image pinned by digest, or "" unless asked for.
+        training_image_uri: the image of the training job's chief and workers: the
+            reduction-server image when `reduction_server_count` > 0, else `image_uri`.
     Raises:
         PermissionError when the pipeline's service account cannot read the repository;
         RuntimeError naming the build, its status and its log URL when the build fails;
@@ -326,35 +344,58 @@ def build_trainer_image(
         raise ValueError(
             f"repository must be <region>-docker.pkg.dev/<project>/<repository>, got {repository!r}"
         )
-    Outputs = collections.namedtuple("Outputs", ["image_uri", "tag", "built", "serving_image_uri"])
+    Outputs = collections.namedtuple(
+        "Outputs", ["image_uri", "tag", "built", "serving_image_uri", "training_image_uri"]
+    )
 
-    build_serving_image = serving_image == "custom"
+    build_serving_image = resolve_serving_image(serving_image, serving_tf_version) == "custom"
+    if serving_image == "auto":
+        print(
+            "serving_image=auto: "
+            + ("the custom serving image" if build_serving_image else "Vertex's prebuilt one")
+            + f" (prebuilt TensorFlow {serving_tf_version} ends on {prebuilt_days_left(serving_tf_version)[0]})"
+        )
+    with_reducers = reduction_server_count > 0
     data = storage.Client(project=project).bucket(bucket).blob(blob_name).download_as_bytes()
     tag = context_tag(tarball_members(data))
-    # (image, Dockerfile) for each image asked for: the trainer first.
-    wanted = [(f"{repository}/{image_name}", "Dockerfile")]
+    # (image, Dockerfile, stage) for each image asked for: the trainer first.
+    wanted = [(f"{repository}/{image_name}", "Dockerfile", "trainer")]
+    if with_reducers:
+        wanted.append((f"{repository}/{image_name}-reduction-server", "Dockerfile", "reduction-server"))
     if build_serving_image:
-        wanted.append((f"{repository}/{image_name}-serving", "Dockerfile.serving"))
+        wanted.append((f"{repository}/{image_name}-serving", "Dockerfile.serving", ""))
 
     credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     session = google.auth.transport.requests.AuthorizedSession(credentials)
-    digests = {image: registry_digest(session, image, tag) for image, _ in wanted}
+    digests = {image: registry_digest(session, image, tag) for image, _, _ in wanted}
     for image, digest in digests.items():
         print(f"{image}:{tag} " + (f"exists ({digest})" if digest else "is absent"))
-    missing = [(image, dockerfile) for image, dockerfile in wanted if not digests[image]]
+    missing = [(image, dockerfile, stage) for image, dockerfile, stage in wanted if not digests[image]]
 
     if missing:
         queue_ttl = 3600
         build = {
             "source": {"storageSource": {"bucket": bucket, "object": blob_name}},
+            # BuildKit builds only the stages a target needs (the legacy builder would build
+            # every stage before it); the steps share the worker's Docker, so the second build
+            # of Dockerfile reuses the first's layers.
             "steps": [
                 {
                     "name": "gcr.io/cloud-builders/docker",
-                    "args": ["build", "--file", dockerfile, "--tag", f"{image}:{tag}", "."],
+                    "env": ["DOCKER_BUILDKIT=1"],
+                    "args": [
+                        "build",
+                        "--file",
+                        dockerfile,
+                        *(["--target", stage] if stage else []),
+                        "--tag",
+                        f"{image}:{tag}",
+                        ".",
+                    ],
                 }
-                for image, dockerfile in missing
+                for image, dockerfile, stage in missing
             ],
-            "images": [f"{image}:{tag}" for image, _ in missing],
+            "images": [f"{image}:{tag}" for image, _, _ in missing],
             "timeout": f"{timeout_seconds}s",
             "queueTtl": f"{queue_ttl}s",
             "tags": ["trainer-image", tag],
@@ -370,7 +411,7 @@ def build_trainer_image(
             fall_back=not build_location,
         )
         reported = {i.get("name"): i.get("digest") for i in result.get("results", {}).get("images", [])}
-        for image, _ in missing:
+        for image, _, _ in missing:
             if not reported.get(f"{image}:{tag}"):
                 raise RuntimeError(
                     f"Cloud Build {result.get('id')} succeeded but reported no digest for {image}:{tag}; "
@@ -381,5 +422,11 @@ def build_trainer_image(
     else:
         print("every image exists; build skipped")
 
-    pinned = [f"{image}@{digests[image]}" for image, _ in wanted]
-    return Outputs(pinned[0], tag, bool(missing), pinned[1] if build_serving_image else "")
+    pinned = {stage or "serving": f"{image}@{digests[image]}" for image, _, stage in wanted}
+    return Outputs(
+        pinned["trainer"],
+        tag,
+        bool(missing),
+        pinned.get("serving", ""),
+        pinned.get("reduction-server", pinned["trainer"]),
+    )

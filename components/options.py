@@ -33,8 +33,11 @@ Google's rules, each with its source:
   required with provided tensorboard" (google/cloud/aiplatform/jobs.py), and "the TensorBoard
   instance must be in the same region as the training job" (Vertex AI docs, "Use Vertex AI
   TensorBoard with custom training").
-- A CMEK key must be in the job's region ("Customer-managed encryption keys", Vertex AI docs: "the
-  key must be in the same location as the Vertex AI resource").
+- A CMEK key must be in the job's region, exactly: aiplatform_v1 `EncryptionSpec.kms_key_name`, "The
+  Cloud KMS key must be in the same region as the resource" (REST reference `EncryptionSpec`, and
+  the "Customer-managed encryption keys (CMEK)" guide). Cloud KMS's `global` and multi-region
+  locations (`us`, `europe`, `asia`) are not regions, so their keys are refused too
+  (`kms_key_problem`, the one rule the KMS_KEY setting also goes by).
 - Labels: keys and values at most 63 characters of lowercase letters (international ones
   included), digits, `_` and `-`, keys starting with a lowercase letter, at most 64 labels on a
   resource (Google Cloud "Labels" doc; aiplatform_v1 `CustomJob.labels`). Three are added to the
@@ -110,6 +113,37 @@ class OptionsError(ValueError):
     @property
     def parameters(self) -> set[str]:
         return {name for p in self.problems for name in p.parameters}
+
+
+def kms_key_problem(key: str, region: str) -> str:
+    """What is wrong with `key` as the CMEK key of Vertex AI resources in `region` ("" when
+    nothing is; `region` "" checks the form only). The one rule for both ways a key comes in: the
+    pipeline parameter `encryption_spec_key_name` (`check`) and the KMS_KEY setting
+    (`launch.settings.load`), so both give the same verdict in the same words.
+
+    Vertex: "The Cloud KMS key must be in the same region as the resource. It must have the format
+    projects/{project}/locations/{location}/keyRings/{key_ring}/cryptoKeys/{crypto_key}"
+    (`EncryptionSpec`, https://cloud.google.com/vertex-ai/docs/reference/rest/v1/EncryptionSpec;
+    https://cloud.google.com/vertex-ai/docs/general/cmek). A key ring's location may also be
+    `global` or a multi-region such as `us`, `europe` or `asia`
+    (https://cloud.google.com/kms/docs/locations): neither is the resource's region, so neither
+    is accepted, even over a region inside it (a `us` key for us-central1)."""
+    form = f"projects/<project>/locations/{region or '<region>'}/keyRings/<ring>/cryptoKeys/<key>"
+    match = KMS_KEY.match(key)
+    if not match:
+        return f"must be {form}, got {key!r}"
+    location = match.group(1)
+    if not region or location == region:
+        return ""
+    kind = ""
+    if location == "global":
+        kind = " (a global key)"
+    elif "-" not in location:
+        kind = " (a multi-region)"
+    return (
+        f"the key is in {location}{kind}; Vertex AI needs a CMEK key in the region of its resources, "
+        f"{region}: {form} (global and multi-region keys are refused)"
+    )
 
 
 def duration_seconds(text: Any) -> float | None:
@@ -471,22 +505,8 @@ def _job_settings_problems(v: Mapping[str, Any], region: str) -> list[Problem]:
             )
         )
     key = v["encryption_spec_key_name"]
-    if key:
-        match = KMS_KEY.match(key)
-        if not match:
-            problems.append(
-                Problem(
-                    ("encryption_spec_key_name",),
-                    f"must be projects/<p>/locations/<region>/keyRings/<ring>/cryptoKeys/<key>, got {key!r}",
-                )
-            )
-        elif region and match.group(1) != region:
-            problems.append(
-                Problem(
-                    ("encryption_spec_key_name",),
-                    f"the key is in {match.group(1)}; Vertex needs a CMEK key in the job's region {region}",
-                )
-            )
+    if key and (problem := kms_key_problem(key, region)):
+        problems.append(Problem(("encryption_spec_key_name",), problem))
     board = v["tensorboard"]
     if board:
         match = TENSORBOARD.match(board)
@@ -518,20 +538,17 @@ def _job_settings_problems(v: Mapping[str, Any], region: str) -> list[Problem]:
     return problems
 
 
-def _registry_problems(v: Mapping[str, Any], region: str) -> list[Problem]:
+def _registry_problems(v: Mapping[str, Any], region: str, warnings: list[str]) -> list[Problem]:
     problems = []
     try:
         registry.check_model_display_name(v["model_display_name"])
     except ValueError as err:
         problems.append(Problem(("model_display_name",), str(err).removeprefix("model_display_name ")))
-    mode = v["serving_image"]
     try:
-        registry.choose_serving_image(
-            mode,
-            str(v["serving_tf_version"]),
-            str(v["serving_accelerator"]),
-            region,
-            "<built by the pipeline>" if mode == "custom" else "",
+        # As the upload step will judge it today: a prebuilt image past its end of availability
+        # is refused, one within 90 days of it warned about (make run and make schedule).
+        warnings += registry.check_serving_parameters(
+            str(v["serving_image"]), str(v["serving_tf_version"]), str(v["serving_accelerator"]), region
         )
     except ValueError as err:
         text = str(err)
@@ -603,7 +620,7 @@ def check(values: Mapping[str, Any], target: str, region: str = "") -> list[str]
     if values["scheduling_strategy"] == "FLEX_START":
         problems += _flex_start_problems(values)
     problems += _tuning_problems(values)
-    problems += _registry_problems(values, region)
+    problems += _registry_problems(values, region, warnings)
     problems += _data_problems(values, target)
     problems += trainer_flag_problems(values)
     if problems:

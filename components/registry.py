@@ -29,32 +29,128 @@ from components import runtime
 METRICS_READ = ("test_accuracy", "class_names")
 
 
-# Vertex AI's prebuilt TensorFlow 2 prediction images that exist, newest first: Google's
-# "Prebuilt containers for prediction" page and google-cloud-aiplatform's own list
-# (`google/cloud/aiplatform/constants/prediction.py`, TF_CONTAINER_URIS), which stop at 2.15
-# (a test keeps this table equal to aiplatform's). A serving version is only ever chosen from
-# here, never derived from the trainer's TensorFlow: `tf2-cpu.2-21` does not exist, and a model
-# uploaded with it cannot be deployed. 2.15 is announced to be unavailable after 2027-01-14:
-# `serving_image=custom` (our own serving image, built beside the trainer's) does not depend on it.
+# Vertex AI's prebuilt TensorFlow 2 prediction images that exist, newest first, with each one's
+# end of availability: Google's "Prebuilt containers for inference and explanation" page
+# (https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers, its TensorFlow table,
+# "End of availability" column, read 2026-11), the same date for the CPU and the GPU image of a
+# version. Past that date Vertex no longer serves the image, and a model that names it cannot be
+# deployed (the support policy: https://cloud.google.com/vertex-ai/docs/framework-support-policy).
+# The page gives one year after the end of patch and support for every row read: 2.15 and 2.14
+# 2027-01-14, 2.13 2025-11-28, 2.12 2025-06-30, 2.11 and 2.10 2024-11-15; 2.9's end of support is
+# 2023-11-15, so 2024-11-15 by that rule, and the older rows (2.1-2.8, still in aiplatform's list)
+# ended no later (their end of support came before 2.9's). The versions are
+# google-cloud-aiplatform's own list (`google/cloud/aiplatform/constants/prediction.py`,
+# TF_CONTAINER_URIS; a test keeps them equal). A serving version is only ever chosen from here,
+# never derived from the trainer's TensorFlow: `tf2-cpu.2-21` does not exist.
+def prebuilt_tf_serving_table() -> dict[str, str]:
+    """{TF version: end of availability (ISO date)}, newest first (a function, so the Vertex
+    components carry it with `additional_funcs`)."""
+    older = dict.fromkeys(("2.9", "2.8", "2.7", "2.6", "2.5", "2.4", "2.3", "2.2", "2.1"), "2024-11-15")
+    return {
+        "2.15": "2027-01-14",
+        "2.14": "2027-01-14",
+        "2.13": "2025-11-28",
+        "2.12": "2025-06-30",
+        "2.11": "2024-11-15",
+        "2.10": "2024-11-15",
+        **older,
+    }
+
+
 def prebuilt_tf_serving_versions() -> tuple[str, ...]:
-    """The table (a function, so the Vertex component carries it with `additional_funcs`)."""
-    return ("2.15", "2.14", "2.13", "2.12", "2.11", "2.10", "2.9", "2.8", "2.7", "2.6", "2.5", "2.4", "2.3", "2.2", "2.1")  # fmt: skip
+    """The table's versions, newest first."""
+    return tuple(prebuilt_tf_serving_table())
 
 
 PREBUILT_TF_SERVING_VERSIONS = prebuilt_tf_serving_versions()
 DEFAULT_SERVING_TF_VERSION = PREBUILT_TF_SERVING_VERSIONS[0]
+SERVING_IMAGE_MODES = ("auto", "prebuilt", "custom")
 
 
-def serving_container_uri(tf_version: str, accelerator: str, location: str) -> str:
+def serving_policy() -> dict[str, int]:
+    """The serving-image policy's margins, in days before a prebuilt image's end of availability:
+    `serving_image=auto` stops choosing it `safe_days` before (a version registered then still
+    has a month to be deployed and replaced), and `make run`, `make schedule` and the upload step
+    warn from `warn_days` before."""
+    return {"safe_days": 30, "warn_days": 90}
+
+
+def prebuilt_days_left(tf_version: str, today: str = "") -> tuple[str, int]:
+    """(end of availability, whole days from `today` to it; 0 or less: no longer available) of
+    Vertex's prebuilt TF serving image of `tf_version`. `today` is an ISO date ("": today, UTC).
+    Raises ValueError for a version with no prebuilt image."""
+    import datetime
+
+    table = prebuilt_tf_serving_table()
+    if tf_version not in table:
+        raise ValueError(
+            f"serving_tf_version {tf_version!r} has no prebuilt Vertex AI TensorFlow serving image; "
+            f"prebuilt versions: {', '.join(table)} (or use serving_image=auto or custom)"
+        )
+    day = datetime.date.fromisoformat(today) if today else datetime.datetime.now(datetime.UTC).date()
+    end = table[tf_version]
+    return end, (datetime.date.fromisoformat(end) - day).days
+
+
+def resolve_serving_image(serving_image: str, tf_version: str, today: str = "") -> str:
+    """`serving_image` with `auto` decided for a run on `today`: `prebuilt` while Vertex's prebuilt
+    image of `tf_version` is available for more than the policy's `safe_days`, else `custom` (the
+    serving image built from Dockerfile.serving, on the trainer's own TensorFlow). Other values are
+    returned as given. The build step decides once per run (it builds the custom image only then)."""
+    if serving_image != "auto":
+        return serving_image
+    _, days = prebuilt_days_left(tf_version, today)
+    return "prebuilt" if days > serving_policy()["safe_days"] else "custom"
+
+
+def serving_image_warnings(serving_image: str, tf_version: str, today: str = "") -> list[str]:
+    """What a run on `today` (or a schedule created then) should be told about the prebuilt
+    image's end of availability: nothing unless it is within the policy's `warn_days`."""
+    import datetime
+
+    if serving_image not in ("auto", "prebuilt") or tf_version not in prebuilt_tf_serving_table():
+        return []
+    end, days = prebuilt_days_left(tf_version, today)
+    policy = serving_policy()
+    if days > policy["warn_days"] or days <= 0:
+        return []  # far off, or past: then `prebuilt` is refused and `auto` already builds its own
+    page = "https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers"
+    head = f"Vertex's prebuilt TensorFlow {tf_version} serving images end on {end} ({days} days from now; {page})"
+    if serving_image == "prebuilt":
+        return [
+            (
+                f"{head}: a model version registered with one cannot be deployed after that date, and "
+                "runs with serving_image=prebuilt are refused from then on; serving_image=auto (the "
+                "default) switches to the custom serving image (Dockerfile.serving) in time"
+            )
+        ]
+    switch = datetime.date.fromisoformat(end) - datetime.timedelta(days=policy["safe_days"])
+    if days > policy["safe_days"]:
+        return [
+            (
+                f"{head}: serving_image=auto registers with it until {switch.isoformat()}, then with the "
+                "custom serving image built from Dockerfile.serving (scheduled runs switch by themselves)"
+            )
+        ]
+    return [
+        f"{head}: serving_image=auto registers with the custom serving image built from Dockerfile.serving"
+    ]
+
+
+def serving_container_uri(tf_version: str, accelerator: str, location: str, today: str = "") -> str:
     """Vertex's prebuilt TensorFlow serving image for a TF version of the table ("2.15"), "cpu"
     or "gpu", from the Artifact Registry multi-region nearest `location` (us, europe or asia:
     the only ones Google publishes them in; aiplatform's `get_prebuilt_prediction_container_uri`
-    takes the region's first word the same way)."""
-    versions = prebuilt_tf_serving_versions()
-    if tf_version not in versions:
+    takes the region's first word the same way). Refused once the image's end of availability
+    has come (on `today`, "": today)."""
+    end, days = prebuilt_days_left(tf_version, today)
+    if days <= 0:
+        newest = prebuilt_tf_serving_versions()[0]
         raise ValueError(
-            f"serving_tf_version {tf_version!r} has no prebuilt Vertex AI TensorFlow serving image; "
-            f"prebuilt versions: {', '.join(versions)} (or use serving_image=custom)"
+            f"serving_tf_version {tf_version}: Vertex's prebuilt TensorFlow {tf_version} serving images "
+            f"ended on {end} (https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers): "
+            "a model registered with one cannot be deployed. Use serving_image=auto or custom (the "
+            f"serving image built from Dockerfile.serving), or a newer prebuilt version (newest: {newest})"
         )
     if accelerator not in ("cpu", "gpu"):
         raise ValueError(f"serving accelerator must be cpu or gpu, got {accelerator!r}")
@@ -73,26 +169,50 @@ def prebuilt_tf_version(image: str) -> str:
 
 
 def choose_serving_image(
-    serving_image: str, tf_version: str, accelerator: str, location: str, custom_image_uri: str
+    serving_image: str,
+    tf_version: str,
+    accelerator: str,
+    location: str,
+    custom_image_uri: str,
+    today: str = "",
 ) -> tuple[str, str]:
-    """The Model's serving container and why: `prebuilt` (Vertex's TF image of `tf_version`, from
-    the table), `custom` (the serving image the build step made, on the trainer's own TF) or an
-    image URI of the user's. Raises ValueError naming what is allowed."""
+    """The Model's serving container and why: `auto` (see `resolve_serving_image`; the build
+    step's decision, told by whether it made `custom_image_uri`), `prebuilt` (Vertex's TF image
+    of `tf_version`, from the table, while available), `custom` (the serving image the build step
+    made, on the trainer's own TF) or an image URI of the user's. Raises ValueError naming what
+    is allowed."""
     import re
 
-    if serving_image == "prebuilt":
-        image = serving_container_uri(tf_version, accelerator, location)
+    mode = serving_image
+    if serving_image == "auto":
+        # The build step decided: it built the custom image only when auto chose it.
+        mode = "custom" if custom_image_uri else resolve_serving_image("auto", tf_version, today)
+        if mode == "custom" and not custom_image_uri:
+            end, days = prebuilt_days_left(tf_version, today)
+            raise ValueError(
+                f"serving_image=auto chose the custom serving image (the prebuilt TensorFlow {tf_version} "
+                f"image ends on {end}, {days} days from now) but the build step made none"
+            )
+    if accelerator not in ("cpu", "gpu"):
+        raise ValueError(f"serving accelerator must be cpu or gpu, got {accelerator!r}")
+    if mode == "prebuilt":
+        image = serving_container_uri(tf_version, accelerator, location, today)
         why = f"Vertex's prebuilt TensorFlow {tf_version} {accelerator.upper()} serving image"
         if tf_version == prebuilt_tf_serving_versions()[0]:
             why += " (the newest prebuilt one; the trainer's models are tested to serve under it)"
-        return image, why
-    if serving_image == "custom":
+        return image, why + (" (serving_image=auto)" if serving_image == "auto" else "")
+    if mode == "custom":
         if not custom_image_uri:
             raise ValueError("serving_image=custom but the build step made no serving image")
-        return custom_image_uri, "the custom serving image built from Dockerfile.serving (the trainer's TF)"
+        why = "the custom serving image built from Dockerfile.serving (the trainer's TF"
+        why += ", on GPU when the deployment has one)" if accelerator == "gpu" else ")"
+        if serving_image == "auto":
+            end, _ = prebuilt_days_left(tf_version, today)
+            why += f" (serving_image=auto: the prebuilt TensorFlow {tf_version} image ends on {end})"
+        return custom_image_uri, why
     if not re.match(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$", serving_image):
         raise ValueError(
-            f"serving_image must be prebuilt, custom or an image URI (<host>/<path>:<tag> or "
+            f"serving_image must be auto, prebuilt, custom or an image URI (<host>/<path>:<tag> or "
             f"<host>/<path>@sha256:<digest>), got {serving_image!r}"
         )
     return serving_image, "the serving image given by serving_image"
@@ -108,17 +228,35 @@ def check_model_display_name(name: str) -> str:
     return name
 
 
-def check_registry_parameters(values: Mapping[str, Any]) -> None:
+def check_serving_parameters(
+    serving_image: str, tf_version: str, accelerator: str, location: str, today: str = ""
+) -> list[str]:
+    """The serving parameters checked before any work (both targets), as the upload step will
+    check them on `today` ("": today): raises ValueError naming what is wrong and what is allowed
+    (an unknown mode or version, a prebuilt image past its end of availability); returns the
+    warnings of `serving_image_warnings`."""
+    if serving_image == "auto" or serving_image == "prebuilt":
+        prebuilt_days_left(tf_version, today)  # a version with no prebuilt image: named here
+    built = (
+        "<built by the pipeline>"
+        if resolve_serving_image(serving_image, tf_version, today) == "custom"
+        else ""
+    )
+    choose_serving_image(serving_image, tf_version, accelerator, location, built, today)
+    return serving_image_warnings(serving_image, tf_version, today)
+
+
+def check_registry_parameters(values: Mapping[str, Any], today: str = "") -> list[str]:
     """The registry's parameters checked before any work (both targets): the display name, and
-    a serving image that exists. Raises ValueError naming the parameter and what is allowed."""
+    a serving image that exists. Raises ValueError naming the parameter and what is allowed;
+    returns warnings."""
     check_model_display_name(str(values.get("model_display_name", "")))
-    mode = values.get("serving_image", "prebuilt")
-    choose_serving_image(
-        mode,
+    return check_serving_parameters(
+        str(values.get("serving_image", "auto")),
         str(values.get("serving_tf_version", DEFAULT_SERVING_TF_VERSION)),
         str(values.get("serving_accelerator", "cpu")),
         str(values.get("location", "")),
-        "<built by the pipeline>" if mode == "custom" else "",
+        today,
     )
 
 
@@ -156,7 +294,17 @@ def label_value(value: str) -> str:
 @dsl.component(
     base_image=runtime.BASE_IMAGE,
     install_kfp_package=False,
-    additional_funcs=[prebuilt_tf_serving_versions, serving_container_uri, choose_serving_image, label_value],
+    additional_funcs=[
+        prebuilt_tf_serving_table,
+        prebuilt_tf_serving_versions,
+        serving_policy,
+        prebuilt_days_left,
+        resolve_serving_image,
+        serving_image_warnings,
+        serving_container_uri,
+        choose_serving_image,
+        label_value,
+    ],
 )
 def upload_settings(
     location: str,
@@ -168,15 +316,22 @@ def upload_settings(
     source_commit: str,
     pipeline_run: str,
 ) -> NamedTuple("Outputs", serving_image=str, labels=dict):
-    """The Model's serving image (see `choose_serving_image`) and the model version's labels:
-    `labels` plus the pipeline run and commit."""
+    """The Model's serving image (see `choose_serving_image`: `auto` follows the build step's
+    decision) and the model version's labels: `labels` plus the pipeline run, the commit and the
+    serving accelerator the image was chosen for. Warns when the prebuilt image chosen ends
+    within the policy's `warn_days` (`serving_image_warnings`)."""
     import collections
 
+    for warning in serving_image_warnings(
+        serving_image if not (serving_image == "auto" and custom_image_uri) else "custom", tf_version
+    ):
+        print(f"WARNING: {warning}")
     image, why = choose_serving_image(
         serving_image, tf_version, serving_accelerator, location, custom_image_uri
     )
     merged = {label_value(k): label_value(str(v)) for k, v in labels.items()}
     merged["pipeline_run"] = label_value(pipeline_run)
+    merged["serving_accelerator"] = label_value(serving_accelerator)
     if source_commit:
         merged["source_commit"] = label_value(source_commit)
     # Vertex's label rules (aiplatform_v1 `Model.labels`; Google Cloud's labels doc): keys start

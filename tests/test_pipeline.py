@@ -536,3 +536,21 @@ def test_the_default_upload_names_a_serving_image_that_exists(spec: dict[str, An
     importer = walk(spec)["serving-container"]["task"]["inputs"]["parameters"]
     channel = json.dumps(importer)
     assert "upload-settings" in channel and "serving_image" in channel
+
+
+def test_only_the_final_training_job_gets_reduction_server_and_its_image(spec: dict[str, Any]) -> None:
+    """The training job runs the image the build step made for it (`training_image_uri`: the
+    reduction-server stage when reducers are asked for) with the pipeline's reducer count; the
+    tuning trials run the plain trainer image with no reducers whatever the parameter says: every
+    trial would start and bill reducers of its own, parallel_trial_count at a time."""
+    tasks = walk(spec)
+    train = tasks["training-worker-pools"]["task"]["inputs"]["parameters"]
+    tune = tasks["tuning-worker-pools"]["task"]["inputs"]["parameters"]
+    assert train["image_uri"]["taskOutputParameter"]["outputParameterKey"] == "training_image_uri"
+    # Inside the tuning condition, the build's output arrives as the condition's input.
+    assert tune["image_uri"]["componentInputParameter"] == "pipelinechannel--build-trainer-image-image_uri"
+    assert train["reduction_server_count"]["componentInputParameter"] == "reduction_server_count"
+    assert tune["reduction_server_count"]["runtimeValue"]["constant"] == 0
+    build = tasks["build-trainer-image"]["task"]["inputs"]["parameters"]
+    assert build["reduction_server_count"]["componentInputParameter"] == "reduction_server_count"
+    assert build["serving_tf_version"]["componentInputParameter"] == "serving_tf_version"

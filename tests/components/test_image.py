@@ -201,6 +201,8 @@ def run_build(cloud: dict[str, Any], fake: CloudBuildFake, **args: Any) -> Any:
                 "repository": cloud["repository"],
                 "api_root": fake.api_root,
                 "poll_seconds": 0.01,
+                # A choice that does not depend on the day (auto: tests/components/test_serving_policy.py).
+                "serving_image": "prebuilt",
                 **args,
             }
         )
@@ -216,6 +218,7 @@ def test_builds_when_the_tag_is_new_and_returns_the_digest(
     image_ref = f"{cloud['repository']}/trainer:{cloud['tag']}"
     assert out.image_uri == f"{cloud['repository']}/trainer@{digest_of(image_ref)}"
     assert (out.tag, out.built, out.serving_image_uri) == (cloud["tag"], True, "")
+    assert out.training_image_uri == out.image_uri, "no reducers asked: training runs the trainer image"
     [(_, path, query, _)] = [r for r in fake.rest.requests if r[0] == "POST"]
     assert path == "/v1/projects/p/locations/us-central1/builds" and query == {"projectId": ["p"]}
     build = fake.build
@@ -224,7 +227,17 @@ def test_builds_when_the_tag_is_new_and_returns_the_digest(
     assert list(build.images) == [image_ref]
     [step] = build.steps
     assert step.name == "gcr.io/cloud-builders/docker"
-    assert list(step.args) == ["build", "--file", "Dockerfile", "--tag", image_ref, "."]
+    assert list(step.args) == [
+        "build",
+        "--file",
+        "Dockerfile",
+        "--target",
+        "trainer",
+        "--tag",
+        image_ref,
+        ".",
+    ]
+    assert list(step.env) == ["DOCKER_BUILDKIT=1"], "BuildKit builds only the stages the target needs"
     assert build.timeout.total_seconds() == 3600
     # the operation was polled until done: not done three times, then done
     polls = [r for r in fake.rest.requests if r[0] == "GET"]
@@ -291,7 +304,7 @@ def test_the_serving_image_is_built_in_the_same_build_when_asked(cloud: dict[str
     assert out.built is True
     assert fake.build is not None and list(fake.build.images) == [trainer, serving]
     assert [list(s.args) for s in fake.build.steps] == [
-        ["build", "--file", "Dockerfile", "--tag", trainer, "."],
+        ["build", "--file", "Dockerfile", "--target", "trainer", "--tag", trainer, "."],
         ["build", "--file", "Dockerfile.serving", "--tag", serving, "."],
     ]
     assert cloud["registry"].requests == [
@@ -365,7 +378,7 @@ def test_the_compiled_component_installs_nothing(tmp_path: Path) -> None:
     assert "google.cloud.devtools" not in program, "google-cloud-build is not in the GCPC image"
     inputs = yaml.safe_load(text)["root"]["inputDefinitions"]["parameters"]
     assert inputs["api_root"]["defaultValue"] == "https://cloudbuild.googleapis.com"
-    assert inputs["serving_image"]["defaultValue"] == "prebuilt"
+    assert inputs["serving_image"]["defaultValue"] == "auto"
     namespace: dict[str, Any] = {}
     exec(compile(program, "component.py", "exec"), namespace)  # the shipped source stands alone
     assert {"build_trainer_image", "registry_digest", "run_cloud_build"} <= set(namespace)
@@ -529,3 +542,35 @@ def test_every_cloud_build_region_has_a_restricted_fallback() -> None:
             assert fallback.split("-")[0] == region.split("-")[0] or region.startswith(
                 ("northamerica-", "me-", "africa-")
             ), f"{region} -> {fallback}: same continent first"
+
+
+def test_the_reduction_server_image_is_built_only_for_a_job_with_reducers(cloud: dict[str, Any]) -> None:
+    """Google's NCCL plugin (the `reduction-server` stage) goes only into the image of a training
+    job that asked for Reduction Server replicas; every other job runs the trainer stage."""
+    fake = CloudBuildFake()
+    out = run_build(cloud, fake, reduction_server_count=2)
+    trainer = f"{cloud['repository']}/trainer:{cloud['tag']}"
+    reducers = f"{cloud['repository']}/trainer-reduction-server:{cloud['tag']}"
+    assert out.image_uri == f"{cloud['repository']}/trainer@{digest_of(trainer)}"
+    assert out.training_image_uri == f"{cloud['repository']}/trainer-reduction-server@{digest_of(reducers)}"
+    assert fake.build is not None and list(fake.build.images) == [trainer, reducers]
+    assert [list(s.args)[:5] for s in fake.build.steps] == [
+        ["build", "--file", "Dockerfile", "--target", "trainer"],
+        ["build", "--file", "Dockerfile", "--target", "reduction-server"],
+    ]
+
+
+@pytest.mark.parametrize(("days_left", "serving_built"), [(200, False), (31, False), (30, True), (-3, True)])
+def test_auto_builds_the_serving_image_when_the_prebuilt_one_is_ending(
+    cloud: dict[str, Any], monkeypatch: pytest.MonkeyPatch, days_left: int, serving_built: bool
+) -> None:
+    """serving_image=auto decides on the run's day, once: the serving image is built (and then
+    registered) from 30 days before the prebuilt image's end of availability."""
+    monkeypatch.setattr(image, "prebuilt_days_left", lambda version, today="": ("2027-01-14", days_left))
+    from components import registry
+
+    monkeypatch.setattr(registry, "prebuilt_days_left", lambda version, today="": ("2027-01-14", days_left))
+    fake = CloudBuildFake()
+    out = run_build(cloud, fake, serving_image="auto", serving_tf_version="2.15")
+    assert bool(out.serving_image_uri) is serving_built
+    assert fake.build is not None and len(fake.build.steps) == (2 if serving_built else 1)

@@ -58,13 +58,18 @@ def test_every_uri_chosen_is_one_aiplatform_lists() -> None:
     for version in registry.PREBUILT_TF_SERVING_VERSIONS:
         for accelerator in ("cpu", "gpu"):
             for location in ("us-central1", "europe-west4", "asia-northeast1", "australia-southeast1"):
-                uri = registry.serving_container_uri(version, accelerator, location)
+                # On a day when every version was still available.
+                uri = registry.serving_container_uri(version, accelerator, location, today="2020-01-01")
                 assert uri in prediction.TF_CONTAINER_URIS, uri
                 assert registry.prebuilt_tf_version(uri) == version
     assert registry.prebuilt_tf_version("us-docker.pkg.dev/p/r/trainer-serving@sha256:" + "0" * 64) == ""
 
 
-def test_serving_image_choice_and_labels(capsys: pytest.CaptureFixture[str]) -> None:
+def test_serving_image_choice_and_labels(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A day 2.15 is safely available (the component judges on the run's date).
+    monkeypatch.setattr(registry, "prebuilt_days_left", lambda v, today="": ("2027-01-14", 200))
     out = registry.upload_settings.python_func(
         location="europe-west4",
         serving_image="prebuilt",
@@ -84,6 +89,7 @@ def test_serving_image_choice_and_labels(capsys: pytest.CaptureFixture[str]) -> 
         "team": "ml-ops",
         "pipeline_run": "multiworker-cassava-training-20261121",
         "source_commit": "abc123",
+        "serving_accelerator": "gpu",
     }
     built = "us-central1-docker.pkg.dev/p/r/trainer-serving@sha256:" + "1" * 64
     custom = registry.upload_settings.python_func(
@@ -104,8 +110,8 @@ def test_serving_image_choice_and_labels(capsys: pytest.CaptureFixture[str]) -> 
     ("mode", "custom_uri", "match"),
     [
         ("custom", "", "serving_image=custom but the build step made no serving image"),
-        ("my image", "", "serving_image must be prebuilt, custom or an image URI"),
-        ("", "", "serving_image must be prebuilt, custom or an image URI"),
+        ("my image", "", "serving_image must be auto, prebuilt, custom or an image URI"),
+        ("", "", "serving_image must be auto, prebuilt, custom or an image URI"),
     ],
 )
 def test_bad_serving_choices_are_named(mode: str, custom_uri: str, match: str) -> None:
@@ -122,17 +128,18 @@ def test_an_image_uri_of_the_users_is_taken_as_given() -> None:
     ("labels", "match"),
     [
         ({"1team": "x"}, r"label keys must start with a lowercase letter.*'1team'"),
-        ({f"k{i}": "v" for i in range(63)}, "65 labels: Vertex allows at most 64"),
+        # With pipeline_run, source_commit and serving_accelerator.
+        ({f"k{i}": "v" for i in range(62)}, "65 labels: Vertex allows at most 64"),
     ],
 )
 def test_labels_vertex_would_refuse_are_refused(labels: dict[str, str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         registry.upload_settings.python_func(
             location="us-central1",
-            serving_image="prebuilt",
+            serving_image="custom",
             tf_version="2.15",
             serving_accelerator="cpu",
-            custom_image_uri="",
+            custom_image_uri="us-docker.pkg.dev/p/r/trainer-serving:t",
             labels=labels,
             source_commit="abc",
             pipeline_run="r",
