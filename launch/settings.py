@@ -44,7 +44,13 @@ SETTINGS: dict[str, tuple[str, bool]] = {
         False,
     ),
     "NETWORK": ("VPC network to peer: projects/<project number>/global/networks/<name>", False),
-    "KMS_KEY": ("CMEK key: projects/<p>/locations/<region>/keyRings/<ring>/cryptoKeys/<key>", False),
+    "KMS_KEY": (
+        (
+            "CMEK key: projects/<p>/locations/<REGION>/keyRings/<ring>/cryptoKeys/<key>, in REGION itself "
+            "(Vertex refuses global and multi-region keys)"
+        ),
+        False,
+    ),
     "LABELS": ("labels of the run, its jobs and the model: key=value,key=value", False),
     "API_ENDPOINT": (
         "Vertex API endpoint: <region>-aiplatform.googleapis.com (default) or a Private Service Connect one",
@@ -69,9 +75,10 @@ _DOCKER_REPO = re.compile(
 _KFP_REPO = re.compile(
     r"^https://([a-z0-9-]+)-kfp\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z][a-z0-9-]{0,62}$"
 )
-# The same forms as the pipeline parameters they fill (service_account, network,
-# encryption_spec_key_name): one home, components/options.py.
-_SERVICE_ACCOUNT, _NETWORK, _KMS_KEY = options.SERVICE_ACCOUNT, options.NETWORK, options.KMS_KEY
+# The same forms as the pipeline parameters they fill (service_account, network; the CMEK key's
+# whole rule is `options.kms_key_problem`, shared with encryption_spec_key_name): one home,
+# components/options.py.
+_SERVICE_ACCOUNT, _NETWORK = options.SERVICE_ACCOUNT, options.NETWORK
 _LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _ENDPOINT = re.compile(
@@ -183,14 +190,13 @@ def load(
     check("NETWORK", _NETWORK)
     check("API_ENDPOINT", _ENDPOINT)
     region = values.get("REGION", "")
-    for key, pattern in (
-        ("ARTIFACT_REPOSITORY", _DOCKER_REPO),
-        ("TEMPLATE_REPOSITORY", _KFP_REPO),
-        ("KMS_KEY", _KMS_KEY),
-    ):
+    for key, pattern in (("ARTIFACT_REPOSITORY", _DOCKER_REPO), ("TEMPLATE_REPOSITORY", _KFP_REPO)):
         match = check(key, pattern)
         if match and region and match.group(1) not in (region, region.split("-")[0], "global"):
             problems.append(f"{key}={values[key]!r} is in {match.group(1)}, not in REGION {region}")
+    kms_key = values.get("KMS_KEY", "")
+    if kms_key and (problem := options.kms_key_problem(kms_key, region)):
+        problems.append(f"KMS_KEY={kms_key!r} is not valid: {problem}")
     labels: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in values.get("LABELS", "").split(","))):
         key, _, value = item.partition("=")

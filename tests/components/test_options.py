@@ -96,7 +96,7 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
         (
             {"encryption_spec_key_name": "projects/p/locations/europe-west4/keyRings/r/cryptoKeys/k"},
             {"encryption_spec_key_name"},
-            "in the job's region us-central1",
+            "needs a CMEK key in the region of its resources, us-central1",
         ),
         ({"labels": {"Team": "ml"}}, {"labels"}, "label key 'Team'"),
         ({"labels": {"team": "ML"}}, {"labels"}, "values are at most 63 lowercase"),
