@@ -86,6 +86,10 @@ schedules: $(STAMP) ## List the project's pipeline schedules
 schedule-pause schedule-resume schedule-delete: $(STAMP) ## Pause, resume or delete a schedule: NAME=projects/.../schedules/ID
 	@$(PY) -m launch.submit $(subst schedule-,,$@) $(EXPLAIN)
 
+.PHONY: gpu-check
+gpu-check: $(STAMP) ## One Vertex job on this checkout's trainer image: the GPUs it sees, one NCCL all-reduce (the chief's machine; ARGS="--chief_machine_type g2-standard-8 --chief_accelerator_type NVIDIA_L4")
+	@$(PY) -m launch.gpucheck $(ARGS) $(EXPLAIN)
+
 e2e: $(STAMP) ## A real run on Vertex AI (needs a project in env.sh): submit, wait, check the model version
 	$(PY) -m pytest -m e2e tests/e2e
 

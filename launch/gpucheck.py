@@ -1,0 +1,391 @@
+"""`make gpu-check`: a project's first contact with its GPUs, before any training run.
+
+    python -m launch.gpucheck [--chief_machine_type M] [--chief_accelerator_type GPU]
+        [--chief_accelerator_count N] [--check_gpu_region true|false] [--image URI]
+        [--timeout 1800s] [--no_wait]
+
+Submits one Vertex AI CustomJob of one replica that runs `python -m trainer.gpucheck` on the
+trainer image (docs/gpus.md, "make gpu-check"): it lists what the container sees (TensorFlow's
+devices and CUDA/cuDNN build, `nvidia-smi`), checks it against the GPUs asked with the
+trainer's own rule, and runs one NCCL all-reduce over them. This waits for the job, then
+reads back what the check wrote (`gpu_check.json` in the job's `AIP_MODEL_DIR`, under
+`<PIPELINE_ROOT>/gpu-check/`) and prints it with the timing.
+
+- The machine: the pipeline's chief (`chief_machine_type`, `chief_accelerator_type`,
+  `chief_accelerator_count`, Vertex defaults of `pipeline.PARAMETERS`), each a flag of the same
+  name; checked by `components.worker_pools.build_worker_pool_specs` (the pipeline's own rules
+  and worker pool spec, so the job carries the same `TRAINER_POOL_*` request as a training pool)
+  before any request.
+- The image: the one `make run` would train with, `<ARTIFACT_REPOSITORY>/trainer:<tag>`, the tag
+  being `components.buildcontext.context_tag` of this checkout's build context, pinned by its
+  digest. When that tag is absent (the image of this checkout was never built), it says so and
+  stops: `make run` builds it first (its `build-trainer-image` step), or `--image` names one.
+- The settings: PROJECT_ID, REGION, PIPELINE_ROOT and ARTIFACT_REPOSITORY (env or env.sh, checked by
+  `launch.settings`); SERVICE_ACCOUNT, NETWORK, KMS_KEY, LABELS and API_ENDPOINT are used when set.
+  With no PROJECT_ID it stops, saying it needs a project and how to run the in-image half here.
+
+The request is the real `aiplatform_v1.CustomJob`, sent by the real `JobServiceClient`. Exit
+status: 0 the job succeeded and the check passed; 1 the job or the check failed (the one line of
+the check is shown), or Google Cloud refused a request (its traceback); 2 a usage or settings
+error, no credentials, or no image (nothing was started); 130 interrupted (the job is cancelled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import secrets
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from launch import settings as settings_mod
+from launch.flags import parse_bool
+from launch.settings import Settings, SettingsError
+
+ROOT = Path(__file__).resolve().parent.parent
+PROG = "make gpu-check"
+COMMAND = ["python", "-m", "trainer.gpucheck"]
+IMAGE_NAME = "trainer"  # components.image.build_trainer_image's image_name
+RESULT_FILE = "gpu_check.json"
+"""What `trainer.gpucheck` writes into AIP_MODEL_DIR (`trainer.gpucheck.RESULT_FILE`; this layer
+does not import the trainer: tests/launch/test_gpucheck.py keeps them equal)."""
+RESULT_READ = ("ok", "error", "pool", "role", "tensorflow", "devices", "gpus", "nvidia_smi", "all_reduce")
+"""The keys of the check's summary read here (`trainer.gpucheck.RESULT_KEYS` declares them)."""
+HARDWARE = ("chief_machine_type", "chief_accelerator_type", "chief_accelerator_count")
+REQUIRED = ("PROJECT_ID", "REGION", "PIPELINE_ROOT", "ARTIFACT_REPOSITORY")
+DEFAULT_TIMEOUT = "1800s"
+# The states after which a CustomJob changes no more: GCPC's launcher waits for SUCCEEDED,
+# FAILED, CANCELLED and PAUSED (job_remote_runner._JOB_COMPLETE_STATES); EXPIRED and
+# PARTIALLY_SUCCEEDED are final too (aiplatform_v1 JobState).
+TERMINAL = (
+    "JOB_STATE_SUCCEEDED",
+    "JOB_STATE_FAILED",
+    "JOB_STATE_CANCELLED",
+    "JOB_STATE_PAUSED",
+    "JOB_STATE_EXPIRED",
+    "JOB_STATE_PARTIALLY_SUCCEEDED",
+)
+
+
+def hardware_defaults() -> dict[str, Any]:
+    """The pipeline's chief machine, as compiled for Vertex (`pipeline.PARAMETERS`)."""
+    import pipeline
+
+    return {q.name: q.default_for("vertex") for q in pipeline.parameters_for("vertex") if q.name in HARDWARE}
+
+
+def duration(text: str) -> int:
+    """`--timeout`: whole seconds as Vertex writes durations (`1800s`), from 60 s to 7 days."""
+    match = re.fullmatch(r"([0-9]{1,7})s", text.strip())
+    if not match or not 60 <= int(match.group(1)) <= 7 * 24 * 3600:
+        raise argparse.ArgumentTypeError(
+            f"expected whole seconds like '1800s', from 60s to 604800s (7 days), got {text!r}"
+        )
+    return int(match.group(1))
+
+
+def build_parser(defaults: Mapping[str, Any]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} ARGS=...",
+        description="One Vertex AI job on this checkout's trainer image: the GPUs it sees, one NCCL all-reduce.",
+    )
+    p.add_argument("--chief_machine_type", default=defaults["chief_machine_type"], help="Machine type.")
+    p.add_argument(
+        "--chief_accelerator_type", default=defaults["chief_accelerator_type"], help="GPU type ('' for none)."
+    )
+    p.add_argument("--chief_accelerator_count", type=int, default=defaults["chief_accelerator_count"])
+    p.add_argument(
+        "--check_gpu_region",
+        type=parse_bool,
+        default=True,
+        help="false: a GPU this project's region table does not list for REGION is a warning.",
+    )
+    p.add_argument(
+        "--image",
+        default="",
+        help="The image to check (default: this checkout's trainer image in ARTIFACT_REPOSITORY).",
+    )
+    p.add_argument("--timeout", type=duration, default=duration(DEFAULT_TIMEOUT), help="Job timeout.")
+    p.add_argument("--no_wait", action="store_true", help="Submit and return: do not wait for the result.")
+    return p
+
+
+def configured_project(environ: Mapping[str, str], env_file: Path) -> str:
+    """PROJECT_ID from the environment, else env.sh (as `make run` finds it)."""
+    return environ.get("PROJECT_ID") or settings_mod.read_env_file(env_file).get("PROJECT_ID", "")
+
+
+def checkout_image(settings: Settings, root: Path = ROOT) -> tuple[str, str]:
+    """(`<ARTIFACT_REPOSITORY>/trainer`, the content tag of this checkout's build context): the
+    image the pipeline's build step makes from the same context (`components.image`)."""
+    from components.buildcontext import context_members, context_tag
+
+    return f"{settings.artifact_repository}/{IMAGE_NAME}", context_tag(context_members(root))
+
+
+def worker_pool(
+    image_uri: str, hardware: Mapping[str, Any], region: str, check_gpu_region: bool
+) -> tuple[dict[str, Any], list[str]]:
+    """The job's one worker pool, by the pipeline's own builder (its rules, its `TRAINER_POOL_*`
+    env); raises ValueError naming each bad flag. Returns the pool and warnings."""
+    from components.worker_pools import build_worker_pool_specs
+
+    warnings: list[str] = []
+    [pool] = build_worker_pool_specs(
+        image_uri=image_uri,
+        command=COMMAND,
+        args=[],
+        **hardware,
+        worker_count=0,
+        region=region,
+        check_gpu_region=check_gpu_region,
+        warnings=warnings,
+    )
+    return pool, warnings
+
+
+def build_custom_job(
+    settings: Settings, pool: Mapping[str, Any], output_dir: str, timeout_seconds: int, display_name: str
+) -> Any:
+    """The `aiplatform_v1.CustomJob`, its worker pool parsed strictly (a field Vertex does not
+    declare fails here, not at Google). `disable_retries`: a check is not retried ("Indicates if
+    the job should retry for internal errors after the job starts running", aiplatform_v1
+    `Scheduling`)."""
+    from google.cloud import aiplatform_v1
+    from google.protobuf import duration_pb2, json_format
+
+    raw = aiplatform_v1.WorkerPoolSpec.pb(aiplatform_v1.WorkerPoolSpec())
+    json_format.ParseDict(dict(pool), raw, ignore_unknown_fields=False)
+    spec = aiplatform_v1.CustomJobSpec(
+        worker_pool_specs=[aiplatform_v1.WorkerPoolSpec.wrap(raw)],
+        base_output_directory=aiplatform_v1.GcsDestination(output_uri_prefix=output_dir),
+        scheduling=aiplatform_v1.Scheduling(
+            timeout=duration_pb2.Duration(seconds=timeout_seconds), disable_retries=True
+        ),
+        service_account=settings.service_account,
+        network=settings.network,
+    )
+    job = aiplatform_v1.CustomJob(display_name=display_name, job_spec=spec, labels=dict(settings.labels))
+    if settings.kms_key:
+        job.encryption_spec = aiplatform_v1.EncryptionSpec(kms_key_name=settings.kms_key)
+    return job
+
+
+def console_url(name: str) -> str:
+    """The job's page in the Cloud console, as google-cloud-aiplatform composes it
+    (`jobs._Job._dashboard_uri`, job type `training`)."""
+    match = re.fullmatch(r"projects/([^/]+)/locations/([^/]+)/customJobs/([^/]+)", name)
+    if not match:
+        return ""
+    project, location, job = match.groups()
+    return f"https://console.cloud.google.com/agent-platform/locations/{location}/training/{job}?project={project}"
+
+
+def read_result(storage_client: Any, output_dir: str) -> dict[str, Any] | None:
+    """The check's summary from `<base_output_directory>/model/gpu_check.json` (Vertex's
+    AIP_MODEL_DIR of a CustomJob: aiplatform_v1 `CustomJobSpec.base_output_directory`), or None."""
+    from google.api_core import exceptions
+
+    bucket, _, prefix = output_dir.removeprefix("gs://").partition("/")
+    blob = storage_client.bucket(bucket).blob(
+        "/".join(p for p in (prefix.strip("/"), "model", RESULT_FILE) if p)
+    )
+    try:
+        result = json.loads(blob.download_as_text())
+    except exceptions.NotFound:
+        return None
+    return result if isinstance(result, dict) else None
+
+
+def describe(result: Mapping[str, Any]) -> list[str]:
+    """What the check saw, in a few lines."""
+    gpus = result.get("gpus")
+    devices = ", ".join(result.get("devices") or []) or "none"
+    lines = [
+        f"  {result.get('pool')} ({result.get('role')}): TensorFlow {result.get('tensorflow')} sees "
+        + f"{gpus} GPU{'' if gpus == 1 else 's'} (devices: {devices})"
+    ]
+    lines += [f"  nvidia-smi: {line}" for line in result.get("nvidia_smi") or ["not in the image"]]
+    reduced = result.get("all_reduce")
+    if reduced:
+        bandwidth = reduced.get("bus_gb_per_second")
+        lines.append(
+            f"  NCCL all-reduce of {reduced.get('megabytes'):g} MiB over {reduced.get('gpus')} GPU(s): "
+            f"first {reduced.get('first_seconds'):.3f} s (set-up included), then "
+            f"{reduced.get('seconds', 0) * 1000:.2f} ms each"
+            + (f", bus bandwidth {bandwidth:.1f} GB/s" if bandwidth else "")
+            + ("" if reduced.get("correct") else ", WRONG SUM")
+        )
+    elif not result.get("error"):
+        lines.append("  no GPU: no NCCL all-reduce")
+    return lines
+
+
+def wait(job_client: Any, name: str, out: TextIO, poll_seconds: float) -> Any:
+    """Polls the job until it ends, printing each new state; returns the final job."""
+    last = ""
+    started = time.monotonic()
+    while True:
+        job = job_client.get_custom_job(name=name)
+        state = job.state.name
+        if state != last:
+            out.write(f"{PROG}: {state} ({time.monotonic() - started:.0f} s)\n")
+            out.flush()
+            last = state
+        if state in TERMINAL:
+            return job
+        time.sleep(poll_seconds)
+
+
+def run(
+    settings: Settings,
+    ns: argparse.Namespace,
+    hardware: Mapping[str, Any],
+    *,
+    credentials: Any,
+    job_client: Any = None,
+    storage_client: Any = None,
+    session: Any = None,
+    registry_host: str = "",
+    root: Path = ROOT,
+    poll_seconds: float = 15.0,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Finds the image, submits the job and (unless `--no_wait`) reads its result; the flags
+    were checked (`worker_pool`). `registry_host` sends the image lookup elsewhere (tests)."""
+    from google.cloud import aiplatform_v1
+
+    out, err = out or sys.stdout, err or sys.stderr
+    if ns.image:
+        image_uri = ns.image
+    else:
+        from components.image import registry_digest
+
+        image, tag = checkout_image(settings, root)
+        if session is None:
+            from google.auth.transport.requests import AuthorizedSession
+
+            session = AuthorizedSession(credentials)
+        lookup = f"{registry_host}/{image.partition('/')[2]}" if registry_host else image
+        try:
+            digest = registry_digest(session, lookup, tag)
+        except PermissionError as problem:
+            err.write(f"{PROG}: cannot read the trainer image's tag with your credentials: {problem}\n")
+            return 1
+        if not digest:
+            err.write(
+                f"{PROG}: the trainer image of this checkout, {image}:{tag}, is not in Artifact Registry "
+                "(its build context changed since the last build, or it was never built): `make run` "
+                'builds it first (its build-trainer-image step), or give ARGS="--image <URI>" to check '
+                "another image\n"
+            )
+            return 2
+        image_uri = f"{image}@{digest}"
+        out.write(f"{PROG}: image {image}:{tag} ({digest})\n")
+    pool, _ = worker_pool(image_uri, hardware, settings.region, ns.check_gpu_region)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+    output_dir = f"{settings.pipeline_root}/gpu-check/{stamp}"
+    gpus = hardware["chief_accelerator_count"]
+    shape = (
+        f"{hardware['chief_machine_type']} + {gpus} x {hardware['chief_accelerator_type']}"
+        if gpus
+        else (f"{hardware['chief_machine_type']}, no GPU (the check will only list devices)")
+    )
+    job = build_custom_job(settings, pool, output_dir, ns.timeout, f"gpu-check-{stamp}")
+    if job_client is None:
+        job_client = aiplatform_v1.JobServiceClient(
+            credentials=credentials,
+            client_options={
+                "api_endpoint": settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
+            },
+        )
+    created = job_client.create_custom_job(
+        parent=f"projects/{settings.project}/locations/{settings.region}", custom_job=job
+    )
+    out.write(
+        f"{PROG}: submitted {created.name} ({shape}) in {settings.region}\n"
+        f"  console: {console_url(created.name)}\n"
+        f"  logs:    gcloud ai custom-jobs stream-logs {created.name}\n"
+        f"  result:  {output_dir}/model/{RESULT_FILE}\n"
+    )
+    out.flush()
+    if ns.no_wait:
+        return 0
+    try:
+        final = wait(job_client, created.name, out, poll_seconds)
+    except KeyboardInterrupt:
+        job_client.cancel_custom_job(name=created.name)
+        err.write(f"{PROG}: interrupted: cancelled {created.name}\n")
+        return 130
+    if storage_client is None:
+        import google.cloud.storage as storage
+
+        storage_client = storage.Client(project=settings.project, credentials=credentials)
+    result = read_result(storage_client, output_dir)
+    if result:
+        out.write("".join(f"{line}\n" for line in describe(result)))
+    state = final.state.name
+    if state == "JOB_STATE_SUCCEEDED" and result and result.get("ok"):
+        out.write(f"{PROG}: OK: the image sees the GPUs it was given\n")
+        return 0
+    why = (result or {}).get("error") or ""
+    if not why and final.error.message:
+        why = " ".join(final.error.message.split())
+    if not why:
+        why = f"no {RESULT_FILE} was written (the job never ran the check: see its logs)"
+    err.write(f"{PROG}: the check failed ({state}): {why}\n")
+    return 1
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] = os.environ,
+    env_file: Path = Path("env.sh"),
+    **injected: Any,
+) -> int:
+    """`make gpu-check`; `injected` (credentials, clients) are for tests."""
+    ns = build_parser(hardware_defaults()).parse_args(argv)  # exits 2 on a bad flag
+    if not configured_project(environ, env_file):
+        sys.stderr.write(
+            f"{PROG}: needs a Google Cloud project: it runs one job on Vertex AI. Set PROJECT_ID, REGION, "
+            "PIPELINE_ROOT and ARTIFACT_REPOSITORY in env.sh (see env.sh.example) or the environment. "
+            "The in-image half runs here too, on this machine's own devices: "
+            ".venv/bin/python -m trainer.gpucheck\n"
+        )
+        return 2
+    try:
+        config = settings_mod.load(environ, env_file, required=REQUIRED)
+    except SettingsError as problem:
+        sys.stderr.write(f"{PROG}: cannot reach Vertex AI; fix these settings (env or env.sh):\n{problem}\n")
+        return 2
+    hardware = {name: getattr(ns, name) for name in HARDWARE}
+    try:  # the flags, before any request
+        _, warnings = worker_pool("check", hardware, config.region, ns.check_gpu_region)
+    except ValueError as problem:
+        sys.stderr.write(f"{PROG}: bad flags (nothing was sent):\n{problem}\n")
+        return 2
+    for warning in warnings:
+        sys.stdout.write(f"WARNING: {warning}\n")
+    from launch.submit import credential_errors, no_credentials
+
+    try:
+        credentials = injected.pop("credentials", None)
+        if credentials is None:
+            import google.auth
+
+            credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        return run(config, ns, hardware, credentials=credentials, **injected)
+    except credential_errors() as problem:
+        sys.stderr.write(no_credentials(PROG, problem) + "\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
