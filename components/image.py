@@ -74,7 +74,8 @@ def registry_digest(session: Any, image: str, tag: str) -> str:
             f"the pipeline's service account{account} cannot read the Artifact Registry repository "
             f"{repository}: the registry answered {head.status_code} to HEAD {url}: {body!r}. "
             "Grant it roles/artifactregistry.reader on the repository (the build itself pushes "
-            "with Cloud Build's service account, which needs roles/artifactregistry.writer there)."
+            "with Cloud Build's service account, which needs roles/artifactregistry.writer there); "
+            "docs/iam.md lists every role a first run needs."
         )
     if head.status_code == 200:
         raise RuntimeError(f"the registry answered 200 without a Docker-Content-Digest for {image}:{tag}")
@@ -206,7 +207,18 @@ def run_cloud_build(
         tried.append(nearer)
     if created.status_code != 200:
         hint = ""
-        if created.status_code in (401, 403):
+        if created.status_code in (401, 403) and "act as" in created.text.lower():
+            # Cloud Build's default service account change (May-June 2024): builds of a project
+            # that first built since run as the Compute Engine default service account, and "the
+            # users submitting the build must have the iam.serviceAccounts.actAs permission on the
+            # service account" (https://cloud.google.com/build/docs/cloud-build-service-account-updates).
+            hint = (
+                " (the pipeline's service account submits the build and must be allowed to act as "
+                "Cloud Build's service account: grant it roles/iam.serviceAccountUser on that account, "
+                f"which in projects that first built after May 2024 is the Compute Engine default one, "
+                f"<project number>-compute@developer.gserviceaccount.com of {project}; see docs/iam.md)"
+            )
+        elif created.status_code in (401, 403):
             hint = (
                 " (the pipeline's service account needs roles/cloudbuild.builds.editor, which holds "
                 f"cloudbuild.builds.create, in project {project}; see docs/iam.md)"

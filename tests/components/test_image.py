@@ -281,6 +281,7 @@ def test_a_registry_permission_error_names_the_role_and_starts_no_build(
     assert "cannot read the Artifact Registry repository" in message and cloud["repository"] in message
     assert SERVICE_ACCOUNT in message
     assert "roles/artifactregistry.reader" in message and "roles/artifactregistry.writer" in message
+    assert "docs/iam.md" in message
     assert str(status) in message and "Permission denied" in message
     assert fake.rest.requests == [], "no build may start when the registry could not be read"
 
@@ -358,8 +359,30 @@ def test_a_refused_build_names_the_cloud_build_role(cloud: dict[str, Any]) -> No
     fake.rest.routes.insert(
         0, ("POST", BUILDS, lambda *_: (403, {"error": {"code": 403, "message": "denied"}}))
     )
-    with pytest.raises(RuntimeError, match=r"403 .*denied.*roles/cloudbuild.builds.editor"):
+    with pytest.raises(RuntimeError, match=r"403 .*denied.*roles/cloudbuild.builds.editor") as err:
         run_build(cloud, fake)
+    assert "docs/iam.md" in str(err.value) and "serviceAccountUser" not in str(err.value)
+
+
+def test_a_build_refused_for_act_as_names_the_service_account_user_role(cloud: dict[str, Any]) -> None:
+    """Since Cloud Build's default service account change (May-June 2024) the build runs as the
+    Compute Engine default service account, and its submitter (the image step) needs actAs on it."""
+    refusal = {
+        "error": {
+            "code": 403,
+            "message": "The caller does not have permission to act as service account "
+            "projects/p/serviceAccounts/123-compute@developer.gserviceaccount.com",
+            "status": "PERMISSION_DENIED",
+        }
+    }
+    fake = CloudBuildFake()
+    fake.rest.routes.insert(0, ("POST", BUILDS, lambda *_: (403, refusal)))
+    with pytest.raises(RuntimeError) as err:
+        run_build(cloud, fake)
+    text = str(err.value)
+    assert "roles/iam.serviceAccountUser" in text and "compute@developer.gserviceaccount.com" in text
+    assert "docs/iam.md" in text and "roles/cloudbuild.builds.editor" not in text
+    assert len(fake.posts()) == 1, "a permission refusal is not retried elsewhere"
 
 
 def test_the_compiled_component_installs_nothing(tmp_path: Path) -> None:
