@@ -53,7 +53,7 @@ def pool_env(
     machine_type: str, accelerator_type: str = "", accelerator_count: int = 0
 ) -> list[dict[str, str]]:
     """A trainer pool's `container_spec.env`: what the pool asked for, read by the trainer at start
-    (`trainer.config.gpu_request`, whose names tests/test_contracts.py keeps equal to these). No
+    (`trainer.config.gpu_request`; tests/components/test_pool_env.py keeps the names equal). No
     GPU is `ACCELERATOR_TYPE_UNSPECIFIED` and `0`: aiplatform_v1 `EnvVar.value` is required, so
     never empty. None of the names starts with `AIP_` or `CLOUD_ML_`, the prefixes of the
     variables Vertex sets itself (docs/contracts.md, section 2)."""

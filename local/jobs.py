@@ -18,8 +18,8 @@ runner does not) is refused before anything starts.
 
 No silent CPU training: a pool that asks for GPUs (`machine_spec.accelerator_count`) on a machine
 that has fewer is refused before any process starts, with the trainer's one line
-(`gpu_shortfall`, worded as `trainer.distribute.gpu_shortfall`; tests/local/test_jobs.py keeps them
-equal). The GPUs are found without TensorFlow: the entries of `/proc/driver/nvidia/gpus` (one per
+(`gpu_shortfall`, worded as `trainer.distribute.gpu_shortfall`; tests/local/test_jobs_gpus.py
+keeps them equal). The GPUs are found without TensorFlow: the entries of `/proc/driver/nvidia/gpus` (one per
 GPU the NVIDIA driver has; `local_gpus`), narrowed by `CUDA_VISIBLE_DEVICES` when it is set.
 
 Each replica's output is prefixed on screen and saved to `<log_dir>/<role>-<index>.log`. The
@@ -232,7 +232,7 @@ def gpu_shortfall(
     seen_by: str,
 ) -> str | None:
     """`trainer.distribute.gpu_shortfall`'s rule and words, for this layer (which does not import
-    the trainer; tests/local/test_jobs.py checks both give the same line)."""
+    the trainer; tests/local/test_jobs_gpus.py checks both give the same line)."""
     gpus = len(devices)
     if gpus >= asked:
         return None

@@ -363,7 +363,7 @@ def _same_or_inside(path: str, folder: str) -> bool:
 
 # What a replica's worker pool asked Vertex for, in its container's environment: written by
 # `components.worker_pools.build_worker_pool_specs` into every trainer pool's `container_spec.env`
-# (that layer cannot import this one: tests/test_contracts.py checks the names are the same).
+# (that layer cannot import this one: tests/components/test_pool_env.py checks the names are the same).
 POOL_MACHINE_TYPE_ENV = "TRAINER_POOL_MACHINE_TYPE"
 POOL_ACCELERATOR_TYPE_ENV = "TRAINER_POOL_ACCELERATOR_TYPE"
 POOL_ACCELERATOR_COUNT_ENV = "TRAINER_POOL_ACCELERATOR_COUNT"

@@ -11,7 +11,7 @@ this process is a whole single-machine job. The parsing and the chief rule need 
 Before the strategy, `check_gpus` compares the GPUs TensorFlow sees with those this replica's
 worker pool asked for (`trainer.config.gpu_request`): a replica that sees fewer stops at once with
 one line (`gpu_shortfall`, the one rule; `local.jobs` words its own refusal the same way, pinned by
-tests/local/test_jobs.py) and exit status `GPUS_MISSING_EXIT_CODE`, instead of training on CPU
+tests/local/test_jobs_gpus.py) and exit status `GPUS_MISSING_EXIT_CODE`, instead of training on CPU
 while the GPUs are billed.
 
 Only the training tasks (chief + workers) make up the cluster the strategy is built over: with

@@ -45,7 +45,7 @@ from trainer.distribute import (
 
 RESULT_FILE = "gpu_check.json"
 """The summary's file name in `--output_dir` (`launch.gpucheck.RESULT_FILE` reads the same name;
-tests/trainer/test_gpucheck.py keeps them equal)."""
+tests/launch/test_gpucheck.py keeps them equal)."""
 RESULT_KEYS = (
     "ok",
     "error",
