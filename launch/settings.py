@@ -53,7 +53,12 @@ SETTINGS: dict[str, tuple[str, bool]] = {
     ),
     "LABELS": ("labels of the run, its jobs and the model: key=value,key=value", False),
     "API_ENDPOINT": (
-        "Vertex API endpoint: <region>-aiplatform.googleapis.com (default) or a Private Service Connect one",
+        (
+            "Vertex API endpoint of the requests make run, make schedule and make schedules send from "
+            "this machine: <region>-aiplatform.googleapis.com (default) or a Private Service Connect one "
+            "(<name>.p.googleapis.com). It does not reach the pipeline: its steps and GCPC's jobs always "
+            "call <region>-aiplatform.googleapis.com (docs/vertex-fidelity.md)"
+        ),
         False,
     ),
     "EXPERIMENT": ("Vertex Experiment the runs are recorded in", False),

@@ -610,3 +610,16 @@ def test_a_template_kfp_cannot_read_is_refused_before_any_upload(tmp_path: Path)
 
     with pytest.raises(json_format.ParseError, match="rooot"):
         submit.template_yaml(bad, tmp_path)
+
+
+def test_api_endpoint_reaches_this_machines_requests_only(vertex: RestFake, gcs: Any) -> None:
+    """What env.sh.example and docs/vertex-fidelity.md say of API_ENDPOINT: `make run`'s own
+    requests go to it (here: the fake), but no value of the run carries it, and the in-pipeline
+    clients build `<location>-aiplatform.googleapis.com` themselves (as GCPC's launchers do). If
+    the endpoint is ever handed to the pipeline, this fails and the docs must change with it."""
+    body = submitted(vertex)
+    assert [r[1] for r in vertex.requests if r[0] == "POST"] == [JOBS]  # sent to API_ENDPOINT
+    assert vertex.address not in json.dumps(body["runtimeConfig"])
+    assert not any("endpoint" in name for name in body["runtimeConfig"]["parameterValues"])
+    programs = json.dumps(body["pipelineSpec"]["deploymentSpec"]["executors"])
+    assert 'f\\"{location}-aiplatform.googleapis.com\\"' in programs  # find-champion's client
