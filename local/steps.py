@@ -20,7 +20,15 @@ from kfp import dsl
 
 from components import runtime
 from components.buildcontext import context_tag
-from components.registry import check_model_display_name, prebuilt_tf_version, task_mismatch
+from components.registry import (
+    check_model_display_name,
+    prebuilt_days_left,
+    prebuilt_tf_serving_table,
+    prebuilt_tf_version,
+    resolve_serving_image,
+    serving_policy,
+    task_mismatch,
+)
 from components.tuning import pick_best_trial
 
 # The keys of the trainer's metrics.json the local registry reads (`champion_record`, for
@@ -42,7 +50,17 @@ EVALUATION_READ = (
 )
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[context_tag])
+@dsl.component(
+    base_image=runtime.BASE_IMAGE,
+    install_kfp_package=False,
+    additional_funcs=[
+        context_tag,
+        prebuilt_tf_serving_table,
+        serving_policy,
+        prebuilt_days_left,
+        resolve_serving_image,
+    ],
+)
 def check_build_context(
     context_dir: str,
     repository: str,
@@ -60,7 +78,6 @@ def check_build_context(
     import collections
 
     from components.buildcontext import context_members
-    from components.registry import resolve_serving_image
 
     tag = context_tag(context_members(context_dir))
     Outputs = collections.namedtuple(
