@@ -530,7 +530,7 @@ def _job_settings_problems(v: Mapping[str, Any], region: str) -> list[Problem]:
                     ("tensorboard", "service_account"),
                     'a TensorBoard needs a service account (aiplatform: "service_account is required '
                     'with provided tensorboard"): set service_account (or SERVICE_ACCOUNT), with '
-                    "roles/storage.admin and roles/aiplatform.user",
+                    "roles/storage.admin and roles/aiplatform.user (docs/iam.md)",
                 )
             )
     for message in label_problems(v["labels"]):

@@ -21,6 +21,7 @@ traceback); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import difflib
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import time
 import zoneinfo
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,65 @@ def check_options(values: Mapping[str, Any], compiled: Mapping[str, Any], region
     for warning in warnings:
         print(f"WARNING: {warning}", flush=True)
     return warnings
+
+
+class GoogleRefused(RuntimeError):
+    """Google Cloud answered 403 to one of this machine's requests: names the request, the role
+    of docs/iam.md that grants what was refused, and Google's own words. Raised from the
+    original error, so its traceback is still shown (exit code 1, README "Exit codes")."""
+
+
+# A permission named in Google's 403 (e.g. "Permission 'aiplatform.pipelineJobs.create' denied",
+# "does not have storage.objects.create access", "iam.serviceAccounts.actAs"): the service's
+# host names (aiplatform.googleapis.com) are not permissions.
+_PERMISSION = re.compile(r"\b(aiplatform|storage|iam|artifactregistry)\.(?!googleapis\b)[A-Za-z]+\.[A-Za-z]+")
+
+
+def missing_role(text: str, settings: Settings, default: str) -> str:
+    """The role (with where it is granted) that holds the permission Google's 403 `text` names,
+    as docs/iam.md lists it for the account running make; `default` when it names none."""
+    runs_as = settings.service_account or (
+        "the Compute Engine default service account (<project number>-compute@developer.gserviceaccount.com), "
+        "which the pipeline runs as when SERVICE_ACCOUNT is unset"
+    )
+    found = _PERMISSION.search(text)
+    permission = found.group(0) if found else ""
+    if permission == "iam.serviceAccounts.actAs" or "act as service account" in text.lower():
+        return f"roles/iam.serviceAccountUser on {runs_as}"
+    if permission == "storage.buckets.get":
+        return f"roles/storage.legacyBucketReader on gs://{settings.bucket}"
+    if permission.startswith("storage."):
+        return f"roles/storage.objectAdmin on gs://{settings.bucket}"
+    if permission.startswith("aiplatform."):
+        return f"roles/aiplatform.user in project {settings.project}"
+    if permission.startswith("artifactregistry."):
+        return f"roles/artifactregistry.writer on {settings.template_repository}"
+    return default
+
+
+@contextlib.contextmanager
+def refused_as(request: str, default_role: str, settings: Settings) -> Iterator[None]:
+    """Turns a 403 of Google's client libraries during `request` into GoogleRefused: api_core's
+    Forbidden (PermissionDenied is one; storage and aiplatform raise them), requests' HTTPError
+    (kfp's RegistryClient) and urllib's (aiplatform reading a template from Artifact Registry)."""
+    import urllib.error
+
+    import requests
+    from google.api_core import exceptions
+
+    try:
+        yield
+    except (exceptions.Forbidden, requests.HTTPError, urllib.error.HTTPError) as err:
+        status = getattr(getattr(err, "response", None), "status_code", None) or getattr(err, "code", None)
+        if not isinstance(err, exceptions.Forbidden) and status != 403:
+            raise
+        said = " ".join(str(err).split())
+        said = said if len(said) <= 400 else said[:397] + "..."
+        role = missing_role(str(err), settings, default_role)
+        raise GoogleRefused(
+            f"Google Cloud refused {request} (403): the account running make needs {role}; "
+            f"docs/iam.md lists every role a first run needs. Google said: {said}"
+        ) from err
 
 
 def upload_context(settings: Settings, root: Path = ROOT, credentials: Any = None) -> str:
@@ -247,14 +307,20 @@ def submit(
     )
     init_aiplatform(settings, credentials, transport)
     commit = source_commit(root)
-    context_uri = upload_context(settings, root, credentials)
+    with refused_as(
+        f"the build context's upload to gs://{settings.bucket}",
+        f"roles/storage.objectAdmin on gs://{settings.bucket}",
+        settings,
+    ):
+        context_uri = upload_context(settings, root, credentials)
     values = pipeline_parameters(given, settings, context_uri, commit)
     job = build_pipeline_job(settings, values, template)
-    job.submit(
-        service_account=settings.service_account or None,
-        network=settings.network or None,
-        experiment=settings.experiment or None,
-    )
+    with refused_as("the pipeline run", f"roles/aiplatform.user in project {settings.project}", settings):
+        job.submit(
+            service_account=settings.service_account or None,
+            network=settings.network or None,
+            experiment=settings.experiment or None,
+        )
     print(f"submitted {job.resource_name}\nconsole: {console_url(job.resource_name)}", flush=True)
     if not wait:
         return 0
@@ -651,21 +717,30 @@ def create_schedule(
             "the checkout has uncommitted changes: a schedule must be pinned to a commit; commit first"
         )
     init_aiplatform(settings, credentials, transport)
-    context_uri = upload_context(settings, root, credentials)
-    template_uri = upload_template(settings, template, commit, registry_auth, registry_host)
+    with refused_as(
+        f"the build context's upload to gs://{settings.bucket}",
+        f"roles/storage.objectAdmin on gs://{settings.bucket}",
+        settings,
+    ):
+        context_uri = upload_context(settings, root, credentials)
+    writer = f"roles/artifactregistry.writer on {settings.template_repository}"
+    with refused_as(f"the template's upload to {settings.template_repository}", writer, settings):
+        template_uri = upload_template(settings, template, commit, registry_auth, registry_host)
     values = pipeline_parameters(given, settings, context_uri, commit)
-    job = build_pipeline_job(settings, values, template, template_uri=template_uri)
+    with refused_as(f"reading the template back from {settings.template_repository}", writer, settings):
+        job = build_pipeline_job(settings, values, template, template_uri=template_uri)
     schedule = aiplatform.PipelineJobSchedule(
         pipeline_job=job, display_name=f"multiworker-cassava-training-{commit[:8]}"
     )
-    schedule.create(
-        cron=f"TZ={options.timezone} {options.cron}" if options.timezone else options.cron,
-        max_concurrent_run_count=options.max_concurrent_runs,
-        start_time=options.start_time,
-        end_time=options.end_time,
-        service_account=settings.service_account or None,
-        network=settings.network or None,
-    )
+    with refused_as("the schedule", f"roles/aiplatform.user in project {settings.project}", settings):
+        schedule.create(
+            cron=f"TZ={options.timezone} {options.cron}" if options.timezone else options.cron,
+            max_concurrent_run_count=options.max_concurrent_runs,
+            start_time=options.start_time,
+            end_time=options.end_time,
+            service_account=settings.service_account or None,
+            network=settings.network or None,
+        )
     print(f"created schedule {schedule.resource_name}")
     return schedule
 
@@ -709,13 +784,16 @@ def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.enviro
 
     try:
         init_aiplatform(settings)
-        if action == "schedules":
-            for s in aiplatform.PipelineJobSchedule.list():
-                state = s.state.name if s.state is not None else "?"
-                print(f"{s.resource_name}  {s.display_name}  {state}  cron={s.cron!r}")
-            return 0
-        schedule = aiplatform.PipelineJobSchedule.get(name)
-        getattr(schedule, action)()
+        with refused_as(
+            f"{prog}'s request", f"roles/aiplatform.user in project {settings.project}", settings
+        ):
+            if action == "schedules":
+                for s in aiplatform.PipelineJobSchedule.list():
+                    state = s.state.name if s.state is not None else "?"
+                    print(f"{s.resource_name}  {s.display_name}  {state}  cron={s.cron!r}")
+                return 0
+            schedule = aiplatform.PipelineJobSchedule.get(name)
+            getattr(schedule, action)()
     except credential_errors() as err:
         print(no_credentials(prog, err), file=sys.stderr)
         return 2

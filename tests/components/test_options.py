@@ -76,7 +76,7 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
         (
             {"tensorboard": "projects/1/locations/us-central1/tensorboards/2"},
             {"tensorboard", "service_account"},
-            "service_account is required with provided tensorboard",
+            "with roles/storage.admin and roles/aiplatform.user (docs/iam.md)",
         ),
         (
             {

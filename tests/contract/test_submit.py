@@ -623,3 +623,95 @@ def test_api_endpoint_reaches_this_machines_requests_only(vertex: RestFake, gcs:
     assert not any("endpoint" in name for name in body["runtimeConfig"]["parameterValues"])
     programs = json.dumps(body["pipelineSpec"]["deploymentSpec"]["executors"])
     assert 'f\\"{location}-aiplatform.googleapis.com\\"' in programs  # find-champion's client
+
+
+# --- 403s name the role docs/iam.md gives for them ------------------------------------------------
+
+DENIED_CREATE = (
+    "Permission 'aiplatform.pipelineJobs.create' denied on resource "
+    "'//aiplatform.googleapis.com/projects/p-proj/locations/us-central1' (or it may not exist)."
+)
+DENIED_ACT_AS = (
+    "You do not have permission to act as service account 'pipelines@p-proj.iam.gserviceaccount.com' "
+    "(or it may not exist): the caller does not have permission iam.serviceAccounts.actAs"
+)
+
+
+@pytest.mark.parametrize(
+    ("said", "role"),
+    [
+        (DENIED_CREATE, "roles/aiplatform.user in project p-proj"),
+        (DENIED_ACT_AS, "roles/iam.serviceAccountUser on pipelines@p-proj.iam.gserviceaccount.com"),
+    ],
+)
+def test_a_run_refused_with_403_names_the_role(vertex: RestFake, gcs: Any, said: str, role: str) -> None:
+    refusal = {"error": {"code": 403, "message": said, "status": "PERMISSION_DENIED"}}
+    vertex.routes.insert(0, ("POST", JOBS, lambda *_: (403, refusal)))
+    config = settings.load(env(vertex), Path("/nonexistent"))
+    with pytest.raises(submit.GoogleRefused) as err:
+        submit.submit(config, {}, credentials=AnonymousCredentials(), transport="rest")
+    text = str(err.value)
+    assert text.startswith("Google Cloud refused the pipeline run (403)")
+    assert f"the account running make needs {role};" in text and "docs/iam.md" in text
+    assert said[:40] in text, "Google's own words are kept"
+    assert err.value.__cause__ is not None, "the original error stays chained (its traceback is shown)"
+
+
+def test_a_refused_context_upload_names_the_bucket_role(
+    vertex: RestFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from google.api_core import exceptions
+
+    def refuse(*_: Any, **__: Any) -> str:
+        raise exceptions.Forbidden(
+            "POST https://storage.googleapis.com/upload: me@example.com does not have "
+            "storage.objects.create access to the Google Cloud Storage object."
+        )
+
+    monkeypatch.setattr(submit, "upload_context", refuse)
+    config = settings.load(env(vertex), Path("/nonexistent"))
+    with pytest.raises(
+        submit.GoogleRefused, match=r"needs roles/storage\.objectAdmin on gs://p-proj-pipelines;"
+    ):
+        submit.submit(config, {}, credentials=AnonymousCredentials(), transport="rest")
+    assert vertex.bodies("POST", JOBS) == [], "no run is sent after a refused upload"
+
+
+def test_a_refused_template_upload_names_the_writer_role(
+    vertex: RestFake, gcs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = KfpRegistryFake()
+    denied = {
+        "error": {"code": 403, "message": "Permission 'artifactregistry.repositories.uploadArtifacts' denied"}
+    }
+    registry.rest.routes.insert(0, ("POST", r"/p-proj/pipelines/?", lambda *_: (403, denied)))
+    monkeypatch.setattr(submit, "source_commit", lambda root=ROOT: "a" * 40)
+    config = settings.load(env(vertex), Path("/nonexistent"))
+    try:
+        with pytest.raises(submit.GoogleRefused) as err:
+            submit.create_schedule(
+                config,
+                {},
+                cron="0 6 * * 1",
+                credentials=AnonymousCredentials(),
+                transport="rest",
+                registry_auth=FakeRegistryAuth(),
+                registry_host=registry.host,
+            )
+    finally:
+        registry.rest.stop()
+    text = str(err.value)
+    assert "the template's upload to https://us-central1-kfp.pkg.dev/p-proj/pipelines (403)" in text
+    assert "needs roles/artifactregistry.writer on https://us-central1-kfp.pkg.dev/p-proj/pipelines;" in text
+    assert vertex.requests == [], "no schedule is sent after a refused upload"
+
+
+def test_a_bucket_probe_refusal_names_the_bucket_reader_role(vertex: RestFake) -> None:
+    config = settings.load(env(vertex), Path("/nonexistent"))
+    said = "me@example.com does not have storage.buckets.get access to the Google Cloud Storage bucket."
+    assert (
+        submit.missing_role(said, config, "?") == "roles/storage.legacyBucketReader on gs://p-proj-pipelines"
+    )
+    assert submit.missing_role("no permission named", config, "the default") == "the default"
+    # A service's host name is not a permission.
+    assert submit.missing_role("POST https://aiplatform.googleapis.com/v1: denied", config, "x") == "x"
