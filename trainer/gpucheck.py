@@ -126,14 +126,22 @@ def inspect_devices() -> dict[str, Any]:
     }
 
 
-def nccl_all_reduce(gpus: int, megabytes: float, iterations: int) -> dict[str, Any]:
+def nccl_all_reduce(
+    gpus: int, megabytes: float, iterations: int, devices: Sequence[str] = (), cross_device_ops: Any = None
+) -> dict[str, Any]:
     """One SUM all-reduce of a `megabytes` float32 tensor per GPU across all `gpus` GPUs, through
     `MirroredStrategy(cross_device_ops=NcclAllReduce())`; replica i contributes i + 1 everywhere,
-    so every element of the result must be gpus * (gpus + 1) / 2."""
+    so every element of the result must be gpus * (gpus + 1) / 2 (checked after the first call
+    and after the last, outside the timings). Each timed call waits for one element of every
+    replica's result, so it includes filling the tensor (a memory write, small beside the
+    all-reduce). `devices` and `cross_device_ops` replace the GPUs and NCCL (tests, on CPU)."""
     from trainer._tf import tf
 
-    devices = [f"/gpu:{i}" for i in range(gpus)]
-    strategy = tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=tf.distribute.NcclAllReduce())
+    ops = cross_device_ops or tf.distribute.NcclAllReduce()
+    strategy = tf.distribute.MirroredStrategy(
+        devices=list(devices) or [f"/gpu:{i}" for i in range(gpus)], cross_device_ops=ops
+    )
+    replicas = strategy.num_replicas_in_sync
     elements = max(1, int(megabytes * 2**20) // 4)
 
     def replica_step() -> Any:
@@ -145,32 +153,38 @@ def nccl_all_reduce(gpus: int, megabytes: float, iterations: int) -> dict[str, A
     def step() -> Any:
         return strategy.run(replica_step)
 
-    expected = gpus * (gpus + 1) / 2
+    expected = replicas * (replicas + 1) / 2
 
-    def once() -> tuple[float, bool]:
+    def timed() -> tuple[float, tuple[Any, ...]]:
         started = time.perf_counter()
         results = strategy.experimental_local_results(step())
-        low = min(float(tf.reduce_min(r).numpy()) for r in results)  # waits for every replica
-        high = max(float(tf.reduce_max(r).numpy()) for r in results)
-        return time.perf_counter() - started, low == high == expected
+        for result in results:
+            result[-1].numpy()  # waits for this replica's all-reduce
+        return time.perf_counter() - started, results
 
-    first, correct = once()
+    def right(results: Sequence[Any]) -> bool:
+        return all(
+            float(tf.reduce_min(r).numpy()) == float(tf.reduce_max(r).numpy()) == expected for r in results
+        )
+
+    first, results = timed()
+    correct = right(results)
     times = []
     for _ in range(iterations):
-        seconds, ok = once()
+        seconds, results = timed()
         times.append(seconds)
-        correct = correct and ok
+    correct = correct and right(results)
     mean = sum(times) / len(times)
     size = elements * 4
     return {
-        "implementation": "NcclAllReduce",
-        "gpus": gpus,
+        "implementation": type(ops).__name__,
+        "gpus": replicas,
         "megabytes": size / 2**20,
         "first_seconds": first,
         "seconds": mean,
         "iterations": iterations,
         # NCCL's "bus bandwidth" of an all-reduce: size * 2 (n - 1) / n per second.
-        "bus_gb_per_second": (size * 2 * (gpus - 1) / gpus) / mean / 1e9 if gpus > 1 else None,
+        "bus_gb_per_second": (size * 2 * (replicas - 1) / replicas) / mean / 1e9 if replicas > 1 else None,
         "correct": correct,
         "expected_sum": expected,
     }

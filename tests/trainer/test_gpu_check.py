@@ -339,3 +339,17 @@ def test_a_trainer_asked_for_a_gpu_on_this_machine_exits_3_before_the_runtime_st
     )
     assert "Traceback" not in done.stderr
     assert "replica(s) in sync" not in done.stdout  # no strategy was built
+
+
+def test_the_all_reduce_code_on_this_machines_cpu() -> None:
+    """`nccl_all_reduce` with NCCL replaced by ReductionToOneDevice on the CPU (NCCL needs GPUs):
+    the strategy, the replica's fill, the sum check and the timings it reports."""
+    from trainer._tf import tf
+
+    result = gpucheck.nccl_all_reduce(
+        1, 0.5, 3, devices=["/cpu:0"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
+    assert result["implementation"] == "ReductionToOneDevice"
+    assert (result["gpus"], result["megabytes"], result["iterations"]) == (1, 0.5, 3)
+    assert result["correct"] is True and result["expected_sum"] == 1
+    assert result["first_seconds"] > 0 and result["seconds"] > 0 and result["bus_gb_per_second"] is None
