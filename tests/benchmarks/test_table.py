@@ -48,7 +48,18 @@ def test_one_row_per_benchmark_in_order_with_what_each_result_says() -> None:
     }
     rendered = table.render_table(results, registry.TITLES, {"e2e": "not yet implemented"})
     by_name = rows(rendered)
-    assert list(by_name) == ["input", "train", "gpu", "prepare", "e2e", "memory", "tuning", "folder", "extra"]
+    assert list(by_name) == [
+        "input",
+        "train",
+        "gpu",
+        "prepare",
+        "e2e",
+        "memory",
+        "tuning",
+        "folder",
+        "serve",
+        "extra",
+    ]
     assert "ours 7,986 img/s vs codelab 762 img/s" in by_name["input"]
     assert "| 10.47x |" in by_name["input"] and "| yes |" in by_name["input"]
     assert "2 x Test CPU, no GPU" in by_name["input"]

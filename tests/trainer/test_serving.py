@@ -3,14 +3,17 @@
 - Under TensorFlow 2.15, the TensorFlow of Vertex's newest prebuilt prediction image, as under the
   trainer's own: `python -m trainer.serve` from `local.servingenv.python_for("2.15")` (slow).
 - `python -m trainer.server`, the custom serving image's server, on Vertex's custom-container
-  contract: request parsing and HTTP behaviour in-process with a stand-in model (fast), then as a
-  real process on an exported model (slow).
+  contract: request parsing and HTTP behaviour in-process with a stand-in model (fast; its
+  behaviour under load and SERVING_ACCELERATOR in tests/trainer/test_server_load.py), then as a
+  real process on an exported model, with SERVING_ACCELERATOR=cpu, and refusing to start with
+  SERVING_ACCELERATOR=gpu on a machine where TensorFlow sees no GPU (slow).
 """
 
 from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import http.client
 import json
 import subprocess
@@ -460,6 +463,7 @@ def test_server_process_serves_on_vertexs_contract(tiny_model: Path, tmp_path: P
                     "AIP_HEALTH_ROUTE": HEALTH_ROUTE,
                     "AIP_PREDICT_ROUTE": PREDICT_ROUTE,
                     "AIP_STORAGE_URI": str(tiny_model),
+                    "SERVING_ACCELERATOR": "cpu",
                 }
             ),
             stdout=out,
@@ -515,6 +519,65 @@ def test_server_process_serves_on_vertexs_contract(tiny_model: Path, tmp_path: P
     text = log.read_text()
     assert "Traceback" not in text, text[-3000:]
     assert "model loaded" in text and "ready" in text
+    assert "SERVING_ACCELERATOR=cpu" in text
+    # The devices TensorFlow sees, and where the warm-up prediction ran.
+    seen = next(line for line in text.splitlines() if f"TensorFlow {tf.__version__} sees: " in line)
+    assert "/physical_device:CPU:0" in seen, seen
+    if "GPU" not in seen:
+        assert "it runs on /job:localhost/replica:0/task:0/device:CPU:0 (warm-up prediction" in text, text
+
+
+@pytest.mark.slow
+def test_a_gpu_deployment_where_tensorflow_sees_no_gpu_refuses_to_start(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """SERVING_ACCELERATOR=gpu on this CPU machine: one clear line, exit 1, never healthy (a GPU
+    deployment serving on the CPU would bill the GPU for nothing; Vertex reports the deployment
+    as failed)."""
+    from benchmarks.common import gpu_names
+
+    if gpu_names():
+        pytest.skip("this machine has a GPU: the server would serve on it")
+    port = free_port()
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer.server", "--host", "127.0.0.1"],
+            cwd=ROOT,
+            env=trainer_env(
+                {
+                    "AIP_HTTP_PORT": str(port),
+                    "AIP_HEALTH_ROUTE": HEALTH_ROUTE,
+                    "AIP_PREDICT_ROUTE": PREDICT_ROUTE,
+                    "AIP_STORAGE_URI": str(tiny_model),
+                    "SERVING_ACCELERATOR": "gpu",
+                }
+            ),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    statuses = []
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(ConnectionRefusedError, ConnectionResetError):
+                statuses.append(call(port, "GET", HEALTH_ROUTE)[0])
+            time.sleep(0.1)
+        assert proc.wait(timeout=10) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert 200 not in statuses, statuses
+    lines = log.read_text().splitlines()
+    errors = [line for line in lines if " ERROR " in line]
+    assert len(errors) == 1 and errors == lines[-1:], lines[-10:]
+    assert errors[0].endswith(
+        "trainer.server: SERVING_ACCELERATOR=gpu but TensorFlow sees no GPU (it sees: "
+        "/physical_device:CPU:0): refusing to serve a GPU deployment on the CPU. Check the machine "
+        "has a GPU (the deployment's accelerator_type and accelerator_count) and that the image's "
+        "TensorFlow has its CUDA libraries; or register the model with serving_accelerator=cpu."
+    ), errors[0]
 
 
 def test_server_exits_when_the_model_does_not_serve(
