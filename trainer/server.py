@@ -52,26 +52,29 @@ POST. Payload limits are Vertex's: 1.5 MB on a shared public endpoint, 10 MB on 
 and private ones (https://cloud.google.com/vertex-ai/docs/predictions/choose-endpoint-type);
 this server takes up to 10 MB.
 
-Under concurrent load (measured by `make bench BENCH=serve`; docs/serving.md):
-- one thread per connection, HTTP/1.1 keep-alive, responses written in one piece with Nagle's
-  algorithm off (TCP_NODELAY): with it on, every kept-alive response waited about 40 ms for the
-  client's delayed ACK, 5x fewer one-image requests per second;
-- requests are read, parsed and predicted (each as one batch) in parallel up to a budget of
-  request bytes, `--inflight_mb` (default: INFLIGHT_MB_PER_CPU per CPU), in order of arrival; a
-  request over the whole budget runs alone. The others wait, unread, on their connection. The
-  encoded images' bytes stand for the work a request brings (decoding is most of it) and for the
-  memory it takes: measured with 32 clients on 2 CPUs, one-image requests ran 1.6x faster with
-  dozens in parallel than with 2, and 32-image requests had shorter tails with 2 in parallel than
-  with all of them (about 2 MB either way). Health checks never wait for it;
-- an idle connection is closed after IDLE_TIMEOUT_SECONDS, longer than the 600 s that Google's
-  load balancers keep idle connections to backends open (so the server is not the one to close
-  a connection the proxy is about to reuse;
-  https://cloud.google.com/load-balancing/docs/https/request-distribution; what Vertex's own
-  proxy does is not documented);
+Under concurrent load (`make bench BENCH=serve`; docs/serving.md has the figures):
+- one thread per connection, HTTP/1.1 keep-alive, each response written in one piece with
+  Nagle's algorithm off (TCP_NODELAY): before, every kept-alive response waited about 40 ms for
+  the client's delayed ACK (a stand-in model answered 23 requests/s on one connection, now
+  thousands);
+- a listen backlog of SOMAXCONN: socketserver's default of 5 reset most of a burst of 200
+  connections opened at once;
+- requests are read, parsed and predicted (each as one batch) in parallel within a budget of
+  request bytes, `--inflight_mb` (default INFLIGHT_MB_PER_CPU per CPU), granted in order of
+  arrival; a request larger than the whole budget runs alone. The others wait, unread, on their
+  connection; health checks never wait. A request's encoded images stand for the work it brings
+  (decoding is most of it) and the memory it takes: with 32 clients on 2 CPUs, a fixed bound of
+  2 requests cut one-image throughput by about 40% against no bound, while no bound left
+  32-image requests longer tails and the server more memory; the byte budget keeps both;
+- an idle connection is closed after IDLE_TIMEOUT_SECONDS, longer than the 600 s for which
+  Google's load balancers keep idle connections to their backends (so that the server is not the
+  one closing a connection the proxy is about to reuse;
+  https://cloud.google.com/load-balancing/docs/https/request-distribution; Vertex does not
+  document its own proxy's); a body that stops arriving for that long is answered 408;
 - on SIGTERM (Vertex stops containers with it) it stops accepting connections, finishes the
   predictions under way (at most DRAIN_SECONDS) and exits 0;
-- one log line per prediction request, none per successful health check (their cost was within
-  the measurement's noise).
+- one log line per prediction request, none per successful health check (turning the request
+  lines off made no difference the benchmark could see).
 
 Why not TensorFlow Serving, the server the prebuilt images run: tensorflow_model_server is a
 separate C++ binary released on its own schedule, installed from TensorFlow's apt repository or

@@ -1,6 +1,6 @@
 """`trainer.server` under concurrent load and its accelerator contract, in-process with a
-stand-in model (no TensorFlow): one write per response with Nagle's algorithm off, the request
-budget (in order, bounded, never in the way of health checks), bodies that stop midway, the
+stand-in model (no TensorFlow): one write per response with Nagle's algorithm off, a burst of
+new connections, the request budget (in order, bounded, never in the way of health checks), bodies that stop midway, the
 drain on SIGTERM, and SERVING_ACCELERATOR.
 
 Nothing here measures speed (`make bench BENCH=serve` does): the tests wait on events, with
@@ -146,6 +146,30 @@ def test_each_kept_alive_response_leaves_in_one_write_with_nagle_off(
         conn.close()
     assert nodelay == [1]  # one connection, kept alive, with TCP_NODELAY
     assert len(writes) == 5, writes  # one write (headers and body) per response
+
+
+def test_a_burst_of_new_connections_is_answered_not_reset(
+    start: Callable[..., server.PredictionServer],
+) -> None:
+    """socketserver's listen backlog of 5 reset most of 200 connections opened at once."""
+    port = start().server_address[1]
+    ready = threading.Barrier(100)
+    failures: list[str] = []
+    statuses: list[int] = []
+
+    def client() -> None:
+        ready.wait(WAIT)
+        try:
+            statuses.append(post(port)[0])
+        except OSError as err:
+            failures.append(repr(err))
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert failures == [] and statuses == [200] * 100, (len(failures), failures[:3])
 
 
 # --- the request budget -----------------------------------------------------------------------------
