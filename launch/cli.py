@@ -64,7 +64,7 @@ def validate_local(args: Mapping[str, Any]) -> list[str]:
     """Every rule (`components.options`) and the local target's own (no GPUs, at most 8 workers, a
     local serving environment, a registry folder this run can write), before any step starts.
     Raises OptionsError naming every bad parameter; returns warnings."""
-    from components import options
+    from components import options, registry
     from local import servingenv
 
     problems: list[options.Problem] = []
@@ -87,7 +87,13 @@ def validate_local(args: Mapping[str, Any]) -> list[str]:
                 f"{args['worker_count']} is more processes than a local run should start (max 8)",
             )
         )
-    if args["serving_image"] == "prebuilt" and args["serving_tf_version"] not in servingenv.PINS:
+    try:  # the serving image this run would register with (auto: decided on today's date)
+        prebuilt = (
+            registry.resolve_serving_image(args["serving_image"], args["serving_tf_version"]) == "prebuilt"
+        )
+    except ValueError:
+        prebuilt = False  # an unknown version: named by options.check above
+    if prebuilt and args["serving_tf_version"] not in servingenv.PINS:
         # The local registry serves each version under its serving image's TensorFlow.
         problems.append(
             options.Problem(

@@ -20,7 +20,8 @@ def serving_images_safely_available(monkeypatch: pytest.MonkeyPatch) -> None:
     test_serving_policy.py covers them): these tests judge on a day with 200 days left."""
     from components import registry
 
-    monkeypatch.setattr(registry, "prebuilt_days_left", lambda version, today="": ("2027-01-14", 200))
+    real = registry.prebuilt_days_left
+    monkeypatch.setattr(registry, "prebuilt_days_left", lambda version, today="": real(version, "2026-06-28"))
 
 
 def vertex(**given: Any) -> dict[str, Any]:

@@ -81,7 +81,11 @@ def test_bad_flag_values_are_named(
         # What Vertex would refuse (or could not deploy) is refused locally too, before any step.
         ({"serving_tf_version": "2.21"}, "serving_tf_version", "'2.21' has no prebuilt Vertex AI TensorFlow"),
         ({"serving_tf_version": "2.14"}, "serving_tf_version", "2.14 has no local serving environment"),
-        ({"serving_image": "not an image"}, "serving_image", "must be prebuilt, custom or an image URI"),
+        (
+            {"serving_image": "not an image"},
+            "serving_image",
+            "must be auto, prebuilt, custom or an image URI",
+        ),
         ({"model_display_name": "x" * 129}, "model_display_name", "Vertex allows at most 128"),
         ({"model_display_name": ""}, "model_display_name", "required"),
         ({"scheduling_strategy": "spot"}, "scheduling_strategy", "did you mean SPOT?"),
@@ -89,9 +93,14 @@ def test_bad_flag_values_are_named(
     ],
 )
 def test_local_settings_are_checked_before_any_step(
-    overrides: dict[str, object], parameter: str, message: str
+    overrides: dict[str, object], parameter: str, message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from components import options
+    from components import options, registry
+
+    # Judged on a day the prebuilt images are safely available (auto: prebuilt; the days around
+    # their end: tests/components/test_serving_policy.py).
+    real = registry.prebuilt_days_left
+    monkeypatch.setattr(registry, "prebuilt_days_left", lambda version, today="": real(version, "2026-06-28"))
 
     args = {q.name: q.default_for("local") for q in pipeline.parameters_for("local")}
     with pytest.raises(options.OptionsError) as err:
