@@ -116,22 +116,42 @@ def figures(rps: float, p50: float) -> dict[str, Any]:
     }
 
 
-def test_the_result_takes_the_lower_ratio_and_says_both(tmp_path: Path) -> None:
-    in_process = {"batches": {"1": figures(400.0, 5.0), "32": figures(20.0, 150.0)}, "other_cpu_share": 0.0}
-    server_side = {
-        "batches": {"1": figures(300.0, 7.0), "32": figures(21.0, 140.0)},
-        "burst": {"1": figures(350.0, 60.0), "32": figures(19.0, 1500.0)},
+def test_each_side_counts_its_best_run_per_batch_size() -> None:
+    best_1, best_32 = figures(350.0, 6.0), figures(25.0, 140.0)
+    first: dict[str, Any] = {"batches": {"1": figures(300.0, 7.0), "32": best_32}, "other_cpu_share": 0.1}
+    second: dict[str, Any] = {
+        "batches": {"1": best_1, "32": figures(21.0, 150.0)},
+        "burst": {"1": figures(1.0, 1.0), "32": figures(1.0, 1.0)},
         "peak_rss_mib": 690.0,
-        "health_ms": {"checks": 40, "p50": 0.5, "max": 12.0},
+        "other_cpu_share": 0.0,
     }
+    side = serve.combine([first, second])
+    assert side["batches"] == {"1": best_1, "32": best_32}
+    assert side["burst"] == second["burst"] and side["peak_rss_mib"] == 690.0
+    assert side["runs"] == [first, second]
+
+
+def test_the_result_takes_the_lower_ratio_and_says_both(tmp_path: Path) -> None:
+    in_process = serve.combine(
+        [{"batches": {"1": figures(400.0, 5.0), "32": figures(20.0, 150.0)}, "other_cpu_share": 0.0}]
+    )
+    server_side = serve.combine(
+        [
+            {
+                "batches": {"1": figures(300.0, 7.0), "32": figures(21.0, 140.0)},
+                "burst": {"1": figures(350.0, 60.0), "32": figures(19.0, 1500.0)},
+                "peak_rss_mib": 690.0,
+                "health_ms": {"checks": 40, "p50": 0.5, "max": 12.0},
+                "other_cpu_share": 0.01,
+            }
+        ]
+    )
     result = serve.build_result(
         in_process, server_side, inputs=serve.inputs(), wall_seconds=80.0, machine=MACHINE
     )
     assert validate_result(result) == []
-    assert result["ratio"] == 0.75 and result["figures"]["ratio_by_images_per_request"] == {
-        "1": 0.75,
-        "32": 1.05,
-    }
+    assert result["ratio"] == 0.75
+    assert result["figures"]["ratio_by_images_per_request"] == {"1": 0.75, "32": 1.05}
     assert result["goal_met"] is None and "notes" not in result
     summary = result["summary"]
     assert "1 img/request: server 300.0 req/s (p50 7.0 ms, p99 14.0 ms) vs in-process 400.0 req/s" in summary
@@ -140,9 +160,8 @@ def test_the_result_takes_the_lower_ratio_and_says_both(tmp_path: Path) -> None:
         "server with 32 clients: 1 img 350.0 req/s (p99 120 ms), 32 img 19.0 req/s (p99 3,000 ms)" in summary
     )
     assert "peak RSS 690.0 MiB, health checks answered in at most 12 ms" in summary
-    busy = serve.build_result(
-        {**in_process, "other_cpu_share": 0.4}, server_side, inputs={}, wall_seconds=1.0, machine=MACHINE
-    )
+    server_side["runs"][0]["other_cpu_share"] = 0.4
+    busy = serve.build_result(in_process, server_side, inputs={}, wall_seconds=1.0, machine=MACHINE)
     assert "up to 40% of the CPUs" in busy["notes"]
 
 
@@ -176,6 +195,15 @@ def test_the_server_side_end_to_end_with_a_stand_in_model(
             assert figures["body_bytes"] == len(serve.request_body(images[:batch]))
     assert result["max_threads"] >= 1 and result["peak_rss_mib"] > 0
     assert result["health_ms"]["checks"] >= 1
+    assert 0 <= result["other_cpu_share"] <= 1
+    without = serve.measure_server(
+        tmp_path / "model",
+        images,
+        log=tmp_path / "server.log",
+        command=[sys.executable, "-c", FAKE_SERVER],
+        burst=False,
+    )
+    assert "burst" not in without and sorted(without["batches"], key=int) == [str(b) for b in serve.BATCHES]
 
 
 def test_a_server_that_exits_at_start_is_reported_with_its_output(tmp_path: Path) -> None:
