@@ -90,6 +90,19 @@ def duration(text: str) -> int:
     return int(match.group(1))
 
 
+def image_reference(text: str) -> str:
+    """`--image`: a container image reference, `<host>/<path>:<tag>` or `<host>/<path>@sha256:<digest>`."""
+    if not re.fullmatch(
+        r"[a-z0-9][a-z0-9.-]*(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})?",
+        text,
+    ):
+        raise argparse.ArgumentTypeError(
+            "expected an image like <region>-docker.pkg.dev/<project>/<repository>/trainer:<tag> "
+            f"(or @sha256:<digest>), got {text!r}"
+        )
+    return text
+
+
 def build_parser(defaults: Mapping[str, Any]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"{PROG} ARGS=...",
@@ -108,7 +121,8 @@ def build_parser(defaults: Mapping[str, Any]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--image",
-        default="",
+        type=image_reference,
+        default=None,
         help="The image to check (default: this checkout's trainer image in ARTIFACT_REPOSITORY).",
     )
     p.add_argument("--timeout", type=duration, default=duration(DEFAULT_TIMEOUT), help="Job timeout.")

@@ -123,8 +123,20 @@ def vertex(gcs: Any) -> Iterator[FakeJobs]:
 
 
 @pytest.fixture(scope="module")
-def tag() -> str:
-    return buildcontext.context_tag(buildcontext.context_members(ROOT))
+def context(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A build context of its own (a folder, not a git checkout), so that the tag stays put
+    while this checkout's files change."""
+    root = tmp_path_factory.mktemp("checkout")
+    for name in buildcontext.CONTEXT_FILES:
+        (root / name).write_text(f"{name}\n")
+    (root / "trainer").mkdir()
+    (root / "trainer" / "gpucheck.py").write_text("print('check')\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tag(context: Path) -> str:
+    return buildcontext.context_tag(buildcontext.context_members(context))
 
 
 @pytest.fixture
@@ -139,7 +151,7 @@ def no_request(*_args: Any, **_kwargs: Any) -> Any:
     raise AssertionError("a request was sent")
 
 
-def make_check(vertex: FakeJobs, gcs: Any, registry: RegistryFake) -> Callable[..., int]:
+def make_check(vertex: FakeJobs, gcs: Any, registry: RegistryFake, context: Path) -> Callable[..., int]:
     def call(*argv: str, **env: str) -> int:
         return gpucheck.main(
             list(argv),
@@ -150,6 +162,7 @@ def make_check(vertex: FakeJobs, gcs: Any, registry: RegistryFake) -> Callable[.
             storage_client=gcs,
             session=requests.Session(),
             registry_host=registry.host,
+            root=context,
             poll_seconds=0,
         )
 
@@ -188,10 +201,15 @@ def result(**overrides: Any) -> dict[str, Any]:
 
 
 def test_the_job_runs_the_check_on_this_checkouts_image_with_the_chiefs_gpus(
-    vertex: FakeJobs, gcs: Any, registry: RegistryFake, tag: str, capsys: pytest.CaptureFixture[str]
+    vertex: FakeJobs,
+    gcs: Any,
+    registry: RegistryFake,
+    context: Path,
+    tag: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     vertex.result = result()
-    assert make_check(vertex, gcs, registry)() == 0
+    assert make_check(vertex, gcs, registry, context)() == 0
     out = capsys.readouterr().out
     assert not vertex.refusals()
     assert registry.requests == [f"HEAD /v2/p-proj/training/trainer/manifests/{tag}"]
@@ -231,10 +249,10 @@ def test_the_job_runs_the_check_on_this_checkouts_image_with_the_chiefs_gpus(
 
 
 def test_flags_choose_another_machine_and_gpu(
-    vertex: FakeJobs, gcs: Any, registry: RegistryFake, capsys: pytest.CaptureFixture[str]
+    vertex: FakeJobs, gcs: Any, registry: RegistryFake, context: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     vertex.result = result()
-    code = make_check(vertex, gcs, registry)(
+    code = make_check(vertex, gcs, registry, context)(
         "--chief_machine_type=g2-standard-24",
         "--chief_accelerator_type=NVIDIA_L4",
         "--chief_accelerator_count=2",
@@ -249,11 +267,11 @@ def test_flags_choose_another_machine_and_gpu(
 
 
 def test_a_job_that_cannot_see_its_gpus_fails_with_the_trainers_line(
-    vertex: FakeJobs, gcs: Any, registry: RegistryFake, capsys: pytest.CaptureFixture[str]
+    vertex: FakeJobs, gcs: Any, registry: RegistryFake, context: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     vertex.outcome = ("JOB_STATE_FAILED", "The replica workerpool0-0 exited with a non-zero status of 3.")
     vertex.result = result(ok=False, error=LINE, devices=["CPU:0"], gpus=0, nvidia_smi=None, all_reduce=None)
-    assert make_check(vertex, gcs, registry)() == 1
+    assert make_check(vertex, gcs, registry, context)() == 1
     captured = capsys.readouterr()
     assert "TensorFlow 2.21.0 sees 0 GPUs (devices: CPU:0)" in captured.out
     assert "nvidia-smi: not in the image" in captured.out
@@ -261,20 +279,20 @@ def test_a_job_that_cannot_see_its_gpus_fails_with_the_trainers_line(
 
 
 def test_a_job_that_never_ran_the_check_shows_vertexs_error(
-    vertex: FakeJobs, gcs: Any, registry: RegistryFake, capsys: pytest.CaptureFixture[str]
+    vertex: FakeJobs, gcs: Any, registry: RegistryFake, context: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     vertex.outcome = ("JOB_STATE_FAILED", "Unable to pull the image.\n(details)")
     vertex.result = None
-    assert make_check(vertex, gcs, registry)() == 1
+    assert make_check(vertex, gcs, registry, context)() == 1
     assert (
         "the check failed (JOB_STATE_FAILED): Unable to pull the image. (details)" in capsys.readouterr().err
     )
 
 
 def test_no_wait_submits_and_returns(
-    vertex: FakeJobs, gcs: Any, registry: RegistryFake, capsys: pytest.CaptureFixture[str]
+    vertex: FakeJobs, gcs: Any, registry: RegistryFake, context: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert make_check(vertex, gcs, registry)("--no_wait") == 0
+    assert make_check(vertex, gcs, registry, context)("--no_wait") == 0
     out = capsys.readouterr().out
     assert vertex.grpc.calls("CreateCustomJob") and not vertex.grpc.calls("GetCustomJob")
     assert "gcloud ai custom-jobs stream-logs projects/p-proj/locations/us-central1/customJobs/4200" in out
@@ -282,24 +300,24 @@ def test_no_wait_submits_and_returns(
 
 
 def test_an_image_given_is_used_as_it_is(
-    vertex: FakeJobs, gcs: Any, registry: RegistryFake, capsys: pytest.CaptureFixture[str]
+    vertex: FakeJobs, gcs: Any, registry: RegistryFake, context: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     vertex.result = result()
     image = "europe-docker.pkg.dev/other/repo/trainer:v1"
-    assert make_check(vertex, gcs, registry)(f"--image={image}") == 0
+    assert make_check(vertex, gcs, registry, context)(f"--image={image}") == 0
     assert registry.requests == []
     [request] = vertex.grpc.calls("CreateCustomJob")
     assert request.custom_job.job_spec.worker_pool_specs[0].container_spec.image_uri == image
 
 
 def test_ctrl_c_while_waiting_cancels_the_job(
-    vertex: FakeJobs, gcs: Any, registry: RegistryFake, monkeypatch: pytest.MonkeyPatch
+    vertex: FakeJobs, gcs: Any, registry: RegistryFake, context: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def interrupted(*_args: Any, **_kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(gpucheck, "wait", interrupted)
-    assert make_check(vertex, gcs, registry)() == 130
+    assert make_check(vertex, gcs, registry, context)() == 130
     [cancel] = vertex.grpc.calls("CancelCustomJob")
     assert cancel.name.endswith("/customJobs/4200")
 
@@ -308,11 +326,11 @@ def test_ctrl_c_while_waiting_cancels_the_job(
 
 
 def test_an_image_this_checkout_never_built_is_named(
-    vertex: FakeJobs, gcs: Any, tag: str, capsys: pytest.CaptureFixture[str]
+    vertex: FakeJobs, gcs: Any, context: Path, tag: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     empty = RegistryFake()
     try:
-        assert make_check(vertex, gcs, empty)() == 2
+        assert make_check(vertex, gcs, empty, context)() == 2
     finally:
         empty.stop()
     err = capsys.readouterr().err
@@ -364,6 +382,8 @@ def test_a_gpu_the_region_table_lacks_needs_the_override(capsys: pytest.CaptureF
         (["--chief_accelerator_count=one"], "argument --chief_accelerator_count: invalid int value"),
         (["--check_gpu_region=maybe"], "argument --check_gpu_region: expected true or false"),
         (["--epochs=2"], "unrecognized arguments: --epochs=2"),
+        (["--image=trainer latest"], "argument --image: expected an image like <region>-docker.pkg.dev/"),
+        (["--image=Docker.io/x"], "argument --image: expected an image like"),
     ],
 )
 def test_bad_flags_are_usage_errors(
@@ -422,7 +442,7 @@ def test_the_default_machine_is_the_pipelines_chief() -> None:
     assert gpucheck.hardware_defaults() == {name: defaults[name] for name in gpucheck.HARDWARE}
 
 
-def test_the_image_is_the_one_the_pipeline_builds(tag: str) -> None:
+def test_the_image_is_the_one_the_pipeline_builds(context: Path, tag: str) -> None:
     """`components.image.build_trainer_image` names `<repository>/<image_name>:<tag>`."""
     import inspect
 
@@ -431,7 +451,8 @@ def test_the_image_is_the_one_the_pipeline_builds(tag: str) -> None:
 
     default = inspect.signature(image.build_trainer_image.python_func).parameters["image_name"].default
     config = settings.load(settings_env(), Path("/nonexistent"), required=gpucheck.REQUIRED)
-    assert gpucheck.checkout_image(config, ROOT) == (f"{REPOSITORY}/{default}", tag)
+    assert gpucheck.checkout_image(config, context) == (f"{REPOSITORY}/{default}", tag)
+    assert gpucheck.ROOT == ROOT  # the context `make run` uploads (launch.submit.upload_context)
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
