@@ -314,11 +314,13 @@ def run(
     )
     job = build_custom_job(settings, pool, output_dir, ns.timeout, f"gpu-check-{stamp}")
     if job_client is None:
+        endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
         job_client = aiplatform_v1.JobServiceClient(
             credentials=credentials,
-            client_options={
-                "api_endpoint": settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
-            },
+            # API_ENDPOINT may be a plain-HTTP stand-in (launch.settings allows http://127.0.0.1):
+            # only the REST transport speaks to a URL.
+            transport="rest" if endpoint.startswith("http://") else None,
+            client_options={"api_endpoint": endpoint},
         )
     created = job_client.create_custom_job(
         parent=f"projects/{settings.project}/locations/{settings.region}", custom_job=job

@@ -483,3 +483,45 @@ def test_make_gpu_check_without_a_project_is_a_settings_error(tmp_path: Path) ->
     assert "make gpu-check: needs a Google Cloud project" in done.stderr
     assert "make gpu-check: exit code 2, usage or settings error: nothing was started" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_real_client_is_made_for_the_api_endpoint(
+    gcs: Any, registry: RegistryFake, context: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No client injected: `launch.gpucheck` makes aiplatform_v1's JobServiceClient itself, here
+    for API_ENDPOINT on a loopback port (REST), and the body parses strictly as a CustomJob."""
+    from tests.fakes import RestFake, strict_json
+
+    fake = RestFake()
+    jobs = r"/v1/projects/p-proj/locations/us-central1/customJobs"
+
+    def create(_m: Any, _q: Any, body: Any) -> tuple[int, Any]:
+        strict_json(aiplatform_v1.CustomJob, body)
+        return 200, {
+            **body,
+            "name": "projects/p-proj/locations/us-central1/customJobs/77",
+            "state": "JOB_STATE_PENDING",
+        }
+
+    fake.route("POST", jobs, create)
+    try:
+        code = gpucheck.main(
+            ["--no_wait"],
+            settings_env(API_ENDPOINT=f"http://{fake.address}"),
+            Path("/nonexistent"),
+            credentials=AnonymousCredentials(),
+            storage_client=gcs,
+            session=requests.Session(),
+            registry_host=registry.host,
+            root=context,
+        )
+    finally:
+        fake.stop()
+    assert code == 0, capsys.readouterr().err
+    [body] = fake.bodies("POST", jobs)
+    assert body["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"] == [
+        "python",
+        "-m",
+        "trainer.gpucheck",
+    ]
+    assert "submitted projects/p-proj/locations/us-central1/customJobs/77" in capsys.readouterr().out
