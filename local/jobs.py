@@ -19,8 +19,9 @@ runner does not) is refused before anything starts.
 No silent CPU training: a pool that asks for GPUs (`machine_spec.accelerator_count`) on a machine
 that has fewer is refused before any process starts, with the trainer's one line
 (`gpu_shortfall`, worded as `trainer.distribute.gpu_shortfall`; tests/local/test_jobs_gpus.py
-keeps them equal). The GPUs are found without TensorFlow: the entries of `/proc/driver/nvidia/gpus` (one per
-GPU the NVIDIA driver has; `local_gpus`), narrowed by `CUDA_VISIBLE_DEVICES` when it is set.
+keeps them equal). The GPUs are found without TensorFlow: the entries of
+`/proc/driver/nvidia/gpus` (one per GPU the NVIDIA driver has; `local_gpus`), narrowed by
+`CUDA_VISIBLE_DEVICES` when it is set.
 
 Each replica's output is prefixed on screen and saved to `<log_dir>/<role>-<index>.log`. The
 job has a timeout; no replica outlives it, whatever ends it (failure, timeout, Ctrl-C, SIGTERM,
