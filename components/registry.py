@@ -317,8 +317,7 @@ def upload_settings(
     pipeline_run: str,
 ) -> NamedTuple("Outputs", serving_image=str, labels=dict):
     """The Model's serving image (see `choose_serving_image`: `auto` follows the build step's
-    decision) and the model version's labels: `labels` plus the pipeline run, the commit and the
-    serving accelerator the image was chosen for. Warns when the prebuilt image chosen ends
+    decision) and the model version's labels: `labels` plus the pipeline run and the commit. Warns when the prebuilt image chosen ends
     within the policy's `warn_days` (`serving_image_warnings`)."""
     import collections
 
@@ -331,7 +330,6 @@ def upload_settings(
     )
     merged = {label_value(k): label_value(str(v)) for k, v in labels.items()}
     merged["pipeline_run"] = label_value(pipeline_run)
-    merged["serving_accelerator"] = label_value(serving_accelerator)
     if source_commit:
         merged["source_commit"] = label_value(source_commit)
     # Vertex's label rules (aiplatform_v1 `Model.labels`; Google Cloud's labels doc): keys start

@@ -29,3 +29,21 @@ def synthetic_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("data") / "synthetic64"
     prepare(PrepareConfig(output_dir=str(out), **SYNTHETIC_ARGS))  # type: ignore[arg-type]
     return out
+
+
+# The day in-process tests judge the serving images' end of availability on: 200 days before
+# TF 2.15's prebuilt image ends (2027-01-14), so `serving_image=auto` means the prebuilt image and
+# nothing warns, whatever day the suite runs. Tests of the dates themselves pass their day
+# (`today=`) or patch this (tests/components/test_serving_policy.py). Processes the tests start
+# (local runs) judge on the real day: either answer works there.
+SERVING_TEST_DAY = "2026-06-28"
+
+
+@pytest.fixture(autouse=True)
+def serving_images_judged_on_a_fixed_day(monkeypatch: pytest.MonkeyPatch) -> None:
+    from components import registry
+
+    real = registry.prebuilt_days_left
+    monkeypatch.setattr(
+        registry, "prebuilt_days_left", lambda version, today="": real(version, today or SERVING_TEST_DAY)
+    )

@@ -14,16 +14,6 @@ from components import options, prepare, training
 REGION = "us-central1"
 
 
-@pytest.fixture(autouse=True)
-def serving_images_safely_available(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The serving image's end-of-availability warnings depend on the day (tests/components/
-    test_serving_policy.py covers them): these tests judge on a day with 200 days left."""
-    from components import registry
-
-    real = registry.prebuilt_days_left
-    monkeypatch.setattr(registry, "prebuilt_days_left", lambda version, today="": real(version, "2026-06-28"))
-
-
 def vertex(**given: Any) -> dict[str, Any]:
     values = {q.name: q.default_for("vertex") for q in pipeline.parameters_for("vertex")}
     values.update(project="p-proj", location=REGION, context_uri="gs://b/c.tgz", artifact_repository="r")

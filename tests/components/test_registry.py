@@ -89,7 +89,6 @@ def test_serving_image_choice_and_labels(
         "team": "ml-ops",
         "pipeline_run": "multiworker-cassava-training-20261121",
         "source_commit": "abc123",
-        "serving_accelerator": "gpu",
     }
     built = "us-central1-docker.pkg.dev/p/r/trainer-serving@sha256:" + "1" * 64
     custom = registry.upload_settings.python_func(
@@ -128,8 +127,7 @@ def test_an_image_uri_of_the_users_is_taken_as_given() -> None:
     ("labels", "match"),
     [
         ({"1team": "x"}, r"label keys must start with a lowercase letter.*'1team'"),
-        # With pipeline_run, source_commit and serving_accelerator.
-        ({f"k{i}": "v" for i in range(62)}, "65 labels: Vertex allows at most 64"),
+        ({f"k{i}": "v" for i in range(63)}, "65 labels: Vertex allows at most 64"),
     ],
 )
 def test_labels_vertex_would_refuse_are_refused(labels: dict[str, str], match: str) -> None:

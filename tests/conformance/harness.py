@@ -39,6 +39,7 @@ from tests.test_pipeline import render_payload, task_inputs, walk
 
 PROJECT = "p-proj"
 IMAGE = "us-central1-docker.pkg.dev/p-proj/training/trainer@sha256:" + "1" * 64
+REDUCTION_IMAGE = "us-central1-docker.pkg.dev/p-proj/training/trainer-reduction-server@sha256:" + "3" * 64
 PIPELINE_JOB_NAME = "multiworker-cassava-training-20261201060000"
 PIPELINE_JOB_UUID = "123"  # what render_payload substitutes for {{$.pipeline_job_uuid}}
 RUN_ROOT = f"gs://p-proj-pipelines/root/123456789/{PIPELINE_JOB_NAME}"
@@ -208,6 +209,11 @@ def plan(spec: dict[str, Any], root: dict[str, Any]) -> Run:
     tasks = walk(spec)
     run.upstream[("build-trainer-image", "image_uri")] = IMAGE
     run.upstream[("build-trainer-image", "serving_image_uri")] = ""
+    # What components.image.build_trainer_image outputs: the training job's chief and workers run
+    # the reduction-server stage's image when reducers are asked for, else the trainer image.
+    run.upstream[("build-trainer-image", "training_image_uri")] = (
+        REDUCTION_IMAGE if run.root["reduction_server_count"] else IMAGE
+    )
     run.upstream[("prepare-args", "Output")] = call_body(
         run, "prepare-args", prepare.prepare_args.python_func
     )

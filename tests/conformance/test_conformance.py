@@ -170,9 +170,15 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "reduction-server",
-        {"worker_count": 2, "reduction_server_count": 2},
+        {"worker_count": 2, "reduction_server_count": 2, "tune": True},
         {
             f"{TRAIN}.worker_pool_specs#": 3,
+            # The chief and workers run the reduction-server stage (Google's NCCL plugin) ...
+            f"{TRAIN}.worker_pool_specs[0].container_spec.image_uri": harness.REDUCTION_IMAGE,
+            f"{TRAIN}.worker_pool_specs[1].container_spec.image_uri": harness.REDUCTION_IMAGE,
+            # ... and the trials neither that image nor reducers of their own.
+            f"{TUNE}.trial_job_spec.worker_pool_specs#": 2,
+            f"{TUNE}.trial_job_spec.worker_pool_specs[0].container_spec.image_uri": harness.IMAGE,
             f"{TRAIN}.worker_pool_specs[1].replica_count": 2,
             f"{TRAIN}.worker_pool_specs[2].replica_count": 2,
             f"{TRAIN}.worker_pool_specs[2].machine_spec": spec_of("n1-highcpu-16"),

@@ -93,15 +93,11 @@ def test_bad_flag_values_are_named(
     ],
 )
 def test_local_settings_are_checked_before_any_step(
-    overrides: dict[str, object], parameter: str, message: str, monkeypatch: pytest.MonkeyPatch
+    overrides: dict[str, object], parameter: str, message: str
 ) -> None:
-    from components import options, registry
+    from components import options
 
-    # Judged on a day the prebuilt images are safely available (auto: prebuilt; the days around
-    # their end: tests/components/test_serving_policy.py).
-    real = registry.prebuilt_days_left
-    monkeypatch.setattr(registry, "prebuilt_days_left", lambda version, today="": real(version, "2026-06-28"))
-
+    # Judged on tests/conftest.py's fixed day: serving_image=auto means the prebuilt image.
     args = {q.name: q.default_for("local") for q in pipeline.parameters_for("local")}
     with pytest.raises(options.OptionsError) as err:
         cli.validate_local({**args, **overrides})
