@@ -61,11 +61,12 @@ def local_arguments(ns: argparse.Namespace, parameters: Sequence[Any]) -> dict[s
 
 
 def validate_local(args: Mapping[str, Any]) -> list[str]:
-    """Every rule (`components.options`) and the local target's own (no GPUs, at most 8 workers, a
-    local serving environment, a registry folder this run can write), before any step starts.
+    """Every rule (`components.options`) and the local target's own (no more GPUs than this
+    machine has, at most 8 workers, a local serving environment, a registry folder this run can
+    write), before any step starts.
     Raises OptionsError naming every bad parameter; returns warnings."""
     from components import options, registry
-    from local import servingenv
+    from local import jobs, servingenv
 
     problems: list[options.Problem] = []
     warnings: list[str] = []
@@ -73,13 +74,31 @@ def validate_local(args: Mapping[str, Any]) -> list[str]:
         warnings = options.check(args, "local")
     except options.OptionsError as err:
         problems += err.problems
-    if args["chief_accelerator_count"] or (args["worker_count"] and args["worker_accelerator_count"]):
-        problems.append(
-            options.Problem(
-                ("chief_accelerator_count", "worker_accelerator_count"),
-                "the local target has no GPUs: set both to 0 (and the accelerator types to '')",
+    # GPUs asked of a machine without them: refused before any step, in the line the local job
+    # runner and every replica would give (local.jobs.gpu_shortfall, trainer.distribute's rule).
+    gpus = jobs.local_gpus()
+    pools = [("chief", "chief", 0)] + ([("worker", "worker", 1)] if args["worker_count"] else [])
+    for role, prefix, pool in pools:
+        same = prefix == "worker" and not args["worker_machine_type"]  # copies the chief's
+        source = "chief" if same else prefix
+        asked = args[f"{source}_accelerator_count"]
+        if isinstance(asked, int) and asked > 0:
+            problem = jobs.gpu_shortfall(
+                f"workerpool{pool}",
+                role,
+                str(args[f"{source}_machine_type"]),
+                str(args[f"{source}_accelerator_type"]),
+                asked,
+                gpus,
+                f"this machine ({jobs.GPU_DRIVER_DIR})",
             )
-        )
+            if problem:
+                problems.append(
+                    options.Problem(
+                        (f"{prefix}_accelerator_count",),
+                        f"{problem}; set it to 0 (and {prefix}_accelerator_type to '') to train on CPU",
+                    )
+                )
     if isinstance(args["worker_count"], int) and args["worker_count"] > 8:
         problems.append(
             options.Problem(

@@ -249,7 +249,10 @@ def test_bad_flags_stop_before_any_step(tmp_path: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 2
-    assert "the local target has no GPUs" in result.stderr
+    assert (
+        "workerpool1 (worker) asked for 1 x NVIDIA_TESLA_T4" in result.stderr
+        and "sees 0 GPUs" in result.stderr
+    )
     assert not (tmp_path / "runs").exists()
     result = cli(tmp_path / "runs", "--epochs", "many", timeout=60)
     assert result.returncode == 2 and "--epochs" in result.stderr

@@ -112,7 +112,12 @@ LOCAL: list[tuple[list[str], tuple[str, ...]]] = [
     (["--worker_machine_type", "n1_standard_8"], ("worker_machine_type",)),
     (
         ["--chief_accelerator_type", "NVIDIA_TESLA_T4", "--chief_accelerator_count", "1"],
-        ("the local target has no GPUs",),
+        (
+            "chief_accelerator_count",
+            "asked for 1 x NVIDIA_TESLA_T4",
+            "sees 0 GPUs",
+            "refusing to train on CPU",
+        ),
     ),
     (["--chief_accelerator_count", "2"], ("chief_accelerator_count", "without an accelerator type")),
     (
