@@ -18,12 +18,14 @@ in-process, requests per second and latency on the same images.
 
 Each side, for 1 and for 32 images per request: a few requests per client to warm up, then
 WINDOW_SECONDS of requests back to back; requests/s (completed requests over the time from the
-start to the last answer), images/s, and p50/p99 latency (one request, sent to answered). Each
-side runs REPETITIONS times, alternately (in-process, server, in-process, server), each run in
+start to the last answer), images/s, p50/p99 latency (one request, sent to answered), and the
+CPU time per request of the process answering (the server; the in-process one) and of the
+clients: unlike requests/s, hardly moved by what other processes take of the machine. Each
+side runs REPETITIONS times, alternately (in-process, server, in-process, ...), each run in
 fresh processes; per batch size the run with the most requests/s counts (`figures.*.runs` has
 them all, each with `other_cpu_share`, what other processes took of the CPUs meanwhile). Ratio:
 server / in-process requests/s, the lower of the two batch sizes (the table's figure); both are
-in `figures`. In the last run, the server alone then takes BURST_CLIENTS clients
+in `figures`, with server / in-process CPU per request (each side's least over its runs). In the last run, the server alone then takes BURST_CLIENTS clients
 (`figures.server.burst`): what its admission budget does to throughput, tails and memory when
 many requests arrive at once. Meanwhile a probe GETs the health route every 0.25 s on its own
 connection (`health_ms`: how long a health check took while the server was busy). Also
@@ -74,8 +76,8 @@ BATCHES = (1, 32)
 CLIENTS = 4
 """Concurrent clients, each with one request in flight at a time."""
 BURST_CLIENTS = 32
-WINDOW_SECONDS = 6.0
-REPETITIONS = 2
+WINDOW_SECONDS = 4.0
+REPETITIONS = 3
 """In-process then server, alternately; the best of each side's runs is compared."""
 WARMUP_REQUESTS = 3
 """Per client, before the window."""
@@ -133,12 +135,21 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
 
 def combine(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One side's runs: per batch size the run with the most requests/s (the least disturbed
-    by a noisy machine), the burst of the run that had one, and every run."""
+    by a noisy machine) and the least CPU per request of each process measured, the burst of the
+    run that had one, and every run."""
     batches = {
         str(batch): max((r["batches"][str(batch)] for r in runs), key=lambda f: f["requests_per_second"])
         for batch in BATCHES
     }
-    out: dict[str, Any] = {"batches": batches, "runs": list(runs)}
+    cpu: dict[str, dict[str, float]] = {}
+    for batch in BATCHES:
+        for run in runs:
+            for key, value in run["batches"][str(batch)].items():
+                if key.endswith("_cpu_ms_per_request"):
+                    name = key.removesuffix("_cpu_ms_per_request")
+                    mine = cpu.setdefault(str(batch), {})
+                    mine[name] = min(mine.get(name, value), value)
+    out: dict[str, Any] = {"batches": batches, "runs": list(runs), "cpu_ms_per_request": cpu}
     for run in runs:
         for key in ("burst", "peak_rss_mib", "max_threads", "health_ms"):
             if run.get(key):
@@ -180,6 +191,12 @@ def build_result(
         ours, ceiling = server["batches"][str(batch)], in_process["batches"][str(batch)]
         ratios[str(batch)] = round(ours["requests_per_second"] / ceiling["requests_per_second"], 3)
     headline = min(ratios.values())
+    cpu_ratios = {}
+    for batch in BATCHES:
+        ours = server.get("cpu_ms_per_request", {}).get(str(batch), {}).get("server")
+        ceiling = in_process.get("cpu_ms_per_request", {}).get(str(batch), {}).get("process")
+        if ours and ceiling:
+            cpu_ratios[str(batch)] = round(ours / ceiling, 3)
     parts = []
     for batch in BATCHES:
         s, p = server["batches"][str(batch)], in_process["batches"][str(batch)]
@@ -187,6 +204,11 @@ def build_result(
             f"{batch} img/request: server {s['requests_per_second']:,.1f} req/s "
             f"(p50 {s['p50_ms']:,.1f} ms, p99 {s['p99_ms']:,.1f} ms) vs in-process "
             f"{p['requests_per_second']:,.1f} req/s (p50 {p['p50_ms']:,.1f} ms), {ratios[str(batch)]:.2f}x"
+        )
+    if cpu_ratios:
+        parts.append(
+            "server CPU per request vs in-process: "
+            + ", ".join(f"{cpu_ratios[str(b)]:.2f}x at {b} img" for b in BATCHES if str(b) in cpu_ratios)
         )
     burst = server.get("burst", {})
     if burst:
@@ -205,6 +227,7 @@ def build_result(
         inputs=inputs,
         figures={
             "ratio_by_images_per_request": ratios,
+            "cpu_ratio_by_images_per_request": cpu_ratios,
             "server": dict(server),
             "in_process": dict(in_process),
             "wall_seconds": round(wall_seconds, 1),
@@ -236,10 +259,14 @@ def drive(
     clients: int,
     seconds: float,
     warmup: int = WARMUP_REQUESTS,
+    cpu_clocks: Mapping[str, Callable[[], float]] | None = None,
 ) -> dict[str, Any]:
     """`clients` threads, each calling its own `make_call(i)()` (which returns the number of
     images answered) back to back: `warmup` calls each, then `seconds` of calls, all clients
-    starting together. A failed call fails the measurement with the first client's error."""
+    starting together. A failed call fails the measurement with the first client's error.
+    `cpu_clocks`: CPU seconds of processes (by name) read before and after the timed calls,
+    reported as `<name>_cpu_ms_per_request` (less sensitive to other processes than req/s)."""
+    clocks = dict(cpu_clocks or {})
     barrier = threading.Barrier(clients + 1)
     stop = threading.Event()
     latencies: list[list[float]] = [[] for _ in range(clients)]
@@ -276,11 +303,13 @@ def drive(
     with contextlib.suppress(threading.BrokenBarrierError):  # a client failed to warm up
         barrier.wait()
     start = time.perf_counter()
+    cpu_before = {name: clock() for name, clock in clocks.items()}
     if not errors:
         stop.wait(seconds)
     stop.set()
     for t in threads:
         t.join()
+    cpu = {name: clock() - cpu_before[name] for name, clock in clocks.items()}
     if errors:
         raise RuntimeError(f"a client failed: {errors[0]!r}") from errors[0]
     every = [v for per_client in latencies for v in per_client]
@@ -296,6 +325,10 @@ def drive(
         "p50_ms": round(percentile(every, 50) * 1000, 2),
         "p99_ms": round(percentile(every, 99) * 1000, 2),
         "max_ms": round(max(every) * 1000, 2),
+        **{
+            f"{name}_cpu_ms_per_request": round(seconds * 1000 / len(every), 3)
+            for name, seconds in cpu.items()
+        },
     }
 
 
@@ -337,6 +370,16 @@ def post_call(port: int, body: bytes, expected: int, route: str = PREDICT_ROUTE)
 def _self_cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """A running process's user + system CPU seconds, from /proc (0.0 where there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def free_port() -> int:
@@ -428,7 +471,15 @@ def measure_server(
                     def client(_i: int, body: bytes = body, batch: int = batch) -> Callable[[], int]:
                         return post_call(port, body, batch)
 
-                    result = drive(client, clients=clients, seconds=WINDOW_SECONDS)
+                    result = drive(
+                        client,
+                        clients=clients,
+                        seconds=WINDOW_SECONDS,
+                        cpu_clocks={
+                            "server": lambda: proc_cpu_seconds(proc.pid),
+                            "clients": _self_cpu_seconds,
+                        },
+                    )
                     result["body_bytes"] = len(body)
                     figures[key][str(batch)] = result
                     say(f"serve: server, {clients} clients, {batch} image(s)/request: {describe(result)}")
@@ -560,5 +611,7 @@ def measure_in_process(model_dir: str, images_dir: str) -> dict[str, Any]:
         def make_call(_i: int, blobs: Sequence[bytes] = blobs) -> Callable[[], int]:
             return lambda: len(serve.answer(served, blobs))
 
-        figures["batches"][str(batch)] = drive(make_call, clients=CLIENTS, seconds=WINDOW_SECONDS)
+        figures["batches"][str(batch)] = drive(
+            make_call, clients=CLIENTS, seconds=WINDOW_SECONDS, cpu_clocks={"process": _self_cpu_seconds}
+        )
     return figures

@@ -58,8 +58,10 @@ def test_drive_counts_every_clients_answers_after_its_warm_up() -> None:
 
         return call
 
-    result = serve.drive(make_call, clients=3, seconds=0.2, warmup=4)
+    clock = iter([10.0, 10.5])  # CPU seconds before and after the timed calls
+    result = serve.drive(make_call, clients=3, seconds=0.2, warmup=4, cpu_clocks={"x": lambda: next(clock)})
     assert result["requests"] == sum(calls) - 3 * 4  # the warm-up calls are not counted
+    assert result["x_cpu_ms_per_request"] == round(500 / result["requests"], 3)
     assert result["images"] == 2 * result["requests"]
     assert all(c > 4 for c in calls)
     assert result["requests_per_second"] > 0 and result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]
@@ -103,8 +105,9 @@ def test_clients_post_the_prebuilt_containers_body_and_check_the_answer(fake_ser
     assert result["images"] == 3 * result["requests"] > 0
 
 
-def figures(rps: float, p50: float) -> dict[str, Any]:
+def figures(rps: float, p50: float, cpu: float | None = None, name: str = "server") -> dict[str, Any]:
     return {
+        **({f"{name}_cpu_ms_per_request": cpu} if cpu is not None else {}),
         "requests": 10,
         "images": 10,
         "seconds": 1.0,
@@ -117,10 +120,13 @@ def figures(rps: float, p50: float) -> dict[str, Any]:
 
 
 def test_each_side_counts_its_best_run_per_batch_size() -> None:
-    best_1, best_32 = figures(350.0, 6.0), figures(25.0, 140.0)
-    first: dict[str, Any] = {"batches": {"1": figures(300.0, 7.0), "32": best_32}, "other_cpu_share": 0.1}
+    best_1, best_32 = figures(350.0, 6.0, cpu=3.0), figures(25.0, 140.0, cpu=60.0)
+    first: dict[str, Any] = {
+        "batches": {"1": figures(300.0, 7.0, cpu=2.5), "32": best_32},
+        "other_cpu_share": 0.1,
+    }
     second: dict[str, Any] = {
-        "batches": {"1": best_1, "32": figures(21.0, 150.0)},
+        "batches": {"1": best_1, "32": figures(21.0, 150.0, cpu=70.0)},
         "burst": {"1": figures(1.0, 1.0), "32": figures(1.0, 1.0)},
         "peak_rss_mib": 690.0,
         "other_cpu_share": 0.0,
@@ -129,16 +135,26 @@ def test_each_side_counts_its_best_run_per_batch_size() -> None:
     assert side["batches"] == {"1": best_1, "32": best_32}
     assert side["burst"] == second["burst"] and side["peak_rss_mib"] == 690.0
     assert side["runs"] == [first, second]
+    # The least CPU per request of each process, whichever run it came from.
+    assert side["cpu_ms_per_request"] == {"1": {"server": 2.5}, "32": {"server": 60.0}}
 
 
 def test_the_result_takes_the_lower_ratio_and_says_both(tmp_path: Path) -> None:
     in_process = serve.combine(
-        [{"batches": {"1": figures(400.0, 5.0), "32": figures(20.0, 150.0)}, "other_cpu_share": 0.0}]
+        [
+            {
+                "batches": {
+                    "1": figures(400.0, 5.0, cpu=4.0, name="process"),
+                    "32": figures(20.0, 150.0, cpu=100.0, name="process"),
+                },
+                "other_cpu_share": 0.0,
+            }
+        ]
     )
     server_side = serve.combine(
         [
             {
-                "batches": {"1": figures(300.0, 7.0), "32": figures(21.0, 140.0)},
+                "batches": {"1": figures(300.0, 7.0, cpu=5.0), "32": figures(21.0, 140.0, cpu=110.0)},
                 "burst": {"1": figures(350.0, 60.0), "32": figures(19.0, 1500.0)},
                 "peak_rss_mib": 690.0,
                 "health_ms": {"checks": 40, "p50": 0.5, "max": 12.0},
@@ -156,6 +172,8 @@ def test_the_result_takes_the_lower_ratio_and_says_both(tmp_path: Path) -> None:
     summary = result["summary"]
     assert "1 img/request: server 300.0 req/s (p50 7.0 ms, p99 14.0 ms) vs in-process 400.0 req/s" in summary
     assert "32 img/request: server 21.0 req/s" in summary and "1.05x" in summary
+    assert result["figures"]["cpu_ratio_by_images_per_request"] == {"1": 1.25, "32": 1.1}
+    assert "server CPU per request vs in-process: 1.25x at 1 img, 1.10x at 32 img" in summary
     assert (
         "server with 32 clients: 1 img 350.0 req/s (p99 120 ms), 32 img 19.0 req/s (p99 3,000 ms)" in summary
     )
@@ -193,6 +211,7 @@ def test_the_server_side_end_to_end_with_a_stand_in_model(
             figures = result[key][str(batch)]
             assert figures["images"] == batch * figures["requests"] > 0
             assert figures["body_bytes"] == len(serve.request_body(images[:batch]))
+            assert figures["server_cpu_ms_per_request"] >= 0 and figures["clients_cpu_ms_per_request"] > 0
     assert result["max_threads"] >= 1 and result["peak_rss_mib"] > 0
     assert result["health_ms"]["checks"] >= 1
     assert 0 <= result["other_cpu_share"] <= 1
