@@ -559,19 +559,21 @@ def test_a_gpu_deployment_where_tensorflow_sees_no_gpu_refuses_to_start(
     statuses = []
     try:
         deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:
+        while proc.poll() is None and time.monotonic() < deadline and 200 not in statuses:
             with contextlib.suppress(ConnectionRefusedError, ConnectionResetError):
                 statuses.append(call(port, "GET", HEALTH_ROUTE)[0])
             time.sleep(0.1)
+        assert 200 not in statuses, f"a GPU deployment served without a GPU: {statuses}"
         assert proc.wait(timeout=10) == 1
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert 200 not in statuses, statuses
-    lines = log.read_text().splitlines()
-    errors = [line for line in lines if " ERROR " in line]
-    assert len(errors) == 1 and errors == lines[-1:], lines[-10:]
+    text = log.read_text()
+    # The server's one error line (TensorFlow's own lines, e.g. its failed cuInit, are not its).
+    errors = [line for line in text.splitlines() if " ERROR trainer.server: " in line]
+    assert len(errors) == 1 and "Traceback" not in text, text[-3000:]
+    assert "model loaded" not in text  # refused before loading the model
     assert errors[0].endswith(
         "trainer.server: SERVING_ACCELERATOR=gpu but TensorFlow sees no GPU (it sees: "
         "/physical_device:CPU:0): refusing to serve a GPU deployment on the CPU. Check the machine "
