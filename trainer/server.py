@@ -113,8 +113,8 @@ DEFAULT_PORT = 8080
 # What Vertex's local runs use when no routes are given (google.cloud.aiplatform.constants.prediction).
 DEFAULT_HEALTH_ROUTE = "/health"
 DEFAULT_PREDICT_ROUTE = "/predict"
-# The largest request body any Vertex endpoint type forwards.
 MB = 1024 * 1024
+# The largest request body any Vertex endpoint type forwards.
 MAX_BODY_BYTES = 10 * MB
 ACCELERATOR_VARIABLE = "SERVING_ACCELERATOR"
 ACCELERATORS = ("cpu", "gpu")
