@@ -16,13 +16,17 @@ model, so clients need not change:
             never a traceback to the client)
   health    GET $AIP_HEALTH_ROUTE: 503 until the model is loaded and has answered once, then 200
 
-The accelerator: the upload step sets the Model's container variable SERVING_ACCELERATOR to `cpu`
-or `gpu` (absent or empty: `cpu`). At start the server logs the devices TensorFlow sees, then,
-after one warm-up prediction, the device the model's output was computed on. With
-SERVING_ACCELERATOR=gpu and no GPU visible it exits 1 with one line saying so, before it ever
-answers 200: a GPU deployment that served on the CPU would bill the GPU for nothing. Any other
-value exits 2, naming the allowed ones. With `cpu` and a GPU visible it serves on the GPU (the
-deployment has one; TensorFlow places the model there) and warns of the mismatch.
+The accelerator: a GPU deployment that served on the CPU would bill the GPU for nothing, so the
+server refuses to start (exit 1, one line, before it ever answers 200) when the container was
+handed NVIDIA GPUs (its `/dev/nvidia<N>` device nodes, which the GPU device plugin creates for
+each GPU allocated to the container: GoogleCloudPlatform/container-engine-accelerators'
+nvidia_gpu plugin, as on GKE) and TensorFlow sees none, whatever is configured. The container
+variable SERVING_ACCELERATOR (`cpu` or `gpu`; absent or empty: `cpu`) states the expectation
+where one sets it on the Model's containerSpec.env (the pipeline does not: a value from a
+pipeline parameter inside the importer's metadata list is not known to be resolved by Vertex):
+with `gpu` and no GPU visible the server refuses the same way; any other value exits 2, naming
+the allowed ones; with `cpu` and a GPU visible it serves on the GPU and warns. At start it logs
+the devices TensorFlow sees, then, after one warm-up prediction, the device the model ran on.
 
 Vertex's contract, from https://cloud.google.com/vertex-ai/docs/predictions/custom-container-requirements:
 the server listens on 0.0.0.0:$AIP_HTTP_PORT (default 8080, the first of containerSpec.ports)
@@ -161,11 +165,31 @@ def accelerator_from_env(env: Mapping[str, str]) -> str:
     return value
 
 
-def check_devices(accelerator: str, device_names: Sequence[str]) -> str | None:
-    """Whether TensorFlow's physical devices (`/physical_device:GPU:0`...) fit `accelerator`:
-    raises AcceleratorError for a GPU deployment without a visible GPU, returns a warning for a
-    CPU one with a GPU, None when they fit."""
+def attached_gpus(dev: str = "/dev") -> list[str]:
+    """The NVIDIA GPU device nodes this container was handed (`nvidia0`, `nvidia1`, ...; not
+    `nvidiactl` or `nvidia-uvm`, which every GPU container has), without TensorFlow."""
+    import re
+
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return []
+    return sorted((n for n in names if re.fullmatch(r"nvidia\d+", n)), key=lambda n: int(n[6:]))
+
+
+def check_devices(accelerator: str, device_names: Sequence[str], attached: Sequence[str] = ()) -> str | None:
+    """Whether TensorFlow's physical devices (`/physical_device:GPU:0`...) fit `accelerator` and
+    the GPUs the container was handed (`attached_gpus`): raises AcceleratorError for GPUs handed
+    over that TensorFlow cannot see, and for a GPU deployment without a visible GPU; returns a
+    warning for a CPU one with a GPU, None when they fit."""
     gpus = [name for name in device_names if ":GPU:" in name]
+    if attached and not gpus:
+        raise AcceleratorError(
+            f"this container was handed {len(attached)} NVIDIA GPU(s) (/dev/{', /dev/'.join(attached)}) "
+            f"but TensorFlow sees none (it sees: {', '.join(device_names) or 'nothing'}): refusing to "
+            "serve on the CPU while the GPU is billed. The image's TensorFlow needs its CUDA libraries "
+            "(uv.lock's gpu group) and the host's driver (libcuda.so.1; Dockerfile.serving says where)."
+        )
     if accelerator == "gpu" and not gpus:
         raise AcceleratorError(
             f"{ACCELERATOR_VARIABLE}=gpu but TensorFlow sees no GPU (it sees: "
@@ -541,7 +565,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         tf = serve.import_tf()
         devices = [d.name for d in tf.config.list_physical_devices()]
         log.info("TensorFlow %s sees: %s", tf.__version__, ", ".join(devices) or "no device")
-        warning = check_devices(accelerator, devices)
+        attached = attached_gpus()
+        if attached:
+            log.info("GPU device nodes handed to this container: %s", ", ".join(attached))
+        warning = check_devices(accelerator, devices, attached)
         if warning:
             log.warning("%s", warning)
         served = serve.load(args.model_dir)

@@ -14,6 +14,7 @@ import json
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -376,3 +377,21 @@ def test_main_refuses_an_unknown_accelerator_before_anything_starts(
     monkeypatch.delenv("SERVING_ACCELERATOR")
     assert server.main(["--host", "127.0.0.1", "--inflight_mb", "0"]) == 2
     assert "--inflight_mb must be a positive number of megabytes, got 0.0" in caplog.text
+
+
+def test_gpus_handed_over_but_unseen_are_refused_whatever_is_configured(tmp_path: Path) -> None:
+    """The pipeline sets no SERVING_ACCELERATOR: a GPU deployment is recognised by the GPU device
+    nodes the container was handed, and refused when TensorFlow cannot use them."""
+    for name in ("nvidia1", "nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-modeset", "null"):
+        (tmp_path / name).touch()
+    attached = server.attached_gpus(str(tmp_path))
+    assert attached == ["nvidia0", "nvidia1"]
+    for accelerator in ("cpu", "gpu"):
+        with pytest.raises(server.AcceleratorError) as info:
+            server.check_devices(accelerator, [CPU], attached)
+        assert str(info.value).startswith(
+            "this container was handed 2 NVIDIA GPU(s) (/dev/nvidia0, /dev/nvidia1) but TensorFlow sees none"
+        )
+    assert server.check_devices("cpu", [CPU, GPU], attached) is not None  # seen: served on it
+    assert server.check_devices("gpu", [CPU, GPU], attached) is None
+    assert server.attached_gpus(str(tmp_path / "absent")) == []
