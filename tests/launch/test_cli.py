@@ -76,8 +76,10 @@ def test_bad_flag_values_are_named(
         (
             {"chief_accelerator_type": "NVIDIA_TESLA_T4", "chief_accelerator_count": 1},
             "chief_accelerator_count",
-            "GPU check failed: workerpool0 (chief) asked for 1 x NVIDIA_TESLA_T4 on n1-standard-8, but "
-            "this machine (/proc/driver/nvidia/gpus) sees 0 GPUs",
+            (
+                "GPU check failed: workerpool0 (chief) asked for 1 x NVIDIA_TESLA_T4 on n1-standard-8, "
+                "but this machine (/proc/driver/nvidia/gpus) sees 0 GPUs"
+            ),
         ),
         # What Vertex would refuse (or could not deploy) is refused locally too, before any step.
         ({"serving_tf_version": "2.21"}, "serving_tf_version", "'2.21' has no prebuilt Vertex AI TensorFlow"),
