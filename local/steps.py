@@ -10,7 +10,8 @@ for and runs it on this machine, as strictly as Vertex (see docs/vertex-fidelity
                           and the champion alias decided again under the registry's lock
 
 Their bodies run in kfp.local's executor, where `kfp.dsl` has no decorators: they import only
-plain modules (`local.jobs`, `local.tuner`, `local.servingenv`, `components.buildcontext`);
+plain modules (`local.jobs`, `local.tuner`, `local.servingenv`, `local.registry`,
+`components.buildcontext`);
 helpers from `components` travel as `additional_funcs`.
 """
 
@@ -196,30 +197,30 @@ def registry_folder(name: str) -> str:
 # --- the model registry, in a folder ---------------------------------------------------------
 # <registry_dir>/<model folder>/<version>/model/  the SavedModel (and its metrics.json, config.json)
 # <registry_dir>/<model folder>/<version>/version.json  labels, serving image, metrics, gate,
-#     the alias decision, source
+#     the alias decision, source, the sizes and sha256 of the SavedModel's files
 # <registry_dir>/<model folder>/aliases.json  {"default": "1", "champion": "<version>"}
 # <registry_dir>/<model folder>/.lock  held (fcntl) while a version is added and the alias moved
+# Every file access goes through `local.registry` (no link followed, one validator).
 
 
-def champion_record(model_dir: str, alias: str = "champion") -> dict:
-    """The `alias` version of the local registry's model folder `model_dir`: its `version`, its
-    SavedModel folder `path`, and `test_accuracy` and `class_names` (from the metrics.json beside
-    its SavedModel); {} when the model or the alias does not exist."""
-    import json
-    import os
+def champion_record(model_fd: int, model_dir: str, alias: str = "champion") -> dict:
+    """The `alias` version of the local registry's model folder `model_dir` (open as `model_fd`):
+    its `version`, its SavedModel folder `path`, and `test_accuracy` and `class_names` (from the
+    metrics.json beside its SavedModel); {} when there is no aliases.json or no such alias;
+    {"version", "unusable", "fix"} when that version is damaged (`local.registry.read_version`).
+    A damaged aliases.json raises `local.registry.Damaged`."""
+    from local import registry
 
-    aliases_path = os.path.join(model_dir, "aliases.json")
-    if not os.path.exists(aliases_path):
-        return {}
-    with open(aliases_path) as f:
-        version = json.load(f).get(alias)
+    aliases = registry.read_aliases(model_fd, model_dir) or {}
+    version = aliases.get(registry.check_alias(alias))
     if version is None:
         return {}
-    path = os.path.join(model_dir, str(version), "model")
-    with open(os.path.join(path, "metrics.json")) as f:
-        metrics = json.load(f)
+    try:
+        path, metrics = registry.read_version(model_fd, model_dir, version, alias)
+    except registry.Unusable as err:
+        return {"version": version, "unusable": str(err), "fix": err.fix}
     return {
-        "version": str(version),
+        "version": version,
         "path": path,
         "test_accuracy": float(metrics["test_accuracy"]),
         "class_names": [str(c) for c in metrics["class_names"]],
@@ -243,77 +244,76 @@ def register_version(
     All of it happens under the model's lock (`fcntl`): two concurrent runs never get the same
     version, and the alias is never moved on a stale comparison. The gate (`promote`,
     `gate_reason`) compared the model with `evaluated_champion` (the champion's version when the
-    run started; "" when there was none), both evaluated on this run's test split; another run
-    may have moved the alias since. So under the lock the alias is read again, and it moves only
-    if the gate passed, the alias is still on the version the gate compared with (Vertex's
-    `set_champion` rule), and the model is of the same task (class names). The decision and its
-    reason are recorded in version.json, with `details` (serving image, labels, source, serving
-    check, the gate's figures)."""
-    import fcntl
+    run started; "" when there was none, or none usable), both evaluated on this run's test
+    split; another run may have moved the alias since. So under the lock the alias is read
+    again, and it moves only if the gate passed, the alias is still on the version the gate
+    compared with (Vertex's `set_champion` rule), and the model is of the same task (class
+    names). A champion whose files are damaged counts as none (`champion_record`): the model
+    that passed the gate without it takes the alias, and the damaged version stays where it is.
+    The decision and its reason are recorded in version.json, with `details` (serving image,
+    labels, source, serving check, the gate's figures). A damaged aliases.json, lock or model
+    folder is refused before anything is written (`local.registry`)."""
     import json
     import os
-    import shutil
     import time
+
+    from local import registry
 
     with open(os.path.join(model_path, "metrics.json")) as f:
         metrics = json.load(f)
     accuracy = float(metrics["test_accuracy"])
     class_names = [str(c) for c in metrics["class_names"]]
-    root = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        current = champion_record(root, alias)
-        other_task = task_mismatch(class_names, current.get("class_names", []), model_display_name)
-        was = f"{alias} version {current.get('version')}"
-        moved_since = current.get("version", "") != evaluated_champion
-        champion = promote and not other_task and not moved_since
-        if not promote:
-            reason = f"the gate held it: {gate_reason}"
-        elif other_task:
-            reason = f"{was} is of another task: {other_task}"
-        elif moved_since:  # another run moved the alias after this run's gate read the registry
-            compared = f"version {evaluated_champion}" if evaluated_champion else "no version"
-            now = f"version {current['version']}" if current else "no version"
-            reason = (
-                f"{alias} is now on {now}, but was on {compared} when this run's gate compared: this "
-                f"model was never compared with the {alias} now; run again to compare them on "
-                "like-for-like data"
-            )
-        elif not current:
-            reason = f"the gate passed it ({gate_reason}) and there is no {alias} yet"
-        else:
-            reason = f"the gate passed it against {was} ({gate_reason})"
-        versions = [int(v) for v in os.listdir(root) if v.isdigit()]
-        version = str(max(versions, default=0) + 1)
-        staging = os.path.join(root, f".{version}.partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(model_path, os.path.join(staging, "model"))
-        record = {
-            "model": model_display_name,
-            "version": version,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **details,
-            "test_accuracy": accuracy,
-            "class_names": class_names,
-            "gate": {"promote": promote, "reason": gate_reason},
-            "alias": {"name": alias, "moved": champion, "reason": reason, "before": current or None},
-        }
-        with open(os.path.join(staging, "version.json"), "w") as f:
-            json.dump(record, f, indent=1)
-        os.rename(staging, os.path.join(root, version))
-        aliases_path = os.path.join(root, "aliases.json")
-        aliases = {}
-        if os.path.exists(aliases_path):
-            with open(aliases_path) as f:
-                aliases = json.load(f)
-        aliases.setdefault("default", version)
-        if champion:
-            aliases[alias] = version
-        with open(aliases_path + ".tmp", "w") as f:
-            json.dump(aliases, f, indent=1)
-        os.replace(aliases_path + ".tmp", aliases_path)
-    return version, os.path.join(root, version), champion, reason
+    registry.check_alias(alias)
+    root = os.path.join(os.path.abspath(registry_dir), registry_folder(model_display_name))
+    model_fd = registry.make_model(registry_dir, registry_folder(model_display_name))
+    try:
+        with registry.locked(model_fd, root):
+            aliases = registry.read_aliases(model_fd, root) or {}
+            current = champion_record(model_fd, root, alias)
+            damaged = current.pop("unusable", "")
+            before: dict | None = current or None
+            none = f"no {alias}"
+            if damaged:
+                before = {"version": current["version"], "unusable": damaged}
+                none = f"no usable {alias} ({alias} version {current['version']} is damaged: {damaged})"
+                current = {}
+            other_task = task_mismatch(class_names, current.get("class_names", []), model_display_name)
+            was = f"{alias} version {current.get('version')}"
+            moved_since = current.get("version", "") != evaluated_champion
+            champion = promote and not other_task and not moved_since
+            if not promote:
+                reason = f"the gate held it: {gate_reason}"
+            elif other_task:
+                reason = f"{was} is of another task: {other_task}"
+            elif moved_since:  # another run moved the alias after this run's gate read the registry
+                compared = f"version {evaluated_champion}" if evaluated_champion else "no version"
+                now = f"version {current['version']}" if current else none
+                reason = (
+                    f"{alias} is now on {now}, but was on {compared} when this run's gate compared: this "
+                    f"model was never compared with the {alias} now; run again to compare them on "
+                    "like-for-like data"
+                )
+            elif not current:
+                reason = f"the gate passed it ({gate_reason}) and there is {none} yet"
+            else:
+                reason = f"the gate passed it against {was} ({gate_reason})"
+            record = {
+                "model": model_display_name,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                **details,
+                "test_accuracy": accuracy,
+                "class_names": class_names,
+                "gate": {"promote": promote, "reason": gate_reason},
+                "alias": {"name": alias, "moved": champion, "reason": reason, "before": before},
+            }
+            version, where = registry.publish(model_fd, root, model_path, record, aliases)
+            aliases.setdefault("default", version)
+            if champion:
+                aliases[alias] = version
+            registry.write_aliases(model_fd, aliases)
+    finally:
+        os.close(model_fd)
+    return version, where, champion, reason
 
 
 @dsl.component(
@@ -331,21 +331,51 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
     class_names=list,
 ):
     """Local form of `find_champion`, on the local registry folder: the champion's version, its
-    SavedModel folder and its class names ("", "" and [] when there is none)."""
+    SavedModel folder and its class names ("", "" and [] when there is none). A champion whose
+    files are damaged is none: one line says so, with the path and the fix, and the run goes on
+    without comparing with it. A damaged registry (a link, aliases.json not as the registry
+    writes it) is refused, naming the file and the fix."""
     import collections
     import os
+
+    from local import registry
 
     Outputs = collections.namedtuple(
         "Outputs",
         ["exists", "resource_name", "resource_uri", "champion_version", "champion_uri", "class_names"],
     )
-    model_dir = os.path.abspath(os.path.join(registry_dir, registry_folder(model_display_name)))
-    if not os.path.exists(os.path.join(model_dir, "aliases.json")):
+    registry.check_alias(alias)
+    folder = registry_folder(model_display_name)
+    model_dir = os.path.join(os.path.abspath(registry_dir), folder)
+    nothing = Outputs(False, "", "", "", "", [])
+    registry_fd = registry.open_registry(registry_dir, create=False)
+    if registry_fd is None:
         print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
-        return Outputs(False, "", "", "", "", [])
-    current = champion_record(model_dir, alias)
+        return nothing
+    try:
+        model_fd = registry.open_model(registry_fd, registry_dir, folder, create=False)
+    finally:
+        os.close(registry_fd)
+    if model_fd is None:
+        print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
+        return nothing
+    try:
+        if registry.read_aliases(model_fd, model_dir) is None:
+            print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
+            return nothing
+        current = champion_record(model_fd, model_dir, alias)
+    finally:
+        os.close(model_fd)
     if not current:
         print(f"{model_display_name} has no {alias!r} version yet")
+        return Outputs(True, model_dir, model_dir, "", "", [])
+    if "unusable" in current:
+        print(
+            f"{model_display_name}: {alias} version {current['version']} is damaged, so this run has no "
+            f"usable {alias} and compares with none: {current['unusable']}; if the gate passes, the new "
+            f"model takes {alias} and version {current['version']} stays in the registry; to keep it as "
+            f"{alias} instead, {current['fix']}"
+        )
         return Outputs(True, model_dir, model_dir, "", "", [])
     print(
         f"{model_display_name}: {alias} is version {current['version']} ({current['path']}), recorded "

@@ -177,6 +177,8 @@ def test_local_find_champion_reads_the_mapped_folder(tmp_path: Path) -> None:
     (folder / "aliases.json").write_text(json.dumps({"default": "1", "champion": "3"}))
     metrics = {"test_accuracy": 0.91, "class_names": CASSAVA}
     (folder / "3" / "model" / "metrics.json").write_text(json.dumps(metrics))
+    (folder / "3" / "model" / "saved_model.pb").write_bytes(b"pb")
+    (folder / "3" / "version.json").write_text("{}")  # as registered before file sizes were recorded
     out = steps.local_find_champion.python_func(registry_dir=str(tmp_path), model_display_name=name)
     assert out.exists and out.class_names == CASSAVA
     # The champion's version and SavedModel folder: what the evaluation job re-evaluates.

@@ -1,0 +1,473 @@
+"""The local model registry's file access: every read and write of `<registry_dir>/<model>/`
+goes through here (plain Python, no kfp: the components of `local.steps` import it in their
+bodies). A registry folder may be shared by a team, so whoever can write it must not be able to
+turn the next user's run against that user's files:
+
+- nothing is opened through a symbolic link: folders and files are opened relative to their
+  parent's descriptor with `O_NOFOLLOW`; the registry folder, the model's folder, the lock,
+  aliases.json and a version's folder are refused, named, when they are links;
+- files and folders are created with `O_CREAT | O_EXCL` (`mkdir`) under unpredictable names
+  (the registry's `.staging-*`, `.aliases.json.*.tmp`), never opened for writing when they exist
+  already: the lock is opened read-only and never truncated; only entries this process created
+  are renamed (a version's staging folder, aliases.json's temporary file);
+- everything read goes through one validator, `load`, that names the damaged file and how to
+  repair it; an alias is accepted only as the registry writes it (a version number: "1", "2"...);
+- a champion whose files are damaged (`Unusable`) is "no usable champion": the caller says so
+  and goes on without it, so a damaged version never blocks the registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+# A version as the registry writes it (str(n), n >= 1) and an alias name (Vertex's alias rule,
+# lowercase).
+VERSION = re.compile(r"[1-9][0-9]{0,8}")
+ALIAS = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+# The keys of the trainer's metrics.json checked here; `local.steps.METRICS_READ` names the same
+# (tests/local/test_registry_hardening.py checks they agree; tests/test_contracts.py checks that
+# list against the trainer's).
+METRICS_KEYS = ("test_accuracy", "class_names")
+MAX_JSON_BYTES = 16 * 1024 * 1024
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO never blocks the read
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class RegistryError(ValueError):
+    """The registry cannot be used as it is: the message names the path, what is wrong and the fix."""
+
+
+class Damaged(RegistryError):
+    """A registry file or folder that is not as the registry writes it."""
+
+    def __init__(self, path: str, problem: str, fix: str) -> None:
+        self.path, self.problem, self.fix = path, problem, fix
+        super().__init__(f"local registry: {path} {problem}; {fix}")
+
+
+def check_alias(alias: str) -> str:
+    if not isinstance(alias, str) or not ALIAS.fullmatch(alias):
+        raise RegistryError(
+            f"local registry: alias {alias!r} is not allowed: an alias is a lowercase letter, then "
+            "up to 62 lowercase letters, digits, _ or -"
+        )
+    return alias
+
+
+def _what(dir_fd: int, name: str, err: OSError | None = None) -> str:
+    """What the entry `name` is, when it cannot be used as asked."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(name, dir_fd=dir_fd)
+        except OSError:
+            target = "?"
+        return f"is a symbolic link (to {target}); the registry follows no link"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a plain file (a FIFO, socket or device)"
+    return f"cannot be opened ({err.strerror or err})" if err else "is a plain file"
+
+
+def open_folder(dir_fd: int | None, name: str, path: str, fix: str, create: bool = False) -> int | None:
+    """The folder `name` in the folder open as `dir_fd` (`path` is its full path, for messages),
+    opened without following a link; created first when `create`; None when it is missing."""
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o777, dir_fd=dir_fd)
+    try:
+        return os.open(name, _DIR, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        if dir_fd is None:
+            parent = os.open(os.path.dirname(path) or ".", _DIR & ~os.O_NOFOLLOW)
+            try:
+                problem = _what(parent, os.path.basename(path), err)
+            finally:
+                os.close(parent)
+        else:
+            problem = _what(dir_fd, name, err)
+        if err.errno == errno.ENOTDIR and not problem.startswith("is a symbolic link"):
+            problem = "is not a folder"
+        raise Damaged(path, problem, fix) from None
+
+
+def open_registry(registry_dir: str, create: bool) -> int | None:
+    """The registry folder itself (its parents are the user's path and may be links; the folder
+    may not). None when it does not exist and not `create`."""
+    path = os.path.abspath(registry_dir)
+    if create:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    fix = f"give --registry_dir the folder itself ({os.path.realpath(path)}), not a link to it"
+    return open_folder(None, path, path, fix, create=create)
+
+
+def open_model(registry_fd: int, registry_dir: str, folder: str, create: bool) -> int | None:
+    path = os.path.join(os.path.abspath(registry_dir), folder)
+    fix = (
+        f"the model's folder must be a real folder: move {path} aside (mv {path} {path}.damaged) "
+        "and restore the model's folder from a copy, or let the next upload start it anew"
+    )
+    return open_folder(registry_fd, folder, path, fix, create=create)
+
+
+def make_model(registry_dir: str, folder: str) -> int:
+    """The model's folder `folder` of the registry `registry_dir`, both created when missing and
+    opened without following a link (for a registration)."""
+    registry_fd = open_registry(registry_dir, create=True)
+    path = os.path.join(os.path.abspath(registry_dir), folder)
+    if registry_fd is None:
+        raise RegistryError(f"local registry: {os.path.dirname(path)} vanished while it was being created")
+    try:
+        model_fd = open_model(registry_fd, registry_dir, folder, create=True)
+    finally:
+        os.close(registry_fd)
+    if model_fd is None:
+        raise RegistryError(f"local registry: {path} vanished while it was being created")
+    return model_fd
+
+
+@contextlib.contextmanager
+def locked(model_fd: int, model_path: str) -> Iterator[None]:
+    """The model's lock (`fcntl.flock` on `.lock`, a plain empty file): opened read-only, created
+    if missing, never written or truncated, never through a link."""
+    path = os.path.join(model_path, ".lock")
+    fix = f"the lock must be a plain file, which the registry creates: remove {path} and run again"
+    try:
+        fd = os.open(
+            ".lock",
+            os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+            0o666,
+            dir_fd=model_fd,
+        )
+    except OSError as err:
+        raise Damaged(path, _what(model_fd, ".lock", err), fix) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Damaged(path, _what(model_fd, ".lock"), fix)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes
+        yield
+    finally:
+        os.close(fd)
+
+
+# --- the one validator ------------------------------------------------------------------------
+
+
+def _check_aliases(doc: Any) -> str:
+    if not isinstance(doc, dict):
+        return f"holds a {type(doc).__name__}, not an object"
+    for key, value in doc.items():
+        if not ALIAS.fullmatch(key):
+            return f"names an alias {key!r} the registry never writes"
+        if not isinstance(value, str) or not VERSION.fullmatch(value):
+            return f"puts alias {key!r} on {value!r}, which is not a version number as the registry writes it"
+    return ""
+
+
+def _check_metrics(doc: Any) -> str:
+    if not isinstance(doc, dict):
+        return f"holds a {type(doc).__name__}, not an object"
+    missing = [k for k in METRICS_KEYS if k not in doc]
+    if missing:
+        return f"has no {', '.join(missing)}"
+    accuracy, classes = doc[METRICS_KEYS[0]], doc[METRICS_KEYS[1]]
+    if isinstance(accuracy, bool) or not isinstance(accuracy, int | float) or not math.isfinite(accuracy):
+        return f"has {METRICS_KEYS[0]} {accuracy!r}, not a number"
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        return f"has {METRICS_KEYS[1]} {classes!r}, not a list of class names"
+    return ""
+
+
+def _check_version(doc: Any) -> str:
+    if not isinstance(doc, dict):
+        return f"holds a {type(doc).__name__}, not an object"
+    files = doc.get("files", {})
+    if not isinstance(files, dict) or not all(
+        isinstance(k, str)
+        and isinstance(v, dict)
+        and isinstance(v.get("size"), int)
+        and isinstance(v.get("sha256"), str)
+        for k, v in files.items()
+    ):
+        return "has a files list that is not the registry's ({path: {size, sha256}})"
+    return ""
+
+
+ALIASES_FIX = (
+    'the registry writes {{"default": "1", "champion": "<a version folder>"}}: repair it to that '
+    "form, or move it aside (mv {path} {path}.damaged) and the next upload starts a new one"
+)
+CHECKS = {"aliases": _check_aliases, "metrics": _check_metrics, "version": _check_version}
+
+
+def load(dir_fd: int, name: str, where: str, kind: str, fix: str, missing_ok: bool = False) -> Any:
+    """The JSON document `name` of the folder open as `dir_fd` (at `where`), checked as `kind`
+    (aliases, metrics, version): a plain file opened without following a link, at most
+    MAX_JSON_BYTES, valid JSON of the form the registry writes. Raises `Damaged` naming the file,
+    what is wrong and `fix` (formatted with the file's `path`); when it is missing, returns None
+    if `missing_ok`."""
+    path = os.path.join(where, name)
+    fix = fix.format(path=path)
+    try:
+        fd = os.open(name, _READ, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise Damaged(path, "is missing", fix) from None
+    except OSError as err:
+        raise Damaged(path, _what(dir_fd, name, err), fix) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Damaged(path, _what(dir_fd, name), fix)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_JSON_BYTES + 1)
+    if len(data) > MAX_JSON_BYTES:
+        raise Damaged(path, f"is larger than {MAX_JSON_BYTES} bytes", fix)
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise Damaged(path, f"is not JSON ({err})", fix) from None
+    problem = CHECKS[kind](doc)
+    if problem:
+        raise Damaged(path, problem, fix)
+    return doc
+
+
+def read_aliases(model_fd: int, model_path: str) -> dict[str, str] | None:
+    """aliases.json, checked; None when there is none yet."""
+    aliases = load(model_fd, "aliases.json", model_path, "aliases", ALIASES_FIX, missing_ok=True)
+    return None if aliases is None else dict(aliases)
+
+
+class Unusable(Exception):
+    """The alias's version cannot be used as a champion: its message says why, naming the path."""
+
+    def __init__(self, version: str, path: str, problem: str, fix: str) -> None:
+        self.version, self.path, self.problem, self.fix = version, path, problem, fix
+        super().__init__(f"{path} {problem}")
+
+
+def read_version(model_fd: int, model_path: str, version: str, alias: str) -> tuple[str, dict[str, Any]]:
+    """(SavedModel folder, metrics.json) of `version`, every file checked: version.json, the
+    SavedModel's files against the sizes and sha256 recorded at registration (a saved_model.pb
+    that is a non-empty plain file for versions registered before they were recorded),
+    metrics.json's test_accuracy and class_names. Raises `Unusable` naming what is damaged."""
+    root = os.path.join(model_path, version)
+    fix = (
+        f"restore {root} from a copy, or put {alias} on a sound version (edit "
+        f"{os.path.join(model_path, 'aliases.json')}, or remove its {alias!r} entry)"
+    )
+
+    def unusable(err: Damaged) -> Unusable:
+        return Unusable(version, err.path, err.problem, fix)
+
+    vfd = mfd = None
+    try:
+        vfd = open_folder(model_fd, version, root, fix)
+        if vfd is None:
+            raise Unusable(version, root, "is missing", fix)
+        record = load(vfd, "version.json", root, "version", fix)
+        model = os.path.join(root, "model")
+        mfd = open_folder(vfd, "model", model, fix)
+        if mfd is None:
+            raise Unusable(version, model, "is missing", fix)
+        metrics = load(mfd, "metrics.json", model, "metrics", fix)
+        files = record.get("files") or {"saved_model.pb": None}
+        for relative, expected in sorted(files.items()):
+            _check_file(mfd, model, relative, expected, fix)
+        return model, metrics
+    except Damaged as err:
+        raise unusable(err) from None
+    finally:
+        for fd in (mfd, vfd):
+            if fd is not None:
+                os.close(fd)
+
+
+def _check_file(model_fd: int, model: str, relative: str, expected: dict[str, Any] | None, fix: str) -> None:
+    parts = relative.split("/")
+    path = os.path.join(model, *parts)
+    if any(p in ("", ".", "..") for p in parts):
+        raise Damaged(os.path.join(os.path.dirname(model), "version.json"), f"lists a file {relative!r}", fix)
+    fds: list[int] = []
+    try:
+        parent = model_fd
+        for i, part in enumerate(parts[:-1]):
+            sub = open_folder(parent, part, os.path.join(model, *parts[: i + 1]), fix)
+            if sub is None:
+                raise Damaged(os.path.join(model, *parts[: i + 1]), "is missing", fix)
+            fds.append(sub)
+            parent = sub
+        try:
+            fd = os.open(parts[-1], _READ, dir_fd=parent)
+        except FileNotFoundError:
+            raise Damaged(path, "is missing: the SavedModel is incomplete", fix) from None
+        except OSError as err:
+            raise Damaged(path, _what(parent, parts[-1], err), fix) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise Damaged(path, _what(parent, parts[-1]), fix)
+        with os.fdopen(fd, "rb") as f:
+            if expected is None:
+                if st.st_size == 0:
+                    raise Damaged(path, "is empty: the SavedModel is truncated", fix)
+                return
+            if st.st_size != expected["size"]:
+                raise Damaged(
+                    path,
+                    f"has {st.st_size} bytes, {expected['size']} when registered: the SavedModel is damaged",
+                    fix,
+                )
+            digest = hashlib.sha256()
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+            if digest.hexdigest() != expected["sha256"]:
+                raise Damaged(
+                    path, "differs from the file registered (sha256): the SavedModel is damaged", fix
+                )
+    finally:
+        for sub in fds:
+            os.close(sub)
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def next_version(model_fd: int, taken: list[str]) -> str:
+    """One more than every version folder (whatever it is) and every version in `taken` (the
+    aliases): a version number is never given twice, even when its folder was lost."""
+    numbers = [int(v) for v in [*os.listdir(model_fd), *taken] if VERSION.fullmatch(v)]
+    return str(max(numbers, default=0) + 1)
+
+
+def _copy_tree(source: str, dst_fd: int, prefix: str, files: dict[str, dict[str, Any]]) -> None:
+    for entry in sorted(os.scandir(source), key=lambda e: e.name):
+        if entry.is_symlink():
+            raise RegistryError(
+                f"local registry: {entry.path} is a symbolic link: a SavedModel to register holds "
+                "plain files and folders only"
+            )
+        if entry.is_dir(follow_symlinks=False):
+            os.mkdir(entry.name, 0o777, dir_fd=dst_fd)
+            sub = os.open(entry.name, _DIR, dir_fd=dst_fd)
+            try:
+                _copy_tree(entry.path, sub, f"{prefix}{entry.name}/", files)
+            finally:
+                os.close(sub)
+        elif entry.is_file(follow_symlinks=False):
+            digest, size = hashlib.sha256(), 0
+            with (
+                open(entry.path, "rb") as src,
+                os.fdopen(os.open(entry.name, _CREATE, 0o666, dir_fd=dst_fd), "wb") as dst,
+            ):
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    dst.write(block)
+                    digest.update(block)
+                    size += len(block)
+            files[prefix + entry.name] = {"size": size, "sha256": digest.hexdigest()}
+        else:
+            raise RegistryError(
+                f"local registry: {entry.path} is not a plain file or folder: it cannot be registered"
+            )
+
+
+def _write_new(dir_fd: int, name: str, data: bytes) -> None:
+    """A new file `name` (`O_EXCL`: FileExistsError if anything is there, a link included),
+    removed again if it cannot be written whole."""
+    fd = os.open(name, _CREATE, 0o666, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
+        raise
+
+
+def publish(
+    model_fd: int, model_path: str, source: str, record: dict[str, Any], aliases: dict[str, str]
+) -> tuple[str, str]:
+    """Copies the SavedModel folder `source` as the next version, with `record` (and the sizes and
+    sha256 of its files) as version.json: into a staging folder of an unpredictable name made
+    with `mkdir` (fails if anything is there), renamed into place once complete. Call it under
+    the lock. Returns (version, its folder)."""
+    version = next_version(model_fd, list(aliases.values()))
+    while True:
+        staging = f".staging-{secrets.token_hex(8)}"
+        try:
+            os.mkdir(staging, 0o777, dir_fd=model_fd)
+            break
+        except FileExistsError:
+            continue
+    try:
+        sfd = os.open(staging, _DIR, dir_fd=model_fd)
+        try:
+            os.mkdir("model", 0o777, dir_fd=sfd)
+            mfd = os.open("model", _DIR, dir_fd=sfd)
+            files: dict[str, dict[str, Any]] = {}
+            try:
+                _copy_tree(source, mfd, "", files)
+            finally:
+                os.close(mfd)
+            document = {**record, "version": version, "files": files}
+            _write_new(sfd, "version.json", json.dumps(document, indent=1).encode())
+        finally:
+            os.close(sfd)
+        try:
+            os.rename(staging, version, src_dir_fd=model_fd, dst_dir_fd=model_fd)
+        except OSError as err:
+            where = os.path.join(model_path, version)
+            raise RegistryError(
+                f"local registry: cannot publish version {version}: {where} {_what(model_fd, version, err)}; "
+                "only the registry creates version folders: move it aside and run again"
+            ) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(staging, dir_fd=model_fd)
+        raise
+    return version, os.path.join(model_path, version)
+
+
+def write_aliases(model_fd: int, aliases: dict[str, str]) -> None:
+    """aliases.json replaced atomically by a new file of an unpredictable name (`O_EXCL`); the
+    rename replaces the entry aliases.json, never what a link there points to."""
+    problem = _check_aliases(aliases)
+    if problem:
+        raise RegistryError(f"local registry: refusing to write aliases that {problem}")
+    while True:
+        tmp = f".aliases.json.{secrets.token_hex(8)}.tmp"
+        try:
+            _write_new(model_fd, tmp, json.dumps(aliases, indent=1).encode())
+            break
+        except FileExistsError:
+            continue
+    try:
+        os.replace(tmp, "aliases.json", src_dir_fd=model_fd, dst_dir_fd=model_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=model_fd)
+        raise
