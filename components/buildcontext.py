@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 import gzip
 import io
+import json
 import os
 import re
 import stat
@@ -50,34 +51,159 @@ def tarball_members(data: bytes) -> list[tuple[str, bytes]]:
     return out
 
 
-# Names that look like secrets, matched case-insensitively against a file's own name. Such a file
-# is refused, not silently left out: something meant it to be in the context, and a person
-# should decide where it goes. .dockerignore excludes the same names for a plain `docker build`.
+# --- secrets -----------------------------------------------------------------------------------
+# A file of the context that looks like a secret, by name or by content, is refused, not silently
+# left out: something meant it to be in the context, and a person should decide where it goes.
+#
+# Names that look like secrets, matched case-insensitively against a file's own name. This is the
+# one list: .dockerignore's secret rules are generated from it (`python -m components.buildcontext
+# --dockerignore`) and a test fails when they differ, so a plain `docker build` leaves out the same.
 SECRET_NAMES = (
+    # private keys and key stores
     "*.pem",
     "*.key",
     "*.p12",
     "*.pfx",
+    "*.ppk",
+    "*.jks",
+    "*.keystore",
     "id_rsa*",
     "id_dsa*",
     "id_ecdsa*",
     "id_ed25519*",
+    # environment files
     ".env",
     ".env.*",
+    "*.env",
+    ".envrc",
+    # Google: service-account keys, `gcloud auth application-default login`'s file, OAuth clients,
+    # gcloud's own credential stores
     "*credentials*.json",
     "*service-account*.json",
     "*service_account*.json",
+    "client_secret*.json",
+    "credentials.db",
+    "access_tokens.db",
+    # AWS (`~/.aws/credentials`), Kubernetes, Docker, Postgres, Terraform
+    "credentials",
+    "kubeconfig",
+    "kubeconfig.yaml",
+    "kubeconfig.yml",
+    "*.kubeconfig",
+    ".dockercfg",
+    ".pgpass",
+    "*.tfstate",
+    "*.tfstate.*",
+    # package indexes and git
     ".netrc",
+    "_netrc",
     ".npmrc",
     ".pypirc",
+    "pip.conf",
+    "pip.ini",
     ".git-credentials",
 )
-# Content that looks like a secret, whatever the file is called: (what it is, patterns that
-# must all be found).
-_SECRET_CONTENT = (
-    ("a Google service-account key", (rb'"type"\s*:\s*"service_account"', rb'"private_key"')),
-    ("a PEM private key", (rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----",)),
+# Public keys: a name matching these is not refused for its name (`id_rsa.pub`), only by content
+# (a private key in a `.pub` file is still refused). .dockerignore lets them back in below
+# CONTEXT_DIRS.
+PUBLIC_NAMES = ("*.pub",)
+
+# Content is scanned whole for the byte patterns (private-key headers), and as text up to this
+# size for the rest (JSON decoding, config files); the context is a few hundred KiB.
+_TEXT_SCAN_LIMIT = 8 << 20
+# Google credential files' "type", as google.auth reads them.
+_GOOGLE_TYPES = {
+    "service_account": "a Google service-account key",
+    "authorized_user": "Google user credentials, as `gcloud auth application-default login` writes",
+    "external_account": "a Google workload identity federation credential",
+    "external_account_authorized_user": "Google workforce identity federation user credentials",
+    "impersonated_service_account": "Google impersonated service-account credentials",
+    "gdch_service_account": "a Google Distributed Cloud service-account key",
+}
+# JSON fields that hold a secret when their value is a non-empty string (keys compared lowercased,
+# `-` read as `_`).
+_SECRET_FIELDS = frozenset(
+    {
+        "private_key",
+        "refresh_token",
+        "client_secret",
+        "password",
+        "passwd",
+        "access_token",
+        "auth_token",
+        "api_key",
+        "apikey",
+        "identitytoken",
+        "registrytoken",
+        "aws_secret_access_key",
+        "secret_access_key",
+        "client_key_data",
+    }
 )
+_TYPES_RE = "|".join(_GOOGLE_TYPES)
+_FIELDS_RE = "|".join(sorted(_SECRET_FIELDS)).replace("_", "[_-]")
+# A quoted value that stands for a secret rather than being one: `$VAR`, `${VAR}`, `{name}`,
+# `<...>`, `%(name)s`, or nothing.
+_PLACEHOLDER = r"""["'](?:\$|\{|<|%\(|["']|\s)"""
+_PRIVATE_KEY = re.compile(rb"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY( BLOCK)?-----")
+_PRIVATE_KEY_TEXT = re.compile(_PRIVATE_KEY.pattern.decode())
+_PUTTY_KEY = re.compile(rb"(?m)^PuTTY-User-Key-File-\d+:")
+# (what it is, rule, pattern, where: "all" files or "config" files only: not Python or prose,
+# where `password: str` is a parameter and not a password).
+_TEXT_RULES: tuple[tuple[str, str, re.Pattern[str], str], ...] = (
+    (
+        "a Google credentials file",
+        '"type": a Google credential type',
+        re.compile(rf"""["']type["']\s*:\s*["']({_TYPES_RE})["']"""),
+        "all",
+    ),
+    (
+        "a secret field",
+        "a JSON field holding a secret",
+        re.compile(rf"""["']({_FIELDS_RE})["']\s*:\s*(?!{_PLACEHOLDER})["']""", re.IGNORECASE),
+        "all",
+    ),
+    (
+        "AWS credentials",
+        "aws_secret_access_key",
+        re.compile(r"""(?im)^\s*(?:export\s+)?(aws_secret_access_key)\s*[=:]\s*["']?[A-Za-z0-9/+=]{16}"""),
+        "all",
+    ),
+    (
+        "a URL with a password in it",
+        "scheme://user:password@host",
+        re.compile(
+            r"""[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@"'<>]*:(?!\$|\{|<|%\(|\*+@)[^\s/@"'<>]+@[^\s/@"'<>]"""
+        ),
+        "all",
+    ),
+    (
+        "a kubeconfig client key",
+        "client-key-data:",
+        re.compile(r"(?m)^\s*(client-key-data)\s*:\s*\S"),
+        "all",
+    ),
+    (
+        "netrc credentials",
+        "machine ... password ...",
+        re.compile(r"\bmachine\s+\S+(?:\s+(?:login|account|port)\s+\S+)*\s+password\s+\S"),
+        "config",
+    ),
+    (
+        "a password or token setting",
+        "a setting named like a password, secret, key or token",
+        re.compile(
+            r"""(?im)^[ \t-]*(?:export\s+)?["']?((?:[\w.-]*[_.-])?(?:password|passwd|secret|"""
+            r"""secret[_-]?key|private[_-]?key|api[_-]?key|access[_-]?key|auth[_-]?token|"""
+            r"""access[_-]?token|refresh[_-]?token|id[_-]?token)|token)["']?[ \t]*[=:][ \t]*"""
+            r"""(?!(?:null|none|true|false|~)?[ \t]*$)(?!\$|\{|<|%\(|["']["'])\S"""
+        ),
+        "config",
+    ),
+)
+# Python and prose: the "config" rules do not apply (`password: str` is an annotation there).
+_CODE_OR_PROSE = (".py", ".pyi", ".md", ".rst")
+
 # Git's variables that would point it at another repository than the checkout's own.
 _GIT_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR")
 
@@ -100,8 +226,19 @@ def context_members(root: str | os.PathLike[str]) -> Iterator[tuple[str, bytes]]
       through a symlinked folder;
     - anything that is not a regular file where a file is expected (a folder named like a file,
       a FIFO, a socket, a device) is refused;
-    - a file whose name matches SECRET_NAMES, or whose content looks like a Google
-      service-account key or a PEM private key, is refused.
+    - a file that looks like a secret is refused: by name (SECRET_NAMES, matched case-insensitively;
+      a public key's `*.pub` name is not), or by content, whatever its name: any
+      `-----BEGIN ... PRIVATE KEY-----` header (PEM, OpenSSH, encrypted, PGP's `PRIVATE KEY
+      BLOCK`) or PuTTY key; a Google credential file (`"type"` service_account, authorized_user,
+      external_account, ...); a JSON field holding a secret (private_key, refresh_token,
+      client_secret, password, ...), JSON decoded so escapes and repeated keys hide nothing;
+      Docker's `auths`/`auth` logins; a Terraform state; `aws_secret_access_key`; a URL with a
+      password (`https://user:token@host`, as pip.conf holds); a kubeconfig's
+      `client-key-data`; and, outside Python and prose, netrc entries and settings named like a
+      password, secret, key or token (`token:`, `password =`). Placeholders (`$VAR`, `${VAR}`,
+      `{name}`, `<...>`) are not secrets. Public keys (`BEGIN PUBLIC KEY`, `ssh-rsa AAAA...`)
+      pass. Private-key headers are looked for in every file; the rest in text files up to
+      _TEXT_SCAN_LIMIT (a binary file is one with a NUL byte that is not UTF-16/32 text).
 
     A refusal is a ValueError naming every offending file and what to do, raised before the
     first member is yielded, so nothing is packed or uploaded."""
@@ -251,15 +388,156 @@ def _kind(mode: int) -> str:
 
 
 def _secret(name: str, data: bytes) -> str:
-    """Why `name` looks like a secret, or "" where it does not."""
+    """Why `name` looks like a secret, naming the rule that matched, or "" where it does not. The
+    message never quotes the secret itself (a line number at most)."""
     base = name.rsplit("/", 1)[-1].lower()
-    matched = [p for p in SECRET_NAMES if fnmatch.fnmatchcase(base, p)]
-    if matched:
-        return f"its name looks like a secret ({matched[0]})"
-    for what, patterns in _SECRET_CONTENT:
-        if all(re.search(p, data) for p in patterns):
-            return f"its content looks like {what}"
+    if not any(fnmatch.fnmatchcase(base, p) for p in PUBLIC_NAMES):
+        matched = [p for p in SECRET_NAMES if fnmatch.fnmatchcase(base, p)]
+        if matched:
+            return f"its name looks like a secret (name rule {matched[0]})"
+    return _secret_content(base, data)
+
+
+def _secret_content(base: str, data: bytes) -> str:
+    text = _text(data) if len(data) <= _TEXT_SCAN_LIMIT else None
+    if text is not None and text.lstrip().startswith(("{", "[")):
+        found = _json_secret(text)  # first: a credential file says what it is
+        if found:
+            return f"its content looks like {found}"
+    # Private-key headers: over the whole file, text or binary, however large.
+    key = _PRIVATE_KEY.search(data)
+    if key:
+        return _private_key(key.group().decode(), _line(data, key.start()))
+    if _PUTTY_KEY.search(data):
+        return "its content looks like a PuTTY private key (rule: PuTTY-User-Key-File-)"
+    if text is None:  # binary, or past the limit: only the headers above are looked for
+        return ""
+    return _text_secret(text, config=not base.endswith(_CODE_OR_PROSE))
+
+
+def _text(data: bytes) -> str | None:
+    """The file as text (UTF-8, or UTF-16/32 where it says so), or None where it is binary."""
+    head = data[:8192]
+    if b"\0" in head:
+        encoding = json.detect_encoding(head)  # UTF-16/32, with or without a BOM
+        if not encoding.startswith("utf-16") and not encoding.startswith("utf-32"):
+            return None
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError:
+            return None
+    return data.decode("utf-8-sig", errors="replace")
+
+
+class _Pairs(list[tuple[str, object]]):
+    """A JSON object as all its (key, value) pairs: a repeated key cannot hide an earlier one."""
+
+
+def _json_secret(text: str) -> str:
+    """What a JSON document holds that is a secret, with the field that says so; "" where nothing
+    (or where it is not one JSON document: then the text rules read it, escapes resolved)."""
+    try:
+        doc = json.loads(text, object_pairs_hook=_Pairs)
+    except (ValueError, RecursionError):
+        return ""
+    if isinstance(doc, _Pairs):
+        keys = {k for k, _ in doc}
+        if {"terraform_version", "resources"} <= keys:
+            return 'a Terraform state (rule: JSON fields "terraform_version" and "resources")'
+    stack: list[tuple[object, str]] = [(doc, "")]
+    while stack:
+        node, parent = stack.pop()
+        if isinstance(node, str):
+            found = _text_secret(node, config=False)
+            if found:
+                return found.removeprefix("its content looks like ").replace(
+                    "; line ", "; in a JSON string, line "
+                )
+            continue
+        if isinstance(node, list) and not isinstance(node, _Pairs):
+            stack.extend((item, parent) for item in node)
+            continue
+        if not isinstance(node, _Pairs):
+            continue
+        for raw_key, value in node:  # the credential type first: it says the most
+            if raw_key.lower() == "type" and isinstance(value, str) and value.lower() in _GOOGLE_TYPES:
+                return f'{_GOOGLE_TYPES[value.lower()]} (rule: "type": "{value}")'
+        for raw_key, value in node:
+            key = raw_key.lower().replace("-", "_")
+            if key in _SECRET_FIELDS and isinstance(value, str) and not _placeholder(value):
+                return f'a secret field (rule: JSON field "{raw_key}")'
+            if key == "auths" and isinstance(value, _Pairs) and value:
+                return 'a Docker registry config with credentials (rule: JSON field "auths")'
+            if key == "auth" and isinstance(value, str) and _basic_auth(value):
+                return f'a Docker registry login (rule: JSON field "auth" under "{parent}")'
+            stack.append((value, raw_key))
     return ""
+
+
+def _placeholder(value: str) -> bool:
+    value = value.strip()
+    return not value or value.startswith(("$", "{", "<", "%("))
+
+
+def _basic_auth(value: str) -> bool:
+    """Whether `value` is base64 of `user:password`, as Docker's config stores a login."""
+    import base64
+    import binascii
+
+    try:
+        return b":" in base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+
+
+_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})|\\(/)")
+
+
+def _text_secret(text: str, config: bool) -> str:
+    """The first text rule the file matches, read with `\\uXXXX`, `\\xXX` and `\\/` escapes
+    resolved (a key written with escapes in JSON or a Python string is still that key)."""
+    if "\\" in text:
+        text = _ESCAPE.sub(lambda m: chr(int(m[1] or m[2], 16)) if (m[1] or m[2]) else m[3], text)
+    key = _PRIVATE_KEY_TEXT.search(text)
+    if key:
+        return _private_key(key.group(), text.count("\n", 0, key.start()) + 1)
+    for what, rule, pattern, where in _TEXT_RULES:
+        if where == "config" and not config:
+            continue
+        match = pattern.search(text)
+        if match:
+            if what == "a Google credentials file":
+                what, rule = _GOOGLE_TYPES[match[1].lower()], f'"type": "{match[1]}"'
+            if what == "a secret field":
+                rule = f'JSON field "{match[1]}"'
+            elif what == "a password or token setting":
+                rule = f'a setting named "{match[1]}"'
+            line = text.count("\n", 0, match.start()) + 1
+            return f"its content looks like {what} (rule: {rule}; line {line})"
+    return ""
+
+
+def _private_key(header: str, line: int) -> str:
+    what = "a PGP private key block" if "PGP" in header else "a PEM private key"
+    return f"its content looks like {what} (rule: {header}; line {line})"
+
+
+def _line(data: bytes, offset: int) -> int:
+    return data.count(b"\n", 0, offset) + 1
+
+
+def dockerignore_secret_rules() -> list[str]:
+    """.dockerignore's secret rules, from SECRET_NAMES and PUBLIC_NAMES: each name excluded at any
+    depth, letters matched in either case (Docker matches case-sensitively; the context does not),
+    public keys let back in below CONTEXT_DIRS."""
+
+    def either_case(pattern: str) -> str:
+        return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in pattern)
+
+    return [
+        *(f"**/{either_case(p)}" for p in SECRET_NAMES),
+        *(f"!{d}/**/{either_case(p)}" for d in CONTEXT_DIRS for p in PUBLIC_NAMES),
+    ]
 
 
 def _refusal(base: Path, problems: list[str]) -> ValueError:
@@ -283,3 +561,9 @@ def write_context_tarball(root: str | os.PathLike[str], out: io.BufferedIOBase |
     else:
         out.write(payload)
     return context_tag(members)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--dockerignore"]:
+        sys.exit("usage: python -m components.buildcontext --dockerignore")
+    print("\n".join(dockerignore_secret_rules()))

@@ -173,7 +173,7 @@ def test_a_tracked_service_account_key_is_refused_by_name_and_content(repo: Path
         "cert.p12",
         "cert.pfx",
         "id_rsa",
-        "id_rsa.pub",
+        "id_rsa.bak",
         "id_ed25519",
         "gcp-credentials.json",
         "my-service-account.json",
