@@ -145,7 +145,7 @@ _FIELDS_RE = "|".join(sorted(_SECRET_FIELDS)).replace("_", "[_-]")
 # A quoted value that stands for a secret rather than being one: `$VAR`, `${VAR}`, `{name}`,
 # `<...>`, `%(name)s`, or nothing.
 _PLACEHOLDER = r"""["'](?:\$|\{|<|%\(|["']|\s)"""
-_PRIVATE_KEY = re.compile(rb"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY( BLOCK)?-----")
+_PRIVATE_KEY = re.compile(rb"-----BEGIN ([A-Z0-9 ]{0,64})PRIVATE KEY( BLOCK)?-----")
 _PRIVATE_KEY_TEXT = re.compile(_PRIVATE_KEY.pattern.decode())
 _PUTTY_KEY = re.compile(rb"(?m)^PuTTY-User-Key-File-\d+:")
 # (what it is, rule, pattern, where: "all" files or "config" files only: not Python or prose,
@@ -154,33 +154,35 @@ _TEXT_RULES: tuple[tuple[str, str, re.Pattern[str], str], ...] = (
     (
         "a Google credentials file",
         '"type": a Google credential type',
-        re.compile(rf"""["']type["']\s*:\s*["']({_TYPES_RE})["']"""),
+        re.compile(rf"""["']type["'][ \t\r\n]{{0,64}}:[ \t\r\n]{{0,64}}["']({_TYPES_RE})["']"""),
         "all",
     ),
     (
         "a secret field",
         "a JSON field holding a secret",
-        re.compile(rf"""["']({_FIELDS_RE})["']\s*:\s*(?!{_PLACEHOLDER})["']""", re.IGNORECASE),
+        re.compile(rf"""["']({_FIELDS_RE})["']\s{{0,64}}:\s{{0,64}}(?!{_PLACEHOLDER})["']""", re.IGNORECASE),
         "all",
     ),
     (
         "AWS credentials",
         "aws_secret_access_key",
-        re.compile(r"""(?im)^\s*(?:export\s+)?(aws_secret_access_key)\s*[=:]\s*["']?[A-Za-z0-9/+=]{16}"""),
+        re.compile(
+            r"""(?im)^[ \t]*(?:export[ \t]+)?(aws_secret_access_key)[ \t]*[=:][ \t]*["']?[A-Za-z0-9/+=]{16}"""
+        ),
         "all",
     ),
     (
         "a URL with a password in it",
         "scheme://user:password@host",
         re.compile(
-            r"""[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@"'<>]*:(?!\$|\{|<|%\(|\*+@)[^\s/@"'<>]+@[^\s/@"'<>]"""
+            r"""\b[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s/:@"'<>]{0,256}:(?!\$|\{|<|%\(|\*+@)[^\s/@"'<>]+@[^\s/@"'<>]"""
         ),
         "all",
     ),
     (
         "a kubeconfig client key",
         "client-key-data:",
-        re.compile(r"(?m)^\s*(client-key-data)\s*:\s*\S"),
+        re.compile(r"(?m)^[ \t]*(client-key-data)[ \t]*:[ \t]*\S"),
         "all",
     ),
     (
