@@ -447,14 +447,10 @@ def health_statuses(port: int, proc: subprocess.Popen[bytes], timeout: float) ->
     raise AssertionError(f"the server did not become healthy (statuses {statuses}, exit {proc.poll()})")
 
 
-@pytest.mark.slow
-def test_server_process_serves_on_vertexs_contract(tiny_model: Path, tmp_path: Path) -> None:
-    from trainer._tf import tf
-
-    port = free_port()
-    log = tmp_path / "server.log"
+def start_server(port: int, model: Path, log: Path, accelerator: str) -> subprocess.Popen[bytes]:
+    """`python -m trainer.server` as Vertex starts it (non-default routes), its output in `log`."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "trainer.server", "--host", "127.0.0.1"],
             cwd=ROOT,
             env=trainer_env(
@@ -462,13 +458,22 @@ def test_server_process_serves_on_vertexs_contract(tiny_model: Path, tmp_path: P
                     "AIP_HTTP_PORT": str(port),
                     "AIP_HEALTH_ROUTE": HEALTH_ROUTE,
                     "AIP_PREDICT_ROUTE": PREDICT_ROUTE,
-                    "AIP_STORAGE_URI": str(tiny_model),
-                    "SERVING_ACCELERATOR": "cpu",
+                    "AIP_STORAGE_URI": str(model),
+                    "SERVING_ACCELERATOR": accelerator,
                 }
             ),
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+
+@pytest.mark.slow
+def test_server_process_serves_on_vertexs_contract(tiny_model: Path, tmp_path: Path) -> None:
+    from trainer._tf import tf
+
+    port = free_port()
+    log = tmp_path / "server.log"
+    proc = start_server(port, tiny_model, log, accelerator="cpu")
     try:
         statuses = health_statuses(port, proc, timeout=120)
         # Bound before the model loads (Vertex's TCP liveness probe), healthy only once it has.
@@ -540,22 +545,7 @@ def test_a_gpu_deployment_where_tensorflow_sees_no_gpu_refuses_to_start(
         pytest.skip("this machine has a GPU: the server would serve on it")
     port = free_port()
     log = tmp_path / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer.server", "--host", "127.0.0.1"],
-            cwd=ROOT,
-            env=trainer_env(
-                {
-                    "AIP_HTTP_PORT": str(port),
-                    "AIP_HEALTH_ROUTE": HEALTH_ROUTE,
-                    "AIP_PREDICT_ROUTE": PREDICT_ROUTE,
-                    "AIP_STORAGE_URI": str(tiny_model),
-                    "SERVING_ACCELERATOR": "gpu",
-                }
-            ),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = start_server(port, tiny_model, log, accelerator="gpu")
     statuses = []
     try:
         deadline = time.monotonic() + 120
