@@ -12,6 +12,7 @@ from google.cloud import aiplatform_v1
 from google.protobuf import json_format
 
 from components import worker_pools
+from tests.components import test_steps
 from trainer import config
 from trainer.config import GpuRequest
 
@@ -19,19 +20,14 @@ V100, T4 = "NVIDIA_TESLA_V100", "NVIDIA_TESLA_T4"
 
 
 def pools(**overrides: Any) -> list[dict[str, Any]]:
-    args: dict[str, Any] = {
-        "image_uri": "img@sha256:" + "0" * 64,
-        "command": ["python", "-m", "trainer.task"],
-        "args": ["--epochs=2"],
-        "chief_machine_type": "n1-standard-8",
-        "chief_accelerator_type": V100,
-        "chief_accelerator_count": 1,
+    """tests/components/test_steps.py's pools, with workers of another machine and GPU than the chief's."""
+    hardware = {
         "worker_count": 2,
         "worker_machine_type": "n1-standard-16",
         "worker_accelerator_type": T4,
         "worker_accelerator_count": 2,
     }
-    return worker_pools.build_worker_pool_specs(**{**args, **overrides})
+    return test_steps.pools(**{**hardware, **overrides})
 
 
 def request_of(spec: dict[str, Any]) -> GpuRequest | None:
