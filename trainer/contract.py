@@ -22,7 +22,10 @@ BEST_DIR = "best"  # its weights: a copy of that epoch's backup, `epoch-<NNNN>.*
 
 # --- in a prepared dataset's folder (`python -m trainer.prepare` output) --------------------
 METADATA_FILE = "metadata.json"
-METADATA_FORMAT_VERSION = 1
+METADATA_FORMAT_VERSION = 2
+"""2: each split's `shards` lists every shard's exact size, record count and SHA-256, and the
+`fingerprint` is taken over that manifest. Readers refuse any other version with a line saying to
+prepare the dataset again (1, which recorded shard names alone, included)."""
 
 METRICS_KEYS = (
     # Exact figures of the published model over the whole validation and test splits.
@@ -73,13 +76,28 @@ METADATA_KEYS = (
     "encoding",
     "seed",
     "splits",  # {train|validation|test: METADATA_SPLIT_KEYS}
-    "fingerprint",  # "sha256:<hex>" over every shard's name and content
+    "fingerprint",  # "sha256:<hex>" over the manifest: classes, image form, splits' counts, shards
 )
 """Every top-level key of a prepared dataset's metadata.json."""
 
 METADATA_SPLIT_KEYS = ("count", "class_counts", "shards")
 """The keys of each split in metadata.json's `splits` (plus `carved_from` for a split that was
-carved from train)."""
+carved from train). `shards` is a list, in shard order, of METADATA_SHARD_KEYS objects."""
+
+METADATA_SHARD_KEYS = ("name", "bytes", "records", "sha256")
+"""One shard in a split's `shards`: its file name (`<split>-<i:05d>-of-<n:05d>.tfrecord`), its
+exact size in bytes, the records it holds, and the SHA-256 (hex) of the file's bytes."""
+
+METADATA_SOURCE_INFO_KEYS = {
+    "tfds": ("tfds_name", "tfds_version", "tfds_downloads"),
+    "synthetic": ("tfds_name", "tfds_version", "generator", "synthetic_per_class", "seed"),
+    "folder": ("folder", "skipped", "listing"),
+}
+"""`source_info`, the source's identity, by kind of `source`. `tfds_downloads`: the downloads TFDS
+verifies for the dataset, `[{url, bytes, sha256}]` from its registered checksums (null when TFDS
+records none). `listing`: `{images, bytes, fingerprint}`, the fingerprint "sha256:<hex>" over one
+line per image read, in sorted order: its path `<split>/<class>/<file>`, its size in bytes and its
+modification time in ns, tab-separated (trainer.shards.folder_listing)."""
 
 # --- in the evaluation job's output folder (`python -m trainer.evaluate`) --------------------
 EVALUATION_FILE = "evaluation.json"
@@ -91,6 +109,7 @@ EVALUATION_KEYS = (
     "class_names",
     "method",  # how the models were run (their serving signature)
     "models",  # {challenger|champion: EVALUATION_MODEL_KEYS}; no champion: challenger alone
+    "comparison",  # EVALUATION_COMPARISON_KEYS: challenger vs champion, paired; null: no champion
 )
 """Every top-level key of evaluation.json."""
 
@@ -106,3 +125,21 @@ EVALUATION_MODEL_KEYS = (
     "seconds",
 )
 """The keys of each model's entry in evaluation.json's `models`."""
+
+EVALUATION_COMPARISON_KEYS = ("examples", "accuracy", "macro_f1", "mcnemar", "bootstrap")
+"""The keys of evaluation.json's `comparison` (trainer.pairedstats.compare), computed from both
+models' predictions on the same examples: `accuracy` and `macro_f1` are each
+EVALUATION_DIFFERENCE_KEYS, `mcnemar` is EVALUATION_MCNEMAR_KEYS and `bootstrap` is
+EVALUATION_BOOTSTRAP_KEYS."""
+
+EVALUATION_DIFFERENCE_KEYS = ("challenger", "champion", "difference", "ci95")
+"""A metric of both models on the split: `difference` is challenger - champion, `ci95` its 95%
+paired-bootstrap interval `[low, high]`."""
+
+EVALUATION_MCNEMAR_KEYS = ("b", "c", "p_value")
+"""The exact McNemar test of the accuracies: `b` examples the challenger got right and the
+champion wrong, `c` the reverse, `p_value` the two-sided binomial p of b among b + c at 1/2."""
+
+EVALUATION_BOOTSTRAP_KEYS = ("resamples", "seed", "confidence", "interval")
+"""How `ci95` was computed: resamples of the examples with replacement (the same indices for
+both models), the generator's seed, 0.95, and "percentile"."""

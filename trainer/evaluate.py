@@ -12,7 +12,10 @@ each model decodes and resizes it exactly as it would when served, whatever imag
 trained at. Writes `evaluation.json` (trainer.contract.EVALUATION_KEYS) into `--output_dir`
 (default: $AIP_MODEL_DIR, which Vertex derives from the job's base output directory), with
 each model's accuracy, loss, macro F1, per-class figures and confusion matrix, and the figures
-the champion recorded on its own test split beside them.
+the champion recorded on its own test split beside them. With a champion, `comparison` pairs the
+two models example by example (`trainer.pairedstats.compare`): the differences challenger -
+champion in accuracy and macro F1 with their 95% paired-bootstrap intervals, and the exact
+McNemar test of the accuracies.
 
 Everything is checked before any image is read: both models load and have the signature, the
 champion was trained on the dataset's class names in the same order. Exit status 2 on a bad
@@ -143,7 +146,9 @@ def evaluate(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """evaluation.json's content for `models` ({role: SavedModel folder}) on `split`."""
-    from trainer import data
+    import numpy as np
+
+    from trainer import data, pairedstats
 
     meta = data.load_metadata(data_dir)
     if meta.splits[split].count == 0:
@@ -167,7 +172,9 @@ def evaluate(
         "class_names": list(meta.class_names),
         "method": "serving_default on PNG-encoded stored images (each model decodes and resizes as served)",
         "models": {},
+        "comparison": None,
     }
+    predicted: dict[str, Any] = {}
     for role, model_dir in models.items():
         started = time.perf_counter()
         log(f"evaluating {role} {model_dir}: {meta.splits[split].count} {split} images, as served")
@@ -175,6 +182,11 @@ def evaluate(
             predictors[role], data_dir, meta, split, progress=_progress(role, split, log)
         )
         figures = summarize(labels, probs, meta.class_names)
+        if predicted and not np.array_equal(labels, predicted["labels"]):
+            raise EvaluationError(
+                f"the {split} split was read in another order for the {role}: the models cannot be paired"
+            )
+        predicted["labels"], predicted[role] = labels, np.asarray(probs).argmax(-1)
         figures["model_dir"] = model_dir
         figures["seconds"] = time.perf_counter() - started
         own = recorded[role]
@@ -189,6 +201,11 @@ def evaluate(
             f"on this {split} split (recorded on its own: accuracy {_fmt(own.get('test_accuracy'))}, "
             f"macro F1 {_fmt(own.get('macro_f1'))})"
         )
+    if "champion" in predicted:
+        out["comparison"] = pairedstats.compare(
+            predicted["labels"], predicted["challenger"], predicted["champion"], meta.num_classes
+        )
+        log(f"compared: {pairedstats.describe(out['comparison'])}")
     return out
 
 

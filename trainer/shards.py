@@ -1,9 +1,12 @@
 """Writing a prepared dataset: the source's images, resized once and encoded, in round-robin
-TFRecord shards per split (`ShardWriter`, a content hash per shard), then `metadata.json` with
-the counts per split and class and the dataset's fingerprint. TensorFlow is imported lazily."""
+TFRecord shards per split (`ShardWriter`), then `metadata.json`: the source's identity
+(`source_identity`), the counts per split and class, the manifest of every shard (name, exact
+size, records, SHA-256 of its bytes) and the dataset's fingerprint over them
+(`trainer.data.manifest_fingerprint`). TensorFlow is imported lazily."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import os
 from collections.abc import Mapping
@@ -21,27 +24,41 @@ FEW_IMAGES_PER_CLASS = 5
 
 
 class ShardWriter:
-    """Round-robin TFRecord shards for one split, with a content hash per shard."""
+    """Round-robin TFRecord shards for one split; `close` gives their manifest."""
 
     def __init__(self, folder: str, split: str, count: int, shards: int) -> None:
         from trainer._tf import tf
 
+        self.folder = folder
         self.n = max(1, min(shards, count))
         self.names = [f"{split}-{i:05d}-of-{self.n:05d}.tfrecord" for i in range(self.n)]
         self._writers = [tf.io.TFRecordWriter(os.path.join(folder, name)) for name in self.names]
-        self._hashes = [hashlib.sha256() for _ in self.names]
+        self.records = [0] * self.n
         self.written = 0
+        self.manifest: list[dict[str, Any]] = []
 
     def write(self, record: bytes) -> None:
         i = self.written % self.n
         self._writers[i].write(record)
-        self._hashes[i].update(len(record).to_bytes(8, "little") + record)
+        self.records[i] += 1
         self.written += 1
 
     def close(self) -> dict[str, str]:
+        """Closes the shards and hashes them as written: returns {name: SHA-256 hex of the file's
+        bytes}, and sets `manifest`, metadata.json's `shards` for them (contract
+        METADATA_SHARD_KEYS: each file's name, size, records and SHA-256)."""
+        from trainer import data
+
         for w in self._writers:
             w.close()
-        return {name: h.hexdigest() for name, h in zip(self.names, self._hashes, strict=True)}
+        paths = [os.path.join(self.folder, name) for name in self.names]
+        with concurrent.futures.ThreadPoolExecutor(data.HASH_THREADS) as pool:
+            digests = list(pool.map(data.shard_digest, paths))
+        self.manifest = [
+            {"name": name, "bytes": size, "records": records, "sha256": sha}
+            for name, records, (sha, size) in zip(self.names, self.records, digests, strict=True)
+        ]
+        return {entry["name"]: entry["sha256"] for entry in self.manifest}
 
 
 def few_images_warnings(class_counts: Mapping[str, Mapping[str, int]]) -> list[str]:
@@ -92,15 +109,13 @@ def write_dataset(source: Source, config: PrepareConfig, staging: str, progress:
                     source_split.find_bad_input() or f"bad input in split {split_name!r}: {e.message}"
                 ) from None
 
-    splits, digests = {}, hashlib.sha256()
+    splits = {}
     for split in SPLITS:
-        shard_hashes = writers[split].close()
-        for name in sorted(shard_hashes):
-            digests.update(f"{name}:{shard_hashes[name]}\n".encode())
+        writers[split].close()
         splits[split] = {
             "count": writers[split].written,
             "class_counts": dict(zip(source.class_names, class_counts[split], strict=True)),
-            "shards": writers[split].names,
+            "shards": writers[split].manifest,
             **({"carved_from": carved[split]} if split in carved else {}),
         }
     per_class = {s: dict(zip(source.class_names, class_counts[s], strict=True)) for s in SPLITS}
@@ -109,7 +124,7 @@ def write_dataset(source: Source, config: PrepareConfig, staging: str, progress:
     metadata = {
         "format_version": data.FORMAT_VERSION,
         "source": config.source,
-        "source_info": source.info,
+        "source_info": {**source.info, **source_identity(source, config)},
         "class_names": source.class_names,
         "num_classes": len(source.class_names),
         "image_size": config.image_size,
@@ -117,8 +132,8 @@ def write_dataset(source: Source, config: PrepareConfig, staging: str, progress:
         "encoding": config.encoding,
         "seed": config.seed,
         "splits": splits,
-        "fingerprint": f"sha256:{digests.hexdigest()}",
     }
+    metadata["fingerprint"] = data.manifest_fingerprint(metadata)
     storage.write_json(os.path.join(staging, data.METADATA_FILE), metadata)
     return metadata
 
@@ -133,3 +148,76 @@ def _example(encoded: bytes, label: int) -> bytes:
     # deterministic: the map of features in the same order in every process, so the same images
     # give the same bytes and the same dataset fingerprint (protobuf map order is otherwise free).
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
+
+
+# --- the source's identity, in source_info (trainer.contract.METADATA_SOURCE_INFO_KEYS) -------
+
+LISTING_STAT_THREADS = 16
+"""gs:// images stat'ed at once for a folder source's listing fingerprint (a request each)."""
+
+
+def source_identity(source: Source, config: PrepareConfig) -> dict[str, Any]:
+    """What identifies the source beyond its own `info` (name and version for TFDS, the folder
+    and its skipped entries): a TFDS dataset's registered download checksums
+    (`tfds_downloads`), a folder's listing fingerprint (`listing`). The synthetic set is named by
+    its generator, size and seed already (its archive is made here, not downloaded)."""
+    kind = config.source.partition(":")[0]
+    if config.source == "synthetic":
+        return {}
+    if kind == "tfds":
+        return {"tfds_downloads": tfds_downloads(str(source.info["tfds_name"]))}
+    if kind == "folder":
+        return {"listing": folder_listing(str(source.info["folder"]))}
+    return {}
+
+
+def tfds_downloads(name: str) -> list[dict[str, Any]] | None:
+    """The files TFDS downloads for dataset `name`, with the size and SHA-256 it checks each
+    against (its registered checksums, the builder class's `url_infos`; no download, no
+    request): [{url, bytes, sha256}] sorted by URL, or None when TFDS records none."""
+    import tensorflow_datasets as tfds
+
+    try:
+        infos = tfds.builder_cls(name).url_infos
+    except (tfds.core.registered.DatasetNotFoundError, AttributeError, KeyError, OSError, ValueError):
+        return None
+    if not infos:
+        return None
+    return [
+        {"url": url, "bytes": None if info.size is None else int(info.size), "sha256": info.checksum}
+        for url, info in sorted(infos.items())
+    ]
+
+
+def folder_listing(path: str) -> dict[str, Any]:
+    """The identity of a folder source's listing, as preparation read it: {images, bytes,
+    fingerprint}. The fingerprint is "sha256:<hex>" over one line per image, in sorted order:
+    its path under the folder (`<split>/<class>/<file>`), its size in bytes and its modification
+    time in nanoseconds, separated by tabs. A file added, removed, renamed, resized or rewritten
+    changes it."""
+    from trainer import folders, storage
+    from trainer._tf import tf
+
+    root = storage.resolve(path.rstrip("/")) or "/"
+    remote = storage.is_remote(root)
+    tree = folders._GfileTree() if remote else None  # the tree open_folder lists gs:// with
+    listing = folders.list_folder(path, root=root, tree=tree, check_files=False)
+    files = sorted(p for paths, _ in listing.splits.values() for p in paths)
+
+    def stat(p: str) -> tuple[int, int]:
+        if remote:
+            found = tf.io.gfile.stat(p)
+            return int(found.length), int(found.mtime_nsec)
+        st = os.stat(p)
+        return st.st_size, st.st_mtime_ns
+
+    with concurrent.futures.ThreadPoolExecutor(LISTING_STAT_THREADS if remote else 1) as pool:
+        stats = list(pool.map(stat, files))
+    digest, prefix = hashlib.sha256(), len(root.rstrip("/")) + 1
+    for p, (size, mtime) in zip(files, stats, strict=True):
+        digest.update(f"{p[prefix:]}\t{size}\t{mtime}\n".encode())
+    return {
+        "images": len(files),
+        "bytes": sum(size for size, _ in stats),
+        "fingerprint": f"sha256:{digest.hexdigest()}",
+    }

@@ -341,7 +341,7 @@ def class_sorted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         splits[split] = {
             "count": 5 * per_class,
             "class_counts": {str(c): per_class for c in range(5)},
-            "shards": writer.names,
+            "shards": writer.manifest,
         }
     meta = {
         "format_version": contract.METADATA_FORMAT_VERSION,
@@ -354,8 +354,8 @@ def class_sorted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "encoding": "raw",
         "seed": 0,
         "splits": splits,
-        "fingerprint": "sha256:0",
     }
+    meta["fingerprint"] = data.manifest_fingerprint(meta)
     (out / contract.METADATA_FILE).write_text(json.dumps(meta))
     return out
 

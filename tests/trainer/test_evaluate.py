@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.processes import ROOT, trainer_env
-from trainer import evaluate, metrics
-from trainer.contract import EVALUATION_KEYS, EVALUATION_MODEL_KEYS
+from trainer import evaluate, metrics, pairedstats
+from trainer.contract import EVALUATION_COMPARISON_KEYS, EVALUATION_KEYS, EVALUATION_MODEL_KEYS
 
 
 def constant_model(folder: Path, answer: int, classes: list[str], size: int, recorded: dict) -> Path:
@@ -78,6 +78,22 @@ def test_both_models_are_evaluated_as_served_on_this_splits_images(
         assert got["macro_f1"] == pytest.approx(f1 / len(classes))
         assert got["macro_f1"] == pytest.approx(metrics.macro_f1(got["per_class"]))
     assert out["models"]["champion"]["recorded"]["accuracy"] == 0.99  # kept beside, not compared
+    # Paired, example by example: the challenger alone is right on the images of its class, the
+    # champion alone on those of its own; equal shares, so no difference and McNemar's p is 1.
+    comparison = out["comparison"]
+    assert tuple(sorted(comparison)) == tuple(sorted(EVALUATION_COMPARISON_KEYS))
+    assert comparison["examples"] == total
+    b, c = counts[classes[1]], counts[classes[3]]
+    assert (comparison["mcnemar"]["b"], comparison["mcnemar"]["c"]) == (b, c)
+    assert comparison["mcnemar"]["p_value"] == pytest.approx(pairedstats.mcnemar_exact(b, c))
+    for name in ("accuracy", "macro_f1"):
+        new, old = out["models"]["challenger"][name], out["models"]["champion"][name]
+        assert comparison[name]["challenger"] == pytest.approx(new)
+        assert comparison[name]["champion"] == pytest.approx(old)
+        assert comparison[name]["difference"] == pytest.approx(new - old)
+        low, high = comparison[name]["ci95"]
+        assert low <= new - old <= high
+    assert any(line.startswith("compared: challenger - champion on ") for line in lines)
     assert out["models"]["challenger"]["recorded"]["macro_f1"] is None  # it recorded none
     assert any("evaluated champion: accuracy" in line and "recorded on its own: accuracy 0.9900" in line for line in lines)  # fmt: skip
 
@@ -99,6 +115,8 @@ def test_the_command_writes_evaluation_json_into_aip_model_dir(
     assert done.returncode == 0, done.stderr
     written = json.loads((tmp_path / "job" / "model" / "evaluation.json").read_text())
     assert list(written["models"]) == ["challenger"]  # no champion given: the new model alone
+    assert tuple(sorted(written)) == tuple(sorted(EVALUATION_KEYS))
+    assert written["comparison"] is None  # nothing to compare with
 
 
 def test_a_champion_of_other_classes_is_refused_before_any_image_is_read(
