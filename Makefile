@@ -55,7 +55,7 @@ compile: $(STAMP) ## Compile pipeline.py to compiled/pipeline.json and pipeline-
 # The variables a person gives make (CRON='0 6 * * 1', NAME=projects/...) reach the programs in
 # their environment, never through a recipe line: `export` hands each value over verbatim and
 # launch.submit and launch.schedules read and validate them there (CRON, TIMEZONE, START, END, MAX_CONCURRENT, NAME;
-# WAIT when `make run` submits to Vertex), so the shell never parses them (TIMEZONE='x"; touch f'
+# WAIT when `make run` submits to Vertex; RUN, launch.vertexreport's), so the shell never parses them (TIMEZONE='x"; touch f'
 # is only a bad time zone). `override X := $(value X)` keeps make itself from expanding a `$(...)` inside a value:
 # make expands a variable from the command line or the environment whenever it exports it.
 # TARGET and BENCH are read by the shell from the environment, inside double quotes ("$$TARGET"),
@@ -69,6 +69,7 @@ MAX_CONCURRENT ?= 1
 START ?=
 END ?=
 NAME ?=
+RUN ?=
 BENCH ?=
 ARGS ?=
 override TARGET := $(value TARGET)
@@ -79,8 +80,9 @@ override MAX_CONCURRENT := $(value MAX_CONCURRENT)
 override START := $(value START)
 override END := $(value END)
 override NAME := $(value NAME)
+override RUN := $(value RUN)
 override BENCH := $(value BENCH)
-export TARGET WAIT CRON TIMEZONE MAX_CONCURRENT START END NAME BENCH
+export TARGET WAIT CRON TIMEZONE MAX_CONCURRENT START END NAME RUN BENCH
 
 # Ends the recipe lines that run launch.cli or launch.schedules: when the program fails, one last line
 # names its exit code and what the code means (make itself exits 2 for any failed recipe; see
@@ -98,6 +100,10 @@ schedules: $(STAMP) ## List the project's pipeline schedules
 
 schedule-pause schedule-resume schedule-delete: $(STAMP) ## Pause, resume or delete a schedule: NAME=projects/.../schedules/ID
 	@$(PY) -m launch.schedules $(subst schedule-,,$@) $(EXPLAIN)
+
+.PHONY: report
+report: $(STAMP) ## Write local_runs/<job id>/summary.json and report.html for a Vertex run: RUN=<job id> or RUN=projects/<p>/locations/<region>/pipelineJobs/<id>
+	@$(PY) -m launch.vertexreport $(ARGS) $(EXPLAIN)
 
 .PHONY: gpu-check
 gpu-check: $(STAMP) ## One Vertex job on this checkout's trainer image: the GPUs it sees, one NCCL all-reduce (the chief's machine; ARGS="--chief_machine_type g2-standard-8 --chief_accelerator_type NVIDIA_L4")

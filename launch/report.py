@@ -1,6 +1,7 @@
-"""report.html for a local run: training curves, confusion matrix and tuning trials as pictures,
-with the run's steps and metrics as tables. Pictures are PNGs embedded in the page (one file to
-open or attach), drawn with matplotlib's Agg backend (no display needed)."""
+"""report.html for a run, local (launch.cli) or on Vertex (launch.vertexrun): the step
+timeline, training curves, confusion matrix and tuning trials as pictures, with the run's steps
+and metrics as tables. Pictures are PNGs embedded in the page (one file to open or attach), drawn
+with matplotlib's Agg backend (no display needed)."""
 
 from __future__ import annotations
 
@@ -118,6 +119,150 @@ def trials_png(trials: Sequence[Mapping[str, Any]], metric_id: str) -> str:
     return _png(fig)
 
 
+# The colour of a step's (or job's, or trial's) bar by its state: kfp.local's (SUCCESS, FAILURE),
+# Vertex tasks' and trials' (SUCCEEDED, FAILED, SKIPPED: served from the cache) and jobs' (the
+# same, after JOB_STATE_).
+STATE_COLOURS = {
+    "SUCCESS": "tab:green",
+    "SUCCEEDED": "tab:green",
+    "FAILURE": "tab:red",
+    "FAILED": "tab:red",
+    "RUNNING": "tab:blue",
+    "PENDING": "tab:blue",
+    "QUEUED": "tab:blue",
+    "CANCELLED": "tab:gray",
+    "CANCELLING": "tab:gray",
+    "SKIPPED": "tab:olive",
+}
+
+
+def timeline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The bars of the step timeline, top to bottom: {label, level, start, queued, run, status,
+    running}, in seconds from the run's start; `queued` is the create -> start part (None when not
+    known); `level` 0 for a step, 1 for a job it launched, 2 for a tuning trial.
+
+    A Vertex run's steps carry their own offsets (`offset_seconds`, `queued_seconds`,
+    `run_seconds`: launch.vertexrun); each job a step launched is drawn under it, and a tuning
+    job's trials under the job. The DAG's groups are left out (their steps are drawn). A local
+    run's steps carry their seconds only: kfp.local runs one step at a time, so they are laid end
+    to end in the order they ran, with no queue part."""
+    steps = summary.get("steps") or []
+    if not any("offset_seconds" in s for s in steps):
+        rows, at = [], 0.0
+        for s in steps:
+            seconds = float(s.get("seconds") or 0.0)
+            rows.append(
+                {
+                    "label": s["name"],
+                    "level": 0,
+                    "start": at,
+                    "queued": None,
+                    "run": seconds,
+                    "status": s["status"],
+                    "running": s["status"] == "RUNNING",
+                }
+            )
+            at += seconds
+        return rows
+
+    def row(label: str, level: int, entry: Mapping[str, Any]) -> dict[str, Any] | None:
+        if entry.get("offset_seconds") is None:
+            return None
+        status = str(entry.get("status") or entry.get("state") or "").removeprefix("JOB_STATE_")
+        return {
+            "label": label,
+            "level": level,
+            "start": float(entry["offset_seconds"]),
+            "queued": entry.get("queued_seconds"),
+            # A step with an offset and its seconds alone (no start time) runs all its length.
+            "run": float((entry["run_seconds"] if "run_seconds" in entry else entry.get("seconds")) or 0.0),
+            "status": status,
+            "running": bool(entry.get("started")) and not entry.get("ended"),
+        }
+
+    jobs: dict[Any, list[Mapping[str, Any]]] = {}
+    for job in summary.get("jobs") or []:
+        jobs.setdefault(job.get("task_id"), []).append(job)
+    rows = []
+    for s in steps:
+        if s.get("group") or (r := row(s["name"], 0, s)) is None:
+            continue
+        rows.append(r)
+        for job in jobs.get(s.get("task_id"), []):
+            if (r := row(f"\u21b3 {job['type']} {str(job['name']).rsplit('/', 1)[-1]}", 1, job)) is not None:
+                rows.append(r)
+            for trial in job.get("trials") or []:
+                if (r := row(f"\u21b3 trial {trial['id']}", 2, trial)) is not None:
+                    rows.append(r)
+    return rows
+
+
+def timeline_png(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One bar per row from its start to its end: the create -> start part (waiting, starting
+    up) lighter, the start -> end part (running) full; a bar still running is hatched. Labels are
+    drawn as plain text (`parse_math=False`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    fig, ax = plt.subplots(figsize=(10, 0.3 * len(rows) + 1.4))
+    for i, r in enumerate(rows):
+        colour = STATE_COLOURS.get(str(r["status"]), "tab:purple")
+        queued = float(r["queued"] or 0.0)
+        if queued > 0:
+            ax.barh(i, queued, left=r["start"], color=colour, alpha=0.3, edgecolor=colour, linewidth=0.5)
+        ax.barh(
+            i,
+            max(float(r["run"]), 0.0),
+            left=r["start"] + queued,
+            color=colour,
+            hatch="//" if r["running"] else None,
+            edgecolor="white" if r["running"] else colour,
+            linewidth=0.5,
+        )
+    ax.set_yticks(range(len(rows)), [str(r["label"]) for r in rows], parse_math=False)
+    for label, r in zip(ax.get_yticklabels(), rows, strict=True):
+        if r.get("level"):  # a job under its step, a trial under its job
+            label.set_color("dimgray")
+            label.set_fontsize("small")
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(left=0)
+    ax.set_xlabel("seconds since the run began")
+    ax.grid(axis="x", alpha=0.3)
+    seen = {str(r["status"]) for r in rows}
+    handles = [Patch(color=c, label=s) for s, c in STATE_COLOURS.items() if s in seen]
+    if any(r["queued"] for r in rows):
+        handles += [
+            Patch(facecolor="tab:gray", alpha=0.3, label="created, not started (queue, start-up)"),
+            Patch(facecolor="tab:gray", label="started, to its end"),
+        ]
+    if any(r["running"] for r in rows):
+        handles.append(Patch(facecolor="tab:blue", hatch="//", edgecolor="white", label="still running"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    ax.set_title("step timeline")
+    return _png(fig)
+
+
+# A timeline of one bar is the run's own length: the chart is drawn from two bars on.
+TIMELINE_MIN_BARS = 2
+TIMELINE_LOCAL = (
+    "Each step from its start to its end. kfp.local runs one step at a time and summary.json records "
+    "each step's seconds, so the steps are laid end to end in the order they ran."
+)
+TIMELINE_VERTEX = (
+    "Each step from its creation to its end: the light part is the wait before Vertex started it "
+    "(create to start: scheduling, start-up), the full part its run (start to end); hatched: still "
+    "running. Under a step, the jobs it launched (create to start: the job queued and its machines "
+    "provisioned until it first ran) and a tuning job's trials (start to end)."
+)
+
+
+def _fmt(value: Any) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
 def top_confusions(
     labels: Sequence[str], matrix: Sequence[Sequence[int]], n: int = TOP_CONFUSIONS
 ) -> list[tuple[str, str, int]]:
@@ -159,28 +304,79 @@ def write_report(
         _table(
             [(s["name"], s["status"], f"{s['seconds']:.1f}") for s in summary["steps"]],
             ("step", "status", "seconds"),
+        )
+        if not any("queued_seconds" in s for s in summary["steps"])
+        else _table(
+            [
+                (
+                    s["name"] + (" (group)" if s.get("group") else ""),
+                    s["status"],
+                    s.get("created") or "",
+                    _fmt(s.get("queued_seconds")),
+                    _fmt(s.get("run_seconds")),
+                    s.get("error", ""),
+                )
+                for s in summary["steps"]
+            ],
+            ("step", "status", "created", "waited (s)", "ran (s)", "error"),
         ),
     ]
+    if summary.get("error"):
+        parts.insert(-2, f"<p>{html.escape(str(summary['error']))}</p>")
+    if summary.get("console"):  # a Vertex run (launch.vertexrun); one still running: as of when
+        running = f" Read at {html.escape(str(summary['as_of']))}." if not summary.get("ended") else ""
+        parts.insert(
+            -2,
+            f"<p><a href='{html.escape(str(summary['console']))}'>The run in the Cloud console</a>.{running}</p>",
+        )
+    bars = timeline_rows(summary)
+    if len(bars) >= TIMELINE_MIN_BARS:
+        image = timeline_png(bars)
+        caption = TIMELINE_VERTEX if summary.get("target") == "vertex" else TIMELINE_LOCAL
+        parts.append(
+            f"<h2>Timeline</h2><p>{html.escape(caption)}</p>"
+            f"<img alt='step timeline' src='data:image/png;base64,{image}'>"
+        )
+    if summary.get("jobs"):
+        parts += [
+            "<h2>Jobs</h2>",
+            _table(
+                [
+                    (
+                        j["task"],
+                        j["type"],
+                        j["name"],
+                        j["state"],
+                        _fmt(j.get("queued_seconds")),
+                        _fmt(j.get("run_seconds")),
+                        j.get("error", ""),
+                    )
+                    for j in summary["jobs"]
+                ],
+                ("step", "type", "job", "state", "queued (s)", "ran (s)", "error"),
+            ),
+        ]
     if summary.get("model"):
         m = summary["model"]
         parts += [
             "<h2>Model</h2>",
             _table(
-                [(m["name"], m["version"], m["path"], m["champion"])],
+                [(m["name"], m["version"], m["path"], "unknown" if m["champion"] is None else m["champion"])],
                 ("model", "version", "path", "champion"),
             ),
         ]
     gate = summary.get("gate")
     if gate:
-        champion = gate["champion_score"]
+        champion = gate.get("champion_score")
+        score = gate.get("score")
         parts += [
             "<h2>Gate (both models on this run's test split)</h2>",
             _table(
                 [
                     (
                         gate["metric"],
-                        f"{gate['score']:.4f}",
-                        "none" if champion < 0 else f"{champion:.4f}",
+                        "" if score is None else f"{score:.4f}",
+                        "" if champion is None else "none" if champion < 0 else f"{champion:.4f}",
                         "promote" if gate["promote"] else "hold",
                         gate["reason"],
                     )
@@ -188,6 +384,8 @@ def write_report(
                 ("metric", "this model", "champion", "decision", "reason"),
             ),
         ]
+        if gate.get("description"):
+            parts.append(f"<p>{html.escape(str(gate['description']))}</p>")
     if metrics:
         rows = [
             (k, metrics[k])

@@ -32,6 +32,7 @@ from typing import Any
 from components.buildcontext import write_context_tarball
 from launch import settings as settings_mod
 from launch import trainingconfig
+from launch.flags import RUNS_DIR
 from launch.settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -501,9 +502,12 @@ def submit(
     root: Path = ROOT,
     template: Path = COMPILED,
     poll_seconds: float = 15.0,
+    runs_dir: Path | None = None,
 ) -> int:
-    """Uploads the context and submits the run; with `wait`, follows it to the end. The template
-    is the one with the e-mail exit handler only when `notification_emails` are given."""
+    """Uploads the context and submits the run; with `wait`, follows it to the end, then (given
+    `runs_dir`) writes its summary.json and report.html in `<runs_dir>/<job id>/`
+    (`write_run_report`). The template is the one with the e-mail exit handler only when
+    `notification_emails` are given."""
     given, template = with_template(given, template)
     compiled = json.loads(template.read_text())
     # The values the run would get (the settings' service account, network, key and labels
@@ -548,7 +552,37 @@ def submit(
     with reaching("following the run", vertex, f"; the run was submitted and goes on: {console}"):
         state = watch(job, poll_seconds=poll_seconds)
     print(f"run ended {state}")
+    if runs_dir is not None:
+        write_run_report(job, settings, runs_dir, credentials)
     return 0 if state == "PIPELINE_STATE_SUCCEEDED" else 1
+
+
+def write_run_report(job: Any, settings: Settings, runs_dir: Path, credentials: Any = None) -> None:
+    """`make run WAIT=1` at the run's end: its summary.json and report.html, as `make report`
+    writes them (launch.vertexrun), from the PipelineJob the wait last read. A report that cannot
+    be written is a warning: it never changes how the run ended, and `make report` writes it later."""
+    from launch import vertexrun
+
+    reader = vertexrun.Reader(
+        settings.project, vertexrun.Cloud(vertex_service(settings), reach, reaching), credentials
+    )
+    try:
+        run_dir, summary = vertexrun.write(
+            job.gca_resource, reader, runs_dir, console=console_url(job.resource_name)
+        )
+    except Exception as err:  # noqa: BLE001 (named in the warning; the run's end is what counts)
+        said = (
+            str(err)
+            if isinstance(err, (GoogleUnreachable, GoogleRefused))
+            else f"{type(err).__name__}: {err}"
+        )
+        print(
+            f"WARNING: the run's report was not written ({said}); "
+            f"`make report RUN={job.resource_name}` writes it",
+            flush=True,
+        )
+        return
+    vertexrun.show(summary, run_dir, sys.stdout)
 
 
 # aiplatform's PipelineJob.submit, when Vertex's preflight validations refuse the run, raises
@@ -669,7 +703,7 @@ def main(ns: argparse.Namespace, environ: Mapping[str, str], project: str) -> in
         if getattr(ns, q.name, None) is not None
     }
     try:
-        return submit(settings, given, wait=wait)
+        return submit(settings, given, wait=wait, runs_dir=Path(getattr(ns, "runs_dir", None) or RUNS_DIR))
     except GoogleUnreachable as err:
         print(f"make run: {err}", file=sys.stderr)
         return 1

@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MAKEFILE = ROOT / "Makefile"
-VARIABLES = ("CRON", "TIMEZONE", "START", "END", "MAX_CONCURRENT", "NAME", "WAIT", "TARGET", "BENCH")
+VARIABLES = ("CRON", "TIMEZONE", "START", "END", "MAX_CONCURRENT", "NAME", "WAIT", "TARGET", "BENCH", "RUN")
 # Where each variable goes: the target that reads it, and the other variables it needs to get
 # as far as reading it.
 TARGETS: dict[str, tuple[str, dict[str, str]]] = {
@@ -35,6 +35,7 @@ TARGETS: dict[str, tuple[str, dict[str, str]]] = {
     "WAIT": ("run", {"TARGET": "vertex"}),
     "TARGET": ("run", {}),
     "BENCH": ("bench", {}),
+    "RUN": ("report", {}),
 }
 # What the program says about a bad value: the variable's name, or for the two passed as flags
 # (--target=..., --bench=...), the flag's own error.

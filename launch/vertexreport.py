@@ -1,0 +1,188 @@
+"""`make report RUN=<job id or resource name>`: a Vertex run's `summary.json` and
+`report.html`, as a local run leaves them, in `<runs_dir>/<job id>/` (replaced on every report).
+
+    python -m launch.vertexreport [RUN] [--runs_dir local_runs]     (RUN also from the environment)
+
+RUN is a pipeline job id (its project and region are PROJECT_ID and REGION, from the environment
+or env.sh, as `make run` reads them: `launch.settings`) or a resource name
+`projects/<project>/locations/<region>/pipelineJobs/<id>`; anything else is refused in one line
+naming both forms, before any setting is read. What the report reads and shows is
+`launch.vertexrun`'s; a run still running is reported as it stands (`status` RUNNING).
+
+Exit status: 0 the report was written (whatever the run's state); 1 Google Cloud refused a
+request (its traceback), could not be reached (one line), or has no such run (one line); 2 a bad
+RUN or --runs_dir, a bad or missing setting, no credentials (nothing was sent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from launch import settings as settings_mod
+from launch import submit, vertexrun
+from launch.flags import RUNS_DIR
+from launch.settings import Settings, SettingsError
+
+PROG = "make report"
+
+RUN_FORMS = (
+    "a pipeline job id (its project and region are PROJECT_ID and REGION, env or env.sh) or a "
+    "resource name projects/<project>/locations/<region>/pipelineJobs/<id>"
+)
+# aiplatform_v1 CreatePipelineJobRequest.pipeline_job_id: "This value should be less than 128
+# characters, and valid characters are /[a-z][0-9]-/".
+_JOB_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,127}")
+_RESOURCE = re.compile(r"projects/([^/]+)/locations/([^/]+)/pipelineJobs/([^/]+)")
+# A project id (as launch.settings takes PROJECT_ID) or a project number.
+_PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{1,20}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A RUN as given: the job id, and its project and region when it was a resource name."""
+
+    job_id: str
+    project: str = ""
+    location: str = ""
+
+
+def parse_run(text: str) -> Run:
+    """RUN checked for its form, before any setting is read or request sent; ValueError (one
+    line, naming both forms) when it is neither."""
+    value = text.strip()
+    if not value:
+        raise ValueError(f"RUN is not set: give {RUN_FORMS}")
+    full = _RESOURCE.fullmatch(value)
+    if full:
+        project, location, job_id = full.groups()
+        if _PROJECT.fullmatch(project) and _JOB_ID.fullmatch(job_id):
+            problem = settings_mod.region_problem(location)
+            if problem:
+                raise ValueError(f"RUN={value!r}: its region {location!r} is not a Vertex AI region")
+            return Run(job_id, project, location)
+    elif _JOB_ID.fullmatch(value):
+        return Run(value)
+    raise ValueError(f"RUN={value!r} is not a pipeline run: give {RUN_FORMS}")
+
+
+def run_settings(run: Run, environ: Mapping[str, str], env_file: Path = Path("env.sh")) -> Settings:
+    """The settings the report's requests use: those `make run` reads; a resource name brings its
+    own project and region, so only a bare job id needs PROJECT_ID and REGION."""
+    if run.project:
+        loaded = settings_mod.load(environ, env_file, required=())
+        return dataclasses.replace(loaded, project=run.project, region=run.location)
+    return settings_mod.load(environ, env_file, required=("PROJECT_ID", "REGION"))
+
+
+def resource_name(run: Run, settings: Settings) -> str:
+    return f"projects/{settings.project}/locations/{settings.region}/pipelineJobs/{run.job_id}"
+
+
+def cloud(settings: Settings) -> vertexrun.Cloud:
+    """launch.submit's way of reaching Google Cloud, for launch.vertexrun's reads."""
+    return vertexrun.Cloud(submit.vertex_service(settings), submit.reach, submit.reaching)
+
+
+def write_for_run(
+    name: str,
+    settings: Settings,
+    runs_dir: Path,
+    *,
+    credentials: Any = None,
+    transport: str | None = None,
+    now: datetime.datetime | None = None,
+    out: Any = None,
+) -> dict[str, Any]:
+    """Reads the run `name` and writes its folder; returns the summary."""
+    from google.cloud import aiplatform
+    from google.cloud.aiplatform import initializer
+
+    submit.init_aiplatform(settings, credentials, transport)
+    initializer.global_config.credentials  # noqa: B018 (found now: none is exit 2, before any contact)
+    reader = vertexrun.Reader(settings.project, cloud(settings), credentials)
+    vertex = reader.cloud.vertex
+    reader.ensure(vertex)
+    with (
+        submit.reaching("reading the pipeline run", vertex),
+        submit.refused_as(
+            f"reading the pipeline run {name}",
+            f"roles/aiplatform.user in project {settings.project}",
+            settings,
+        ),
+    ):
+        job = aiplatform.PipelineJob.get(resource_name=name).gca_resource
+    run_dir, summary = vertexrun.write(job, reader, runs_dir, now, submit.console_url(name))
+    vertexrun.show(summary, run_dir, out or sys.stdout)
+    return summary
+
+
+# --- entry point --------------------------------------------------------------------------------
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    env_file: Path = Path("env.sh"),
+    *,
+    credentials: Any = None,
+    transport: str | None = None,
+    now: datetime.datetime | None = None,
+) -> int:
+    env = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(prog=f"{PROG} RUN=...", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", nargs="?", default=None, help="the run (default: RUN); " + RUN_FORMS)
+    parser.add_argument(
+        "--runs_dir", default=RUNS_DIR, help=f"where <job id>/ is written (default {RUNS_DIR})"
+    )
+    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        run = parse_run(ns.run if ns.run is not None else env.get("RUN", ""))
+    except ValueError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 2
+    runs_dir = Path(ns.runs_dir)
+    if runs_dir.exists() and not runs_dir.is_dir():
+        print(f"{PROG}: --runs_dir {runs_dir} exists and is not a folder", file=sys.stderr)
+        return 2
+    try:
+        settings = run_settings(run, env, env_file)
+    except SettingsError as err:
+        print(
+            f"{PROG}: cannot read the run from Vertex AI; fix these settings (env or env.sh):\n{err}",
+            file=sys.stderr,
+        )
+        return 2
+    name = resource_name(run, settings)
+    from google.api_core import exceptions
+
+    try:
+        write_for_run(
+            name,
+            settings,
+            runs_dir,
+            credentials=credentials,
+            transport=transport,
+            now=now,
+        )
+    except submit.GoogleUnreachable as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+    except submit.credential_errors() as err:
+        print(submit.no_credentials(PROG, err), file=sys.stderr)
+        return 2
+    except exceptions.NotFound as err:
+        print(f"{PROG}: Vertex AI has no pipeline run {name} (404: {vertexrun.said(err)})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,515 @@
+"""What a Vertex run's own records say, as `summary.json` and `report.html` in
+`<runs_dir>/<job id>/`, the files a local run leaves: for `make report` (launch.vertexreport) and
+for `make run WAIT=1` when the run ends (launch.submit).
+
+Everything comes from the run's records, read through the real client libraries:
+
+- the PipelineJob: its state and times, and each task's state and create -> start -> end times
+  (aiplatform_v1 `PipelineJob.job_detail.task_details`: `PipelineTaskDetail.create_time`,
+  `start_time`, `end_time`, `state`), its output parameters (its `execution`'s metadata, under
+  `output:<name>`: how aiplatform's own `PipelineJob.run` reads them,
+  google/cloud/aiplatform/pipeline_jobs.py) and its output artifacts (`outputs`);
+- each job a launcher task started, named in the task's `gcp_resources` output parameter (GCPC's
+  job_remote_runner writes `{"resources": [{"resourceType": "CustomJob", "resourceUri":
+  "https://<endpoint>/v1/<job name>"}]}`): the CustomJob's or HyperparameterTuningJob's state and
+  create -> start -> end (aiplatform_v1 `CustomJob.create_time`; `start_time`: "Time when the
+  CustomJob for the first time entered the JOB_STATE_RUNNING state"; `end_time`), and a tuning
+  job's trials (`HyperparameterTuningJob.trials`, each with its `start_time` and `end_time`);
+- the trainer's metrics.json (trainer/contract.py) in Cloud Storage, in the folder of the run's
+  Model artifact (`system.Model`: its URI is the trainer's model folder);
+- the gate's decision, from the output parameters `promote`, `reason` and `description` (and
+  `score`, `champion_score`) of the task that has them, and the model version, from the
+  `resourceName` of a `google.VertexModel` artifact that a launcher task produced
+  (`projects/.../models/<id>@<version>`, GCPC's ModelUploadOp).
+
+Tasks are read generically, by their state, times, outputs and `gcp_resources`, never by their
+names: the DAG's task names are free to change.
+
+The reads reach Google Cloud through `launch.submit`'s `reach` and `reaching` (one line when it
+is out of reach), which the callers hand over (`Cloud`): launch.submit imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from launch import report
+
+# The keys of the trainer's metrics.json the summary shows: the local run's (launch.cli), so both
+# targets' summaries carry the same `metrics` (tests/launch/test_vertexreport.py checks both lists
+# against each other and against trainer/contract.py).
+METRICS_READ = (
+    "test_accuracy",
+    "macro_f1",
+    "per_class",
+    "test_loss",
+    "val_accuracy",
+    "val_loss",
+    "images_per_second",
+    "epochs_completed",
+    "best_epoch",
+    "export_epoch",
+    "stopped_early",
+    "num_workers",
+)
+METRICS_FILE = "metrics.json"  # trainer.contract.METRICS_FILE (the trainer is not imported here)
+
+# The job a launcher started, in its gcp_resources' resourceUri (GCPC's job_remote_runner:
+# `f'https://{api_endpoint}/v1/{job_name}'`).
+_JOB_URI = re.compile(r"/v1/(projects/[^/]+/locations/[^/]+/(customJobs|hyperparameterTuningJobs)/[^/?#]+)$")
+JOB_TYPES = ("CustomJob", "HyperparameterTuningJob")
+
+# (name, URL, hint) of a Google service, as launch.submit names them.
+Service = tuple[str, str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Cloud:
+    """How the reads reach Google Cloud: `launch.submit.reach` (one probe of a service before its
+    first use) and `launch.submit.reaching` (a network failure as GoogleUnreachable: one line),
+    and the Vertex service they name (`launch.submit.vertex_service`)."""
+
+    vertex: Service
+    reach: Callable[[Sequence[Service]], None]
+    reaching: Callable[[str, Service], contextlib.AbstractContextManager[None]]
+
+
+# --- reading the run ----------------------------------------------------------------------------
+
+
+class Reader:
+    """The jobs and files a report reads, through aiplatform (initialized by the caller:
+    `launch.submit.init_aiplatform`) and google-cloud-storage. A network failure is the caller's
+    one line (`Cloud.reaching`); a job or file that is missing or refused is recorded in
+    `unreadable` and the report goes on without it."""
+
+    def __init__(self, project: str, cloud: Cloud, credentials: Any = None) -> None:
+        self.project = project
+        self.cloud = cloud
+        self.credentials = credentials
+        self.unreadable: list[str] = []
+        self._storage: Any = None
+        self._reached: set[str] = set()
+
+    def ensure(self, service: Service) -> None:
+        """Tries `service` once (`Cloud.reach`) before its first use by this reader: out of reach is
+        one line within seconds, not a request retried for minutes."""
+        if service[1] not in self._reached:
+            self.cloud.reach([service])
+            self._reached.add(service[1])
+
+    def job(self, name: str) -> Any:
+        """The CustomJob or HyperparameterTuningJob `name` (aiplatform_v1 types), or None."""
+        from google.api_core import exceptions
+        from google.cloud import aiplatform
+
+        kind = aiplatform.CustomJob if "/customJobs/" in name else aiplatform.HyperparameterTuningJob
+        self.ensure(self.cloud.vertex)
+        try:
+            with self.cloud.reaching(f"reading the job {name}", self.cloud.vertex):
+                return kind.get(resource_name=name).gca_resource
+        except exceptions.GoogleAPICallError as err:
+            self.unreadable.append(f"{name}: {said(err)}")
+            return None
+
+    def text(self, uri: str) -> str | None:
+        """The text of the gs:// object `uri`, or None (recorded) when it cannot be read."""
+        from google.api_core import exceptions
+
+        match = re.fullmatch(r"gs://([^/]+)/(.+)", uri)
+        if not match:
+            self.unreadable.append(f"{uri}: not a gs:// object")
+            return None
+        bucket, name = match.groups()
+        if self._storage is None:
+            import google.cloud.storage as storage
+
+            self._storage = storage.Client(project=self.project, credentials=self.credentials)
+        self.ensure(self._service(bucket))
+        try:
+            with self.cloud.reaching(f"reading {uri}", self._service(bucket)):
+                return str(self._storage.bucket(bucket).blob(name).download_as_text())
+        except exceptions.GoogleAPICallError as err:
+            self.unreadable.append(f"{uri}: {said(err)}")
+            return None
+
+    def _service(self, bucket: str) -> tuple[str, str, str]:
+        return f"Cloud Storage for gs://{bucket}", str(self._storage.api_endpoint), ""
+
+
+def said(err: Exception) -> str:
+    """Google's words, on one line, at most 300 characters."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _plain(message: Any, field: str) -> Any:
+    """A proto-plus message's field as plain JSON values (Struct, Value, maps, enums by name)."""
+    from google.protobuf import json_format
+
+    raw = type(message).pb(message)
+    if not raw.HasField(field):
+        return {}
+    return json_format.MessageToDict(getattr(raw, field))
+
+
+def _seconds(start: datetime.datetime | None, end: datetime.datetime | None) -> float | None:
+    return round((end - start).total_seconds(), 2) if start and end else None
+
+
+def _iso(moment: datetime.datetime | None) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def _timing(
+    created: datetime.datetime | None,
+    started: datetime.datetime | None,
+    ended: datetime.datetime | None,
+    origin: datetime.datetime | None,
+    now: datetime.datetime,
+) -> dict[str, Any]:
+    """The times of a task, job or trial, and the parts the timeline draws: `queued_seconds`
+    (create -> start, None when either is unknown), `run_seconds` (start -> end, or -> now while
+    it runs), `offset_seconds` (its creation, or its start when it has no creation time, from the
+    run's creation) and `seconds` (its whole bar)."""
+    first = created or started
+    last = ended or (now if started else None)
+    return {
+        "created": _iso(created),
+        "started": _iso(started),
+        "ended": _iso(ended),
+        "queued_seconds": _seconds(created, started),
+        "run_seconds": _seconds(started, last),
+        "seconds": _seconds(first, last) or 0.0,
+        "offset_seconds": _seconds(origin, first) if origin and first else None,
+    }
+
+
+def launched_jobs(outputs: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(resource type, job name) of each CustomJob or HyperparameterTuningJob named in a task's
+    `gcp_resources` output parameter (a JSON string: GCPC's GcpResources message)."""
+    text = outputs.get("gcp_resources")
+    if not isinstance(text, str):
+        return []
+    try:
+        resources = json.loads(text).get("resources", [])
+    except (ValueError, AttributeError):
+        return []
+    found = []
+    for resource in resources if isinstance(resources, list) else []:
+        kind = resource.get("resourceType") if isinstance(resource, dict) else None
+        match = _JOB_URI.search(str(resource.get("resourceUri", ""))) if kind in JOB_TYPES else None
+        if match:
+            found.append((str(kind), match.group(1)))
+    return found
+
+
+def _artifacts(task: Any) -> list[dict[str, Any]]:
+    """A task's output artifacts: {output, schema_title, uri, metadata}."""
+    from google.protobuf import json_format
+
+    found = []
+    for output, listed in task.outputs.items():
+        for artifact in listed.artifacts:
+            raw = type(artifact).pb(artifact)
+            found.append(
+                {
+                    "output": output,
+                    "schema_title": artifact.schema_title,
+                    "uri": artifact.uri,
+                    "metadata": json_format.MessageToDict(raw.metadata) if raw.HasField("metadata") else {},
+                }
+            )
+    return found
+
+
+def collect(
+    job: Any, reader: Reader, now: datetime.datetime | None = None, console: str = ""
+) -> tuple[dict[str, Any], dict[str, Any] | None, list[Any] | None]:
+    """summary.json's content for the aiplatform_v1 PipelineJob `job`, with the metrics and
+    trials the report draws (as `launch.cli` gives them for a local run)."""
+    from google.cloud.aiplatform_v1.types import JobState, PipelineTaskDetail
+
+    now = now or datetime.datetime.now(datetime.UTC)
+    origin = job.create_time or job.start_time
+    job_id = job.name.rsplit("/", 1)[-1]
+    tasks = list(job.job_detail.task_details)
+    parents = {t.parent_task_id for t in tasks if t.parent_task_id}
+    spec = _plain(job, "pipeline_spec")
+    parameters = _plain(job, "runtime_config").get("parameterValues", {})
+    steps: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
+    outputs_of: dict[int, dict[str, Any]] = {}
+    artifacts_of: dict[int, list[dict[str, Any]]] = {}
+    trials: list[Any] | None = None
+    tuning: dict[str, Any] | None = None
+    for task in tasks:
+        metadata = _plain(task.execution, "metadata") if task.execution else {}
+        outputs = {k.removeprefix("output:"): v for k, v in metadata.items() if k.startswith("output:")}
+        outputs_of[task.task_id] = outputs
+        artifacts_of[task.task_id] = _artifacts(task)
+        # The run's own task (its name is the job id) and the DAG's groups (conditions, loops:
+        # the parents of other tasks) hold steps; they are listed, not drawn.
+        group = task.task_id in parents or task.task_name == job_id
+        step: dict[str, Any] = {
+            "name": task.task_name,
+            "status": PipelineTaskDetail.State(task.state).name,
+            **_timing(task.create_time, task.start_time, task.end_time, origin, now),
+            "task_id": task.task_id,
+            "parent_task_id": task.parent_task_id,
+            "group": group,
+        }
+        if task.task_unique_name and task.task_unique_name != task.task_name:
+            step["unique_name"] = task.task_unique_name
+        if task.error and task.error.message:
+            step["error"] = task.error.message
+        launched = launched_jobs(outputs)
+        if launched:
+            step["jobs"] = [name for _, name in launched]
+        steps.append(step)
+        for kind, name in launched:
+            found = reader.job(name)
+            entry: dict[str, Any] = {
+                "task": task.task_name,
+                "task_id": task.task_id,
+                "type": kind,
+                "name": name,
+            }
+            if found is None:
+                jobs.append({**entry, "state": "UNKNOWN"})
+                continue
+            entry["state"] = JobState(found.state).name
+            entry.update(_timing(found.create_time, found.start_time, found.end_time, origin, now))
+            if found.error and found.error.message:
+                entry["error"] = found.error.message
+            if kind == "HyperparameterTuningJob":
+                table, entry["trials"] = _trials(found, origin, now)
+                metric_id, goal = _study_metric(found)
+                trials = table
+                tuning = {
+                    "metric_id": metric_id,
+                    "goal": goal,
+                    "trials": table,
+                    "best": _best(table, metric_id, goal),
+                }
+            jobs.append(entry)
+    state = job.state.name if job.state is not None else "PIPELINE_STATE_UNSPECIFIED"
+    status = state.removeprefix("PIPELINE_STATE_")
+    failed = [s for s in steps if s["status"] == "FAILED" and not s["group"]]
+    error = job.error.message if job.error and job.error.message else ""
+    if not error and failed:
+        error = f"step {failed[0]['name']} failed" + (
+            f": {failed[0]['error']}" if failed[0].get("error") else ""
+        )
+    run_timing = _timing(job.create_time, job.start_time, job.end_time, origin, now)
+    summary: dict[str, Any] = {
+        "pipeline": spec.get("pipelineInfo", {}).get("name") or job.display_name,
+        "run_id": job_id,
+        "target": "vertex",
+        "status": status,
+        "state": state,
+        "error": error,
+        "resource_name": job.name,
+        "console": console,
+        "created": run_timing["created"],
+        "started": run_timing["started"],
+        "ended": run_timing["ended"],
+        "queued_seconds": run_timing["queued_seconds"],
+        "wall_seconds": run_timing["seconds"],
+        "as_of": now.isoformat(),
+        "steps": sorted(steps, key=_order),
+        "jobs": sorted(jobs, key=_order),
+        "metrics": {},
+        "model": None,
+        "report": None,
+        "parameters": parameters,
+    }
+    metrics = _metrics(tasks, artifacts_of, reader)
+    if metrics:
+        summary["metrics"] = {k: metrics[k] for k in METRICS_READ if k in metrics}
+    gate = _gate(outputs_of, parameters)
+    if gate:
+        summary["gate"] = gate
+    summary["model"] = _model(tasks, outputs_of, artifacts_of, parameters, gate, status)
+    if tuning is not None:
+        summary["tuning"] = tuning
+    if reader.unreadable:
+        summary["unreadable"] = list(reader.unreadable)
+    return summary, metrics, trials
+
+
+def _order(entry: Mapping[str, Any]) -> tuple[bool, float, str]:
+    """Creation order; what has not started yet last, by name."""
+    offset = entry.get("offset_seconds")
+    return (offset is None, offset or 0.0, str(entry.get("name", "")))
+
+
+def _trials(job: Any, origin: Any, now: datetime.datetime) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The trials table (aiplatform_v1 Trial JSON, as the pipeline's best-trial step writes it)
+    and each trial's times (a trial has a start and an end, no creation time)."""
+    from google.cloud.aiplatform_v1.types import Trial
+
+    table = [json.loads(Trial.to_json(t, use_integers_for_enums=False)) for t in job.trials]
+    times = [
+        {
+            "id": t.id,
+            "state": Trial.State(t.state).name,
+            **_timing(None, t.start_time, t.end_time, origin, now),
+        }
+        for t in job.trials
+    ]
+    return table, times
+
+
+def _study_metric(job: Any) -> tuple[str, str]:
+    from google.cloud.aiplatform_v1.types import StudySpec
+
+    for metric in job.study_spec.metrics:
+        return metric.metric_id, StudySpec.MetricSpec.GoalType(metric.goal).name
+    return "", ""
+
+
+def _best(table: list[Any], metric_id: str, goal: str) -> dict[str, Any] | None:
+    from components.tuning import pick_best_trial
+
+    try:
+        return pick_best_trial(table, metric_id, goal)
+    except (RuntimeError, ValueError):
+        return None
+
+
+def _metrics(
+    tasks: Sequence[Any], artifacts_of: Mapping[int, list[dict[str, Any]]], reader: Reader
+) -> dict[str, Any] | None:
+    """The trainer's metrics.json beside the run's model: in the folder of a `system.Model` output
+    artifact of a task that succeeded (the last such one, when there are several)."""
+    from google.cloud.aiplatform_v1.types import PipelineTaskDetail
+
+    done = (PipelineTaskDetail.State.SUCCEEDED, PipelineTaskDetail.State.SKIPPED)
+    models = [
+        a
+        for t in sorted(tasks, key=lambda t: t.end_time.timestamp() if t.end_time else 0.0)
+        if t.state in done
+        for a in artifacts_of[t.task_id]
+        if a["schema_title"] == "system.Model" and a["uri"].startswith("gs://")
+    ]
+    if not models:
+        return None
+    text = reader.text(models[-1]["uri"].rstrip("/") + "/" + METRICS_FILE)
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        reader.unreadable.append(f"{models[-1]['uri']}/{METRICS_FILE}: {err}")
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _gate(
+    outputs_of: Mapping[int, Mapping[str, Any]], parameters: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The gate's decision: the output parameters of the task that has `promote` (and `reason`)."""
+    for outputs in outputs_of.values():
+        if "promote" in outputs and "reason" in outputs:
+            gate = {
+                "promote": bool(outputs["promote"]),
+                "reason": outputs["reason"],
+                "metric": parameters.get("gate_metric"),
+            }
+            for key in ("description", "score", "champion_score"):
+                if key in outputs:
+                    gate[key] = outputs[key]
+            return gate
+    return None
+
+
+def _model(
+    tasks: Sequence[Any],
+    outputs_of: Mapping[int, Mapping[str, Any]],
+    artifacts_of: Mapping[int, list[dict[str, Any]]],
+    parameters: Mapping[str, Any],
+    gate: Mapping[str, Any] | None,
+    status: str,
+) -> dict[str, Any] | None:
+    """The model version the run made: the `resourceName` of a `google.VertexModel` output of a
+    launcher task (one with `gcp_resources`: an importer's VertexModel is an input made
+    available, not a version made), versioned (`...models/<id>@<version>`)."""
+    for task in tasks:
+        if "gcp_resources" not in outputs_of[task.task_id]:
+            continue
+        for artifact in artifacts_of[task.task_id]:
+            name = str(artifact["metadata"].get("resourceName", ""))
+            if artifact["schema_title"] == "google.VertexModel" and "@" in name:
+                model, _, version = name.partition("@")
+                return {
+                    "name": parameters.get("model_display_name") or model.rsplit("/", 1)[-1],
+                    "version": version,
+                    "path": name,
+                    "resource_name": name,
+                    # Whether it is the champion now: the gate promoted it and the run got to its
+                    # end (the alias moves in the run's last step); unknown while it runs.
+                    "champion": (bool(gate["promote"]) if gate else None) if status == "SUCCEEDED" else None,
+                }
+    return None
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Written whole or not at all: a reader never sees half a summary."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(value, indent=1, default=str))
+    os.replace(partial, path)
+
+
+def write(
+    job: Any, reader: Reader, runs_dir: Path, now: datetime.datetime | None = None, console: str = ""
+) -> tuple[Path, dict[str, Any]]:
+    """Writes `<runs_dir>/<job id>/summary.json`, then report.html (a report that cannot be drawn
+    is `report_error` in summary.json, as for a local run); returns the folder and the summary."""
+    summary, metrics, trials = collect(job, reader, now, console)
+    run_dir = (runs_dir / summary["run_id"]).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary["report"] = str(run_dir / "report.html")
+    _write_json(run_dir / "summary.json", summary)
+    try:
+        report.write_report(run_dir / "report.html", summary, metrics, trials)
+    except Exception as err:  # noqa: BLE001 (recorded in summary.json and shown)
+        summary["report_error"] = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        summary["report"] = None
+        _write_json(run_dir / "summary.json", summary)
+    return run_dir, summary
+
+
+def show(summary: Mapping[str, Any], run_dir: Path, out: Any) -> None:
+    """What `make report` (and `make run WAIT=1` at its end) prints: the run's state, its steps
+    with their wait and run times, and where the files are."""
+    lines = [f"run {summary['run_id']}: {summary['status']} ({summary['wall_seconds']:.0f} s)"]
+    for step in summary["steps"]:
+        if step["group"]:
+            continue
+        queued, ran = step["queued_seconds"], step["run_seconds"]
+        lines.append(
+            f"  {step['name']:<32} {step['status']:<13}"
+            + (f" waited {queued:7.1f}s" if queued is not None else " " * 15)
+            + (f"  ran {ran:7.1f}s" if ran is not None else "")
+        )
+    for warning in summary.get("unreadable", []):
+        lines.append(f"WARNING: not read: {warning}")
+    if summary.get("report_error"):
+        lines.append(f"WARNING: report.html was not written ({summary['report_error']}); see summary.json")
+    lines.append(f"summary: {run_dir / 'summary.json'}")
+    if summary.get("report"):
+        lines.append(f"report:  {summary['report']}")
+    out.write("\n".join(lines) + "\n")
+    out.flush()
