@@ -1,7 +1,7 @@
 """Step 6, evaluation and the promotion gate: a like-for-like champion/challenger comparison.
 
-    evaluation_args -> worker_pool_specs -> evaluation job (`python -m trainer.evaluate`, one
-        CPU replica on the trainer image) -> evaluate_model (the gate)
+    evaluation job (`python -m trainer.evaluate`, one CPU replica on the trainer image, its flags
+        from `build_evaluation_args` in the planning step) -> evaluate_model (the gate)
 
 The champion recorded its test figures on the test split of its own run, which may be other
 data (new images, another preparation). So the evaluation job runs the new model (the
@@ -26,10 +26,17 @@ from typing import NamedTuple
 from kfp import dsl
 
 from components import runtime
-from components.registry import task_mismatch
+from components.prepare import dataset_record
+from components.registry import label_value, record_on_version, task_mismatch
 from components.runtime import fuse_path
 
-EVALUATE_COMMAND = ["python", "-m", "trainer.evaluate"]
+
+def evaluate_command() -> list:
+    """The evaluation job's command (a function, so that steps can be handed it)."""
+    return ["python", "-m", "trainer.evaluate"]
+
+
+EVALUATE_COMMAND = evaluate_command()
 GATE_METRICS = ("accuracy", "macro_f1")
 """What the gate may compare: test accuracy, or the macro F1 (the mean of the per-class F1: on
 imbalanced data such as cassava, a model that always answers the largest class has a high
@@ -39,7 +46,15 @@ accuracy and a low macro F1)."""
 # model's entry in its `models`). The trainer declares what it writes in trainer/contract.py,
 # which components cannot import (they run without the trainer); tests/test_contracts.py checks
 # these lists against it and against the code below.
-METRICS_READ = ("val_accuracy", "val_loss", "images_per_second", "epochs_completed", "class_names")
+METRICS_READ = (
+    "val_accuracy",
+    "val_loss",
+    "images_per_second",
+    "epochs_completed",
+    "class_names",
+    "test_accuracy",
+    "num_workers",
+)
 EVALUATION_READ = (
     "split",
     "dataset_fingerprint",
@@ -85,25 +100,31 @@ def gate_decision(
     return True, f"{name} {score:.4f} >= the champion's {champion_score:.4f} on this test split{own}"
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
-def evaluation_args(dataset: dsl.Input[dsl.Dataset], model: dsl.Input[dsl.Model], champion_uri: str) -> list:
+def build_evaluation_args(data_dir: str, model_dir: str, champion_uri: str) -> list:
     """The `trainer.evaluate` flags of the evaluation job: this run's dataset, the new model and,
     when there is one (`champion_uri` != ""), the champion's SavedModel folder. evaluation.json
     goes to the job's AIP_MODEL_DIR (`<base>/model/`)."""
-    args = [f"--data_dir={dataset.uri}", f"--model_dir={model.uri}"]
+    args = [f"--data_dir={data_dir}", f"--model_dir={model_dir}"]
     if champion_uri:
         args.append(f"--champion_dir={champion_uri}")
-    print("evaluation args:", " ".join(args))
     return args
 
 
 @dsl.component(
     base_image=runtime.BASE_IMAGE,
     install_kfp_package=False,
-    additional_funcs=[fuse_path, task_mismatch, gate_decision],
+    additional_funcs=[
+        fuse_path,
+        task_mismatch,
+        gate_decision,
+        dataset_record,
+        label_value,
+        record_on_version,
+    ],
 )
 def evaluate_model(
-    model: dsl.Input[dsl.Model],
+    dataset_uri: str,
+    model_uri: str,
     evaluation_dir: str,
     gate_metric: str,
     min_score: float,
@@ -111,18 +132,44 @@ def evaluate_model(
     champion_version: str,
     metrics: dsl.Output[dsl.Metrics],
     confusion: dsl.Output[dsl.ClassificationMetrics],
-) -> NamedTuple("Outputs", promote=bool, score=float, champion_score=float, reason=str, description=str):
-    """Logs the new model's metrics and returns the gate's decision (see `gate_decision`), its
-    reason, both scores on this run's test split (champion_score -1: no champion) and the model
-    version's description. `evaluation_dir` is the evaluation job's base output directory
-    (evaluation.json in its `model/`); `champion_class_names` ([] when there is no champion)
-    must be the model's class names; `champion_version` names the champion evaluated."""
+    dataset: dsl.Output[dsl.Dataset],
+    model: dsl.Output[dsl.Model],
+    uploaded: dsl.Input[dsl.Artifact] = None,
+    location: str = "",
+) -> NamedTuple(
+    "Outputs", promote=bool, champion=bool, score=float, champion_score=float, reason=str, description=str
+):
+    """The gate. Records this run's Dataset (`dataset_uri`, the preparation job's folder) and
+    Model (`model_uri`, the training job's) as artifacts, logs the new model's metrics, and
+    returns the gate's decision (see `gate_decision`), its reason, both scores on this run's
+    test split (champion_score -1: no champion) and the model version's description.
+    `evaluation_dir` is the evaluation job's base output directory (evaluation.json in its
+    `model/`); `champion_class_names` ([] when there is no champion) must be the model's class
+    names; `champion_version` names the champion evaluated.
+
+    `uploaded` (Vertex: ModelUploadOp's VertexModel, uploaded before this step) gets the decision
+    as its version description and labels, and the champion alias when the gate passed and the
+    alias is still where it was when the evaluation read it (`record_on_version`); `champion`
+    says whether it holds the alias now. Without it (the local target, whose upload step
+    follows and moves its alias by the same rule) `champion` is the decision."""
     import collections
     import json
     import os
 
-    with open(os.path.join(fuse_path(model.uri), "metrics.json")) as f:
+    dataset.uri = dataset_uri
+    dataset.metadata.update(dataset_record(dataset_uri, fuse_path(dataset_uri)))
+    folder = fuse_path(model_uri)
+    if not os.path.exists(os.path.join(folder, "saved_model.pb")):
+        raise RuntimeError(f"the training job published no SavedModel in {model_uri}")
+    with open(os.path.join(folder, "metrics.json")) as f:
         m = json.load(f)
+    model.uri = model_uri
+    model.metadata.update(
+        {
+            "framework": "tensorflow",
+            **{k: m[k] for k in ("test_accuracy", "val_accuracy", "epochs_completed", "num_workers")},
+        }
+    )
     with open(os.path.join(fuse_path(evaluation_dir.rstrip("/")), "model", "evaluation.json")) as f:
         evaluated = json.load(f)
     models = evaluated["models"]
@@ -174,7 +221,23 @@ def evaluate_model(
             f"{float(old['macro_f1']):.4f} on the same split"
         )
     description += f". {reason}"
+    champion = promote
+    if uploaded is not None:
+        champion, moved = record_on_version(
+            location,
+            uploaded.metadata["resourceName"],
+            description,
+            {
+                "gate": "promoted" if promote else "held",
+                "dataset": label_value(evaluated["dataset_fingerprint"][7:23]),
+            },
+            promote,
+            champion_version,
+        )
+        print(moved)
+        if promote and not champion:
+            reason = moved
     Outputs = collections.namedtuple(
-        "Outputs", ["promote", "score", "champion_score", "reason", "description"]
+        "Outputs", ["promote", "champion", "score", "champion_score", "reason", "description"]
     )
-    return Outputs(promote, score, champion_score, reason, description)
+    return Outputs(promote, champion, score, champion_score, reason, description)

@@ -3,13 +3,15 @@ moves only when the gate passes.
 
 Vertex form: `find_champion` looks the model up by display name (its parent, when it exists,
 and the champion's versioned name, SavedModel folder and class names, from the metrics.json
-beside its SavedModel); `check_same_task` refuses, before any training, a dataset whose class
-names are not the champion's; the evaluation job re-evaluates the champion beside the new model
-on this run's test split (`components.evaluation`); the pipeline uploads with GCPC's
-`ModelUploadOp` from an `UnmanagedContainerModel` (importer) carrying the serving image
-(`serving_container_uri`), with the gate's figures as the version's description; `set_champion`
-moves the alias if it is still on the champion the gate compared with. Local form: `local_find_champion` and `local_upload_model` keep
-the same shape in a folder.
+beside its SavedModel); the preparation job refuses, before any conversion, a source whose class
+names are not the champion's (`--champion_class_names`); the evaluation job re-evaluates the
+champion beside the new model on this run's test split (`components.evaluation`); the pipeline
+uploads with GCPC's `ModelUploadOp` from an `UnmanagedContainerModel` (importer) carrying the
+serving image (`serving_container_uri`), as a new version of the champion's model when there is
+one; then the gate (`evaluation.evaluate_model`) writes its figures on the version
+(`record_on_version`) and moves the alias if it passed and the alias is still on the champion
+it compared with. Local form: `local_find_champion` and `local_upload_model` (after the gate)
+keep the same shape in a folder.
 
 A model is only ever compared with, and may only replace, a champion trained for the same task:
 the same class names in the same order (`task_mismatch`). Otherwise a one-class folder, whose
@@ -389,7 +391,12 @@ def find_champion(
     )
     if not found:
         print(f"no model named {model_display_name!r} yet: the upload creates it")
-        return Outputs(False, "", "", "", "", [])
+        # The upload's parent-model importer needs a URI, and GCPC's upload launcher leaves the
+        # parent out when its resourceName is empty (container/v1/model/upload_model/
+        # remote_runner.py: `if parent_model_name:`): the models collection, with no name.
+        return Outputs(
+            False, "", f"https://{endpoint}/v1/projects/{project}/locations/{location}/models", "", "", []
+        )
     if len(found) > 1:
         names = ", ".join(m.name for m in found)
         raise RuntimeError(
@@ -417,52 +424,48 @@ def find_champion(
     return Outputs(True, parent, uri, version, f"gs://{match.group(1)}/{match.group(2)}", class_names)
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[task_mismatch])
-def check_same_task(
-    dataset: dsl.Input[dsl.Dataset], champion_class_names: list, model_display_name: str
-) -> list:
-    """Refuses the run before any training when the prepared dataset's class names (the Dataset
-    artifact's metadata, from its metadata.json) are not the champion's, in the same order: the
-    model could neither be compared with the champion nor replace it. Returns the class names."""
-    class_names = [str(c) for c in dataset.metadata["class_names"]]
-    why = task_mismatch(class_names, champion_class_names, model_display_name)
-    if why:
-        raise ValueError(why)
-    if champion_class_names:
-        print(f"dataset classes {class_names}: the champion's, in the same order")
-    else:
-        print(f"dataset classes {class_names}: no champion yet")
-    return class_names
-
-
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
-def set_champion(
-    project: str,
+def record_on_version(
     location: str,
-    model: dsl.Input[dsl.Artifact],
+    name: str,
+    description: str,
+    labels: dict,
+    promote: bool,
     evaluated_champion: str,
     alias: str = "champion",
-) -> NamedTuple("Outputs", moved=bool, reason=str):
-    """Moves `alias` to the uploaded version (`model` is ModelUploadOp's VertexModel output,
-    whose resourceName is `projects/.../models/ID@VERSION`), after reading the alias again: the
-    gate compared this version with `evaluated_champion` (its versioned name; "" when there was
-    none) on this run's test split, and another run may have moved the alias since. The alias
-    moves only when it is still where it was when the gate compared: a champion registered since
-    was never compared with this version on like-for-like data, so the alias stays, and the
-    reason says to run again."""
-    import collections
+) -> tuple:
+    """(holds the alias, what was done): writes the gate's `description` and `labels` on the
+    uploaded version `name` (`projects/.../models/ID@VERSION`, ModelUploadOp's VertexModel) and,
+    when `promote`, moves `alias` to it after reading the alias again: the gate compared this
+    version with `evaluated_champion` (its versioned name; "" when there was none) on this run's
+    test split, and another run may have moved the alias since. The alias moves only when it is
+    still where it was when the evaluation read it: a champion registered since was never
+    compared with this version on like-for-like data, so the alias stays, and the reason says to
+    run again.
 
+    A version's own fields are `version_description` and its labels (aiplatform_v1
+    `UpdateModelRequest`: "model.name with the @ value ... refers to a version specific update
+    ... supported version-specific fields: version_description. Labels are supported"); the
+    labels replace the version's, so the uploaded ones are kept and these added."""
     from google.api_core import exceptions
     from google.cloud import aiplatform_v1
+    from google.protobuf import field_mask_pb2
 
-    Outputs = collections.namedtuple("Outputs", ["moved", "reason"])
-    name = model.metadata["resourceName"]
     if "@" not in name:
         raise ValueError(f"expected a versioned model name (...@VERSION), got {name!r}")
     parent = name.split("@")[0]
+    region = location or name.split("/locations/")[1].split("/")[0]
     client = aiplatform_v1.ModelServiceClient(
-        client_options={"api_endpoint": f"{location}-aiplatform.googleapis.com"}
+        client_options={"api_endpoint": f"{region}-aiplatform.googleapis.com"}
     )
+    version = client.get_model(name=name)
+    client.update_model(
+        model=aiplatform_v1.Model(
+            name=name, version_description=description, labels={**dict(version.labels), **labels}
+        ),
+        update_mask=field_mask_pb2.FieldMask(paths=["version_description", "labels"]),
+    )
+    if not promote:
+        return False, f"{alias} stays where it is: the gate held this version back"
     try:
         current = client.get_model(name=f"{parent}@{alias}")
     except exceptions.NotFound:
@@ -470,14 +473,10 @@ def set_champion(
     now = f"{parent}@{current.version_id}" if current is not None else ""
     if now not in (evaluated_champion, name):
         was = f"version {evaluated_champion.split('@')[-1]}" if evaluated_champion else "no version"
-        reason = (
+        return False, (
             f"{alias} stays on {f'version {current.version_id}' if current else 'no version'}: it was on {was} "
-            f"when this run's gate compared, and this version was never compared with the "
+            f"when this run's evaluation read it, and this version was never compared with the "
             f"{alias} now; run the pipeline again to compare them on like-for-like data"
         )
-        print(reason)
-        return Outputs(False, reason)
     updated = client.merge_version_aliases(name=name, version_aliases=[alias])
-    reason = f"{alias} -> {name} (aliases now {list(updated.version_aliases)})"
-    print(reason)
-    return Outputs(True, reason)
+    return True, f"{alias} -> {name} (aliases now {list(updated.version_aliases)})"

@@ -25,14 +25,15 @@ from typing import Any, NamedTuple
 
 from kfp import dsl
 
-from components import runtime
+from components import runtime, training
+from components.training import apply_hyperparameters, tunable, typed_hyperparameter
 
 METRIC_ID = "val_accuracy"
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
-# The trainer flags a tuning job may set: the hyperparameters `training.trainer_args` leaves out
-# of a tuning job's args (each trial appends its own) and lets the best trial override (its
-# `resolved` dict; tests/components/test_search_space.py checks that the two agree).
-TUNABLE_FLAGS = ("learning_rate", "per_replica_batch_size", "dense_units", "dropout", "epochs")
+# The trainer flags a tuning job may set (`training.tunable()`): the hyperparameters
+# `training.build_trainer_args` leaves out of a tuning job's args when its space declares them
+# (each trial appends its own) and `training.apply_hyperparameters` takes from the best trial.
+TUNABLE_FLAGS = tuple(training.TUNABLE)
 VALUE_SPECS = ("double_value_spec", "integer_value_spec", "discrete_value_spec", "categorical_value_spec")
 # GRID_SEARCH: "all parameters must be INTEGER, CATEGORICAL, or DISCRETE" (StudySpec.Algorithm).
 GRID_VALUE_SPECS = ("integer_value_spec", "discrete_value_spec", "categorical_value_spec")
@@ -110,12 +111,12 @@ def study_metrics() -> list[dict[str, Any]]:
     return serialize_metrics({METRIC_ID: "maximize"})
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
 def measurement_selection(export_epoch: str) -> str:
     """The study's measurement selection that matches what the trainer exports: a trial's final
     measurement is its best epoch's (`BEST_MEASUREMENT`) when the trainer exports its best epoch,
     its last epoch's (`LAST_MEASUREMENT`) when it exports its last (aiplatform_v1
-    `StudySpec.MeasurementSelectionType`), so a trial is judged by the model it would publish."""
+    `StudySpec.MeasurementSelectionType`), so a trial is judged by the model it would publish.
+    A run's value, so the planning step works it out (`components.plan`)."""
     selections = {"best": "BEST_MEASUREMENT", "last": "LAST_MEASUREMENT"}
     if export_epoch not in selections:
         raise ValueError(f"export_epoch must be best or last, got {export_epoch!r}")
@@ -259,18 +260,21 @@ def pick_best_trial(trials: list[dict[str, Any]], metric_id: str, goal: str) -> 
 @dsl.component(
     base_image=runtime.BASE_IMAGE,
     install_kfp_package=False,
-    additional_funcs=[pick_best_trial],
+    additional_funcs=[pick_best_trial, tunable, typed_hyperparameter, apply_hyperparameters],
 )
 def best_trial(
     project: str,
     location: str,
     gcp_resources: str,
+    training_pools: list,
     trials: dsl.Output[dsl.Artifact],
     metric_id: str = "val_accuracy",
     goal: str = "MAXIMIZE",
-) -> NamedTuple("Outputs", hyperparameters=dict, trial_id=str, value=float):
-    """Reads the tuning job named in `gcp_resources` (the GCPC op's output) and returns the best
-    SUCCEEDED trial's parameters. `trials` gets the whole trials table (JSON list)."""
+) -> NamedTuple("Outputs", worker_pool_specs=list, hyperparameters=dict, trial_id=str, value=float):
+    """Reads the tuning job named in `gcp_resources` (the GCPC op's output), picks the best
+    SUCCEEDED trial and writes its parameters into the planned training job's flags
+    (`training_pools`, `apply_hyperparameters`): the final training's worker pools, and every
+    tunable value they carry. `trials` gets the whole trials table (JSON list)."""
     import collections
     import json
     import re
@@ -308,5 +312,6 @@ def best_trial(
     }
     trials.metadata.update({"count": len(table), "best_trial_id": best["trial_id"], metric_id: best["value"]})
     print(f"best trial {best['trial_id']} of {len(table)}: {metric_id}={best['value']:.4f} {params}")
-    Outputs = collections.namedtuple("Outputs", ["hyperparameters", "trial_id", "value"])
-    return Outputs(params, best["trial_id"], best["value"])
+    pools, resolved = apply_hyperparameters(training_pools, params, tunable())
+    Outputs = collections.namedtuple("Outputs", ["worker_pool_specs", "hyperparameters", "trial_id", "value"])
+    return Outputs(pools, resolved, best["trial_id"], best["value"])

@@ -1,8 +1,9 @@
-"""Step 2, worker pool specs: built at run time by a typed component from pipeline parameters.
+"""Worker pool specs: built at run time, as data, by the planning step (`components.plan`) from
+pipeline parameters.
 
 Pipeline parameters placed inside a `worker_pool_specs` literal would reach the GCPC launcher as
-strings, and it rejects string int32 fields (docs/facts.md, fact 11); so the specs are built here, as
-data, and validated (`components.hardware.validate_machine`) before anything is submitted.
+strings, and it rejects string int32 fields (docs/facts.md, fact 11); so the specs are built by a
+step, as data, and validated (`components.hardware.validate_machine`) before anything is submitted.
 
 Layout (what Vertex gives the containers as TF_CONFIG/CLUSTER_SPEC):
   pool 0: the chief, exactly one replica;
@@ -24,11 +25,8 @@ are into the payload's `trial_job_spec` (google_cloud_pipeline_components
 v1/hyperparameter_tuning_job/component.py).
 """
 
-from typing import Any, NamedTuple
+from typing import Any
 
-from kfp import dsl
-
-from components import hardware, runtime
 from components.hardware import validate_machine
 
 # The pipeline parameters that shape the worker pools (a subset of build_worker_pool_specs's
@@ -209,74 +207,3 @@ def build_worker_pool_specs(
             }
         )
     return specs
-
-
-@dsl.component(
-    base_image=runtime.BASE_IMAGE,
-    install_kfp_package=False,
-    additional_funcs=[
-        hardware.gpu_tables,
-        hardware.allowed_counts,
-        hardware.validate_machine,
-        pool_env,
-        build_worker_pool_specs,
-    ],
-)
-def worker_pool_specs(
-    image_uri: str,
-    command: list,
-    args: list,
-    chief_machine_type: str,
-    chief_accelerator_type: str,
-    chief_accelerator_count: int,
-    worker_count: int,
-    worker_machine_type: str,
-    worker_accelerator_type: str,
-    worker_accelerator_count: int,
-    job_dir: dsl.Output[dsl.Artifact],
-    boot_disk_type: str = "pd-ssd",
-    boot_disk_size_gb: int = 100,
-    reduction_server_count: int = 0,
-    reduction_server_machine_type: str = "n1-highcpu-16",
-    region: str = "",
-    check_gpu_region: bool = True,
-) -> NamedTuple("Outputs", worker_pool_specs=list, base_output_directory=str):
-    """Typed, validated worker pool specs for one job, and the job's base output directory.
-
-    `job_dir` is an output artifact only for its URI: the backend places it under the pipeline
-    root (gs:// on Vertex, a local folder on the local target), and it becomes the job's
-    `base_output_directory` (Vertex derives AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and
-    AIP_TENSORBOARD_LOG_DIR from it: model/, checkpoints/, logs/).
-    """
-    import collections
-
-    warnings: list = []
-    specs = build_worker_pool_specs(
-        image_uri=image_uri,
-        command=command,
-        args=args,
-        chief_machine_type=chief_machine_type,
-        chief_accelerator_type=chief_accelerator_type,
-        chief_accelerator_count=chief_accelerator_count,
-        worker_count=worker_count,
-        worker_machine_type=worker_machine_type,
-        worker_accelerator_type=worker_accelerator_type,
-        worker_accelerator_count=worker_accelerator_count,
-        boot_disk_type=boot_disk_type,
-        boot_disk_size_gb=boot_disk_size_gb,
-        reduction_server_count=reduction_server_count,
-        reduction_server_machine_type=reduction_server_machine_type,
-        region=region,
-        check_gpu_region=check_gpu_region,
-        warnings=warnings,
-    )
-    for warning in warnings:
-        print(f"WARNING: {warning}")
-    job_dir.metadata["worker_pools"] = len(specs)
-    print(f"worker pools for {job_dir.uri}:")
-    for index, spec in enumerate(specs):
-        m = spec["machine_spec"]
-        gpus = f" + {m['accelerator_count']} x {m['accelerator_type']}" if "accelerator_type" in m else ""
-        print(f"  pool {index}: {spec['replica_count']} x {m['machine_type']}{gpus}")
-    Outputs = collections.namedtuple("Outputs", ["worker_pool_specs", "base_output_directory"])
-    return Outputs(specs, job_dir.uri.rstrip("/"))

@@ -330,9 +330,9 @@ def _summary(
             return None
 
     metrics, trials = None, None
-    model_step = by_name.get("model-from-job")
-    if model_step and model_step.status == "SUCCESS":
-        metrics = read_json(Path(model_step.outputs["model_uri"]) / "metrics.json")
+    plan, trained = by_name.get("plan-jobs"), by_name.get("train-model")
+    if plan and trained and trained.status == "SUCCESS":
+        metrics = read_json(Path(plan.outputs["model_uri"]) / "metrics.json")
     trials_path = (
         _artifact_path(by_name["tune-hyperparameters"].outputs, "trials")
         if "tune-hyperparameters" in by_name
@@ -388,9 +388,10 @@ def _summary(
             if best and best.status == "SUCCESS"
             else None,
         }
-    final_args = by_name.get("training-trainer-args")
-    if final_args and final_args.status == "SUCCESS":
-        summary["training_hyperparameters"] = final_args.outputs["hyperparameters"]
+    # The final training's tunable values: the best trial's when the run tuned, else the plan's.
+    final = by_name.get("best-trial") or plan
+    if final and final.status == "SUCCESS":
+        summary["training_hyperparameters"] = final.outputs["hyperparameters"]
     return summary, metrics, trials
 
 

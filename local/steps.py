@@ -6,7 +6,7 @@ for and runs it on this machine, as strictly as Vertex (see docs/vertex-fidelity
     local_tuning_job      for HyperparameterTuningJobRunOp: real trials chosen by Optuna (`local.tuner`)
     local_best_trial      for best_trial: the same rule on the local trials table
     local_find_champion   for find_champion, on the registry folder
-    local_upload_model    for ModelUploadOp + set_champion: a serving check, then a new version,
+    local_upload_model    for ModelUploadOp + the alias move: a serving check, then a new version,
                           and the champion alias decided again under the registry's lock
 
 Their bodies run in kfp.local's executor, where `kfp.dsl` has no decorators: they import only
@@ -30,6 +30,7 @@ from components.registry import (
     serving_policy,
     task_mismatch,
 )
+from components.training import apply_hyperparameters, tunable, typed_hyperparameter
 from components.tuning import pick_best_trial
 
 # The keys of the trainer's metrics.json the local registry reads (`champion_record`, for
@@ -167,11 +168,19 @@ def local_tuning_job(
     return len(table)
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False, additional_funcs=[pick_best_trial])
+@dsl.component(
+    base_image=runtime.BASE_IMAGE,
+    install_kfp_package=False,
+    additional_funcs=[pick_best_trial, tunable, typed_hyperparameter, apply_hyperparameters],
+)
 def local_best_trial(
-    trials: dsl.Input[dsl.Artifact], metric_id: str = "val_accuracy", goal: str = "MAXIMIZE"
-) -> NamedTuple("Outputs", hyperparameters=dict, trial_id=str, value=float):
-    """Local form of `best_trial`: the same rule, on the local tuner's trials table."""
+    trials: dsl.Input[dsl.Artifact],
+    training_pools: list,
+    metric_id: str = "val_accuracy",
+    goal: str = "MAXIMIZE",
+) -> NamedTuple("Outputs", worker_pool_specs=list, hyperparameters=dict, trial_id=str, value=float):
+    """Local form of `best_trial`: the same rule, on the local tuner's trials table, and the
+    same writing of the best trial's values into the planned training job's flags."""
     import collections
     import json
 
@@ -181,8 +190,9 @@ def local_best_trial(
     print(
         f"best trial {best['trial_id']} of {len(table)}: {metric_id}={best['value']:.4f} {best['parameters']}"
     )
-    Outputs = collections.namedtuple("Outputs", ["hyperparameters", "trial_id", "value"])
-    return Outputs(best["parameters"], best["trial_id"], best["value"])
+    pools, resolved = apply_hyperparameters(training_pools, best["parameters"], tunable())
+    Outputs = collections.namedtuple("Outputs", ["worker_pool_specs", "hyperparameters", "trial_id", "value"])
+    return Outputs(pools, resolved, best["trial_id"], best["value"])
 
 
 def registry_folder(name: str) -> str:
@@ -263,7 +273,7 @@ def register_version(
     run started; "" when there was none, or none usable), both evaluated on this run's test
     split; another run may have moved the alias since. So under the lock the alias is read
     again, and it moves only if the gate passed, the alias is still on the version the gate
-    compared with (Vertex's `set_champion` rule), and the model is of the same task (class
+    compared with (Vertex's rule: `components.registry.record_on_version`), and the model is of the same task (class
     names). A champion whose files are damaged counts as none (`champion_record`): the model
     that passed the gate without it takes the alias, and the damaged version stays where it is.
     The decision and its reason are recorded in version.json, with `details` (serving image,
@@ -424,7 +434,7 @@ def local_upload_model(
     evaluated_champion: str,
     evaluation_dir: str,
 ) -> NamedTuple("Outputs", version=str, path=str, champion=bool):
-    """Local form of `ModelUploadOp` + `set_champion`: checks that the SavedModel serves
+    """Local form of `ModelUploadOp` and the gate's alias move (`registry.record_on_version`): checks that the SavedModel serves
     (`python -m trainer.serve`, its `serving_default` on test images), then registers it as the
     next version of `model_display_name`, with the gate's `description` and figures (the
     evaluation job's `evaluation_dir`), and moves the champion alias when `promote` and, under

@@ -9,7 +9,7 @@ from typing import Any
 
 from kfp import dsl
 
-from components import image, registry, tuning
+from components import evaluation, image, registry, tuning
 from local import steps as local_steps
 from pipeline.caching import uncached
 
@@ -38,30 +38,30 @@ def _local_image(p: dict[str, Any]) -> dsl.PipelineTask:
 
 
 def _vertex_custom_job(
-    name: str, where: dict[str, Any], pools: dsl.PipelineTask, settings: dict[str, Any], **extra: Any
+    name: str, where: dict[str, Any], pools: Any, folder: Any, settings: dict[str, Any], **extra: Any
 ) -> dsl.PipelineTask:
     from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp
 
     return CustomTrainingJobOp(
         **where,
         display_name=name,
-        worker_pool_specs=pools.outputs["worker_pool_specs"],
-        base_output_directory=pools.outputs["base_output_directory"],
+        worker_pool_specs=pools,
+        base_output_directory=folder,
         **settings,
         **extra,
     ).set_display_name(name)
 
 
 def _local_custom_job(
-    name: str, where: dict[str, Any], pools: dsl.PipelineTask, settings: dict[str, Any], **extra: Any
+    name: str, where: dict[str, Any], pools: Any, folder: Any, settings: dict[str, Any], **extra: Any
 ) -> dsl.PipelineTask:
     """The local runner takes the same specs; the job settings it cannot honour (service account,
     network, CMEK, labels, scheduling strategy, TensorBoard) are Vertex's alone."""
     return local_steps.local_custom_job(
         display_name=name,
         project=where["project"],
-        worker_pool_specs=pools.outputs["worker_pool_specs"],
-        base_output_directory=pools.outputs["base_output_directory"],
+        worker_pool_specs=pools,
+        base_output_directory=folder,
         timeout=settings["timeout"],
         restart_job_on_worker_restart=settings["restart_job_on_worker_restart"],
     ).set_display_name(name)
@@ -78,56 +78,58 @@ def _study(p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _selection(p: dict[str, Any]) -> Any:
-    """The study's measurement selection, from `export_epoch` (a step: it is a run's value)."""
-    return (
-        tuning.measurement_selection(export_epoch=p["export_epoch"])
-        .set_display_name("measurement-selection")
-        .output
-    )
-
-
-def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], pools: dsl.PipelineTask) -> Any:
-    """The tuning job and the best-trial step; returns the best hyperparameters channel.
+def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared: Any) -> dsl.PipelineTask:
+    """The tuning job, then the best-trial step, which writes the best trial's values into the
+    planned training job's flags; returns that step (`worker_pool_specs`, `hyperparameters`).
 
     No automated early stopping: GCPC 2.22's op builds the payload's study_spec from its metrics,
     parameters, algorithm and measurement selection alone, and has no input for
     `median_automated_stopping_spec` or `decay_curve_stopping_spec`, so every trial runs all its
     epochs unless `early_stopping_patience` stops it (the local tuner does the same). The
-    measurement selection follows `export_epoch` (`tuning.measurement_selection`)."""
+    measurement selection follows `export_epoch` (`tuning.measurement_selection`, in the plan).
+    `plan` is the planning step's outputs; the trials start after `prepared`, the dataset's job."""
     from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import HyperparameterTuningJobRunOp
 
     job = HyperparameterTuningJobRunOp(
         **where,
         display_name="tune-hyperparameters",
-        base_output_directory=pools.outputs["base_output_directory"],
-        worker_pool_specs=pools.outputs["worker_pool_specs"],
+        base_output_directory=plan["tuning_dir"],
+        worker_pool_specs=plan["tuning_pools"],
         **_study(p),
         max_failed_trial_count=p["max_failed_trial_count"],
         study_spec_algorithm=p["search_algorithm"],
-        study_spec_measurement_selection_type=_selection(p),
+        study_spec_measurement_selection_type=plan["measurement_selection_type"],
         encryption_spec_key_name=p["encryption_spec_key_name"],
         service_account=p["service_account"],
         network=p["network"],
     ).set_display_name("tune-hyperparameters")
-    best = tuning.best_trial(**where, gcp_resources=job.outputs["gcp_resources"], metric_id=tuning.METRIC_ID)
-    return best.outputs["hyperparameters"]
+    job.after(prepared)
+    best = tuning.best_trial(
+        **where,
+        gcp_resources=job.outputs["gcp_resources"],
+        training_pools=plan["training_pools"],
+        metric_id=tuning.METRIC_ID,
+    )
+    return best.set_display_name("best-trial")
 
 
-def _local_tuning(where: dict[str, Any], p: dict[str, Any], pools: dsl.PipelineTask) -> Any:
+def _local_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared: Any) -> dsl.PipelineTask:
     job = local_steps.local_tuning_job(
         project=where["project"],
-        worker_pool_specs=pools.outputs["worker_pool_specs"],
-        base_output_directory=pools.outputs["base_output_directory"],
+        worker_pool_specs=plan["tuning_pools"],
+        base_output_directory=plan["tuning_dir"],
         **_study(p),
         max_failed_trial_count=p["max_failed_trial_count"],
         study_spec_algorithm=p["search_algorithm"],
-        measurement_selection=_selection(p),
+        measurement_selection=plan["measurement_selection_type"],
         seed=p["seed"],
         timeout=p["timeout"],
     ).set_display_name("tune-hyperparameters")
-    best = local_steps.local_best_trial(trials=job.outputs["trials"], metric_id=tuning.METRIC_ID)
-    return best.set_display_name("best-trial").outputs["hyperparameters"]
+    job.after(prepared)
+    best = local_steps.local_best_trial(
+        trials=job.outputs["trials"], training_pools=plan["training_pools"], metric_id=tuning.METRIC_ID
+    )
+    return best.set_display_name("best-trial")
 
 
 def _vertex_find_champion(where: dict[str, Any], p: dict[str, Any]) -> dsl.PipelineTask:
@@ -140,74 +142,72 @@ def _local_find_champion(where: dict[str, Any], p: dict[str, Any]) -> dsl.Pipeli
     )
 
 
+def _gate(t: dict[str, Any], **vertex: Any) -> dsl.PipelineTask:
+    """The gate (`evaluation.evaluate_model`); `t` as `pipeline.dag._train_and_register`'s."""
+    return evaluation.evaluate_model(
+        dataset_uri=t["plan"]["dataset_uri"],
+        model_uri=t["plan"]["model_uri"],
+        evaluation_dir=t["plan"]["evaluation_dir"],
+        gate_metric=t["gate_metric"],
+        min_score=t["min_score"],
+        champion_class_names=t["champion"]["class_names"],
+        champion_version=t["champion"]["champion_version"],
+        **vertex,
+    )
+
+
 def _vertex_registry(
-    where: dict[str, Any],
-    p: dict[str, Any],
-    model: dsl.PipelineTask,
-    settings: dsl.PipelineTask,
-    champion: dsl.PipelineTask,
-    gate: dsl.PipelineTask,
-    evaluated: dsl.PipelineTask,
+    where: dict[str, Any], t: dict[str, Any], settings: dsl.PipelineTask, evaluated: dsl.PipelineTask
 ) -> None:
-    """ModelUploadOp (the gate's figures as the version's description), then set_champion when
-    the gate passed. `evaluated` (the evaluation job's pools) is the local registry's alone."""
+    """ModelUploadOp, as a new version of the champion's model when there is one, once the
+    evaluation job has run; then the gate, which writes its figures on the version and moves the
+    champion alias when it passed (`registry.record_on_version`). One upload, not one per branch
+    of "does the model exist": the parent importer carries the model's resource name, empty when
+    there is none, and GCPC's upload launcher leaves an empty parent out
+    (container/v1/model/upload_model/remote_runner.py: `if parent_model_name:`), so no artifact
+    `dsl.OneOf` joins two uploads (kubeflow/pipelines#13436)."""
     from google_cloud_pipeline_components.types.artifact_types import UnmanagedContainerModel, VertexModel
     from google_cloud_pipeline_components.v1.model import ModelUploadOp
 
     unmanaged = dsl.importer(
-        artifact_uri=model.outputs["model_uri"],
+        artifact_uri=t["plan"]["model_uri"],
         artifact_class=UnmanagedContainerModel,
         metadata={"containerSpec": {"imageUri": settings.outputs["serving_image"]}},
     ).set_display_name("serving-container")
-    upload = {
+    parent = dsl.importer(
+        artifact_uri=t["champion"]["resource_uri"],
+        artifact_class=VertexModel,
+        metadata={"resourceName": t["champion"]["resource_name"]},
+    ).set_display_name("parent-model")
+    upload = ModelUploadOp(
         **where,
-        "display_name": p["model_display_name"],
-        "unmanaged_container_model": unmanaged.output,
-        "labels": settings.outputs["labels"],
-        "description": gate.outputs["description"],
-        "encryption_spec_key_name": p["encryption_spec_key_name"],
-    }
-    with dsl.If(champion.outputs["exists"] == True, name="model-exists"):  # noqa: E712
-        parent = dsl.importer(
-            artifact_uri=champion.outputs["resource_uri"],
-            artifact_class=VertexModel,
-            metadata={"resourceName": champion.outputs["resource_name"]},
-        ).set_display_name("parent-model")
-        as_version = uncached(ModelUploadOp(**upload, parent_model=parent.output), "upload-new-version")
-        as_version.after(gate)
-    with dsl.Else(name="first-model"):
-        as_first = uncached(ModelUploadOp(**upload), "upload-first-version")
-        as_first.after(gate)
-    uploaded = dsl.OneOf(as_version.outputs["model"], as_first.outputs["model"])
-    with dsl.If(gate.outputs["promote"] == True, name="gate-passed"):  # noqa: E712
-        uncached(
-            registry.set_champion(
-                **where, model=uploaded, evaluated_champion=champion.outputs["champion_version"]
-            ),
-            "set-champion",
-        )
+        display_name=t["model_display_name"],
+        unmanaged_container_model=unmanaged.output,
+        parent_model=parent.output,
+        labels=settings.outputs["labels"],
+        encryption_spec_key_name=t["encryption_spec_key_name"],
+    )
+    uncached(upload, "upload-model").after(evaluated)
+    uncached(_gate(t, uploaded=upload.outputs["model"], location=t["location"]), "evaluate-model")
 
 
 def _local_registry(
-    where: dict[str, Any],
-    p: dict[str, Any],
-    model: dsl.PipelineTask,
-    settings: dsl.PipelineTask,
-    champion: dsl.PipelineTask,
-    gate: dsl.PipelineTask,
-    evaluated: dsl.PipelineTask,
+    where: dict[str, Any], t: dict[str, Any], settings: dsl.PipelineTask, evaluated: dsl.PipelineTask
 ) -> None:
+    """The gate, then the local upload, which moves the alias by the gate's decision under the
+    registry's lock (the local registry has no versions to write on before the decision)."""
+    gate = uncached(_gate(t), "evaluate-model").after(evaluated)
     upload = local_steps.local_upload_model(
-        model=model.outputs["model"],
-        registry_dir=p["registry_dir"],
-        model_display_name=p["model_display_name"],
+        model=gate.outputs["model"],
+        registry_dir=t["registry_dir"],
+        model_display_name=t["model_display_name"],
         serving_image=settings.outputs["serving_image"],
         labels=settings.outputs["labels"],
         promote=gate.outputs["promote"],
         gate_reason=gate.outputs["reason"],
         description=gate.outputs["description"],
-        evaluated_champion=champion.outputs["champion_version"],
-        evaluation_dir=evaluated.outputs["base_output_directory"],
+        evaluated_champion=t["champion"]["champion_version"],
+        evaluation_dir=t["plan"]["evaluation_dir"],
     )
     uncached(upload, "upload-model")
 
@@ -218,10 +218,10 @@ class Backend:
 
     build_image: Callable[[dict[str, Any]], dsl.PipelineTask]
     custom_job: Callable[..., dsl.PipelineTask]
-    tuning: Callable[[dict[str, Any], dict[str, Any], dsl.PipelineTask], Any]
+    # (where, parameters, the planning step's outputs, the preparation job) -> the best-trial step
+    tuning: Callable[..., dsl.PipelineTask]
     find_champion: Callable[[dict[str, Any], dict[str, Any]], dsl.PipelineTask]
-    # (where, parameters, model-from-job, upload-settings, find-champion, evaluate-model,
-    # evaluation-worker-pools)
+    # (where, the parameters and upstream outputs, upload-settings, the evaluation job)
     registry: Callable[..., None]
 
 

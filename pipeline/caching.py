@@ -7,7 +7,8 @@ from kfp import dsl
 # Steps that read or write state outside the pipeline (the Artifact Registry, the Model
 # Registry) or that make a run's job folders: never served from Vertex's execution cache. A
 # cached `find-champion` answers with the registry as it was when it first ran; a cached
-# `*-worker-pools` hands a new run the job folder of an older one (the tuning trials then find
+# `evaluate-model` (the gate) would write no decision on the new version and move no alias; a
+# cached `plan-jobs` hands a new run the job folders of an older one (the tuning trials then find
 # that run's backups), and everything downstream of it is then a cache hit too: a scheduled run
 # would retrain nothing. Vertex keys its cache on a task's inputs, outputs and component spec
 # ("Configure execution caching", Vertex AI Pipelines docs); `PipelineJob(enable_caching=None)`
@@ -15,15 +16,10 @@ from kfp import dsl
 # `_set_enable_caching_value` runs only when it is not None).
 NEVER_CACHED = (
     "build-trainer-image",
-    "prepare-worker-pools",
-    "tuning-worker-pools",
-    "training-worker-pools",
-    "evaluation-worker-pools",
+    "plan-jobs",
     "find-champion",
-    "upload-new-version",
-    "upload-first-version",
-    "set-champion",
     "upload-model",
+    "evaluate-model",
 )
 
 

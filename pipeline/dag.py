@@ -1,8 +1,13 @@
 """The DAG, for either target, and nothing else.
 
-    image build -> prepare dataset -> same task as the champion? -> [tune -> best trial]
-        -> train -> evaluate the new model and the champion on this run's test split -> gate
-        -> upload a new model version -> [move the champion alias]
+    image build (beside it: the champion, read from the registry) -> plan every job
+        -> prepare the dataset (refused there when it is not the champion's task)
+        -> [tune -> best trial] -> train -> evaluate the new model and the champion on this
+        run's test split -> upload a new model version -> gate (moves the champion alias)
+
+Every container step is a machine start on Vertex, one after another on the critical path
+(`pipeline.cost`; docs/architecture.md, "The critical path"): the bookkeeping lives in the one
+planning step and in the steps that consume it, not in steps of its own.
 
 `create_pipeline("vertex")` wires the Google Cloud Pipeline Components (compiled by
 `make compile` to `compiled/pipeline.json`, and with the failure e-mail exit handler to
@@ -21,7 +26,8 @@ from typing import Any
 
 from kfp import compiler, dsl
 
-from components import evaluation, prepare, registry, training, worker_pools
+from components import registry, training, worker_pools
+from components.plan import plan_jobs
 from pipeline.backends import BACKENDS
 from pipeline.caching import uncached
 from pipeline.parameters import REQUIRED, parameters_for
@@ -30,16 +36,20 @@ PIPELINE_NAME = "multiworker-cassava-training"
 ROOT = Path(__file__).resolve().parent.parent
 COMPILED = ROOT / "compiled" / "pipeline.json"
 COMPILED_NOTIFY = ROOT / "compiled" / "pipeline-notify.json"
-# The inputs of `components.prepare.prepare_args` (its `trainer.prepare` flags), by the pipeline
-# parameter each is given; `training.MODEL_FLAGS` are `trainer_args`'s, under the parameters' own
-# names. `pipeline.rules.trainer_commands` builds the same flags from the same wiring.
-PREPARE_INPUTS = {
-    "source": "dataset_source",
-    "image_size": "image_size",
-    "shards": "dataset_shards",
-    "seed": "seed",
-    "synthetic_per_class": "synthetic_per_class",
-}
+# The pipeline parameters the planning step takes under their own names
+# (`components.plan.plan_jobs`; tests/components/test_steps.py keeps the list equal to its
+# inputs): the preparation's, `training.MODEL_FLAGS` and the hardware's.
+# `pipeline.rules.trainer_commands` builds the jobs' flags from the same values.
+PLAN_PARAMETERS = (
+    "dataset_source",
+    "image_size",
+    "dataset_shards",
+    "synthetic_per_class",
+    "search_space",
+    *training.MODEL_FLAGS,
+    *worker_pools.HARDWARE_PARAMETERS,
+    "prepare_machine_type",
+)
 
 
 def _dag(target: str, p: dict[str, Any]) -> None:
@@ -47,7 +57,50 @@ def _dag(target: str, p: dict[str, Any]) -> None:
     targets differ, `BACKENDS[target]` says which step stands where."""
     steps = BACKENDS[target]
     where = {"project": p["project"], "location": p["location"]}
-    job_settings = {
+
+    # 1. The trainer image, and the registry read before any work: the champion's class names go
+    # to the preparation job (a source of another task is refused there, before any
+    # conversion), its SavedModel to the evaluation job.
+    built = steps.build_image(p)
+    uncached(built, "build-trainer-image")
+    champion = uncached(steps.find_champion(where, p), "find-champion")
+
+    # 2. Every job's worker pools, flags and folder, in one step (`components.plan`).
+    plan = plan_jobs(
+        image_uri=built.outputs["image_uri"],
+        training_image_uri=built.outputs["training_image_uri"],
+        champion_class_names=champion.outputs["class_names"],
+        champion_uri=champion.outputs["champion_uri"],
+        region=p["location"],
+        **{name: p[name] for name in PLAN_PARAMETERS},
+    )
+    uncached(plan, "plan-jobs")
+    out = plan.outputs
+
+    # 3. The dataset, prepared by a one-replica CPU job.
+    prepared = steps.custom_job(
+        "prepare-dataset",
+        where,
+        out["prepare_pools"],
+        out["prepare_dir"],
+        {**_job_settings(p), "restart_job_on_worker_restart": False},
+    )
+
+    # 4-7. Tuning (optional), then the final multi-worker training and everything after it, the
+    # same steps in both branches: nothing joins the branches (no `dsl.OneOf`, whose artifact
+    # form has no confirmed Vertex support: kubeflow/pipelines#13436), and a KFP sub-pipeline,
+    # the other way to share them, compiles to different bytes from run to run (KFP merges its
+    # executors in protobuf map order).
+    tail = {**p, "plan": out, "champion": champion.outputs, "built": built.outputs}
+    with dsl.If(p["tune"] == True, name="tuning-enabled"):  # noqa: E712 (a KFP condition)
+        best = steps.tuning(where, p, out, prepared)
+        _train_and_register(target, tail, best.outputs["worker_pool_specs"], prepared)
+    with dsl.Else(name="tuning-disabled"):
+        _train_and_register(target, tail, out["training_pools"], prepared)
+
+
+def _job_settings(p: dict[str, Any]) -> dict[str, Any]:
+    return {
         "timeout": p["timeout"],
         "restart_job_on_worker_restart": p["restart_job_on_worker_restart"],
         "service_account": p["service_account"],
@@ -55,141 +108,43 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         "encryption_spec_key_name": p["encryption_spec_key_name"],
         "labels": p["labels"],
     }
-    hardware = {k: p[k] for k in worker_pools.HARDWARE_PARAMETERS}
-    model_flags = {k: p[k] for k in training.MODEL_FLAGS}
 
-    # 1. The trainer image.
-    built = steps.build_image(p)
-    uncached(built, "build-trainer-image")
-    image_uri = built.outputs["image_uri"]
 
-    def cpu_job(
-        names: tuple[str, str], command: list[str], args: Any
-    ) -> tuple[dsl.PipelineTask, dsl.PipelineTask]:
-        """A one-replica CPU job on the trainer image (`_cpu_pools`), not restarted as a whole:
-        its worker pool specs and the job, named `names` (pools, job)."""
-        pools = uncached(_cpu_pools(image_uri, command, args, p), names[0])
-        job = steps.custom_job(
-            names[1], where, pools, {**job_settings, "restart_job_on_worker_restart": False}
-        )
-        return pools, job
-
-    # 2-3. The dataset, prepared by a one-replica CPU job.
-    prep_args = prepare.prepare_args(**{arg: p[name] for arg, name in PREPARE_INPUTS.items()})
-    prep_pools, prep_job = cpu_job(
-        ("prepare-worker-pools", "prepare-dataset"), prepare.PREPARE_COMMAND, prep_args.output
-    )
-    dataset = prepare.register_dataset(
-        base_output_directory=prep_pools.outputs["base_output_directory"]
-    ).after(prep_job)
-
-    # The champion, read before any training: a run whose dataset is of another task (other
-    # class names, or the same in another order) than the champion's is refused here, not after
-    # hours of training (the gate refuses it too).
-    champion = uncached(steps.find_champion(where, p), "find-champion")
-    same_task = registry.check_same_task(
-        dataset=dataset.outputs["dataset"],
-        champion_class_names=champion.outputs["class_names"],
-        model_display_name=p["model_display_name"],
-    ).set_display_name("check-same-task")
-
-    # 4-5. Tuning (optional), then the final multi-worker training, both after the check.
-    with dsl.If(p["tune"] == True, name="tuning-enabled"):  # noqa: E712 (a KFP condition)
-        tune_args = training.trainer_args(
-            dataset=dataset.outputs["dataset"],
-            **model_flags,
-            search_space=p["search_space"],
-        ).set_display_name("tuning-trainer-args")
-        tune_args.after(same_task)
-        # The trials get no Reduction Server: every trial would start (and bill) reducers of its
-        # own, parallel_trial_count at a time, for short trainings; the final job has them.
-        tune_pools = worker_pools.worker_pool_specs(
-            image_uri=image_uri,
-            command=training.TRAIN_COMMAND,
-            args=tune_args.outputs["args"],
-            **{**hardware, "reduction_server_count": 0},
-            region=p["location"],
-        )
-        uncached(tune_pools, "tuning-worker-pools")
-        best_hyperparameters = steps.tuning(where, p, tune_pools)
-    with dsl.Else(name="tuning-disabled"):
-        no_tuning = training.no_overrides()
-    train_args = training.trainer_args(
-        dataset=dataset.outputs["dataset"],
-        **model_flags,
-        hyperparameters=dsl.OneOf(best_hyperparameters, no_tuning.output),
-    ).set_display_name("training-trainer-args")
-    train_args.after(same_task)
-    train_pools = worker_pools.worker_pool_specs(
-        image_uri=built.outputs["training_image_uri"],
-        command=training.TRAIN_COMMAND,
-        args=train_args.outputs["args"],
-        **hardware,
-        region=p["location"],
-    )
-    uncached(train_pools, "training-worker-pools")
-    train_job = steps.custom_job(
+def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, prepared: Any) -> None:
+    """The multi-worker training job (on `training_pools`: the plan's, or the best trial's), the
+    evaluation job, then the registry: on Vertex ModelUploadOp, then the gate (which writes its
+    decision on the version and moves the alias); on the local target the gate, then the local
+    upload. `t` holds the parameters and the outputs of the plan, find-champion and the build."""
+    steps = BACKENDS[target]
+    where = {"project": t["project"], "location": t["location"]}
+    plan = t["plan"]
+    train = steps.custom_job(
         "train-model",
         where,
-        train_pools,
-        job_settings,
-        strategy=p["scheduling_strategy"],
-        tensorboard=p["tensorboard"],
-    )
-    model = training.model_from_job(base_output_directory=train_pools.outputs["base_output_directory"]).after(
-        train_job
-    )
-
-    # 6. The new model and the champion (read above) evaluated side by side on this run's test
-    # split by a one-replica CPU job on the trainer image; the gate compares those figures.
-    eval_args = evaluation.evaluation_args(
-        dataset=dataset.outputs["dataset"],
-        model=model.outputs["model"],
-        champion_uri=champion.outputs["champion_uri"],
-    ).set_display_name("evaluation-args")
-    eval_pools, eval_job = cpu_job(
-        ("evaluation-worker-pools", "evaluate-models"), evaluation.EVALUATE_COMMAND, eval_args.output
-    )
-
-    # 7. Upload a new version, move the alias when the gate passed.
+        training_pools,
+        plan["training_dir"],
+        _job_settings(t),
+        strategy=t["scheduling_strategy"],
+        tensorboard=t["tensorboard"],
+    ).after(prepared)
+    evaluated = steps.custom_job(
+        "evaluate-models",
+        where,
+        plan["evaluation_pools"],
+        plan["evaluation_dir"],
+        {**_job_settings(t), "restart_job_on_worker_restart": False},
+    ).after(train)
     settings = registry.upload_settings(
-        location=p["location"],
-        serving_image=p["serving_image"],
-        tf_version=p["serving_tf_version"],
-        serving_accelerator=p["serving_accelerator"],
-        custom_image_uri=built.outputs["serving_image_uri"],
-        labels=p["labels"],
-        source_commit=p["source_commit"],
+        location=t["location"],
+        serving_image=t["serving_image"],
+        tf_version=t["serving_tf_version"],
+        serving_accelerator=t["serving_accelerator"],
+        custom_image_uri=t["built"]["serving_image_uri"],
+        labels=t["labels"],
+        source_commit=t["source_commit"],
         pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-    )
-    gate = evaluation.evaluate_model(
-        model=model.outputs["model"],
-        evaluation_dir=eval_pools.outputs["base_output_directory"],
-        gate_metric=p["gate_metric"],
-        min_score=p["min_score"],
-        champion_class_names=champion.outputs["class_names"],
-        champion_version=champion.outputs["champion_version"],
-    ).after(eval_job)
-    steps.registry(where, p, model, settings, champion, gate, eval_pools)
-
-
-def _cpu_pools(image_uri: Any, command: list[str], args: Any, p: dict[str, Any]) -> dsl.PipelineTask:
-    """The worker pool specs of a one-replica CPU job (`prepare_machine_type`) on the trainer image."""
-    return worker_pools.worker_pool_specs(
-        image_uri=image_uri,
-        command=command,
-        args=args,
-        chief_machine_type=p["prepare_machine_type"],
-        chief_accelerator_type="",
-        chief_accelerator_count=0,
-        worker_count=0,
-        worker_machine_type="",
-        worker_accelerator_type="",
-        worker_accelerator_count=0,
-        boot_disk_type=p["boot_disk_type"],
-        boot_disk_size_gb=p["boot_disk_size_gb"],
-        region=p["location"],
-    )
+    ).set_display_name("upload-settings")
+    steps.registry(where, t, settings, evaluated)
 
 
 def create_pipeline(target: str = "vertex", notify: bool = False) -> Callable[..., Any]:

@@ -51,9 +51,7 @@ Google's rules, each with its source:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import itertools
 import json
 import math
@@ -66,7 +64,6 @@ from pathlib import Path
 from typing import Any
 
 from components import evaluation, hardware, image, prepare, registry, training, tuning, worker_pools
-from pipeline.dag import PREPARE_INPUTS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULING_STRATEGIES = ("STANDARD", "SPOT", "FLEX_START")
@@ -81,9 +78,13 @@ FLEX_START_GPUS = (
 )
 FLEX_START_MAX_SECONDS = 7 * 24 * 3600
 # The model version also gets pipeline_run and source_commit (components.registry.upload_settings),
-# and every GCPC launcher adds Vertex's system label vertex-ai-pipelines-run-billing-id
-# (GCPC's VERTEX_AI_PIPELINES_RUN_LABELS, merged into each job's and model's labels).
-MAX_LABELS = 64 - 3
+# gate and dataset (the gate's decision and the dataset fingerprint:
+# components.evaluation.evaluate_model), and every GCPC launcher adds Vertex's system label
+# vertex-ai-pipelines-run-billing-id (GCPC's VERTEX_AI_PIPELINES_RUN_LABELS, merged into each
+# job's and model's labels). The run's own keys are refused as the user's: they would be
+# overwritten without a word.
+RUN_LABELS = ("pipeline_run", "source_commit", "gate", "dataset")
+MAX_LABELS = 64 - len(RUN_LABELS) - 1
 SERVICE_ACCOUNT = re.compile(
     r"^([a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com"
     r"|[0-9]+-compute@developer\.gserviceaccount\.com)$"
@@ -181,31 +182,44 @@ def label_problems(labels: Any, name: str = "labels") -> list[str]:
             out.append(
                 f"label {key}={value!r}: values are at most 63 lowercase letters, digits, _ or - (may be empty)"
             )
+    taken = sorted(set(labels) & set(RUN_LABELS))
+    if taken:
+        out.append(f"label keys {taken}: the run sets {', '.join(RUN_LABELS)} on the model version itself")
     if len(labels) > MAX_LABELS:
-        out.append(f"{len(labels)} labels: at most {MAX_LABELS} (Vertex's 64, less the three the run adds)")
+        out.append(
+            f"{len(labels)} labels: at most {MAX_LABELS} (Vertex's 64, less the {64 - MAX_LABELS} the run adds: "
+            f"{', '.join(RUN_LABELS)} and vertex-ai-pipelines-run-billing-id)"
+        )
     return out
+
+
+# The inputs of `components.prepare.build_prepare_args` (its `trainer.prepare` flags), by the
+# pipeline parameter the planning step hands each (`components.plan.plan_jobs`).
+PREPARE_INPUTS = {
+    "source": "dataset_source",
+    "image_size": "image_size",
+    "shards": "dataset_shards",
+    "seed": "seed",
+    "synthetic_per_class": "synthetic_per_class",
+}
 
 
 def trainer_commands(values: Mapping[str, Any]) -> dict[str, list[str]]:
     """The flags the run hands `trainer.task` and `trainer.prepare`, built by the very functions
-    the pipeline's steps run (`components.training.trainer_args`, `components.prepare.prepare_args`),
-    from the parameters `pipeline.dag` wires into them (`training.MODEL_FLAGS`, `dag.PREPARE_INPUTS`).
-    The folders are left out: the jobs get them from Vertex (flagcheck stands in for them)."""
-    from kfp import dsl
-
-    dataset = dsl.Dataset(name="dataset", uri="/check/dataset", metadata={"image_size": values["image_size"]})
-    with contextlib.redirect_stdout(io.StringIO()):  # the step prints its args to its log
-        task = training.trainer_args.python_func(
-            dataset=dataset, **{name: values[name] for name in training.MODEL_FLAGS}
-        ).args
+    the planning step runs (`components.training.build_trainer_args`,
+    `components.prepare.build_prepare_args`), from the parameters `pipeline.dag` hands it
+    (`dag.PLAN_PARAMETERS`). The folders are left out: the jobs get them from Vertex (flagcheck
+    stands in for them), and so are the champion's class names, read at run time."""
+    flags = {name: values[name] for name in training.MODEL_FLAGS}
+    task, _ = training.build_trainer_args("/check/dataset", values["image_size"], flags, training.TUNABLE)
     inputs = {arg: values[name] for arg, name in PREPARE_INPUTS.items()}
     try:
-        prepare_argv = prepare.prepare_args.python_func(**inputs)
+        prepare_argv = prepare.build_prepare_args(**inputs)
     except ValueError:
         # A source the step refuses (not tfds:, folder: or synthetic): the preparation's own
         # parser names it, so it is handed over as given, beside the other flags as built.
         stand_in = "tfds:stand-in"
-        built = prepare.prepare_args.python_func(**{**inputs, "source": stand_in})
+        built = prepare.build_prepare_args(**{**inputs, "source": stand_in})
         prepare_argv = [f"--source={inputs['source']}" if a == f"--source={stand_in}" else a for a in built]
     return {
         "trainer.task": [a for a in task if not a.startswith("--data_dir=")],
@@ -227,7 +241,7 @@ def trainer_flag_problems(values: Mapping[str, Any]) -> list[Problem]:
     )
     if result.returncode != 0:
         raise RuntimeError(f"python -m trainer.flagcheck failed: {result.stderr.strip()[-2000:]}")
-    to_parameter = PREPARE_INPUTS  # prepare_args's inputs are its flags' names
+    to_parameter = PREPARE_INPUTS  # build_prepare_args's inputs are its flags' names
     problems = []
     for found in json.loads(result.stdout):
         names = [

@@ -16,7 +16,6 @@ import ast
 import dataclasses
 import subprocess
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +103,6 @@ def keys_read(func: ast.FunctionDef, names: set[str]) -> set[str]:
 # (file, function, the variables holding the parsed document)
 Reader = tuple[str, str, set[str]]
 METRICS_READERS: dict[str, list[Reader]] = {
-    "components.training": [("components/training.py", "model_from_job", {"metrics"})],
     "components.evaluation": [("components/evaluation.py", "evaluate_model", {"m"})],
     "components.registry": [("components/registry.py", "find_champion", {"champion_metrics"})],
     "local.steps": [
@@ -117,7 +115,7 @@ METRICS_READERS: dict[str, list[Reader]] = {
 # summary of `launch.cli`): the list itself is checked against the trainer's declaration.
 METRICS_LISTS_ONLY = ("launch.cli",)
 METADATA_READERS: dict[str, list[Reader]] = {
-    "components.prepare": [("components/prepare.py", "register_dataset", {"meta"})]
+    "components.prepare": [("components/prepare.py", "dataset_record", {"meta"})]
 }
 TRAINER_METADATA_READERS: list[Reader] = [("trainer/data.py", "from_json", {"data"})]
 
@@ -181,7 +179,15 @@ def test_each_evaluation_reader_reads_keys_trainer_evaluate_writes(module_name: 
     for path, function, names in EVALUATION_READERS[module_name]:
         read |= keys_read(function_node(path, function), names)
     assert sorted(read) == sorted(module.EVALUATION_READ), f"{module_name}.EVALUATION_READ is out of date"
-    declared = {*contract.EVALUATION_KEYS, *contract.EVALUATION_MODEL_KEYS}
+    declared = {
+        *contract.EVALUATION_KEYS,
+        *contract.EVALUATION_MODEL_KEYS,
+        # `comparison` and the entries inside it (the gate's paired statistics)
+        *contract.EVALUATION_COMPARISON_KEYS,
+        *contract.EVALUATION_DIFFERENCE_KEYS,
+        *contract.EVALUATION_MCNEMAR_KEYS,
+        *contract.EVALUATION_BOOTSTRAP_KEYS,
+    }
     assert set(module.EVALUATION_READ) <= declared, sorted(set(module.EVALUATION_READ) - declared)
 
 
@@ -258,11 +264,13 @@ def study_parameter_ids() -> list[str]:
 
 
 def trainer_args(**overrides: Any) -> list[str]:
+    """The final training's flags as the plan builds them (`training.build_trainer_args`), with
+    a best trial's `hyperparameters` written over them as its step does (`apply_hyperparameters`)."""
     from components import training
 
-    dataset = types.SimpleNamespace(uri="/data/prepared", metadata={"image_size": 64.0})  # kfp.local: floats
+    best = overrides.pop("hyperparameters", None)
+    leave_out = overrides.pop("leave_out", ())
     values: dict[str, Any] = dict(
-        dataset=dataset,
         backbone="tiny",
         weights="none",
         epochs=3,
@@ -273,9 +281,26 @@ def trainer_args(**overrides: Any) -> list[str]:
         mixed_precision=False,
         xla=True,
         fine_tune_fraction=0.5,
+        seed=42,
+        augment="auto",
+        lr_schedule="cosine",
+        warmup_epochs=1.0,
+        lr_reference_batch_size=0,
+        label_smoothing=0.0,
+        class_weights="none",
+        export_epoch="best",
+        early_stopping_patience=0,
     )
     values.update(overrides)
-    return list(training.trainer_args.python_func(**values).args)
+    args, _ = training.build_trainer_args(
+        "/data/prepared", 64.0, values, training.TUNABLE, leave_out=leave_out
+    )
+    if best:
+        [pool], _ = training.apply_hyperparameters(
+            [{"container_spec": {"args": args}}], best, training.TUNABLE
+        )
+        args = pool["container_spec"]["args"]
+    return list(args)
 
 
 def test_the_study_parameter_ids_are_trainer_flags() -> None:
@@ -315,7 +340,7 @@ def test_every_flag_trainer_args_emits_is_a_trainer_flag() -> None:
 
 
 def test_the_best_trials_values_reach_the_trainer_as_its_flags() -> None:
-    """`trainer_args` takes the best trial's parameters (doubles, as Vertex returns them) for the
+    """The best trial's step takes its parameters (doubles, as Vertex returns them) for the
     final training: every study parameter must be one it accepts, and the result must parse."""
     ids = study_parameter_ids()
     best = {i: 32.0 if i in ("per_replica_batch_size", "dense_units") else 0.25 for i in ids}
@@ -325,7 +350,7 @@ def test_the_best_trials_values_reach_the_trainer_as_its_flags() -> None:
 
 
 def test_the_study_metric_is_what_the_trainer_reports_by_default() -> None:
-    """`trainer_args` never passes `--hp_metric`: the trainer's default tag must be the study's
+    """The plan never passes `--hp_metric`: the trainer's default tag must be the study's
     metric id, or every trial would report a metric the tuning service never reads."""
     from components import tuning
 
@@ -346,12 +371,17 @@ def test_prepare_args_are_trainer_prepare_flags(source: str) -> None:
     from trainer import prepare
 
     args = list(
-        prepare_step.prepare_args.python_func(
-            source=source, image_size=64, shards=8, seed=7, synthetic_per_class=20
+        prepare_step.build_prepare_args(
+            source=source,
+            image_size=64,
+            shards=8,
+            seed=7,
+            synthetic_per_class=20,
+            champion_class_names=["a", "b,c"],
         )
     )
     known, unknown = prepare.build_parser().parse_known_args(args)
-    assert not unknown, f"prepare_args emits flags trainer.prepare does not know: {unknown}"
+    assert not unknown, f"build_prepare_args emits flags trainer.prepare does not know: {unknown}"
     assert known.output_dir is None  # left to $AIP_MODEL_DIR, the job's model/ folder
     config = prepare.parse_args(args, {"AIP_MODEL_DIR": "gs://b/prep/model/"})
     assert (config.source, config.image_size, config.shards, config.seed, config.output_dir) == (
@@ -362,3 +392,4 @@ def test_prepare_args_are_trainer_prepare_flags(source: str) -> None:
         "gs://b/prep/model",
     )
     assert config.overwrite  # a retried job replaces its own half-written output
+    assert config.champion_class_names == ("a", "b,c")

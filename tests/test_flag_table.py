@@ -1,8 +1,8 @@
 """docs/contracts.md's flag tables hold the truth: sections 1 (`python -m trainer.task`) and 5
 (`python -m trainer.prepare`) list every flag of the trainer's own parser and no other, each with
 its default, and say rightly which flags the pipeline hands the job. "Set by the pipeline" is
-what the component functions behind the KFP steps really emit (`trainer_args`, `prepare_args`,
-called as plain Python); "(tunable)" marks exactly the flags a tuning job's search space may
+what the functions the planning step runs really emit (`build_trainer_args`,
+`build_prepare_args`); "(tunable)" marks exactly the flags a tuning job's search space may
 declare. Fast: no TensorFlow (the parsers are built without it; tests/test_contracts.py pins
 that), no pipeline compilation."""
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import re
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -124,7 +123,6 @@ def emitted(args: list[str]) -> set[str]:
 
 
 TRAINER_VALUES: dict[str, Any] = {
-    "dataset": types.SimpleNamespace(uri="/data/prepared", metadata={"image_size": 64.0}),
     "backbone": "tiny",
     "weights": "none",
     "epochs": 3,
@@ -134,30 +132,44 @@ TRAINER_VALUES: dict[str, Any] = {
     "dropout": 0.2,
     "mixed_precision": False,
     "xla": False,
+    "fine_tune_fraction": -1.0,
+    "seed": 42,
+    "augment": "auto",
+    "lr_schedule": "cosine",
+    "warmup_epochs": 1.0,
+    "lr_reference_batch_size": 0,
+    "label_smoothing": 0.0,
+    "class_weights": "none",
+    "export_epoch": "best",
+    "early_stopping_patience": 0,
 }
 
 
 def trainer_emits() -> set[str]:
-    """Every flag `trainer_args` can hand a training job: with and without a fine-tuning fraction
-    (it omits the flag below 0), with no search space (a tuning job's trials add those flags)."""
+    """Every flag `build_trainer_args` can hand a training job: with and without a fine-tuning
+    fraction (it omits the flag below 0), with no search space (a tuning job's trials add those)."""
     from components import training
 
-    func = training.trainer_args.python_func
+    assert set(TRAINER_VALUES) == set(training.MODEL_FLAGS), "give this test a value for each model flag"
     out: set[str] = set()
     for fraction in (-1.0, 0.5):
-        out |= emitted(list(call(func, TRAINER_VALUES, fine_tune_fraction=fraction).args))
+        args, _ = training.build_trainer_args(
+            "/data/prepared", 64, {**TRAINER_VALUES, "fine_tune_fraction": fraction}, training.TUNABLE
+        )
+        out |= emitted(args)
     return out
 
 
 def tunable(flags: set[str]) -> set[str]:
-    """The flags a tuning job's search space may declare: those `trainer_args` accepts in one."""
+    """The flags a tuning job's search space may declare: those `build_trainer_args` accepts in one."""
     from components import training
 
-    func = training.trainer_args.python_func
     out = set()
     for flag in flags:
         try:
-            call(func, TRAINER_VALUES, search_space=[{"parameter_id": flag}])
+            training.build_trainer_args(
+                "/d", 64, TRAINER_VALUES, training.TUNABLE, search_space=[{"parameter_id": flag}]
+            )
         except ValueError:
             continue
         out.add(flag)
@@ -165,13 +177,17 @@ def tunable(flags: set[str]) -> set[str]:
 
 
 def prepare_emits() -> set[str]:
-    """Every flag `prepare_args` can hand the preparation job, over the three kinds of source."""
+    """Every flag `build_prepare_args` can hand the preparation job, over the three kinds of
+    source, with and without a champion."""
     from components import prepare as prepare_step
 
-    func = prepare_step.prepare_args.python_func
+    func = prepare_step.build_prepare_args
     out: set[str] = set()
     for source in ("synthetic", "tfds:cassava", "folder:gs://bucket/leaves"):
-        out |= emitted(list(call(func, {"source": source, "image_size": 64})))
+        for champion in ([], ["a", "b"]):
+            out |= emitted(
+                list(call(func, {"source": source, "image_size": 64}, champion_class_names=champion))
+            )
     return out
 
 
@@ -268,5 +284,5 @@ def test_tunable_marks_the_flags_a_search_space_may_declare() -> None:
     rows = flag_table(CONTRACTS.read_text(), "python -m trainer.task")
     marked = {flag for flag, row in rows.items() if "(tunable)" in column(row, SET_BY)}
     truth = tunable(set(parser_flags(trainer_parser())))
-    assert truth, "no flag is tunable: the probe no longer reaches trainer_args' search-space check"
+    assert truth, "no flag is tunable: the probe no longer reaches build_trainer_args' search-space check"
     assert marked == truth, f"marked (tunable): {sorted(marked)}; a search space may declare {sorted(truth)}"

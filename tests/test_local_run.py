@@ -105,7 +105,8 @@ def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tm
     aliases = json.loads((runs / "registry" / "cassava-classifier" / "aliases.json").read_text())
     assert aliases == {"default": "1", "champion": "1"}
     report = Path(s["report"]).read_text()
-    assert len(re.findall(r"src='data:image/png;base64,iVBOR", report)) == 2  # curves + confusion matrix
+    # curves, confusion matrix, the steps' timeline
+    assert len(re.findall(r"src='data:image/png;base64,iVBOR", report)) == 3
     assert s["wall_seconds"] > 0 and (runs / "latest").resolve() == Path(s["report"]).parent
 
     # The chief alone (the first run showed two workers): 38 s less of make test, the same tuning.
@@ -128,7 +129,7 @@ def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tm
     best = t["tuning"]["best"]
     for name, value in best["hyperparameters"].items():
         assert t["training_hyperparameters"][name] == pytest.approx(float(value)), name
-    assert len(re.findall(r"src='data:image/png;base64,iVBOR", Path(t["report"]).read_text())) == 3
+    assert len(re.findall(r"src='data:image/png;base64,iVBOR", Path(t["report"]).read_text())) == 4
 
 
 def find_replica(job_id: str, role: str) -> int | None:

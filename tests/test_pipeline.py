@@ -92,25 +92,33 @@ def walk(
     return out
 
 
-def test_the_dag_has_every_step(spec: dict[str, Any]) -> None:
-    tasks = walk(spec)
-    for step in (
-        "build-trainer-image",
-        "prepare-dataset",
-        "register-dataset",
-        "tune-hyperparameters",
-        "best-trial",
-        "train-model",
-        "model-from-job",
-        "evaluate-model",
-        "find-champion",
-        "check-same-task",
-        "serving-container",
-        "upload-new-version",
-        "upload-first-version",
-        "set-champion",
+def test_the_dag_has_every_step(spec: dict[str, Any], local_spec: dict[str, Any]) -> None:
+    """The steps the project is about stay distinct (image build, preparation, tuning, the
+    multi-worker training, evaluation, upload); the bookkeeping that had steps of its own (worker
+    pools, trainer and evaluation flags, artifact records, the task check, the alias move) lives
+    in the plan and in the steps that consume it: each such step was a VM start on Vertex."""
+    for target, compiled, registry_steps in (
+        ("vertex", spec, ("serving-container", "parent-model", "upload-model", "evaluate-model")),
+        ("local", local_spec, ("evaluate-model", "upload-model")),
     ):
-        assert step in tasks, f"no task {step}; tasks: {sorted(tasks)}"
+        tasks = walk(compiled)
+        for step in (
+            "build-trainer-image",
+            "find-champion",
+            "plan-jobs",
+            "prepare-dataset",
+            "tune-hyperparameters",
+            "best-trial",
+            "train-model",
+            "evaluate-models",
+            "upload-settings",
+            *registry_steps,
+        ):
+            assert step in tasks, f"{target}: no task {step}; tasks: {sorted(tasks)}"
+        folded = {t for t in tasks if t.endswith(("-worker-pools", "-trainer-args", "-args"))}
+        folded |= {"register-dataset", "check-same-task", "model-from-job", "no-overrides", "set-champion"}
+        folded |= {"measurement-selection", "upload-new-version", "upload-first-version"}
+        assert not folded & set(tasks), f"{target}: {sorted(folded & set(tasks))}"
 
 
 def test_only_a_run_with_recipients_calls_the_email_op(spec: dict[str, Any], fresh_notify: Path) -> None:
@@ -122,7 +130,7 @@ def test_only_a_run_with_recipients_calls_the_email_op(spec: dict[str, Any], fre
     notify = json.loads(fresh_notify.read_text())
     tasks = walk(notify)
     # Everything but the e-mail runs under the exit handler; the recipients are required.
-    assert tasks["train-model"]["parents"][0] == "train-and-register"
+    assert tasks["train-model"]["parents"][0] == "train-and-register"  # the exit handler's group
     assert tasks["vertex-pipelines-notification-email"]["parents"] == ()
     emails = notify["root"]["inputDefinitions"]["parameters"]["notification_emails"]
     assert "defaultValue" not in emails and not emails.get("isOptional")
@@ -140,39 +148,49 @@ def cached(task: dict[str, Any]) -> bool:
 
 def test_steps_that_touch_state_outside_the_pipeline_are_never_cached(spec: dict[str, Any]) -> None:
     """A cached find-champion answers with the registry as it was when it first ran (the next
-    upload then creates a second model of the same name); a cached *-worker-pools step hands a
-    new run an old run's job folder (and makes every job downstream a cache hit: a schedule
-    would retrain nothing)."""
+    upload then creates a second model of the same name); a cached plan hands a new run an old
+    run's job folders (and makes every job downstream a cache hit: a schedule would retrain
+    nothing); a cached gate writes no decision on the new version and moves no alias."""
     tasks = walk(spec)
-    never = {
-        "build-trainer-image",  # asks Artifact Registry whether the image exists
-        "find-champion",
-        "upload-new-version",
-        "upload-first-version",
-        "set-champion",
-        "prepare-worker-pools",
-        "tuning-worker-pools",
-        "training-worker-pools",
-    }
+    never = {"build-trainer-image", "find-champion", "plan-jobs", "upload-model", "evaluate-model"}
     assert never <= set(pipeline.NEVER_CACHED)
     for name, task in tasks.items():
         if name in pipeline.NEVER_CACHED:
             assert not cached(task), f"{name} would be served from Vertex's cache"
     # Pure steps keep caching (the policy is this list, not caching off everywhere).
-    assert cached(tasks["training-trainer-args"]) and cached(tasks["evaluate-model"])
+    assert cached(tasks["upload-settings"]) and cached(tasks["best-trial"])
+
+
+def source_of(tasks: dict[str, Any], display: str, name: str) -> tuple[str, str]:
+    """(producing task's display name, output key) of input `name` of task `display`, followed
+    through the conditions and the sub-DAG it runs in; ("", parameter) for a pipeline parameter."""
+    keys = {t["key"]: n for n, t in tasks.items()}
+    t = tasks[display]
+    inputs = t["task"]["inputs"]
+    source = inputs.get("parameters", {}).get(name) or inputs.get("artifacts", {}).get(name)
+    assert source is not None, (display, name)
+    for kind, key in (
+        ("taskOutputParameter", "outputParameterKey"),
+        ("taskOutputArtifact", "outputArtifactKey"),
+    ):
+        if kind in source:
+            return keys[source[kind]["producerTask"]], source[kind][key]
+    ref = source.get("componentInputParameter") or source.get("componentInputArtifact")
+    if not t["parents"]:
+        return "", ref.removeprefix("pipelinechannel--")
+    return source_of(tasks, t["parents"][-1], ref)
 
 
 def test_every_job_writes_into_a_folder_made_by_this_run(spec: dict[str, Any]) -> None:
     tasks = walk(spec)
-    keys = {t["key"]: name for name, t in tasks.items()}
-    for job in ("prepare-dataset", "tune-hyperparameters", "train-model"):
-        source = tasks[job]["task"]["inputs"]["parameters"]["base_output_directory"]
-        if "taskOutputParameter" in source:
-            producer = keys[source["taskOutputParameter"]["producerTask"]]
-        else:  # passed into a sub-DAG: the channel is named after its producer
-            channel = source["componentInputParameter"].removeprefix("pipelinechannel--")
-            producer = next(n for n in tasks if channel.startswith(f"{tasks[n]['key']}-"))
-        assert producer.endswith("-worker-pools") and not cached(tasks[producer]), (job, producer)
+    for job, folder in (
+        ("prepare-dataset", "prepare_dir"),
+        ("tune-hyperparameters", "tuning_dir"),
+        ("train-model", "training_dir"),
+        ("evaluate-models", "evaluation_dir"),
+    ):
+        assert source_of(tasks, job, "base_output_directory") == ("plan-jobs", folder), job
+    assert not cached(tasks["plan-jobs"])
 
 
 def dependencies(tasks: dict[str, Any], name: str) -> set[str]:
@@ -180,25 +198,69 @@ def dependencies(tasks: dict[str, Any], name: str) -> set[str]:
     return {keys[d] for d in tasks[name]["task"].get("dependentTasks", [])}
 
 
-def test_dependencies_and_conditions(spec: dict[str, Any]) -> None:
+def test_dependencies_and_conditions(spec: dict[str, Any], local_spec: dict[str, Any]) -> None:
     tasks = walk(spec)
     assert tasks["tune-hyperparameters"]["parents"][-1] == "tuning-enabled"
     conditions = {t["task"].get("triggerPolicy", {}).get("condition", "") for t in tasks.values()}
     assert "inputs.parameter_values['pipelinechannel--tune'] == true" in conditions
     assert "!(inputs.parameter_values['pipelinechannel--tune'] == true)" in conditions
-    assert "inputs.parameter_values['pipelinechannel--evaluate-model-promote'] == true" in conditions
-    assert tasks["set-champion"]["parents"][-1] == "gate-passed"
     assert dependencies(tasks, "best-trial") == {"tune-hyperparameters"}
-    assert {"prepare-dataset", "prepare-worker-pools"} <= dependencies(tasks, "register-dataset")
-    assert {"train-model", "training-worker-pools"} <= dependencies(tasks, "model-from-job")
-    assert {"register-dataset"} <= dependencies(tasks, "training-trainer-args")
-    # The final training waits for the tuning branch (its hyperparameters come out of it).
-    assert any(d.startswith("condition-branches") for d in dependencies(tasks, "training-trainer-args"))
-    assert {"model-from-job", "find-champion"} <= dependencies(tasks, "evaluate-model")
-    assert "parent-model" in dependencies(tasks, "upload-new-version")
-    # The upload waits for the gate (the .after() lands on the enclosing If/Else group).
-    [branches] = {p for p in tasks["upload-new-version"]["parents"] if p.startswith("condition-branches")}
-    assert "evaluate-model" in dependencies(tasks, branches)
+    # One training job per branch, each in its condition's DAG: the tuned one on the best
+    # trial's pools, the other on the plan's (which the best trial's step starts from).
+    pools = {}
+    for name, component in spec["components"].items():
+        for task in component.get("dag", {}).get("tasks", {}).values():
+            if task["taskInfo"]["name"] == "train-model":
+                pools[name] = task["inputs"]["parameters"]["worker_pool_specs"]
+    assert len(pools) == 2, pools
+    assert {json.dumps(v, sort_keys=True) for v in pools.values()} == {
+        json.dumps(
+            {
+                "taskOutputParameter": {
+                    "outputParameterKey": "worker_pool_specs",
+                    "producerTask": "best-trial",
+                }
+            },
+            sort_keys=True,
+        ),
+        json.dumps({"componentInputParameter": "pipelinechannel--plan-jobs-training_pools"}, sort_keys=True),
+    }
+    assert source_of(tasks, "best-trial", "training_pools") == ("plan-jobs", "training_pools")
+    # The trials and the final training start only once the dataset is prepared.
+    assert {"prepare-dataset", "plan-jobs"} <= upstream(tasks, "tune-hyperparameters")
+    assert {"prepare-dataset", "plan-jobs"} <= upstream(tasks, "train-model")
+    assert {"build-trainer-image", "find-champion"} <= dependencies(tasks, "plan-jobs")
+    assert "train-model" in dependencies(tasks, "evaluate-models")
+    # Vertex: the upload once the evaluation ran, then the gate on the uploaded version.
+    assert {"evaluate-models", "parent-model", "serving-container"} <= dependencies(tasks, "upload-model")
+    assert source_of(tasks, "evaluate-model", "uploaded") == ("upload-model", "model")
+    # The local registry has no version before the decision: the gate, then the upload.
+    local = walk(local_spec)
+    assert "evaluate-models" in dependencies(local, "evaluate-model")
+    assert source_of(local, "upload-model", "model") == ("evaluate-model", "model")
+    assert source_of(local, "upload-model", "promote") == ("evaluate-model", "promote")
+
+
+def test_no_artifact_is_joined_by_one_of(spec: dict[str, Any], local_spec: dict[str, Any]) -> None:
+    """kubeflow/pipelines#13436: an artifact `dsl.OneOf` has no confirmed Vertex support. The
+    steps after tuning are the same in either branch, and one upload takes a parent model
+    that may be empty: nothing joins two branches' outputs."""
+    for compiled in (spec, local_spec):
+        text = json.dumps(compiled)
+        assert "Condition-branches-output" not in text and "valueFromOneof" not in text
+        for component in compiled["components"].values():
+            outputs = component.get("dag", {}).get("outputs", {})
+            for kind in ("artifacts", "parameters"):
+                for selector in outputs.get(kind, {}).values():
+                    assert (
+                        len(
+                            selector.get(
+                                "artifactSelectors",
+                                selector.get("valueFromOneof", {}).get("parameterSelectors", []),
+                            )
+                        )
+                        <= 1
+                    )
 
 
 def upstream(tasks: dict[str, Any], name: str) -> set[str]:
@@ -232,58 +294,43 @@ def test_a_dataset_of_another_task_is_refused_before_any_training(
     spec: dict[str, Any], local_spec: dict[str, Any], target: str
 ) -> None:
     """A one-class folder scores 1.0: its model must never be compared with (nor replace) a
-    five-class champion. `check-same-task` compares the prepared dataset's class names with the
-    champion's, found before training by an uncached `find-champion`, and both the tuning job and
-    the final training wait for it; the gate compares the class names again."""
+    five-class champion. The uncached find-champion reads the champion's class names before any
+    work; the plan hands them to the preparation job, which refuses a source of other classes as
+    soon as it has listed them (`trainer.prepare --champion_class_names`), and both the tuning
+    job and the final training wait for the preparation; the gate compares the class names again."""
     tasks = walk(spec if target == "vertex" else local_spec)
-    check = tasks["check-same-task"]
-    inputs = check["task"]["inputs"]
-    assert producer(tasks, inputs["artifacts"]["dataset"]) == ("register-dataset", "dataset")
-    assert producer(tasks, inputs["parameters"]["champion_class_names"]) == ("find-champion", "class_names")
-    assert check["parents"] == ()  # runs on every run, not under a condition
+    assert source_of(tasks, "plan-jobs", "champion_class_names") == ("find-champion", "class_names")
+    assert source_of(tasks, "prepare-dataset", "worker_pool_specs") == ("plan-jobs", "prepare_pools")
+    assert tasks["find-champion"]["parents"] == () and tasks["plan-jobs"]["parents"] == ()
     for job in ("tune-hyperparameters", "train-model"):
-        assert "check-same-task" in upstream(tasks, job), f"{job} can start before check-same-task"
-    # Directly, not only through the tuning branch (the .after() of the tuning args lands on it).
-    assert "check-same-task" in dependencies(tasks, "training-trainer-args")
+        assert "prepare-dataset" in upstream(tasks, job), f"{job} can start before the preparation"
     assert "train-model" not in upstream(tasks, "find-champion")
     assert not cached(tasks["find-champion"])
-    gate = tasks["evaluate-model"]["task"]["inputs"]["parameters"]
-    assert producer(tasks, gate["champion_class_names"]) == ("find-champion", "class_names")
-    assert producer(tasks, gate["champion_version"]) == ("find-champion", "champion_version")
+    assert source_of(tasks, "evaluate-model", "champion_class_names") == ("find-champion", "class_names")
+    assert source_of(tasks, "evaluate-model", "champion_version") == ("find-champion", "champion_version")
 
 
 @pytest.mark.parametrize("target", ["vertex", "local"])
 def test_the_gate_compares_both_models_evaluated_by_one_job_on_this_runs_test_split(
     target: str, spec: dict[str, Any], local_spec: dict[str, Any]
 ) -> None:
-    """The champion is re-evaluated on this run's data: the evaluation job gets this run's
-    dataset, the new model and the champion's SavedModel folder from find-champion; the gate
-    reads that job's output folder and waits for it; the alias moves only from the champion the
-    gate compared with."""
+    """The champion is re-evaluated on this run's data: the plan gives the evaluation job this
+    run's dataset, the new model and the champion's SavedModel folder from find-champion
+    (tests/components/test_steps.py runs the plan); the gate reads that job's output folder and
+    waits for it; the alias moves only from the champion the gate compared with."""
     tasks = walk(spec if target == "vertex" else local_spec)
-    args = tasks["evaluation-args"]["task"]["inputs"]
-    assert producer(tasks, args["artifacts"]["dataset"]) == ("register-dataset", "dataset")
-    assert producer(tasks, args["artifacts"]["model"]) == ("model-from-job", "model")
-    assert producer(tasks, args["parameters"]["champion_uri"]) == ("find-champion", "champion_uri")
-    pools = tasks["evaluation-worker-pools"]["task"]["inputs"]["parameters"]
-    assert producer(tasks, pools["args"]) == ("evaluation-args", "Output")
-    assert pools["chief_machine_type"]["componentInputParameter"].endswith("prepare_machine_type")
-    assert pools["worker_count"]["runtimeValue"]["constant"] == 0  # one CPU replica
-    assert not cached(tasks["evaluation-worker-pools"])
-    job = tasks["evaluate-models"]["task"]["inputs"]["parameters"]
-    assert producer(tasks, job["worker_pool_specs"]) == ("evaluation-worker-pools", "worker_pool_specs")
-    gate = tasks["evaluate-model"]
-    params = gate["task"]["inputs"]["parameters"]
-    assert producer(tasks, params["evaluation_dir"]) == ("evaluation-worker-pools", "base_output_directory")
-    assert "evaluate-models" in dependencies(tasks, "evaluate-model")
+    assert source_of(tasks, "plan-jobs", "champion_uri") == ("find-champion", "champion_uri")
+    assert source_of(tasks, "plan-jobs", "prepare_machine_type") == ("", "prepare_machine_type")
+    assert source_of(tasks, "evaluate-models", "worker_pool_specs") == ("plan-jobs", "evaluation_pools")
+    assert source_of(tasks, "evaluate-model", "evaluation_dir") == ("plan-jobs", "evaluation_dir")
+    assert source_of(tasks, "evaluate-model", "model_uri") == ("plan-jobs", "model_uri")
+    assert source_of(tasks, "evaluate-model", "dataset_uri") == ("plan-jobs", "dataset_uri")
+    assert "evaluate-models" in upstream(tasks, "evaluate-model")
     for name in ("gate_metric", "min_score"):
-        assert params[name]["componentInputParameter"].endswith(name)
-    if target == "vertex":  # inside the gate-passed condition: a channel from find-champion
-        champion = tasks["set-champion"]["task"]["inputs"]["parameters"]["evaluated_champion"]
-        assert champion == {"componentInputParameter": "pipelinechannel--find-champion-champion_version"}
-    else:
-        champion = tasks["upload-model"]["task"]["inputs"]["parameters"]["evaluated_champion"]
-        assert producer(tasks, champion) == ("find-champion", "champion_version")
+        assert source_of(tasks, "evaluate-model", name) == ("", name)
+    if target == "local":
+        champion = source_of(tasks, "upload-model", "evaluated_champion")
+        assert champion == ("find-champion", "champion_version")
 
 
 def test_every_gcpc_op_is_placed_explicitly(spec: dict[str, Any]) -> None:
@@ -301,7 +348,7 @@ def test_every_gcpc_op_is_placed_explicitly(spec: dict[str, Any]) -> None:
             assert key in params, f"{display} has no explicit {key} (GCPC defaults to us-central1)"
             assert params[key]["componentInputParameter"] in (key, f"pipelinechannel--{key}"), display
         checked += 1
-    assert checked == 6  # prepare, tune, train, evaluate, upload x2
+    assert checked == 5  # prepare, tune, train, evaluate, upload
 
 
 def test_defaults_are_the_codelab_and_nothing_from_this_machine(spec: dict[str, Any], fresh: Path) -> None:
@@ -366,7 +413,10 @@ def task_inputs(
 ) -> dict[str, Any]:
     """A task's parameter inputs as Vertex resolves them (see `render_payload`)."""
     tasks = walk(spec)
-    upstream = {f"{tasks[task]['key']}-{output}": value for (task, output), value in given.items()}
+    # ("", name): an input of the sub-DAG the task runs in (train-and-register's), by its name.
+    upstream = {
+        f"{tasks[task]['key']}-{output}" if task else output: value for (task, output), value in given.items()
+    }
     t = tasks[display]
     component = t["component"]
     inputs: dict[str, Any] = {
@@ -401,8 +451,9 @@ def test_training_payload_is_a_custom_job(spec: dict[str, Any]) -> None:
     pools = default_pools(spec)
     root = root_values(spec, project="p", location="us-central1", labels={"team": "ml"})
     upstream = {
-        ("training-worker-pools", "worker_pool_specs"): pools,
-        ("training-worker-pools", "base_output_directory"): "gs://b/root/run/train",
+        ("plan-jobs", "training_pools"): pools,  # the tuning-disabled branch's training job
+        ("best-trial", "worker_pool_specs"): pools,  # the tuning-enabled branch's
+        ("plan-jobs", "training_dir"): "gs://b/root/run/train",
     }
     payload = render_payload(spec, "train-model", upstream, root)
     job = json_format.ParseDict(
@@ -427,10 +478,7 @@ def test_preparation_payload_is_one_cpu_replica(spec: dict[str, Any]) -> None:
         args=["--source=tfds:cassava"],
         chief_machine_type="n1-standard-8",
     )
-    upstream = {
-        ("prepare-worker-pools", "worker_pool_specs"): pools,
-        ("prepare-worker-pools", "base_output_directory"): "gs://b/root/run/prep",
-    }
+    upstream = {("plan-jobs", "prepare_pools"): pools, ("plan-jobs", "prepare_dir"): "gs://b/root/run/prep"}
     payload = render_payload(
         spec, "prepare-dataset", upstream, root_values(spec, project="p", location="us-central1")
     )
@@ -444,9 +492,9 @@ def test_preparation_payload_is_one_cpu_replica(spec: dict[str, Any]) -> None:
 
 def test_tuning_payload_is_a_hyperparameter_tuning_job(spec: dict[str, Any]) -> None:
     upstream = {
-        ("tuning-worker-pools", "worker_pool_specs"): default_pools(spec),
-        ("tuning-worker-pools", "base_output_directory"): "gs://b/root/run/tune",
-        ("measurement-selection", "Output"): "LAST_MEASUREMENT",
+        ("plan-jobs", "tuning_pools"): default_pools(spec),
+        ("plan-jobs", "tuning_dir"): "gs://b/root/run/tune",
+        ("plan-jobs", "measurement_selection_type"): "LAST_MEASUREMENT",
     }
     root = root_values(spec, project="p", location="europe-west4", search_algorithm="RANDOM_SEARCH")
     payload = render_payload(spec, "tune-hyperparameters", upstream, root)
@@ -467,30 +515,30 @@ def test_tuning_payload_is_a_hyperparameter_tuning_job(spec: dict[str, Any]) -> 
     # The study judges a trial by the epoch the trainer would export (export_epoch=last here).
     selection = aiplatform_v1.StudySpec.MeasurementSelectionType.LAST_MEASUREMENT
     assert job.study_spec.measurement_selection_type == selection
-    selection_task = walk(spec)["measurement-selection"]["task"]["inputs"]["parameters"]
-    assert selection_task["export_epoch"] == {"componentInputParameter": "pipelinechannel--export_epoch"}
+    tasks = walk(spec)
+    assert source_of(tasks, "plan-jobs", "export_epoch") == ("", "export_epoch")
+    chosen_by = source_of(tasks, "tune-hyperparameters", "study_spec_measurement_selection_type")
+    assert chosen_by == ("plan-jobs", "measurement_selection_type")
     assert len(job.trial_job_spec.worker_pool_specs) == 2
-    # The trials' flags leave out exactly the declared space's ids: trainer_args gets the same space.
-    tuned_args = walk(spec)["tuning-trainer-args"]["task"]["inputs"]["parameters"]["search_space"]
-    assert tuned_args == {"componentInputParameter": "pipelinechannel--search_space"}
+    # The trials' flags leave out exactly the declared space's ids: the plan gets the same space.
+    assert source_of(tasks, "plan-jobs", "search_space") == ("", "search_space")
+    assert source_of(tasks, "tune-hyperparameters", "study_spec_parameters") == ("", "search_space")
 
 
 def test_upload_payload_is_a_model(spec: dict[str, Any]) -> None:
     root = root_values(spec, project="p", location="us-central1")
-    description = "Promoted on macro_f1 over this run's test split (20 images, ...): accuracy 0.9000"
-    upstream = {
-        ("upload-settings", "labels"): {"pipeline_run": "run-1", "source_commit": "abc"},
-        ("evaluate-model", "description"): description,
-    }
-    payload = render_payload(spec, "upload-new-version", upstream, root)
+    upstream = {("upload-settings", "labels"): {"pipeline_run": "run-1", "source_commit": "abc"}}
+    payload = render_payload(spec, "upload-model", upstream, root)
     payload.pop("pipeline_job")  # an UploadModelRequest field the launcher moves out of the Model
     model = json_format.ParseDict(
         payload, aiplatform_v1.Model.pb(aiplatform_v1.Model()), ignore_unknown_fields=False
     )
     assert model.display_name == "cassava-classifier"
     assert dict(model.labels) == {"pipeline_run": "run-1", "source_commit": "abc"}
-    assert list(model.version_aliases) == []  # the alias moves only after the gate (set-champion)
-    assert model.description == description  # the gate's like-for-like figures, on the version
+    assert list(model.version_aliases) == []  # the alias moves only after the gate
+    # The gate writes its figures on the version afterwards (`registry.record_on_version`): the
+    # upload sets no description, which on a new version would be the model's, not the version's.
+    assert model.description == ""
 
 
 def test_evaluation_payload_is_one_cpu_replica_running_trainer_evaluate(spec: dict[str, Any]) -> None:
@@ -501,8 +549,8 @@ def test_evaluation_payload_is_one_cpu_replica_running_trainer_evaluate(spec: di
         chief_machine_type="n1-standard-8",
     )
     upstream = {
-        ("evaluation-worker-pools", "worker_pool_specs"): pools,
-        ("evaluation-worker-pools", "base_output_directory"): "gs://b/root/run/evaluate",
+        ("plan-jobs", "evaluation_pools"): pools,
+        ("plan-jobs", "evaluation_dir"): "gs://b/root/run/evaluate",
     }
     root = root_values(spec, project="p", location="us-central1", labels={"team": "ml"})
     payload = render_payload(spec, "evaluate-models", upstream, root)
@@ -543,14 +591,35 @@ def test_only_the_final_training_job_gets_reduction_server_and_its_image(spec: d
     reduction-server stage when reducers are asked for) with the pipeline's reducer count; the
     tuning trials run the plain trainer image with no reducers whatever the parameter says: every
     trial would start and bill reducers of its own, parallel_trial_count at a time."""
+    from kfp import dsl
+
+    from components import plan
+
     tasks = walk(spec)
-    train = tasks["training-worker-pools"]["task"]["inputs"]["parameters"]
-    tune = tasks["tuning-worker-pools"]["task"]["inputs"]["parameters"]
-    assert train["image_uri"]["taskOutputParameter"]["outputParameterKey"] == "training_image_uri"
-    # Inside the tuning condition, the build's output arrives as the condition's input.
-    assert tune["image_uri"]["componentInputParameter"] == "pipelinechannel--build-trainer-image-image_uri"
-    assert train["reduction_server_count"]["componentInputParameter"] == "reduction_server_count"
-    assert tune["reduction_server_count"]["runtimeValue"]["constant"] == 0
+    assert source_of(tasks, "plan-jobs", "training_image_uri") == (
+        "build-trainer-image",
+        "training_image_uri",
+    )
+    assert source_of(tasks, "plan-jobs", "image_uri") == ("build-trainer-image", "image_uri")
+    assert source_of(tasks, "plan-jobs", "reduction_server_count") == ("", "reduction_server_count")
     build = tasks["build-trainer-image"]["task"]["inputs"]["parameters"]
     assert build["reduction_server_count"]["componentInputParameter"] == "reduction_server_count"
     assert build["serving_tf_version"]["componentInputParameter"] == "serving_tf_version"
+    values = root_values(spec, location="us-central1", reduction_server_count=2)
+    out = plan.plan_jobs.python_func(
+        image_uri="trainer@sha256:" + "0" * 64,
+        training_image_uri="reducer@sha256:" + "1" * 64,
+        champion_class_names=[],
+        champion_uri="",
+        region="us-central1",
+        **{name: values[name] for name in pipeline.dag.PLAN_PARAMETERS},
+        **{
+            n: dsl.Artifact(uri=f"gs://b/{n}")
+            for n in ("prepare_job", "tuning_job", "training_job", "evaluation_job")
+        },
+    )
+    assert [p["replica_count"] for p in out.training_pools] == [1, 1, 2]
+    assert out.training_pools[0]["container_spec"]["image_uri"].startswith("reducer@")
+    assert len(out.tuning_pools) == 2 and out.tuning_pools[0]["container_spec"]["image_uri"].startswith(
+        "trainer@"
+    )

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import sys
@@ -66,6 +67,32 @@ def _source(text: str) -> str:
         return text
     raise argparse.ArgumentTypeError(
         f"must be tfds:NAME (e.g. tfds:cassava), folder:PATH or synthetic, got {text!r}"
+    )
+
+
+def _class_names(text: str) -> tuple[str, ...]:
+    try:
+        names = json.loads(text)
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of class names, got {text!r}")
+    return tuple(names)
+
+
+def champion_mismatch(class_names: Sequence[str], champion_class_names: Sequence[str]) -> str:
+    """Why a dataset of `class_names` is not the champion's task; "" when it is (no champion, or
+    the same names in the same order). The pipeline's gate applies the same rule
+    (`components.registry.task_mismatch`; tests/components/test_registry.py keeps them agreeing)."""
+    new, old = list(class_names), list(champion_class_names)
+    if not old or new == old:
+        return ""
+    how = "the same class names in another order" if sorted(new) == sorted(old) else "other class names"
+    return (
+        f"the source has the classes {new} but the champion was trained on {old} ({how}): a model "
+        "may only be compared with, and replace, a champion trained for the same task (the same "
+        "class names in the same order). To train for a different task, use another "
+        "model_display_name; to retrain this one, use a source with the champion's classes"
     )
 
 
@@ -103,6 +130,13 @@ def build_parser(
     p.add_argument("--synthetic_per_class", type=int_in(3, 100_000), default=d.synthetic_per_class)
     p.add_argument("--synthetic_source_size", type=int_in(32, 2048), default=d.synthetic_source_size)
     p.add_argument("--overwrite", action="store_true", help="Replace a dataset already in --output_dir.")
+    p.add_argument(
+        "--champion_class_names",
+        type=_class_names,
+        default=None,
+        help="The champion's class names as a JSON list: a source of other classes, or of the same "
+        "in another order, is refused before any conversion. Default: none (no champion).",
+    )
     return p
 
 
@@ -118,6 +152,7 @@ def parse_args(
     ).rstrip("/")
     if not ns.output_dir:
         parser.error("--output_dir is required when AIP_MODEL_DIR is not set")
+    ns.champion_class_names = ns.champion_class_names or ()
     return PrepareConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(PrepareConfig)})
 
 
@@ -181,8 +216,12 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
             f"--output_dir {config.output_dir} already exists and is not empty; pass --overwrite "
             "to replace it"
         )
-    with open_source(config, progress) as source, storage.staged_output(config.output_dir) as staging:
-        metadata = write_dataset(source, config, staging, progress)
+    with open_source(config, progress) as source:
+        mismatch = champion_mismatch(source.class_names, config.champion_class_names)
+        if mismatch:
+            raise PrepareError(mismatch)
+        with storage.staged_output(config.output_dir) as staging:
+            metadata = write_dataset(source, config, staging, progress)
     return metadata
 
 

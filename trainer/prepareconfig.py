@@ -21,6 +21,10 @@ class PrepareConfig:
       validation and for test).
     synthetic_source_size: side of the synthetic JPEGs, before resizing to image_size.
     overwrite: replace an existing prepared dataset in output_dir.
+    champion_class_names: the registered champion's class names, in order (empty: none): a
+      source with other classes, or the same in another order, is refused as soon as it is
+      listed, before any conversion (a model trained on it could not be compared with the
+      champion, nor replace it).
     """
 
     source: str
@@ -35,3 +39,4 @@ class PrepareConfig:
     synthetic_per_class: int = 60
     synthetic_source_size: int = 160
     overwrite: bool = False
+    champion_class_names: tuple[str, ...] = ()

@@ -87,8 +87,10 @@ def test_the_names_are_the_trainers() -> None:
 
 
 def test_the_shipped_component_writes_the_env() -> None:
-    """The worker-pools step runs its own source file on Vertex (`additional_funcs`)."""
-    [executor] = worker_pools.worker_pool_specs.pipeline_spec.deployment_spec["executors"].values()
+    """The planning step runs its own source file on Vertex (`additional_funcs`)."""
+    from components import plan
+
+    [executor] = plan.plan_jobs.pipeline_spec.deployment_spec["executors"].values()
     namespace: dict[str, Any] = {"__name__": "shipped"}
     exec(compile(str(executor["container"]["command"][-1]), "shipped.py", "exec"), namespace)
     [pool] = namespace["build_worker_pool_specs"](

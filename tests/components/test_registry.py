@@ -14,7 +14,6 @@ import grpc
 import pytest
 from google.cloud import aiplatform_v1
 from google.cloud.aiplatform_v1.services.model_service.transports.grpc import ModelServiceGrpcTransport
-from kfp import dsl
 
 from components import registry
 from local import steps
@@ -239,36 +238,22 @@ def test_another_task_is_named_with_both_class_lists_and_what_to_do(classes: lis
     assert how in why and "use another model_display_name" in why
 
 
-def dataset(tmp_path: Path, class_names: list[str]) -> dsl.Dataset:
-    # kfp.local hands artifact metadata through JSON: the class names arrive as a list.
-    metadata = json.loads(json.dumps({"class_names": class_names, "image_size": 64}))
-    return dsl.Dataset(uri=str(tmp_path / "data"), metadata=metadata)
-
-
-def test_the_check_before_training_passes_the_champions_classes_and_a_first_model(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    same = registry.check_same_task.python_func(
-        dataset=dataset(tmp_path, CASSAVA), champion_class_names=CASSAVA, model_display_name="m"
-    )
-    assert same == CASSAVA and "the champion's, in the same order" in capsys.readouterr().out
-    first = registry.check_same_task.python_func(
-        dataset=dataset(tmp_path, ["a", "b"]), champion_class_names=[], model_display_name="m"
-    )
-    assert first == ["a", "b"] and "no champion yet" in capsys.readouterr().out
-
-
 @pytest.mark.parametrize(
-    "classes", [["healthy"], ["cat", "dog"], list(reversed(CASSAVA)), [*CASSAVA, "extra"]]
+    "classes", [CASSAVA, ["healthy"], ["cat", "dog"], list(reversed(CASSAVA)), [*CASSAVA, "extra"], []]
 )
-def test_the_check_before_training_refuses_another_task(tmp_path: Path, classes: list[str]) -> None:
-    with pytest.raises(ValueError) as refused:
-        registry.check_same_task.python_func(
-            dataset=dataset(tmp_path, classes), champion_class_names=CASSAVA, model_display_name="cassava"
-        )
-    message = str(refused.value)
-    assert str(classes) in message and str(CASSAVA) in message
-    assert "use another model_display_name" in message
+def test_the_preparation_refuses_what_the_gate_would_refuse(classes: list[str]) -> None:
+    """The check before any conversion (`trainer.prepare`, given the champion's classes by the
+    plan) and the gate's (`task_mismatch`) are one rule, kept in two layers that cannot import
+    each other: they agree on every case, and the preparation's names both lists."""
+    from trainer.prepare import champion_mismatch
+
+    gate = registry.task_mismatch(classes, CASSAVA)
+    before = champion_mismatch(classes, CASSAVA)
+    assert bool(gate) == bool(before) == (classes != CASSAVA)
+    if before:
+        assert str(classes) in before and str(CASSAVA) in before
+        assert "use another model_display_name" in before
+    assert champion_mismatch(classes, []) == ""  # no champion: nothing to compare with
 
 
 # --- find_champion (Vertex) against a fake ModelService and a Cloud Storage emulator ----------
@@ -308,6 +293,11 @@ def model_service(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     fake.add(service, "ListModels", aiplatform_v1.ListModelsRequest, list_models)
     fake.add(service, "GetModel", aiplatform_v1.GetModelRequest, get_model)
     fake.add(service, "MergeVersionAliases", aiplatform_v1.MergeVersionAliasesRequest, merge_aliases)
+
+    def update_model(request: aiplatform_v1.UpdateModelRequest) -> aiplatform_v1.Model:
+        return request.model
+
+    fake.add(service, "UpdateModel", aiplatform_v1.UpdateModelRequest, update_model)
     state["fake"] = fake
     fake.start()
     monkeypatch.setattr(
@@ -338,7 +328,7 @@ def test_find_champion_returns_the_champions_version_folder_and_class_names(
     model_service["bucket"].blob("runs/7/train/model/metrics.json").upload_from_string(json.dumps(metrics))
     out = find()
     assert (out.exists, out.resource_name, out.class_names) == (True, PARENT, CASSAVA)
-    # The versioned name set_champion checks the alias against, and the folder (without the
+    # The versioned name the gate checks the alias against, and the folder (without the
     # trailing slash) the evaluation job reads the champion's SavedModel from.
     assert (out.champion_version, out.champion_uri) == (f"{PARENT}@3", f"gs://{BUCKET}/runs/7/train/model")
     assert out.resource_uri == f"https://us-central1-aiplatform.googleapis.com/v1/{PARENT}"
@@ -351,6 +341,12 @@ def test_find_champion_without_a_model_or_an_alias_has_no_class_names(model_serv
         "",
         False,
     )
+    # The upload's parent-model importer needs a URI; the empty resourceName makes GCPC's
+    # launcher upload a first model.
+    assert (find().resource_uri, find().resource_name) == (
+        "https://us-central1-aiplatform.googleapis.com/v1/projects/p/locations/us-central1/models",
+        "",
+    )
     model_service["models"]["cassava"] = [aiplatform_v1.Model(name=PARENT)]
     no_alias = find()
     assert (no_alias.exists, no_alias.champion_version, no_alias.class_names) == (True, "", [])
@@ -360,49 +356,67 @@ def version(state: dict[str, Any], number: str, accuracy: float, classes: list[s
     """Registers version `number` (reachable as PARENT@number) with its metrics.json in GCS."""
     folder = f"runs/{number}/train/model"
     state["aliases"][f"{PARENT}@{number}"] = aiplatform_v1.Model(
-        name=PARENT, version_id=number, artifact_uri=f"gs://{BUCKET}/{folder}/"
+        name=PARENT, version_id=number, artifact_uri=f"gs://{BUCKET}/{folder}/", labels={"uploaded": "yes"}
     )
     metrics = {"test_accuracy": accuracy, "class_names": classes}
     state["bucket"].blob(f"{folder}/metrics.json").upload_from_string(json.dumps(metrics))
     return f"{PARENT}@{number}"
 
 
-def set_champion(name: str, evaluated: str) -> Any:
-    model = dsl.Artifact(uri="https://x", metadata={"resourceName": name})
-    return registry.set_champion.python_func(
-        project="p", location="us-central1", model=model, evaluated_champion=evaluated
+def record(name: str, evaluated: str, promote: bool = True) -> tuple[bool, str]:
+    return registry.record_on_version(
+        "us-central1", name, "Promoted on accuracy ...", {"gate": "promoted"}, promote, evaluated
     )
 
 
-def test_set_champion_moves_the_alias_from_the_champion_the_gate_compared_with(
+def test_the_gate_moves_the_alias_from_the_champion_it_compared_with(
     model_service: dict[str, Any],
 ) -> None:
     one = version(model_service, "1", 0.90, CASSAVA)
     model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][one]
-    out = set_champion(version(model_service, "2", 0.92, CASSAVA), evaluated=one)
-    assert out.moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "2"
+    moved, reason = record(version(model_service, "2", 0.92, CASSAVA), evaluated=one)
+    assert moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "2", reason
     assert model_service["fake"].calls("MergeVersionAliases")
+    # The decision is written on the version itself: its own description and its labels, kept.
+    (update,) = model_service["fake"].calls("UpdateModel")
+    assert update.model.name == f"{PARENT}@2" and sorted(update.update_mask.paths) == [
+        "labels",
+        "version_description",
+    ]
+    assert update.model.version_description == "Promoted on accuracy ..."
+    assert dict(update.model.labels) == {"uploaded": "yes", "gate": "promoted"}
+
+
+def test_a_held_version_gets_the_decision_and_not_the_alias(model_service: dict[str, Any]) -> None:
+    one = version(model_service, "1", 0.90, CASSAVA)
+    model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][one]
+    moved, reason = record(version(model_service, "2", 0.80, CASSAVA), evaluated=one, promote=False)
+    assert not moved and "held this version back" in reason
+    assert model_service["aliases"][f"{PARENT}@champion"].version_id == "1"
+    assert model_service["fake"].calls("UpdateModel") and not model_service["fake"].calls(
+        "MergeVersionAliases"
+    )
 
 
 def test_a_champion_registered_since_the_gate_compared_keeps_the_alias(
     model_service: dict[str, Any],
 ) -> None:
-    """Two overlapping runs: both gates compared with version 4; the first to finish moved the
-    alias to version 5. The second (version 6) was never compared with version 5 on like-for-
+    """Two overlapping runs: both evaluations compared with version 4; the first to finish moved
+    the alias to version 5. The second (version 6) was never compared with version 5 on like-for-
     like data, so it must not take the alias, however its own figures look."""
     four = version(model_service, "4", 0.90, CASSAVA)
     version(model_service, "5", 0.91, CASSAVA)
     model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][f"{PARENT}@5"]
-    out = set_champion(version(model_service, "6", 0.99, CASSAVA), evaluated=four)
-    assert not out.moved and "stays on version 5" in out.reason and "was on version 4" in out.reason
-    assert "run the pipeline again" in out.reason
+    moved, reason = record(version(model_service, "6", 0.99, CASSAVA), evaluated=four)
+    assert not moved and "stays on version 5" in reason and "was on version 4" in reason
+    assert "run the pipeline again" in reason
     assert model_service["aliases"][f"{PARENT}@champion"].version_id == "5"
     assert not model_service["fake"].calls("MergeVersionAliases")
-    # A gate that compared with no champion (the first run) cannot take the alias once one exists.
-    first = set_champion(version(model_service, "7", 0.99, CASSAVA), evaluated="")
-    assert not first.moved and "was on no version" in first.reason
+    # An evaluation that compared with no champion (the first run) cannot take the alias once one exists.
+    first, why = record(version(model_service, "7", 0.99, CASSAVA), evaluated="")
+    assert not first and "was on no version" in why
 
 
 def test_the_first_champion_takes_the_alias(model_service: dict[str, Any]) -> None:
-    out = set_champion(version(model_service, "1", 0.6, CASSAVA), evaluated="")
-    assert out.moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "1"
+    moved, _ = record(version(model_service, "1", 0.6, CASSAVA), evaluated="")
+    assert moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "1"

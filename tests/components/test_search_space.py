@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import types
 from pathlib import Path
 from typing import Any
 
@@ -354,12 +353,11 @@ def test_the_local_target_defaults_to_the_local_space(
     compiler.Compiler().compile(pipeline.create_pipeline("local"), str(tmp_path / "local.json"))
     assert getattr(got["study_spec_parameters"], "name", None) == "search_space"
     tasks = walk(local_compiled)
-    for task, key in (
-        ("tune-hyperparameters", "study_spec_parameters"),
-        ("tuning-trainer-args", "search_space"),
-    ):
+    for task, key in (("tune-hyperparameters", "study_spec_parameters"), ("plan-jobs", "search_space")):
         inputs = tasks[task]["task"]["inputs"]["parameters"]
-        assert inputs[key] == {"componentInputParameter": "pipelinechannel--search_space"}, task
+        assert inputs[key]["componentInputParameter"].removeprefix("pipelinechannel--") == "search_space", (
+            task
+        )
 
 
 # --- a declared space reaches the jobs ------------------------------------------------------------
@@ -371,9 +369,9 @@ def test_a_declared_space_reaches_the_vertex_tuning_payload_and_the_trials_args(
     declared = from_flag(json.dumps(DECLARED))
     root = root_values(vertex_spec, project="p", location="europe-west4", search_space=declared)
     upstream = {
-        ("tuning-worker-pools", "worker_pool_specs"): default_pools(vertex_spec),
-        ("tuning-worker-pools", "base_output_directory"): "gs://b/root/run/tune",
-        ("measurement-selection", "Output"): "BEST_MEASUREMENT",
+        ("plan-jobs", "tuning_pools"): default_pools(vertex_spec),
+        ("plan-jobs", "tuning_dir"): "gs://b/root/run/tune",
+        ("plan-jobs", "measurement_selection_type"): "BEST_MEASUREMENT",
     }
     payload = render_payload(vertex_spec, "tune-hyperparameters", upstream, root)
     job = json_format.ParseDict(
@@ -398,9 +396,16 @@ def test_a_declared_space_reaches_the_vertex_tuning_payload_and_the_trials_args(
     assert units.scale_type == aiplatform_v1.StudySpec.ParameterSpec.ScaleType.UNIT_LOG_SCALE
     # The tuning job's own args leave the declared flags out (each trial appends them) and keep
     # the pipeline's values of the others.
-    inputs = task_inputs(vertex_spec, "tuning-trainer-args", {}, root)
-    dataset = types.SimpleNamespace(uri="gs://b/data", metadata={"image_size": 300.0})
-    args = training.trainer_args.python_func(dataset=dataset, **inputs).args
+    from_steps: dict[tuple[str, str], Any] = {
+        ("find-champion", "class_names"): [],
+        ("find-champion", "champion_uri"): "",
+    }
+    from_steps |= {("build-trainer-image", k): "img" for k in ("image_uri", "training_image_uri")}
+    inputs = task_inputs(vertex_spec, "plan-jobs", from_steps, root)
+    flags = {name: inputs[name] for name in training.MODEL_FLAGS}
+    args, _ = training.build_trainer_args(
+        "gs://b/data", 300, flags, training.TUNABLE, search_space=inputs["search_space"]
+    )
     named = {a.split("=", 1)[0][2:] for a in args}
     assert not named & {"epochs", "dense_units"}
     assert {"learning_rate", "dropout", "per_replica_batch_size"} <= named
@@ -409,9 +414,8 @@ def test_a_declared_space_reaches_the_vertex_tuning_payload_and_the_trials_args(
 # --- trainer_args takes every id the space may declare ---------------------------------------------
 
 
-def trainer_args(**overrides: Any) -> Any:
-    values: dict[str, Any] = dict(
-        dataset=types.SimpleNamespace(uri="/data", metadata={"image_size": 64.0}),
+def trainer_args(search_space: list[Any] | None = None) -> list[str]:
+    flags: dict[str, Any] = dict(
         backbone="tiny",
         weights="none",
         epochs=3,
@@ -421,8 +425,19 @@ def trainer_args(**overrides: Any) -> Any:
         dropout=0.2,
         mixed_precision=False,
         xla=False,
+        fine_tune_fraction=-1.0,
+        seed=42,
+        augment="auto",
+        lr_schedule="cosine",
+        warmup_epochs=1.0,
+        lr_reference_batch_size=0,
+        label_smoothing=0.0,
+        class_weights="none",
+        export_epoch="best",
+        early_stopping_patience=0,
     )
-    return training.trainer_args.python_func(**{**values, **overrides})
+    args, _ = training.build_trainer_args("/data", 64.0, flags, training.TUNABLE, search_space=search_space)
+    return args
 
 
 BEST = {"learning_rate": (0.0005, "0.0005"), "dropout": (0.3, "0.3"), "dense_units": (128.0, "128")}
@@ -431,16 +446,20 @@ BEST |= {"per_replica_batch_size": (32.0, "32"), "epochs": (5.0, "5")}  # number
 
 @pytest.mark.parametrize("pid", tuning.TUNABLE_FLAGS)
 def test_trainer_args_leaves_out_and_overrides_every_tunable_flag(pid: str) -> None:
-    assert [a for a in trainer_args().args if a.startswith(f"--{pid}=")]
+    """Every id a space may declare is a flag the planned jobs carry: left out of the trials'
+    flags (each trial appends its own), and written over by the best trial's value."""
+    assert [a for a in trainer_args() if a.startswith(f"--{pid}=")]
     tuned = trainer_args(search_space=[{"parameterId": pid}])
-    assert not [a for a in tuned.args if a.startswith(f"--{pid}=")]
+    assert not [a for a in tuned if a.startswith(f"--{pid}=")]
     value, text = BEST[pid]
-    assert f"--{pid}={text}" in trainer_args(hyperparameters={pid: value}).args
+    pools = [{"container_spec": {"args": trainer_args()}}]
+    best, _ = training.apply_hyperparameters(pools, {pid: value}, training.TUNABLE)
+    assert f"--{pid}={text}" in best[0]["container_spec"]["args"]
 
 
 def test_trainer_args_refuses_a_space_beyond_the_tunable_flags() -> None:
     with pytest.raises(ValueError, match=r"search_space declares \['momentum'\]"):
         trainer_args(search_space=[{"parameter_id": "momentum"}])
     with pytest.raises(ValueError) as err:
-        trainer_args(hyperparameters={"momentum": 0.9})
-    assert str(sorted(tuning.TUNABLE_FLAGS)) in str(err.value)  # the same set as trainer_args'
+        training.apply_hyperparameters([], {"momentum": 0.9}, training.TUNABLE)
+    assert str(sorted(tuning.TUNABLE_FLAGS)) in str(err.value)  # the same set as the plan's

@@ -32,9 +32,8 @@ def pools(**overrides: Any) -> list[dict[str, Any]]:
     return worker_pools.build_worker_pool_specs(**{**args, **overrides})
 
 
-def test_the_defaults_give_one_chief_and_workers_with_gpus(tmp_path: Path) -> None:
-    job_dir = dsl.Artifact(uri=str(tmp_path / "job") + "/")
-    out = worker_pools.worker_pool_specs.python_func(
+def test_the_defaults_give_one_chief_and_workers_with_gpus() -> None:
+    specs = worker_pools.build_worker_pool_specs(
         image_uri="img",
         command=["python", "-m", "trainer.task"],
         args=["--epochs=2"],
@@ -45,10 +44,9 @@ def test_the_defaults_give_one_chief_and_workers_with_gpus(tmp_path: Path) -> No
         worker_machine_type="n1-standard-8",
         worker_accelerator_type=V100,
         worker_accelerator_count=1,
-        job_dir=job_dir,
         region="us-central1",
     )
-    chief, workers = out.worker_pool_specs
+    chief, workers = specs
     assert chief["replica_count"] == 1 and workers["replica_count"] == 3
     for pool in (chief, workers):
         assert pool["machine_spec"] == {
@@ -67,7 +65,6 @@ def test_the_defaults_give_one_chief_and_workers_with_gpus(tmp_path: Path) -> No
             ],
         }
         assert pool["disk_spec"] == {"boot_disk_type": "pd-ssd", "boot_disk_size_gb": 100}
-    assert out.base_output_directory == str(tmp_path / "job")
 
 
 def test_no_workers_is_one_pool_and_cpu_pools_carry_no_accelerator() -> None:
@@ -122,17 +119,22 @@ def test_bad_settings_are_named(overrides: dict[str, Any], match: str) -> None:
 
 
 def test_prepare_args() -> None:
-    args = prepare.prepare_args.python_func(
-        source="synthetic", image_size=64, shards=8, synthetic_per_class=30
-    )
+    args = prepare.build_prepare_args(source="synthetic", image_size=64, shards=8, synthetic_per_class=30)
     assert args[:4] == ["--source=synthetic", "--image_size=64", "--shards=8", "--seed=42"]
     assert "--synthetic_per_class=30" in args and args[-1] == "--overwrite"
     assert not any(a.startswith("--output_dir") for a in args)  # AIP_MODEL_DIR is the output
-    assert "--synthetic_per_class=60" not in prepare.prepare_args.python_func(
-        source="tfds:cassava", image_size=300
-    )
+    assert "--synthetic_per_class=60" not in prepare.build_prepare_args(source="tfds:cassava", image_size=300)
+    assert not any(a.startswith("--champion_class_names") for a in args)  # no champion: no check
     with pytest.raises(ValueError, match="source must be tfds:NAME, folder:PATH or synthetic"):
-        prepare.prepare_args.python_func(source="cassava", image_size=300)
+        prepare.build_prepare_args(source="cassava", image_size=300)
+
+
+def test_prepare_args_carry_the_champions_classes_as_json() -> None:
+    """A class name may hold commas, quotes or spaces: the flag is a JSON list."""
+    names = ["a, b", 'say "hi"', "healthy"]
+    args = prepare.build_prepare_args(source="tfds:cassava", image_size=64, champion_class_names=names)
+    (flag,) = [a for a in args if a.startswith("--champion_class_names=")]
+    assert json.loads(flag.split("=", 1)[1]) == names
 
 
 def write_dataset(folder: Path) -> None:
@@ -146,39 +148,49 @@ def write_dataset(folder: Path) -> None:
     (folder / "metadata.json").write_text(json.dumps(meta))
 
 
-def test_register_dataset_points_at_the_job_output(tmp_path: Path) -> None:
+def test_the_dataset_record_reads_the_jobs_metadata(tmp_path: Path) -> None:
     write_dataset(tmp_path / "job" / "model")
-    dataset = dsl.Dataset(uri=str(tmp_path / "elsewhere"))
-    out = prepare.register_dataset.python_func(base_output_directory=str(tmp_path / "job"), dataset=dataset)
-    assert dataset.uri == str(tmp_path / "job" / "model")
-    assert (out.num_classes, out.train_examples) == (5, 300)
-    assert dataset.metadata["image_size"] == 64 and dataset.metadata["test_examples"] == 100
-    # What check-same-task compares with the champion's, before any training.
-    assert dataset.metadata["class_names"] == ["cbb", "cbsd", "cgm", "cmd", "healthy"]
-    with pytest.raises(RuntimeError, match=r"left no readable dataset in .*empty/model"):
-        prepare.register_dataset.python_func(base_output_directory=str(tmp_path / "empty"), dataset=dataset)
+    record = prepare.dataset_record("gs://b/job/model", str(tmp_path / "job" / "model"))
+    assert record["image_size"] == 64 and record["test_examples"] == 100 and record["train_examples"] == 300
+    assert record["class_names"] == ["cbb", "cbsd", "cgm", "cmd", "healthy"]
+    with pytest.raises(RuntimeError, match=r"left no readable dataset in gs://b/empty/model"):
+        prepare.dataset_record("gs://b/empty/model", str(tmp_path / "empty"))
 
 
-def trainer_args(**overrides: Any) -> Any:
-    dataset = dsl.Dataset(uri="gs://b/data", metadata={"image_size": 64.0})
-    args: dict[str, Any] = {
-        "dataset": dataset,
-        "backbone": "tiny",
-        "weights": "none",
-        "epochs": 3,
-        "learning_rate": 0.003,
-        "per_replica_batch_size": 16,
-        "dense_units": 64,
-        "dropout": 0.2,
-        "mixed_precision": False,
-        "xla": False,
-    }
-    return training.trainer_args.python_func(**{**args, **overrides})
+FLAGS: dict[str, Any] = {
+    "backbone": "tiny",
+    "weights": "none",
+    "epochs": 3,
+    "learning_rate": 0.003,
+    "per_replica_batch_size": 16,
+    "dense_units": 64,
+    "dropout": 0.2,
+    "mixed_precision": False,
+    "xla": False,
+    "fine_tune_fraction": -1.0,
+    "seed": 42,
+    "augment": "auto",
+    "lr_schedule": "cosine",
+    "warmup_epochs": 1.0,
+    "lr_reference_batch_size": 0,
+    "label_smoothing": 0.0,
+    "class_weights": "none",
+    "export_epoch": "best",
+    "early_stopping_patience": 0,
+}
 
 
-def test_trainer_args_apply_the_best_trial_and_leave_out_tuned_flags() -> None:
-    plain = trainer_args()
-    assert plain.args == [
+def trainer_args(**overrides: Any) -> tuple[list[str], dict[str, Any]]:
+    leave_out = overrides.pop("leave_out", ())
+    args, values = training.build_trainer_args(
+        "gs://b/data", 64.0, {**FLAGS, **overrides}, training.TUNABLE, leave_out=leave_out
+    )
+    return args, values
+
+
+def test_trainer_args_leave_out_tuned_flags() -> None:
+    plain, values = trainer_args()
+    assert plain == [
         "--data_dir=gs://b/data",
         "--backbone=tiny",
         "--weights=none",
@@ -200,25 +212,51 @@ def test_trainer_args_apply_the_best_trial_and_leave_out_tuned_flags() -> None:
         "--dropout=0.2",
         "--epochs=3",
     ]
-    tuned = trainer_args(
-        hyperparameters={"learning_rate": 0.0007, "dense_units": 256.0, "per_replica_batch_size": 32}
-    )
-    assert "--learning_rate=0.0007" in tuned.args and "--dense_units=256" in tuned.args
-    assert "--per_replica_batch_size=32" in tuned.args
-    assert tuned.hyperparameters["dense_units"] == 256 and isinstance(
-        tuned.hyperparameters["dense_units"], int
-    )
-    trial = trainer_args(leave_out=["learning_rate", "dropout"], fine_tune_fraction=0.5, seed=7)
-    assert not any(a.startswith(("--learning_rate", "--dropout")) for a in trial.args)
-    assert "--seed=7" in trial.args
-    assert "--fine_tune_fraction=0.5" in trial.args
+    assert values == {
+        "learning_rate": 0.003,
+        "per_replica_batch_size": 16,
+        "dense_units": 64,
+        "dropout": 0.2,
+        "epochs": 3,
+    }
+    trial, _ = trainer_args(leave_out=["learning_rate", "dropout"], fine_tune_fraction=0.5, seed=7)
+    assert not any(a.startswith(("--learning_rate", "--dropout")) for a in trial)
+    assert "--seed=7" in trial
+    assert "--fine_tune_fraction=0.5" in trial
 
 
-def test_trainer_args_reject_unknown_or_fractional_hyperparameters() -> None:
-    with pytest.raises(ValueError, match=r"unknown hyperparameters \['momentum'\]"):
-        trainer_args(hyperparameters={"momentum": 0.9})
+def test_the_best_trial_is_written_into_the_planned_training_flags() -> None:
+    """`apply_hyperparameters`: the best trial's values replace the planned ones in every trainer
+    pool, whole numbers as whole numbers (a trial's `256.0` reaches the trainer as 256); the
+    Reduction Server pool, which has no args, is left alone."""
+    args, _ = trainer_args()
+    planned = pools(args=args, reduction_server_count=1)
+    tuned, values = training.apply_hyperparameters(
+        planned,
+        {"learning_rate": 0.0007, "dense_units": 256.0, "per_replica_batch_size": 32},
+        training.TUNABLE,
+    )
+    for pool in tuned[:2]:
+        got = pool["container_spec"]["args"]
+        assert "--learning_rate=0.0007" in got and "--dense_units=256" in got
+        assert "--per_replica_batch_size=32" in got and "--dropout=0.2" in got
+        assert len(got) == len(args)
+    assert tuned[2] == planned[2]
+    assert "--dense_units=64" in planned[0]["container_spec"]["args"]  # the plan is not changed
+    assert values["dense_units"] == 256 and isinstance(values["dense_units"], int)
+    assert values["dropout"] == 0.2 and values["epochs"] == 3
+
+
+def test_best_trial_values_that_are_unknown_fractional_or_not_carried_are_refused() -> None:
+    args, _ = trainer_args()
+    planned = pools(args=args)
+    with pytest.raises(ValueError, match=r"unknown hyperparameter 'momentum'"):
+        training.apply_hyperparameters(planned, {"momentum": 0.9}, training.TUNABLE)
     with pytest.raises(ValueError, match="dense_units must be a whole number"):
-        trainer_args(hyperparameters={"dense_units": 12.5})
+        training.apply_hyperparameters(planned, {"dense_units": 12.5}, training.TUNABLE)
+    without, _ = trainer_args(leave_out=["dropout"])
+    with pytest.raises(ValueError, match=r"carry no \['dropout'\]"):
+        training.apply_hyperparameters(pools(args=without), {"dropout": 0.1}, training.TUNABLE)
 
 
 def write_model(folder: Path, accuracy: float = 0.93, class_names: tuple[str, ...] = ("a", "b")) -> None:
@@ -238,15 +276,18 @@ def write_model(folder: Path, accuracy: float = 0.93, class_names: tuple[str, ..
     (folder / "metrics.json").write_text(json.dumps(metrics))
 
 
-def test_model_from_job_requires_a_saved_model(tmp_path: Path) -> None:
-    write_model(tmp_path / "job" / "model")
-    model = dsl.Model(uri=str(tmp_path / "x"))
-    out = training.model_from_job.python_func(base_output_directory=str(tmp_path / "job"), model=model)
-    assert model.uri == out.model_uri == str(tmp_path / "job" / "model")
-    assert out.test_accuracy == 0.93 and model.metadata["num_workers"] == 2
-    (tmp_path / "bad" / "model").mkdir(parents=True)
+def test_the_gate_records_the_model_and_dataset_and_requires_a_saved_model(tmp_path: Path) -> None:
+    """The gate makes the training job's folder the Model artifact and the preparation job's the
+    Dataset artifact, with their figures, and refuses a folder with no SavedModel."""
+    model, dataset = dsl.Model(uri=str(tmp_path / "x")), dsl.Dataset(uri=str(tmp_path / "y"))
+    gate(tmp_path, "accuracy", {"accuracy": 0.93, "macro_f1": 0.9}, None, model=model, dataset=dataset)
+    assert model.uri == str(tmp_path / "model") and model.metadata["num_workers"] == 2
+    assert model.metadata["test_accuracy"] == 0.93 and model.metadata["framework"] == "tensorflow"
+    assert dataset.uri == str(tmp_path / "dataset") and dataset.metadata["test_examples"] == 100
+    assert dataset.metadata["class_names"] == ["cbb", "cbsd", "cgm", "cmd", "healthy"]
+    (tmp_path / "model" / "saved_model.pb").unlink()
     with pytest.raises(RuntimeError, match="published no SavedModel"):
-        training.model_from_job.python_func(base_output_directory=str(tmp_path / "bad"), model=model)
+        gate(tmp_path, "accuracy", {"accuracy": 0.93, "macro_f1": 0.9}, None)
 
 
 def write_evaluation(base: Path, challenger: dict[str, float], champion: dict[str, float] | None) -> str:
@@ -265,7 +306,7 @@ def write_evaluation(base: Path, challenger: dict[str, float], champion: dict[st
     models = {"challenger": entry(challenger, {})}
     if champion is not None:
         models["champion"] = entry(champion, {"accuracy": 0.99, "macro_f1": 0.98})
-    (base / "model").mkdir(parents=True)
+    (base / "model").mkdir(parents=True, exist_ok=True)
     document = {"split": "test", "dataset_fingerprint": "sha256:" + "ab" * 32, "models": models}
     (base / "model" / "evaluation.json").write_text(json.dumps(document))
     return str(base)
@@ -274,10 +315,15 @@ def write_evaluation(base: Path, challenger: dict[str, float], champion: dict[st
 def gate(tmp_path: Path, metric: str, new: dict[str, float], old: dict[str, float] | None, **kw: Any) -> Any:
     if not (tmp_path / "model").exists():
         write_model(tmp_path / "model")
+    if not (tmp_path / "dataset").exists():
+        write_dataset(tmp_path / "dataset")
     metrics = dsl.Metrics(uri=str(tmp_path / "m"))
     confusion = dsl.ClassificationMetrics(uri=str(tmp_path / "c"))
     out = evaluation.evaluate_model.python_func(
-        model=dsl.Model(uri=str(tmp_path / "model")),
+        dataset_uri=str(tmp_path / "dataset"),
+        model_uri=str(tmp_path / "model"),
+        dataset=kw.get("dataset", dsl.Dataset(uri=str(tmp_path / "d"))),
+        model=kw.get("model", dsl.Model(uri=str(tmp_path / "x"))),
         evaluation_dir=write_evaluation(tmp_path / "evaluation", new, old),
         gate_metric=metric,
         min_score=kw.get("min_score", 0.8),
@@ -344,7 +390,7 @@ def test_the_gate_refuses_a_champion_the_evaluation_job_left_out(tmp_path: Path)
     "classes", [("healthy",), ("b", "a"), ("a", "b", "c")], ids=["one-class", "reordered", "more"]
 )
 def test_the_gate_refuses_a_model_of_another_task(tmp_path: Path, classes: tuple[str, ...]) -> None:
-    """Belt and braces (check-same-task refused the run before training): a one-class model
+    """Belt and braces (the preparation refused a source of another task): a one-class model
     scoring 1.0 never replaces the champion of another task, whatever its accuracy."""
     write_model(tmp_path / "model", 1.0, class_names=classes)
     out, _, _ = gate(
@@ -366,10 +412,7 @@ def test_the_gate_refuses_a_model_of_another_task(tmp_path: Path, classes: tuple
 def test_evaluation_args_add_the_champion_only_when_there_is_one(
     champion_uri: str, expected: list[str]
 ) -> None:
-    args = evaluation.evaluation_args.python_func(
-        dataset=dsl.Dataset(uri="/d"), model=dsl.Model(uri="/m"), champion_uri=champion_uri
-    )
-    assert args == expected
+    assert evaluation.build_evaluation_args("/d", "/m", champion_uri) == expected
 
 
 def locked() -> dict[str, str]:
@@ -385,12 +428,58 @@ def test_component_pins_follow_uv_lock() -> None:
         assert versions[name] == version, f"{pin} differs from uv.lock's {versions[name]}"
 
 
-def test_model_flags_are_the_pipeline_parameters_trainer_args_takes() -> None:
-    """One list of the model flags (the pipeline hands them, the option rules check them)."""
+def test_the_plan_takes_exactly_the_parameters_the_dag_hands_it() -> None:
+    """One list of the planning step's parameters (`dag.PLAN_PARAMETERS`: the model flags, the
+    hardware's, the preparation's), each a pipeline parameter; the rest of its inputs come from
+    the build and find-champion steps."""
     import inspect
 
-    from pipeline import PARAMETERS
+    from components import plan
+    from pipeline import PARAMETERS, dag
 
-    taken = set(inspect.signature(training.trainer_args.python_func).parameters)
-    assert taken - {"dataset", "hyperparameters", "leave_out", "search_space"} == set(training.MODEL_FLAGS)
-    assert set(training.MODEL_FLAGS) <= {p.name for p in PARAMETERS}
+    taken = set(inspect.signature(plan.plan_jobs.python_func).parameters)
+    from_steps = {"image_uri", "training_image_uri", "champion_class_names", "champion_uri", "region"}
+    artifacts = {"prepare_job", "tuning_job", "training_job", "evaluation_job"}
+    assert taken - from_steps - artifacts == set(dag.PLAN_PARAMETERS)
+    assert set(training.MODEL_FLAGS) <= set(dag.PLAN_PARAMETERS) <= {p.name for p in PARAMETERS}
+
+
+def test_the_plan_builds_every_job_in_this_runs_folders(tmp_path: Path) -> None:
+    """The four jobs from one step: each in its own folder of this run, the dataset's and the
+    model's URIs known before their jobs run, the champion's classes handed to the preparation
+    and its SavedModel to the evaluation."""
+    from components import plan
+    from pipeline import dag, parameters_for
+
+    values = {q.name: q.default_for("vertex") for q in parameters_for("vertex")}
+    jobs = {
+        name: dsl.Artifact(uri=f"gs://b/root/run/plan-jobs/{name}")
+        for name in ("prepare_job", "tuning_job", "training_job", "evaluation_job")
+    }
+    out = plan.plan_jobs.python_func(
+        image_uri="img@sha256:" + "0" * 64,
+        training_image_uri="rs@sha256:" + "1" * 64,
+        champion_class_names=["a", "b"],
+        champion_uri="gs://b/champion/model",
+        region="us-central1",
+        **{name: values[name] for name in dag.PLAN_PARAMETERS},
+        **jobs,
+    )
+    assert out.dataset_uri == "gs://b/root/run/plan-jobs/prepare_job/model"
+    assert out.model_uri == "gs://b/root/run/plan-jobs/training_job/model"
+    prep = out.prepare_pools[0]["container_spec"]
+    assert prep["command"] == prepare.PREPARE_COMMAND and '--champion_class_names=["a", "b"]' in prep["args"]
+    train = out.training_pools[0]["container_spec"]
+    assert train["image_uri"].startswith("rs@") and f"--data_dir={out.dataset_uri}" in train["args"]
+    assert out.tuning_pools[0]["container_spec"]["image_uri"].startswith("img@")
+    assert len(out.tuning_pools) <= 2  # never a Reduction Server pool for the trials
+    assert out.evaluation_pools[0]["container_spec"]["args"] == [
+        f"--data_dir={out.dataset_uri}",
+        f"--model_dir={out.model_uri}",
+        "--champion_dir=gs://b/champion/model",
+    ]
+    assert out.measurement_selection_type == "BEST_MEASUREMENT"
+    assert set(out.hyperparameters) == set(training.TUNABLE)
+    assert {out.prepare_dir, out.tuning_dir, out.training_dir, out.evaluation_dir} == {
+        a.uri for a in jobs.values()
+    }

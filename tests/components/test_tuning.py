@@ -144,15 +144,55 @@ def job_service(monkeypatch: pytest.MonkeyPatch) -> Any:
     fake.stop()
 
 
-def test_best_trial_reads_the_job_and_returns_whole_numbers(job_service: GrpcFake, tmp_path: Path) -> None:
+PLANNED = [
+    {
+        "machine_spec": {"machine_type": "n1-standard-8"},
+        "replica_count": 1,
+        "container_spec": {
+            "image_uri": "img",
+            "args": [
+                "--data_dir=gs://b/d",
+                "--learning_rate=0.001",
+                "--per_replica_batch_size=64",
+                "--dense_units=64",
+                "--dropout=0.2",
+                "--epochs=2",
+            ],
+        },
+    }
+]
+
+
+def test_best_trial_reads_the_job_and_writes_whole_numbers_into_the_training_flags(
+    job_service: GrpcFake, tmp_path: Path
+) -> None:
     trials = dsl.Artifact(uri=str(tmp_path / "trials"))
     out = tuning.best_trial.python_func(
-        project="p", location="us-central1", gcp_resources=gcp_resources(JOB), trials=trials
+        project="p",
+        location="us-central1",
+        gcp_resources=gcp_resources(JOB),
+        training_pools=PLANNED,
+        trials=trials,
     )
     assert (out.trial_id, out.value) == ("4", pytest.approx(0.83))
-    assert out.hyperparameters == {"learning_rate": 0.002, "dense_units": 256, "per_replica_batch_size": 16}
+    # Every tunable value the final training carries: the best trial's, and the plan's others.
+    assert out.hyperparameters == {
+        "learning_rate": 0.002,
+        "dense_units": 256,
+        "per_replica_batch_size": 16,
+        "dropout": 0.2,
+        "epochs": 2,
+    }
     assert isinstance(out.hyperparameters["dense_units"], int)
     assert isinstance(out.hyperparameters["per_replica_batch_size"], int)
+    assert out.worker_pool_specs[0]["container_spec"]["args"] == [
+        "--data_dir=gs://b/d",
+        "--learning_rate=0.002",
+        "--per_replica_batch_size=16",
+        "--dense_units=256",
+        "--dropout=0.2",
+        "--epochs=2",
+    ]
     [request] = job_service.calls("GetHyperparameterTuningJob")
     assert request.name == JOB
     table = json.loads(Path(trials.path).read_text())
@@ -176,6 +216,7 @@ def test_best_trial_with_only_failed_trials_fails_naming_them(job_service: GrpcF
             project="p",
             location="us-central1",
             gcp_resources=gcp_resources(failing.name),
+            training_pools=PLANNED,
             trials=dsl.Artifact(uri=str(tmp_path / "trials")),
         )
 
@@ -186,5 +227,6 @@ def test_gcp_resources_without_a_tuning_job_is_rejected(tmp_path: Path) -> None:
             project="p",
             location="us-central1",
             gcp_resources=json.dumps({"resources": [{"resourceType": "CustomJob", "resourceUri": "x"}]}),
+            training_pools=PLANNED,
             trials=dsl.Artifact(uri=str(tmp_path / "t")),
         )

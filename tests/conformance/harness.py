@@ -1,8 +1,8 @@
 """What Vertex AI Pipelines does with the compiled template, short of Google Cloud.
 
 For one run's parameter values, `plan` resolves the tasks that feed the jobs as Vertex would (the
-real `build_worker_pool_specs`, `prepare_args`, `trainer_args` and `upload_settings` bodies on
-the values the template hands them; the importers from their compiled specs), and `launch`
+real `plan_jobs`, `apply_hyperparameters` and `upload_settings` bodies on the values the template
+hands them; the importers from their compiled specs), and `launch`
 renders one GCPC task's command line from the compiled template (its module, its args, the
 payload through `tests.test_pipeline.render_payload`, the executor input and the `IfPresent`
 arguments) and runs that launcher in-process. Only the final RPC is faked (`VertexFake`):
@@ -99,8 +99,10 @@ class Run:
     def tune(self) -> bool:
         return bool(self.root["tune"])
 
-    def job_dir(self, pools_task: str) -> str:
-        return f"{RUN_ROOT}/{walk(self.spec)[pools_task]['key']}/job_dir"
+    def job_dir(self, job: str) -> str:
+        """The folder the plan made for `job` (prepare, tuning, training, evaluation): its output
+        artifact's URI, as the backend places it under the run's root."""
+        return f"{RUN_ROOT}/{walk(self.spec)['plan-jobs']['key']}/{job}_job"
 
 
 def vertex_placeholders(run: Run) -> dict[str, str]:
@@ -156,24 +158,46 @@ def call_body(run: Run, display: str, func: Callable[..., Any], **artifacts: Any
     return func(**{k: v for k, v in inputs.items() if k in accepted}, **artifacts)
 
 
-def worker_pools(run: Run, display: str) -> None:
-    """What the `*-worker-pools` task `display` outputs: the real `build_worker_pool_specs` on
-    the inputs the template hands the component (any input it does not take fails the test)."""
-    from components import worker_pools as module
+def taken(spec: dict[str, Any], tune: bool) -> dict[str, Any]:
+    """The template as a run with this `tune` runs it: the branch Vertex skips is left out (the
+    steps after the tuning are the same in both branches, under the same display names)."""
+    import copy
 
-    builder = module.build_worker_pool_specs
-    accepted = inspect.signature(builder).parameters
-    inputs = typed_inputs(run, display)
-    unknown = set(inputs) - set(accepted)
-    assert not unknown, (
-        f"{display}: the template hands {sorted(unknown)}, which build_worker_pool_specs does not take"
-    )
-    warnings: list[str] = []
-    extra: dict[str, Any] = {"warnings": warnings} if "warnings" in accepted else {}
-    pools = builder(**inputs, **extra)
-    run.pools[display], run.warnings[display] = pools, warnings
-    run.upstream[(display, "worker_pool_specs")] = go_numbers(pools)
-    run.upstream[(display, "base_output_directory")] = run.job_dir(display)
+    from pipeline import cost
+
+    out = copy.deepcopy(spec)
+    for component in out["components"].values():
+        tasks = component.get("dag", {}).get("tasks", {})
+        for name in [n for n, t in tasks.items() if not cost._taken(t, {"tune": tune})]:
+            del tasks[name]
+    return out
+
+
+def plan_jobs(run: Run) -> None:
+    """What the `plan-jobs` task outputs: the real `plan_jobs` body on the inputs the template
+    hands it (any input it does not take fails the test), with the job folders the backend
+    would make; its warnings (printed by the step) in `run.warnings`."""
+    import contextlib
+    import io
+
+    from kfp import dsl
+
+    from components import plan
+
+    jobs = {
+        f"{job}_job": dsl.Artifact(uri=run.job_dir(job))
+        for job in ("prepare", "tuning", "training", "evaluation")
+    }
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        out = call_body(run, "plan-jobs", plan.plan_jobs.python_func, **jobs)
+    run.warnings["plan-jobs"] = [
+        line for line in printed.getvalue().splitlines() if line.startswith("WARNING:")
+    ]
+    for key, value in out._asdict().items():
+        run.upstream[("plan-jobs", key)] = go_numbers(value)
+    for job in ("prepare", "tuning", "training", "evaluation"):
+        run.pools[job] = out._asdict()[f"{job}_pools"]
 
 
 def imported(run: Run, display: str) -> dict[str, Any]:
@@ -201,12 +225,10 @@ def imported(run: Run, display: str) -> dict[str, Any]:
 
 def plan(spec: dict[str, Any], root: dict[str, Any]) -> Run:
     """Every output the GCPC tasks of a run with these parameter values read."""
-    from kfp import dsl
+    from components import registry, training
 
-    from components import evaluation, prepare, registry, training, tuning
-
-    run = Run(spec=spec, region=root["location"], root=go_numbers(root))
-    tasks = walk(spec)
+    run = Run(spec=taken(spec, bool(root["tune"])), region=root["location"], root=go_numbers(root))
+    tasks = walk(run.spec)
     run.upstream[("build-trainer-image", "image_uri")] = IMAGE
     run.upstream[("build-trainer-image", "serving_image_uri")] = ""
     # What components.image.build_trainer_image outputs: the training job's chief and workers run
@@ -214,74 +236,59 @@ def plan(spec: dict[str, Any], root: dict[str, Any]) -> Run:
     run.upstream[("build-trainer-image", "training_image_uri")] = (
         REDUCTION_IMAGE if run.root["reduction_server_count"] else IMAGE
     )
-    run.upstream[("prepare-args", "Output")] = call_body(
-        run, "prepare-args", prepare.prepare_args.python_func
-    )
-    worker_pools(run, "prepare-worker-pools")
-
-    dataset = dsl.Dataset(
-        name="dataset",
-        uri=run.job_dir("prepare-worker-pools") + "/model",
-        metadata={"image_size": run.root["image_size"], "class_names": CLASS_NAMES},
-    )
-    run.upstream[("register-dataset", "dataset")] = dataset
-    trainer_args = training.trainer_args.python_func
-    if run.tune:
-        run.upstream[("measurement-selection", "Output")] = tuning.measurement_selection.python_func(
-            export_epoch=run.root["export_epoch"]
-        )
-        args = call_body(run, "tuning-trainer-args", trainer_args, dataset=dataset)
-        run.upstream[("tuning-trainer-args", "args")] = args.args
-        worker_pools(run, "tuning-worker-pools")
-    # The final training's hyperparameters: dsl.OneOf(the best trial's, none).
-    source = tasks["training-trainer-args"]["task"]["inputs"]["parameters"]["hyperparameters"]
-    producer = source["taskOutputParameter"]
-    branches = next(d for d, t in tasks.items() if t["key"] == producer["producerTask"])
-    run.upstream[(branches, producer["outputParameterKey"])] = dict(BEST_TRIAL) if run.tune else {}
-    args = call_body(run, "training-trainer-args", trainer_args, dataset=dataset)
-    run.upstream[("training-trainer-args", "args")] = args.args
-    worker_pools(run, "training-worker-pools")
-    model_uri = run.job_dir("training-worker-pools") + "/model"
-    run.upstream[("model-from-job", "model_uri")] = model_uri
-    # The evaluation job: this run's dataset, the new model and the champion's folder.
     champion = champion_name(run.region)
+    run.upstream[("find-champion", "class_names")] = CLASS_NAMES
     run.upstream[("find-champion", "champion_uri")] = f"gs://{PROJECT}-models/champion/model"
     run.upstream[("find-champion", "champion_version")] = f"{champion}@3"
-    run.upstream[("evaluation-args", "Output")] = call_body(
-        run,
-        "evaluation-args",
-        evaluation.evaluation_args.python_func,
-        dataset=dataset,
-        model=dsl.Model(name="model", uri=model_uri),
-    )
-    worker_pools(run, "evaluation-worker-pools")
-    run.upstream[("evaluate-model", "description")] = "Promoted on accuracy over this run's test split"
-
-    settings = call_body(run, "upload-settings", registry.upload_settings.python_func)
-    run.upstream[("upload-settings", "serving_image")] = settings.serving_image
-    run.upstream[("upload-settings", "labels")] = settings.labels
     run.upstream[("find-champion", "exists")] = True
     run.upstream[("find-champion", "resource_name")] = champion
     run.upstream[("find-champion", "resource_uri")] = (
         f"https://{run.region}-aiplatform.googleapis.com/v1/{champion}"
     )
+    plan_jobs(run)
+    if run.tune:
+        # The best trial's step: the plan's training pools with the best trial's values.
+        pools, values = training.apply_hyperparameters(run.pools["training"], BEST_TRIAL, training.TUNABLE)
+        run.pools["training"] = pools
+        run.upstream[("best-trial", "worker_pool_specs")] = go_numbers(pools)
+        run.upstream[("best-trial", "hyperparameters")] = values
+    settings = call_body(run, "upload-settings", registry.upload_settings.python_func)
+    run.upstream[("upload-settings", "serving_image")] = settings.serving_image
+    run.upstream[("upload-settings", "labels")] = settings.labels
     for importer in ("serving-container", "parent-model"):
         run.artifacts[f"{tasks[importer]['key']}-artifact"] = imported(run, importer)
     return run
 
 
+def first_model(run: Run) -> Run:
+    """The same run when the registry has no model of that name yet: find-champion's outputs
+    for none (the parent importer's resourceName empty: GCPC's upload launcher then uploads a
+    first model)."""
+    again = dataclasses.replace(
+        run, upstream=dict(run.upstream), artifacts=dict(run.artifacts), requests={}, endpoints={}, outputs={}
+    )
+    models = (
+        f"https://{run.region}-aiplatform.googleapis.com/v1/projects/{PROJECT}/locations/{run.region}/models"
+    )
+    again.upstream.update(
+        {
+            ("find-champion", "exists"): False,
+            ("find-champion", "resource_name"): "",
+            ("find-champion", "resource_uri"): models,
+            ("find-champion", "class_names"): [],
+            ("find-champion", "champion_uri"): "",
+            ("find-champion", "champion_version"): "",
+        }
+    )
+    key = walk(run.spec)["parent-model"]["key"]
+    again.artifacts[f"{key}-artifact"] = imported(again, "parent-model")
+    return again
+
+
 def launched_tasks(run: Run) -> list[str]:
-    """The GCPC tasks this run reaches, in order (both upload branches: each is a launcher the
-    template must get right, whether the model exists yet or not)."""
+    """The GCPC tasks this run reaches, in order."""
     tuning = ["tune-hyperparameters"] if run.tune else []
-    return [
-        "prepare-dataset",
-        *tuning,
-        "train-model",
-        "evaluate-models",
-        "upload-first-version",
-        "upload-new-version",
-    ]
+    return ["prepare-dataset", *tuning, "train-model", "evaluate-models", "upload-model"]
 
 
 # --- rendering and running a launcher -------------------------------------------------------------

@@ -49,7 +49,7 @@ TENSORBOARD = "projects/123/locations/us-central1/tensorboards/456"
 SERVICE_ACCOUNT = "trainer@p-proj.iam.gserviceaccount.com"
 KMS_KEY = "projects/p-proj/locations/us-central1/keyRings/r/cryptoKeys/k"
 NETWORK = "projects/123/global/networks/vpc"
-LABELS_61 = {f"k{i:02}": "v" for i in range(61)}
+LABELS_59 = {f"k{i:02}": "v" for i in range(59)}
 REDUCTION_SERVER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
 TRAIN = "train-model custom_job.job_spec"
 TUNE = "tune-hyperparameters hyperparameter_tuning_job"
@@ -210,8 +210,8 @@ ROWS: tuple[Row, ...] = (
             "prepare-dataset custom_job.encryption_spec.kms_key_name": KMS_KEY,
             "train-model custom_job.encryption_spec.kms_key_name": KMS_KEY,
             f"{TUNE}.encryption_spec.kms_key_name": KMS_KEY,
-            "upload-first-version model.encryption_spec.kms_key_name": KMS_KEY,
-            "upload-new-version model.encryption_spec.kms_key_name": KMS_KEY,
+            "upload-first-model model.encryption_spec.kms_key_name": KMS_KEY,
+            "upload-model model.encryption_spec.kms_key_name": KMS_KEY,
         },
     ),
     Row(
@@ -231,7 +231,7 @@ ROWS: tuple[Row, ...] = (
             "prepare-dataset custom_job.labels": {"team": "ml", "env": "dev", **SYSTEM_LABELS},
             # GCPC 2.22's HyperparameterTuningJobRunOp has no labels input: Vertex's only.
             f"{TUNE}.labels": SYSTEM_LABELS,
-            "upload-new-version model.labels": {
+            "upload-model model.labels": {
                 "team": "ml",
                 "env": "dev",
                 "pipeline_run": harness.PIPELINE_JOB_NAME,
@@ -241,11 +241,12 @@ ROWS: tuple[Row, ...] = (
         },
     ),
     Row(
-        "labels-61",
-        {"labels": LABELS_61},
+        "labels-59",
+        {"labels": LABELS_59},
         {
-            "train-model custom_job.labels#": 62,
-            "upload-new-version model.labels#": 64,
+            "train-model custom_job.labels#": 60,
+            # The gate then adds gate= and dataset= to the version: 64.
+            "upload-model model.labels#": 62,
         },
         settings={"LABELS": ""},
     ),
@@ -298,7 +299,7 @@ ROWS: tuple[Row, ...] = (
         {"check_gpu_region": False},
         {
             f"{TRAIN}.worker_pool_specs[0].machine_spec": spec_of("n1-standard-8", V100, 1),
-            "upload-first-version parent": "projects/p-proj/locations/europe-west2",
+            "upload-first-model parent": "projects/p-proj/locations/europe-west2",
         },
         region="europe-west2",
     ),
@@ -379,11 +380,18 @@ ROWS: tuple[Row, ...] = (
         rule="label keys are lowercase letters, digits, _ and -, starting with a letter",
     ),
     Row(
-        "labels-62",
-        {"labels": {**LABELS_61, "k61": "v"}},
+        "labels-60",
+        {"labels": {**LABELS_59, "k59": "v"}},
         refused=("labels",),
-        rule="the model version gets pipeline_run, source_commit and Vertex's "
-        "vertex-ai-pipelines-run-billing-id: 61 of its 64 labels are left",
+        rule="the model version gets pipeline_run, source_commit, Vertex's "
+        "vertex-ai-pipelines-run-billing-id, and the gate's gate and dataset: 59 of its 64 labels are left",
+        settings={"LABELS": ""},
+    ),
+    Row(
+        "labels-reserved",
+        {"labels": {"gate": "mine"}},
+        refused=("labels",),
+        rule="the run sets pipeline_run, source_commit, gate and dataset on the model version itself",
         settings={"LABELS": ""},
     ),
     Row(
@@ -509,15 +517,15 @@ def label_problems(labels: Mapping[str, str]) -> list[str]:
     return bad + ([f"{len(labels)} labels (at most 64)"] if len(labels) > 64 else [])
 
 
-def check_custom_job(run: Run, task: str, pools_task: str) -> None:
+def check_custom_job(run: Run, task: str, planned: str) -> None:
     root, request = run.root, run.requests[task]
     assert isinstance(request, aiplatform_v1.CreateCustomJobRequest)
     assert request.parent == f"projects/{harness.PROJECT}/locations/{run.region}"
     job = as_dict(request)["custom_job"]
     spec = job["job_spec"]
     assert job["display_name"] == task
-    assert numbers(spec["worker_pool_specs"]) == numbers(run.pools[pools_task]), task
-    assert spec["base_output_directory"] == {"output_uri_prefix": run.job_dir(pools_task)}
+    assert numbers(spec["worker_pool_specs"]) == numbers(run.pools[planned]), task
+    assert spec["base_output_directory"] == {"output_uri_prefix": run.job_dir(planned)}
     scheduling = spec["scheduling"]
     strategy = root["scheduling_strategy"] if task == "train-model" else "STANDARD"
     assert scheduling["strategy"] == strategy
@@ -553,11 +561,11 @@ def check_tuning_job(run: Run) -> None:
     selection = {"best": "BEST_MEASUREMENT", "last": "LAST_MEASUREMENT"}[root["export_epoch"]]
     assert study["measurement_selection_type"] == selection
     trial = job["trial_job_spec"]
-    assert numbers(trial["worker_pool_specs"]) == numbers(run.pools["tuning-worker-pools"])
+    assert numbers(trial["worker_pool_specs"]) == numbers(run.pools["tuning"])
     for pool in trial["worker_pool_specs"][:2]:  # the service adds each trial's --<parameter_id>=
         flags = {a.split("=")[0] for a in pool["container_spec"].get("args", [])}
         assert not flags & {f"--{p['parameter_id']}" for p in space}
-    assert trial["base_output_directory"] == {"output_uri_prefix": run.job_dir("tuning-worker-pools")}
+    assert trial["base_output_directory"] == {"output_uri_prefix": run.job_dir("tuning")}
     for field in ("service_account", "network"):
         assert trial.get(field, "") == root[field], field
     assert job.get("encryption_spec", {}).get("kms_key_name", "") == root["encryption_spec_key_name"]
@@ -574,18 +582,18 @@ def check_upload(run: Run, task: str) -> None:
     data = as_dict(request)
     model = data["model"]
     assert model["display_name"] == run.root["model_display_name"]
-    assert model["artifact_uri"] == run.upstream[("model-from-job", "model_uri")]
+    assert model["artifact_uri"] == run.upstream[("plan-jobs", "model_uri")]
     assert model["container_spec"] == {"image_uri": run.upstream[("upload-settings", "serving_image")]}
     assert model.get("encryption_spec", {}).get("kms_key_name", "") == run.root["encryption_spec_key_name"]
     assert model["labels"] == {**SYSTEM_LABELS, **run.upstream[("upload-settings", "labels")]}
-    assert model["description"] == run.upstream[("evaluate-model", "description")]
+    assert "description" not in model  # the gate writes the version's own description afterwards
     assert not label_problems(model["labels"]), label_problems(model["labels"])
     assert model["pipeline_job"] == (
         f"projects/{harness.PROJECT}/locations/{run.region}/pipelineJobs/{harness.PIPELINE_JOB_UUID}"
     )
-    new_version = task == "upload-new-version"
+    new_version = bool(run.upstream[("find-champion", "resource_name")])
     assert data.get("parent_model") == (harness.champion_name(run.region) if new_version else None)
-    # set-champion reads a versioned name (...@VERSION) from the model artifact.
+    # The gate reads a versioned name (...@VERSION) from the model artifact.
     [artifact] = run.outputs[task]["executor_output"]["artifacts"]["model"]["artifacts"]
     assert re.fullmatch(r"projects/.+/models/\d+@\d+", artifact["metadata"]["resourceName"]), artifact
 
@@ -593,28 +601,35 @@ def check_upload(run: Run, task: str) -> None:
 def check_run(run: Run) -> None:
     for task, endpoints in run.endpoints.items():
         assert endpoints and set(endpoints) == {f"{run.region}-aiplatform.googleapis.com"}, (task, endpoints)
-    check_custom_job(run, "prepare-dataset", "prepare-worker-pools")
-    check_custom_job(run, "train-model", "training-worker-pools")
-    check_custom_job(run, "evaluate-models", "evaluation-worker-pools")
+    check_custom_job(run, "prepare-dataset", "prepare")
+    check_custom_job(run, "train-model", "training")
+    check_custom_job(run, "evaluate-models", "evaluation")
     evaluation = as_dict(run.requests["evaluate-models"])["custom_job"]["job_spec"]["worker_pool_specs"]
     assert [int(pool["replica_count"]) for pool in evaluation] == [1]  # one CPU replica
     assert "accelerator_type" not in evaluation[0]["machine_spec"]
     assert evaluation[0]["container_spec"]["command"] == ["python", "-m", "trainer.evaluate"]
-    assert evaluation[0]["container_spec"]["args"] == run.upstream[("evaluation-args", "Output")]
+    assert evaluation[0]["container_spec"]["args"] == [
+        f"--data_dir={run.upstream[('plan-jobs', 'dataset_uri')]}",
+        f"--model_dir={run.upstream[('plan-jobs', 'model_uri')]}",
+        f"--champion_dir={run.upstream[('find-champion', 'champion_uri')]}",
+    ]
     assert (
         f"--champion_dir={run.upstream[('find-champion', 'champion_uri')]}"
         in evaluation[0]["container_spec"]["args"]
     )
     train_args = as_dict(run.requests["train-model"])["custom_job"]["job_spec"]["worker_pool_specs"][0]
-    assert train_args["container_spec"]["args"] == run.upstream[("training-trainer-args", "args")]
+    assert train_args["container_spec"]["args"] == run.pools["training"][0]["container_spec"]["args"]
+    prepare_args = as_dict(run.requests["prepare-dataset"])["custom_job"]["job_spec"]["worker_pool_specs"][0]
+    assert (
+        f"--champion_class_names={json.dumps(harness.CLASS_NAMES)}" in prepare_args["container_spec"]["args"]
+    )
     if run.tune:
         check_tuning_job(run)
         for name, value in harness.BEST_TRIAL.items():
             assert f"--{name}={value}" in train_args["container_spec"]["args"]
     else:
         assert "tune-hyperparameters" not in run.requests
-    for task in ("upload-first-version", "upload-new-version"):
-        check_upload(run, task)
+    check_upload(run, "upload-model")
 
 
 @pytest.mark.parametrize("row", ACCEPTED, ids=ids(ACCEPTED))
@@ -623,10 +638,15 @@ def test_the_launchers_send_what_the_row_asks(
 ) -> None:
     run = harness.plan(template, root_for(template, launchers.rest, row))
     if row.values.get("check_gpu_region") is False:
-        assert run.warnings["training-worker-pools"], "check_gpu_region=false: the region check must warn"
+        assert run.warnings["plan-jobs"], "check_gpu_region=false: the region check must warn"
     for task in harness.launched_tasks(run):
         harness.launch(run, task, launchers, tmp_path)
     check_run(run)
+    # The same template when the registry has no such model yet: one upload, of a first model.
+    first = harness.first_model(run)
+    harness.launch(first, "upload-model", launchers, tmp_path / "first")
+    check_upload(first, "upload-model")
+    run.requests["upload-first-model"] = first.requests["upload-model"]
     wrong = []
     for key, expected in row.carries.items():
         task, _, path = key.partition(" ")
@@ -856,7 +876,7 @@ def matrix_markdown(rows: tuple[Row, ...] = ROWS) -> str:
             launched = "custom_job (prepare-dataset, train-model, evaluate-models)"
             if row.values.get("tune"):
                 launched += ", hyperparameter_tuning_job (tune-hyperparameters)"
-            launched += ", upload_model (upload-first-version, upload-new-version)"
+            launched += ", upload_model (upload-model: a new version, and a first model)"
             carried = "; ".join(
                 f"{k.split(' ', 1)[0]} `{k.split(' ', 1)[1]}` = " + ("absent" if v is None else _code(v))
                 for k, v in row.carries.items()

@@ -48,7 +48,9 @@ def test_every_replica_and_trial_carries_its_pools_request(
         source_commit=harness.SOURCE_COMMIT,
         tune=True,
     )
-    run = harness.Run(spec=template, region="us-central1", root=harness.go_numbers(root))
+    run = harness.Run(
+        spec=harness.taken(template, tune=True), region="us-central1", root=harness.go_numbers(root)
+    )
     gpu = {
         "chief_machine_type": "n1-standard-8",
         "chief_accelerator_type": V100,
@@ -59,11 +61,11 @@ def test_every_replica_and_trial_carries_its_pools_request(
         "worker_accelerator_count": 2,
     }
     cpu = {"chief_machine_type": "n1-standard-4"}
-    for pools_task, command, hardware in (
-        ("prepare-worker-pools", "trainer.prepare", cpu),
-        ("tuning-worker-pools", "trainer.task", gpu),
-        ("training-worker-pools", "trainer.task", gpu),
-        ("evaluation-worker-pools", "trainer.evaluate", cpu),
+    for job, command, hardware in (
+        ("prepare", "trainer.prepare", cpu),
+        ("tuning", "trainer.task", gpu),
+        ("training", "trainer.task", gpu),
+        ("evaluation", "trainer.evaluate", cpu),
     ):
         pools = worker_pools.build_worker_pool_specs(
             image_uri=harness.IMAGE,
@@ -72,9 +74,10 @@ def test_every_replica_and_trial_carries_its_pools_request(
             region="us-central1",
             **hardware,
         )
-        run.upstream[(pools_task, "worker_pool_specs")] = harness.go_numbers(pools)
-        run.upstream[(pools_task, "base_output_directory")] = run.job_dir(pools_task)
-    run.upstream[("measurement-selection", "Output")] = "BEST_MEASUREMENT"
+        run.upstream[("plan-jobs", f"{job}_pools")] = harness.go_numbers(pools)
+        run.upstream[("plan-jobs", f"{job}_dir")] = run.job_dir(job)
+    run.upstream[("best-trial", "worker_pool_specs")] = run.upstream[("plan-jobs", "training_pools")]
+    run.upstream[("plan-jobs", "measurement_selection_type")] = "BEST_MEASUREMENT"
     with harness.launchers_against(fake_vertex, monkeypatch) as vertex:
         for task in ("prepare-dataset", "tune-hyperparameters", "train-model", "evaluate-models"):
             harness.launch(run, task, vertex, tmp_path)

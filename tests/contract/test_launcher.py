@@ -63,8 +63,9 @@ def test_launcher_creates_the_training_job(
         spec,
         "train-model",
         {
-            ("training-worker-pools", "worker_pool_specs"): pools,
-            ("training-worker-pools", "base_output_directory"): "gs://b/root/run/train",
+            ("plan-jobs", "training_pools"): pools,
+            ("best-trial", "worker_pool_specs"): pools,
+            ("plan-jobs", "training_dir"): "gs://b/root/run/train",
         },
         root_values(
             spec, project="p", location="us-central1", service_account="sa@p-proj.iam.gserviceaccount.com"

@@ -298,7 +298,7 @@ def test_schedule_pins_the_template_version_of_this_commit(
     # Every firing retrains: the registry steps and the job folders are never cached, and the
     # schedule's runs carry no caching override.
     tasks = spec_tasks(job["pipelineSpec"])
-    for name in ("find-champion", "training-worker-pools", "set-champion"):
+    for name in ("find-champion", "plan-jobs", "evaluate-model"):
         assert not enable_cache(tasks[name]), name
     # With recipients, the template with the e-mail exit handler, under tags of its own.
     suffix = "-notify" if emails else ""
@@ -421,9 +421,9 @@ def test_make_run_keeps_each_steps_compiled_caching_option(vertex: RestFake, gcs
     """aiplatform's PipelineJob(enable_caching=True) would force caching on every task, the
     registry lookups included: `make run` passes no override unless the user set one."""
     tasks = spec_tasks(submitted(vertex)["pipelineSpec"])
-    for name in ("find-champion", "set-champion", "upload-new-version", "training-worker-pools"):
+    for name in ("find-champion", "evaluate-model", "upload-model", "plan-jobs"):
         assert not enable_cache(tasks[name]), name
-    assert enable_cache(tasks["training-trainer-args"])
+    assert enable_cache(tasks["upload-settings"])
 
 
 def test_enable_caching_false_turns_every_step_off_and_true_is_refused(vertex: RestFake, gcs: Any) -> None:

@@ -65,7 +65,7 @@ def test_synthetic_goes_through_the_tfds_cassava_builder(synthetic_dir: Path) ->
     }
     assert meta["splits"]["train"]["class_counts"] == {c: 60 for c in CASSAVA_CLASSES}
     assert len(meta["splits"]["train"]["shards"]) == 8
-    assert meta["image_size"] == 64 and meta["encoding"] == "raw" and meta["format_version"] == 1
+    assert meta["image_size"] == 64 and meta["encoding"] == "raw" and meta["format_version"] == 2
     assert meta["fingerprint"].startswith("sha256:")
     images, labels = read_split(synthetic_dir, "test")
     assert images.shape == (100, 64, 64, 3) and images.dtype == np.uint8
@@ -226,6 +226,36 @@ def test_one_class_is_refused_by_the_command_naming_the_source(
     assert code == 1  # bad input, as every PrepareError (2 is for bad flags)
     assert f"error: --source {source} has 1 class(es) ['a']" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("champion", "how"),
+    [
+        (["daisy", "rose"], "other class names"),
+        (["tulip", "rose", "daisy"], "the same class names in another order"),
+    ],
+)
+def test_a_source_of_another_task_than_the_champions_is_refused_before_any_conversion(
+    image_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], champion: list[str], how: str
+) -> None:
+    """The plan hands the champion's class names: a model trained on this source could neither be
+    compared with the champion nor replace it, so the job stops once it has listed the classes,
+    writes nothing, and says what to do (the gate's rule, `components.registry.task_mismatch`)."""
+    import json
+
+    from trainer.prepare import main
+
+    out = tmp_path / "out"
+    flags = [f"--source=folder:{image_folder}", f"--output_dir={out}", "--image_size=32"]
+    code = main([*flags, f"--champion_class_names={json.dumps(champion)}"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert "['daisy', 'rose', 'tulip']" in err and str(champion) in err and how in err
+    assert "use another model_display_name" in err
+    assert not out.exists()
+    # The champion's own classes, in its order, prepare as before.
+    assert main([*flags, '--champion_class_names=["daisy", "rose", "tulip"]']) == 0
+    assert out.joinpath("metadata.json").exists()
 
 
 def test_tiny_splits_are_warned_about(image_folder: Path, tmp_path: Path) -> None:
