@@ -27,9 +27,25 @@ from kfp import dsl
 from components import hardware, runtime
 from components.evaluation import build_evaluation_args, evaluate_command
 from components.prepare import build_prepare_args, prepare_command
+from components.registry import check_model_display_name, registry_folder
 from components.training import build_trainer_args, train_command, tunable, typed_hyperparameter
 from components.tuning import measurement_selection
 from components.worker_pools import build_worker_pool_specs, pool_env
+
+
+def stable_model_uri(model_root: str, training_folder: str, model_display_name: str, run: str) -> str:
+    """Where the training job publishes the model: a run's folder under the pipeline root may be
+    deleted once the run is over (a lifecycle rule on the bucket), but a registered version keeps
+    pointing at its `artifact_uri` (aiplatform_v1 `Model.artifact_uri`), and a redeploy or the next
+    run's `find-champion` reads it. So on Vertex the model goes to `<model_root>/<model's
+    folder>/<run>`, `model_root` defaulting to `gs://<the training folder's bucket>/models`;
+    elsewhere (the local target, whose registry keeps its own copy) to the job's `model/`."""
+    if not model_root and not training_folder.startswith("gs://"):
+        return training_folder.rstrip("/") + "/model"
+    root = (
+        model_root.rstrip("/") or "gs://" + training_folder.removeprefix("gs://").split("/", 1)[0] + "/models"
+    )
+    return f"{root}/{registry_folder(model_display_name)}/{run}"
 
 
 def describe_pools(name: str, folder: str, specs: list) -> None:
@@ -60,6 +76,9 @@ def describe_pools(name: str, folder: str, specs: list) -> None:
         build_evaluation_args,
         describe_pools,
         measurement_selection,
+        check_model_display_name,
+        registry_folder,
+        stable_model_uri,
     ],
 )
 def plan_jobs(
@@ -71,6 +90,9 @@ def plan_jobs(
     synthetic_per_class: int,
     champion_class_names: list,
     champion_uri: str,
+    model_root: str,
+    model_display_name: str,
+    pipeline_run: str,
     search_space: list,
     backbone: str,
     weights: str,
@@ -142,7 +164,8 @@ def plan_jobs(
             ("evaluate", evaluation_job),
         )
     }
-    dataset_uri, model_uri = folders["prepare"] + "/model", folders["training"] + "/model"
+    dataset_uri = folders["prepare"] + "/model"
+    model_uri = stable_model_uri(model_root, folders["training"], model_display_name, pipeline_run)
     hardware_flags = {
         name: flags[name]
         for name in (
@@ -191,6 +214,8 @@ def plan_jobs(
         **{**hardware_flags, "reduction_server_count": 0},
     )
     training_args, hyperparameters = build_trainer_args(dataset_uri, image_size, flags, kinds)
+    if model_uri != folders["training"] + "/model":
+        training_args.append(f"--model_dir={model_uri}")
     training_pools = build_worker_pool_specs(
         image_uri=training_image_uri,
         command=train_command(),
@@ -215,6 +240,7 @@ def plan_jobs(
         ("evaluate", evaluation_pools),
     ):
         describe_pools(name, folders[name], specs)
+    print(f"the model: {model_uri}")
     print("training args:", " ".join(training_args))
     Outputs = collections.namedtuple(
         "Outputs",

@@ -286,6 +286,32 @@ def task_mismatch(class_names: list, champion_class_names: list, model_display_n
     )
 
 
+def registry_folder(name: str) -> str:
+    """A model's folder for its display name (the local registry's, and on Vertex its folder under
+    `model_root`, `components.plan`): every character but ASCII letters,
+    digits, `_` and `-` as %XX of its UTF-8 bytes, so no name (`..`, `a/b`, `/abs`) leaves
+    the registry folder or lands in its root, and two names never share a folder.
+
+    Vertex allows 128 characters of any UTF-8, which encodes to up to 1,536 bytes; a file name
+    has at most 255 (NAME_MAX). A longer encoding keeps its first 200 bytes, cut between
+    characters, then `~` (never in an encoding: it would be %7E) and 16 hex digits of the name's
+    SHA-256: still one folder per name, and the folders of shorter names are unchanged."""
+    import hashlib
+
+    check_model_display_name(name)
+    safe = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+    parts = [c if c in safe else "".join(f"%{b:02X}" for b in c.encode()) for c in name]
+    folder = "".join(parts)
+    if len(folder) <= 240:
+        return folder
+    head = ""
+    for part in parts:
+        if len(head) + len(part) > 200:
+            break
+        head += part
+    return f"{head}~{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+
+
 def label_value(value: str) -> str:
     """A string as a Vertex label value: lowercase letters, digits, _ and -, at most 63."""
     import re
@@ -412,15 +438,29 @@ def find_champion(
     match = re.match(r"^gs://([^/]+)/(.*?)/?$", champion.artifact_uri)
     if not match:
         raise RuntimeError(f"champion {champion.name}@{champion.version_id} has no gs:// artifact_uri")
+    version = f"{parent}@{champion.version_id}"
     blob = storage.Client(project=project).bucket(match.group(1)).blob(f"{match.group(2)}/metrics.json")
-    champion_metrics = json.loads(blob.download_as_bytes())
+    try:
+        champion_metrics = json.loads(blob.download_as_bytes())
+    except exceptions.NotFound:
+        # The version's files were deleted (a lifecycle rule on the bucket, a clean-up): it can be
+        # neither compared with nor served. As the local registry does with a damaged champion
+        # (`local.steps.champion_record`), it counts as none: the new model is judged on the
+        # floor alone and, if it passes, takes the alias (still where it was: `version`).
+        print(
+            f"WARNING: {alias} {version}'s files are gone: {champion.artifact_uri.rstrip('/')}/metrics.json "
+            "does not exist (deleted, e.g. by a lifecycle rule on the bucket or a clean-up of old runs). "
+            f"That version can no longer be served or redeployed, nor compared with: this run compares "
+            f"the new model with no {alias}, and the new model takes the alias if it passes the gate. "
+            "Keep model_root's folder (docs/training.md, 'What may be deleted')."
+        )
+        return Outputs(True, parent, uri, version, "", [])
     class_names = [str(c) for c in champion_metrics["class_names"]]
     recorded = float(champion_metrics["test_accuracy"])
     print(
         f"{parent}: {alias} is version {champion.version_id} ({champion.artifact_uri}), "
         f"recorded test_accuracy {recorded:.4f} on its own test split, classes {class_names}"
     )
-    version = f"{parent}@{champion.version_id}"
     return Outputs(True, parent, uri, version, f"gs://{match.group(1)}/{match.group(2)}", class_names)
 
 

@@ -26,6 +26,7 @@ from components.registry import (
     prebuilt_days_left,
     prebuilt_tf_serving_table,
     prebuilt_tf_version,
+    registry_folder,
     resolve_serving_image,
     serving_policy,
     task_mismatch,
@@ -193,31 +194,6 @@ def local_best_trial(
     pools, resolved = apply_hyperparameters(training_pools, best["parameters"], tunable())
     Outputs = collections.namedtuple("Outputs", ["worker_pool_specs", "hyperparameters", "trial_id", "value"])
     return Outputs(pools, resolved, best["trial_id"], best["value"])
-
-
-def registry_folder(name: str) -> str:
-    """The local registry's folder for a display name: every character but ASCII letters,
-    digits, `_` and `-` as %XX of its UTF-8 bytes, so no name (`..`, `a/b`, `/abs`) leaves
-    the registry folder or lands in its root, and two names never share a folder.
-
-    Vertex allows 128 characters of any UTF-8, which encodes to up to 1,536 bytes; a file name
-    has at most 255 (NAME_MAX). A longer encoding keeps its first 200 bytes, cut between
-    characters, then `~` (never in an encoding: it would be %7E) and 16 hex digits of the name's
-    SHA-256: still one folder per name, and the folders of shorter names are unchanged."""
-    import hashlib
-
-    check_model_display_name(name)
-    safe = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-    parts = [c if c in safe else "".join(f"%{b:02X}" for b in c.encode()) for c in name]
-    folder = "".join(parts)
-    if len(folder) <= 240:
-        return folder
-    head = ""
-    for part in parts:
-        if len(head) + len(part) > 200:
-            break
-        head += part
-    return f"{head}~{hashlib.sha256(name.encode()).hexdigest()[:16]}"
 
 
 # --- the model registry, in a folder ---------------------------------------------------------

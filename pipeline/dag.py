@@ -46,6 +46,7 @@ PLAN_PARAMETERS = (
     "dataset_shards",
     "synthetic_per_class",
     "search_space",
+    "model_display_name",
     *training.MODEL_FLAGS,
     *worker_pools.HARDWARE_PARAMETERS,
     "prepare_machine_type",
@@ -71,6 +72,8 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         training_image_uri=built.outputs["training_image_uri"],
         champion_class_names=champion.outputs["class_names"],
         champion_uri=champion.outputs["champion_uri"],
+        model_root=p.get("model_root", ""),  # the Vertex target's alone
+        pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
         region=p["location"],
         **{name: p[name] for name in PLAN_PARAMETERS},
     )

@@ -69,6 +69,14 @@ PARAMETERS: tuple[Parameter, ...] = (
     ),
     _p("source_commit", str, "", "Git commit of the source, recorded on the model version."),
     _p("registry_dir", str, "local_runs/registry", "Folder of the local model registry.", targets=("local",)),
+    _p(
+        "model_root",
+        str,
+        "",
+        "gs:// folder the registered models are kept in, outside the runs' folders (each run's model in "
+        "<model_root>/<model>/<run>/; '': gs://<the pipeline root's bucket>/models).",
+        targets=("vertex",),
+    ),
     # Data.
     _p("dataset_source", str, "tfds:cassava", "tfds:NAME, folder:PATH or synthetic.", "synthetic"),
     _p("image_size", int, 300, "Image side in pixels (the codelab resizes to 300).", 64),

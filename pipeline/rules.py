@@ -92,6 +92,8 @@ SERVICE_ACCOUNT = re.compile(
 NETWORK = re.compile(r"^projects/[0-9]+/global/networks/[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
 KMS_KEY = re.compile(r"^projects/[^/]+/locations/([^/]+)/keyRings/[^/]+/cryptoKeys/[^/]+$")
 TENSORBOARD = re.compile(r"^projects/[^/]+/locations/([^/]+)/tensorboards/[0-9]+$")
+# A Cloud Storage folder (bucket names: 3 to 63 characters of lowercase letters, digits, - _ .).
+MODEL_ROOT = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[^\s#?*\[\]]*)?$")
 DURATION = re.compile(r"^([0-9]{1,12})(\.[0-9]{1,9})?s$")
 # The shortest job timeout accepted. Vertex documents no minimum for `Scheduling.timeout` ("The
 # maximum job running time"), but a job cannot do any work in less: its replicas import
@@ -654,6 +656,15 @@ def _registry_problems(v: Mapping[str, Any], region: str, warnings: list[str]) -
         )
     if not isinstance(v["min_score"], int | float) or not 0 <= v["min_score"] <= 1:
         problems.append(Problem(("min_score",), f"must be from 0 to 1, got {v['min_score']!r}"))
+    root = v.get("model_root", "")
+    if root and not MODEL_ROOT.match(str(root)):
+        problems.append(
+            Problem(
+                ("model_root",),
+                f"must be empty (gs://<the pipeline root's bucket>/models) or a gs://<bucket>/<path> folder, "
+                f"got {root!r}",
+            )
+        )
     return problems
 
 

@@ -611,6 +611,8 @@ def test_only_the_final_training_job_gets_reduction_server_and_its_image(spec: d
         training_image_uri="reducer@sha256:" + "1" * 64,
         champion_class_names=[],
         champion_uri="",
+        model_root="gs://models-bucket/kept",
+        pipeline_run="run-1",
         region="us-central1",
         **{name: values[name] for name in pipeline.dag.PLAN_PARAMETERS},
         **{
@@ -619,6 +621,7 @@ def test_only_the_final_training_job_gets_reduction_server_and_its_image(spec: d
         },
     )
     assert [p["replica_count"] for p in out.training_pools] == [1, 1, 2]
+    assert out.model_uri == "gs://models-bucket/kept/cassava-classifier/run-1"
     assert out.training_pools[0]["container_spec"]["image_uri"].startswith("reducer@")
     assert len(out.tuning_pools) == 2 and out.tuning_pools[0]["container_spec"]["image_uri"].startswith(
         "trainer@"

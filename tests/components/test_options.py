@@ -91,7 +91,13 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
         ),
         ({"labels": {"Team": "ml"}}, {"labels"}, "label key 'Team'"),
         ({"labels": {"team": "ML"}}, {"labels"}, "values are at most 63 lowercase"),
-        ({"labels": {f"k{i}": "v" for i in range(62)}}, {"labels"}, "at most 61"),
+        ({"labels": {f"k{i}": "v" for i in range(60)}}, {"labels"}, "at most 59"),
+        (
+            {"labels": {"dataset": "mine"}},
+            {"labels"},
+            "the run sets pipeline_run, source_commit, gate, dataset",
+        ),
+        ({"model_root": "s3://b/m"}, {"model_root"}, "a gs://<bucket>/<path> folder"),
         ({"timeout": "1h"}, {"timeout"}, "like '86400s'"),
         ({"chief_accelerator_type": "NVIDIA_TESLA_K80"}, {"chief_accelerator_type"}, "end of support"),
         (

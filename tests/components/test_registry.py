@@ -334,6 +334,28 @@ def test_find_champion_returns_the_champions_version_folder_and_class_names(
     assert out.resource_uri == f"https://us-central1-aiplatform.googleapis.com/v1/{PARENT}"
 
 
+def test_a_champion_whose_files_are_gone_is_named_and_counts_as_none(
+    model_service: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A lifecycle rule deleted the champion's folder: find-champion says so (not a raw NotFound),
+    and the run goes on as with no champion to compare with, the alias still where it is, so a
+    model that passes the gate takes it (record_on_version compares with that very version)."""
+    model_service["models"]["cassava"] = [aiplatform_v1.Model(name=PARENT)]
+    model_service["aliases"][f"{PARENT}@champion"] = aiplatform_v1.Model(
+        name=PARENT, version_id="3", artifact_uri=f"gs://{BUCKET}/models/cassava/run-7/"
+    )
+    out = find()
+    printed = capsys.readouterr().out
+    assert f"champion {PARENT}@3's files are gone: gs://{BUCKET}/models/cassava/run-7/metrics.json" in printed
+    assert "lifecycle rule" in printed and "What may be deleted" in printed
+    assert (out.exists, out.champion_version, out.champion_uri, out.class_names) == (
+        True,
+        f"{PARENT}@3",
+        "",
+        [],
+    )
+
+
 def test_find_champion_without_a_model_or_an_alias_has_no_class_names(model_service: dict[str, Any]) -> None:
     assert (find().class_names, find().champion_version, find().champion_uri, find().exists) == (
         [],

@@ -439,6 +439,7 @@ def test_the_plan_takes_exactly_the_parameters_the_dag_hands_it() -> None:
 
     taken = set(inspect.signature(plan.plan_jobs.python_func).parameters)
     from_steps = {"image_uri", "training_image_uri", "champion_class_names", "champion_uri", "region"}
+    from_steps |= {"model_root", "pipeline_run"}  # model_root is the Vertex target's alone
     artifacts = {"prepare_job", "tuning_job", "training_job", "evaluation_job"}
     assert taken - from_steps - artifacts == set(dag.PLAN_PARAMETERS)
     assert set(training.MODEL_FLAGS) <= set(dag.PLAN_PARAMETERS) <= {p.name for p in PARAMETERS}
@@ -461,16 +462,21 @@ def test_the_plan_builds_every_job_in_this_runs_folders(tmp_path: Path) -> None:
         training_image_uri="rs@sha256:" + "1" * 64,
         champion_class_names=["a", "b"],
         champion_uri="gs://b/champion/model",
+        model_root="",
+        pipeline_run="run-20261125",
         region="us-central1",
         **{name: values[name] for name in dag.PLAN_PARAMETERS},
         **jobs,
     )
     assert out.dataset_uri == "gs://b/root/run/plan-jobs/prepare_job/model"
-    assert out.model_uri == "gs://b/root/run/plan-jobs/training_job/model"
+    # The model outside the run's folders (which a lifecycle rule may delete): <bucket>/models.
+    assert out.model_uri == "gs://b/models/cassava-classifier/run-20261125"
     prep = out.prepare_pools[0]["container_spec"]
     assert prep["command"] == prepare.PREPARE_COMMAND and '--champion_class_names=["a", "b"]' in prep["args"]
     train = out.training_pools[0]["container_spec"]
     assert train["image_uri"].startswith("rs@") and f"--data_dir={out.dataset_uri}" in train["args"]
+    assert train["args"][-1] == f"--model_dir={out.model_uri}"
+    assert not any(a.startswith("--model_dir") for a in out.tuning_pools[0]["container_spec"]["args"])
     assert out.tuning_pools[0]["container_spec"]["image_uri"].startswith("img@")
     assert len(out.tuning_pools) <= 2  # never a Reduction Server pool for the trials
     assert out.evaluation_pools[0]["container_spec"]["args"] == [
@@ -483,3 +489,26 @@ def test_the_plan_builds_every_job_in_this_runs_folders(tmp_path: Path) -> None:
     assert {out.prepare_dir, out.tuning_dir, out.training_dir, out.evaluation_dir} == {
         a.uri for a in jobs.values()
     }
+
+
+@pytest.mark.parametrize(
+    ("root", "folder", "name", "expected"),
+    [
+        ("", "gs://b/root/123/run-1/plan-jobs/training_job", "cassava", "gs://b/models/cassava/run-1"),
+        ("gs://kept/models/", "gs://b/root/x", "a b/c", "gs://kept/models/a%20b%2Fc/run-1"),
+        (
+            "",
+            "/work/local_runs/r/plan-jobs/training_job",
+            "cassava",
+            "/work/local_runs/r/plan-jobs/training_job/model",
+        ),
+    ],
+)
+def test_the_model_is_kept_outside_the_runs_folders_on_vertex(
+    root: str, folder: str, name: str, expected: str
+) -> None:
+    """A display name cannot leave its folder (`registry_folder`), and the local target, whose
+    registry copies the model, keeps it in the job's folder."""
+    from components import plan
+
+    assert plan.stable_model_uri(root, folder, name, "run-1") == expected
