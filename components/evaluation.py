@@ -66,7 +66,40 @@ EVALUATION_READ = (
     "per_class",
     "confusion_matrix",
     "recorded",
+    "comparison",
 )
+GATE_RULES = ("not_worse", "significantly_better", "non_inferior")
+"""How the gate judges the challenger against the champion, both on this run's test split
+(docs/training.md, "The gate"):
+
+- `not_worse` (the default): its gate metric at least the champion's. Any difference counts, one
+  test image included: a retrain that merely matches the champion replaces it.
+- `significantly_better`: better beyond noise, at the 95% level: the paired bootstrap interval
+  of the difference lies above 0 and, on accuracy, the exact McNemar test rejects "equally good"
+  (p < 0.05). Holds back every retrain that cannot show an improvement the test split can see.
+- `non_inferior`: not worse by more than `gate_margin`: the interval's lower end above
+  -gate_margin. Lets a retrain on fresh data through unless it is clearly worse.
+
+The 95% level is the one the evaluation job computes (`trainer.pairedstats.CONFIDENCE`)."""
+
+
+def paired_verdict(gate_metric: str, rule: str, margin: float, comparison: dict) -> tuple:
+    """(passes, what the paired comparison says) for `rule` (GATE_RULES, not `not_worse`) on
+    evaluation.json's `comparison`."""
+    figure = comparison[gate_metric]
+    low, high = (float(x) for x in figure["ci95"])
+    difference = float(figure["difference"])
+    mcnemar = comparison["mcnemar"]
+    said = f"difference {difference:+.4f} (95% CI {low:+.4f} to {high:+.4f}"
+    if gate_metric == "accuracy":
+        said += f"; exact McNemar p={float(mcnemar['p_value']):.3g}, {mcnemar['b']} vs {mcnemar['c']} images"
+    said += f" on {comparison['examples']})"
+    if rule == "significantly_better":
+        passes = low > 0 and (gate_metric != "accuracy" or float(mcnemar["p_value"]) < 0.05)
+        return passes, said + (": significantly better" if passes else ": not significantly better")
+    passes = low > -margin
+    verdict = "within" if passes else "beyond"
+    return passes, said + f": the lower end is {verdict} the margin -{margin:.4f}"
 
 
 def gate_decision(
@@ -76,14 +109,23 @@ def gate_decision(
     champion_score: float,
     champion_recorded: float,
     other_task: str,
+    rule: str = "not_worse",
+    margin: float = 0.0,
+    comparison: dict | None = None,
 ) -> tuple:
     """(promote, reason) for a challenger scoring `score` on this run's test split, against a
     champion scoring `champion_score` on the same split (< 0: no champion) that recorded
-    `champion_recorded` on its own (< 0: unknown). `other_task`: `task_mismatch`'s verdict."""
+    `champion_recorded` on its own (< 0: unknown), by `rule` (GATE_RULES; `margin` for
+    `non_inferior`) on the paired `comparison` (evaluation.json's; None: no champion).
+    `other_task`: `task_mismatch`'s verdict."""
     if gate_metric not in ("accuracy", "macro_f1"):
         raise ValueError(f"gate_metric must be accuracy or macro_f1, got {gate_metric!r}")
     if not 0.0 <= min_score <= 1.0:
         raise ValueError(f"min_score must be from 0 to 1, got {min_score}")
+    if rule not in ("not_worse", "significantly_better", "non_inferior"):
+        raise ValueError(f"gate_rule must be not_worse, significantly_better or non_inferior, got {rule!r}")
+    if not 0.0 <= margin <= 1.0:
+        raise ValueError(f"gate_margin must be from 0 to 1, got {margin}")
     name = "test accuracy" if gate_metric == "accuracy" else "test macro F1"
     own = f" (it recorded {champion_recorded:.4f} on its own test split)" if champion_recorded >= 0 else ""
     if other_task:
@@ -92,6 +134,14 @@ def gate_decision(
         return False, f"{name} {score:.4f} is below min_score {min_score:.4f}"
     if champion_score < 0:
         return True, f"{name} {score:.4f} >= min_score {min_score:.4f}; no champion yet"
+    if rule != "not_worse":
+        if comparison is None:
+            raise RuntimeError(
+                f"gate_rule={rule} needs evaluation.json's paired comparison, which is missing"
+            )
+        passes, said = paired_verdict(gate_metric, rule, margin, comparison)
+        versus = f"{name} {score:.4f} against the champion's {champion_score:.4f} on this test split{own}"
+        return passes, f"{versus}: {said} (gate_rule={rule})"
     if score < champion_score:
         return (
             False,
@@ -116,6 +166,7 @@ def build_evaluation_args(data_dir: str, model_dir: str, champion_uri: str) -> l
     additional_funcs=[
         fuse_path,
         task_mismatch,
+        paired_verdict,
         gate_decision,
         dataset_record,
         label_value,
@@ -134,10 +185,19 @@ def evaluate_model(
     confusion: dsl.Output[dsl.ClassificationMetrics],
     dataset: dsl.Output[dsl.Dataset],
     model: dsl.Output[dsl.Model],
+    gate_rule: str = "not_worse",
+    gate_margin: float = 0.0,
     uploaded: dsl.Input[dsl.Artifact] = None,
     location: str = "",
 ) -> NamedTuple(
-    "Outputs", promote=bool, champion=bool, score=float, champion_score=float, reason=str, description=str
+    "Outputs",
+    promote=bool,
+    champion=bool,
+    score=float,
+    champion_score=float,
+    reason=str,
+    description=str,
+    comparison=dict,
 ):
     """The gate. Records this run's Dataset (`dataset_uri`, the preparation job's folder) and
     Model (`model_uri`, the training job's) as artifacts, logs the new model's metrics, and
@@ -208,6 +268,9 @@ def evaluate_model(
         champion_score,
         -1.0 if recorded is None else float(recorded),
         task_mismatch(m["class_names"], champion_class_names),
+        gate_rule,
+        gate_margin,
+        evaluated.get("comparison"),
     )
     print(("PROMOTE: " if promote else "HOLD: ") + reason)
     figures = f"accuracy {float(new['accuracy']):.4f}, macro F1 {float(new['macro_f1']):.4f}"
@@ -238,6 +301,8 @@ def evaluate_model(
         if promote and not champion:
             reason = moved
     Outputs = collections.namedtuple(
-        "Outputs", ["promote", "champion", "score", "champion_score", "reason", "description"]
+        "Outputs", ["promote", "champion", "score", "champion_score", "reason", "description", "comparison"]
     )
-    return Outputs(promote, champion, score, champion_score, reason, description)
+    return Outputs(
+        promote, champion, score, champion_score, reason, description, evaluated.get("comparison") or {}
+    )

@@ -370,6 +370,9 @@ def _summary(
             "metric": args.get("gate_metric"),
             "score": gate["score"],
             "champion_score": gate["champion_score"],
+            # The paired comparison behind the decision (evaluation.json's; {}: no champion).
+            "rule": args.get("gate_rule"),
+            "comparison": gate.get("comparison") or None,
         }
     upload = by_name.get("upload-model")
     if upload and upload.status == "SUCCESS":

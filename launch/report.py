@@ -274,6 +274,38 @@ def top_confusions(
     return [(labels[i], labels[j], count) for count, i, j in cells[:n]]
 
 
+def comparison_table(comparison: Mapping[str, Any], rule: str) -> str:
+    """The paired comparison of the two models on the same test images (evaluation.json's
+    `comparison`): each metric's difference with its 95% bootstrap interval, and the exact
+    McNemar test on the images only one model got right."""
+    rows = []
+    for name in ("accuracy", "macro_f1"):
+        figure = comparison.get(name)
+        if isinstance(figure, Mapping):
+            low, high = figure["ci95"]
+            rows.append(
+                (
+                    name,
+                    f"{figure['challenger']:.4f}",
+                    f"{figure['champion']:.4f}",
+                    f"{figure['difference']:+.4f}",
+                    f"{low:+.4f} to {high:+.4f}",
+                )
+            )
+    mcnemar = comparison.get("mcnemar") or {}
+    note = (
+        f"On {comparison.get('examples')} test images, gate_rule={rule}. Exact McNemar test: "
+        f"{mcnemar.get('b')} images only this model got right, {mcnemar.get('c')} only the champion, "
+        f"p={mcnemar.get('p_value', float('nan')):.3g} (below 0.05: the accuracies differ beyond chance). "
+        "An interval that contains 0 means the test split cannot tell the two models apart."
+    )
+    return (
+        "<h3>Paired comparison</h3>"
+        + _table(rows, ("metric", "this model", "champion", "difference", "95% interval (paired bootstrap)"))
+        + f"<p>{html.escape(note)}</p>"
+    )
+
+
 def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
@@ -386,6 +418,8 @@ def write_report(
         ]
         if gate.get("description"):
             parts.append(f"<p>{html.escape(str(gate['description']))}</p>")
+        if gate.get("comparison"):
+            parts.append(comparison_table(gate["comparison"], gate.get("rule", "not_worse")))
     if metrics:
         rows = [
             (k, metrics[k])

@@ -50,6 +50,7 @@ EVALUATION_READ = (
     "macro_f1",
     "loss",
     "recorded",
+    "comparison",
 )
 
 
@@ -471,6 +472,8 @@ def local_upload_model(
                 role: {k: m.get(k) for k in ("examples", "accuracy", "macro_f1", "loss", "recorded")}
                 for role, m in evaluated["models"].items()
             },
+            # The paired comparison the gate judged (None: no champion).
+            "comparison": evaluated.get("comparison"),
         },
         "serving_check": answers,
     }

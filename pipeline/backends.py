@@ -40,14 +40,28 @@ def _local_image(p: dict[str, Any]) -> dsl.PipelineTask:
 def _vertex_custom_job(
     name: str, where: dict[str, Any], pools: Any, folder: Any, settings: dict[str, Any], **extra: Any
 ) -> dsl.PipelineTask:
+    """GCPC's CustomTrainingJobOp; every one of them (preparation, training, evaluation) runs on
+    the `persistent_resource_id` parameter's resource, in `settings` (`pipeline.dag._job_settings`),
+    and on machines started for it when that is ''. The op's own default is the placeholder
+    `{{$.pipeline_persistent_resource_id}}`, "resolved to the PipelineJob RuntimeConfig's
+    persistent resource id at runtime" (GCPC 2.22 v1/custom_job/component.py), which only a
+    v1beta1 PipelineJob with a default runtime sets: `launch.submit` sends a v1 PipelineJob
+    (docs/persistent-resource.md says why), so the ID is passed explicitly. It reaches the job
+    as aiplatform_v1 `CustomJobSpec.persistent_resource_id` ("the job will be run on existing
+    machines held by the PersistentResource instead of on-demand short-live machines. The network
+    and CMEK configs on the job should be consistent with those on the PersistentResource,
+    otherwise, the job will be rejected"), which `launch.submit` checks before the run."""
     from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp
 
+    job_settings = dict(settings)
+    resource = job_settings.pop("persistent_resource_id")
     return CustomTrainingJobOp(
         **where,
         display_name=name,
         worker_pool_specs=pools,
         base_output_directory=folder,
-        **settings,
+        persistent_resource_id=resource,
+        **job_settings,
         **extra,
     ).set_display_name(name)
 
@@ -56,7 +70,8 @@ def _local_custom_job(
     name: str, where: dict[str, Any], pools: Any, folder: Any, settings: dict[str, Any], **extra: Any
 ) -> dsl.PipelineTask:
     """The local runner takes the same specs; the job settings it cannot honour (service account,
-    network, CMEK, labels, scheduling strategy, TensorBoard) are Vertex's alone."""
+    network, CMEK, labels, scheduling strategy, TensorBoard, persistent resource) are Vertex's
+    alone."""
     return local_steps.local_custom_job(
         display_name=name,
         project=where["project"],
@@ -150,6 +165,8 @@ def _gate(t: dict[str, Any], **vertex: Any) -> dsl.PipelineTask:
         evaluation_dir=t["plan"]["evaluation_dir"],
         gate_metric=t["gate_metric"],
         min_score=t["min_score"],
+        gate_rule=t["gate_rule"],
+        gate_margin=t["gate_margin"],
         champion_class_names=t["champion"]["class_names"],
         champion_version=t["champion"]["champion_version"],
         **vertex,

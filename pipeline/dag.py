@@ -103,6 +103,8 @@ def _dag(target: str, p: dict[str, Any]) -> None:
 
 
 def _job_settings(p: dict[str, Any]) -> dict[str, Any]:
+    """The settings every custom job gets (preparation, training, evaluation): on Vertex the
+    persistent resource too, a parameter of that target alone (the local runner ignores it)."""
     return {
         "timeout": p["timeout"],
         "restart_job_on_worker_restart": p["restart_job_on_worker_restart"],
@@ -110,6 +112,7 @@ def _job_settings(p: dict[str, Any]) -> dict[str, Any]:
         "network": p["network"],
         "encryption_spec_key_name": p["encryption_spec_key_name"],
         "labels": p["labels"],
+        **({"persistent_resource_id": p["persistent_resource_id"]} if "persistent_resource_id" in p else {}),
     }
 
 

@@ -177,6 +177,17 @@ PARAMETERS: tuple[Parameter, ...] = (
     _p("encryption_spec_key_name", str, "", "CMEK key of the jobs and the model."),
     _p("tensorboard", str, "", "Vertex TensorBoard resource for the training job."),
     _p("labels", dict, {}, "Labels of the jobs and the model version."),
+    _p(
+        "persistent_resource_id",
+        str,
+        "",
+        "ID of a Vertex persistent resource, in the run's project and region, that the preparation, "
+        "training and evaluation jobs run on instead of machines started for each ('': on demand; "
+        "the PERSISTENT_RESOURCE_ID setting). It needs a pool for each job's machines, the run's "
+        "network, CMEK key and service account; tuning trials and the pipeline's own steps still "
+        "start machines (docs/persistent-resource.md).",
+        targets=("vertex",),
+    ),
     # Tuning.
     _p("tune", bool, False, "Run a hyperparameter tuning job first; train with the best trial."),
     _p("max_trial_count", int, 8, "Trials of the tuning job.", 2),
@@ -219,6 +230,15 @@ PARAMETERS: tuple[Parameter, ...] = (
         "Lowest gate_metric on this run's test split a model needs to become the champion.",
         0.9,
     ),
+    _p(
+        "gate_rule",
+        str,
+        "not_worse",
+        "How the new model must compare with the champion on this run's test split: not_worse "
+        "(at least its gate_metric), significantly_better (the paired 95% interval above 0, and "
+        "McNemar p < 0.05 on accuracy) or non_inferior (the interval's lower end above -gate_margin).",
+    ),
+    _p("gate_margin", float, 0.01, "The margin of gate_rule=non_inferior, in gate_metric units (0 to 1)."),
     _p(
         "model_display_name", str, "cassava-classifier", "The registry model that gets a new version per run."
     ),

@@ -656,6 +656,14 @@ def _registry_problems(v: Mapping[str, Any], region: str, warnings: list[str]) -
         )
     if not isinstance(v["min_score"], int | float) or not 0 <= v["min_score"] <= 1:
         problems.append(Problem(("min_score",), f"must be from 0 to 1, got {v['min_score']!r}"))
+    if v["gate_rule"] not in evaluation.GATE_RULES:
+        problems.append(
+            Problem(
+                ("gate_rule",), f"must be one of {', '.join(evaluation.GATE_RULES)}, got {v['gate_rule']!r}"
+            )
+        )
+    if not isinstance(v["gate_margin"], int | float) or not 0 <= v["gate_margin"] <= 1:
+        problems.append(Problem(("gate_margin",), f"must be from 0 to 1, got {v['gate_margin']!r}"))
     root = v.get("model_root", "")
     if root and not MODEL_ROOT.match(str(root)):
         problems.append(

@@ -290,7 +290,12 @@ def test_the_gate_records_the_model_and_dataset_and_requires_a_saved_model(tmp_p
         gate(tmp_path, "accuracy", {"accuracy": 0.93, "macro_f1": 0.9}, None)
 
 
-def write_evaluation(base: Path, challenger: dict[str, float], champion: dict[str, float] | None) -> str:
+def write_evaluation(
+    base: Path,
+    challenger: dict[str, float],
+    champion: dict[str, float] | None,
+    comparison: dict[str, Any] | None = None,
+) -> str:
     """The evaluation job's output (`<base>/model/evaluation.json`, as trainer.evaluate writes it)."""
 
     def entry(figures: dict[str, float], recorded: dict[str, float]) -> dict[str, Any]:
@@ -307,7 +312,12 @@ def write_evaluation(base: Path, challenger: dict[str, float], champion: dict[st
     if champion is not None:
         models["champion"] = entry(champion, {"accuracy": 0.99, "macro_f1": 0.98})
     (base / "model").mkdir(parents=True, exist_ok=True)
-    document = {"split": "test", "dataset_fingerprint": "sha256:" + "ab" * 32, "models": models}
+    document = {
+        "split": "test",
+        "dataset_fingerprint": "sha256:" + "ab" * 32,
+        "models": models,
+        "comparison": comparison,
+    }
     (base / "model" / "evaluation.json").write_text(json.dumps(document))
     return str(base)
 
@@ -324,9 +334,11 @@ def gate(tmp_path: Path, metric: str, new: dict[str, float], old: dict[str, floa
         model_uri=str(tmp_path / "model"),
         dataset=kw.get("dataset", dsl.Dataset(uri=str(tmp_path / "d"))),
         model=kw.get("model", dsl.Model(uri=str(tmp_path / "x"))),
-        evaluation_dir=write_evaluation(tmp_path / "evaluation", new, old),
+        evaluation_dir=write_evaluation(tmp_path / "evaluation", new, old, kw.get("comparison")),
         gate_metric=metric,
         min_score=kw.get("min_score", 0.8),
+        gate_rule=kw.get("gate_rule", "not_worse"),
+        gate_margin=kw.get("gate_margin", 0.0),
         champion_class_names=kw.get("champion_class_names", ["a", "b"] if old else []),
         champion_version="projects/p/locations/l/models/7@3" if old else "",
         metrics=metrics,
@@ -512,3 +524,66 @@ def test_the_model_is_kept_outside_the_runs_folders_on_vertex(
     from components import plan
 
     assert plan.stable_model_uri(root, folder, name, "run-1") == expected
+
+
+def paired(labels: list[int], challenger: list[int], champion: list[int]) -> dict[str, Any]:
+    """evaluation.json's `comparison`, computed by the trainer's own code on these predictions."""
+    from trainer import pairedstats
+
+    return pairedstats.compare(labels, challenger, champion, 2)
+
+
+# 100 test images; the champion gets 90 right. One image apart, or twenty.
+LABELS = [i % 2 for i in range(100)]
+CHAMPION = [1 - y if i < 10 else y for i, y in enumerate(LABELS)]
+ONE_BETTER = [1 - y if 1 <= i < 10 else y for i, y in enumerate(LABELS)]  # 91 right
+MUCH_BETTER = LABELS  # 100 right: the champion's 10 mistakes fixed, none made
+ONE_WORSE = [1 - y if i < 11 else y for i, y in enumerate(LABELS)]  # 89 right
+
+
+@pytest.mark.parametrize(
+    ("rule", "challenger", "promote", "said"),
+    [
+        ("not_worse", ONE_BETTER, True, ">= the champion's 0.9000"),
+        ("not_worse", ONE_WORSE, False, "is below the champion's 0.9000"),
+        ("significantly_better", ONE_BETTER, False, "not significantly better"),
+        ("significantly_better", MUCH_BETTER, True, "exact McNemar p=0.00195, 10 vs 0 images on 100): significantly better"),
+        ("non_inferior", ONE_WORSE, True, "within the margin -0.0500"),
+        ("non_inferior", [1 - y if i < 20 else y for i, y in enumerate(LABELS)], False, "beyond the margin -0.0500"),
+    ],
+)  # fmt: skip
+def test_the_gate_rule_judges_the_paired_comparison(
+    tmp_path: Path, rule: str, challenger: list[int], promote: bool, said: str
+) -> None:
+    """One image apart on 100 means nothing: `significantly_better` holds it back, `non_inferior`
+    lets a slightly worse retrain through within its margin, `not_worse` (the default) compares
+    the two figures alone. The reason says which, with the interval and McNemar's p."""
+    accuracy = sum(a == y for a, y in zip(challenger, LABELS, strict=True)) / 100
+    out, _, _ = gate(
+        tmp_path,
+        "accuracy",
+        {"accuracy": accuracy, "macro_f1": accuracy},
+        {"accuracy": 0.9, "macro_f1": 0.9},
+        min_score=0.5,
+        gate_rule=rule,
+        gate_margin=0.05,
+        comparison=paired(LABELS, challenger, CHAMPION),
+    )
+    assert out.promote is promote and said in out.reason, out.reason
+    if rule != "not_worse":
+        assert f"(gate_rule={rule})" in out.reason and "95% CI" in out.reason
+    assert out.comparison["mcnemar"]["b"] + out.comparison["mcnemar"]["c"] >= 1
+    assert out.reason in out.description
+
+
+def test_a_rule_that_needs_the_comparison_refuses_to_decide_without_it(tmp_path: Path) -> None:
+    with pytest.raises(
+        RuntimeError, match=r"gate_rule=non_inferior needs evaluation\.json's paired comparison"
+    ):
+        gate(
+            tmp_path,
+            "accuracy",
+            {"accuracy": 0.9, "macro_f1": 0.9},
+            {"accuracy": 0.9, "macro_f1": 0.9},
+            gate_rule="non_inferior",
+        )
