@@ -101,6 +101,10 @@ schedules: $(STAMP) ## List the project's pipeline schedules
 schedule-pause schedule-resume schedule-delete: $(STAMP) ## Pause, resume or delete a schedule: NAME=projects/.../schedules/ID
 	@$(PY) -m launch.schedules $(subst schedule-,,$@) $(EXPLAIN)
 
+.PHONY: models
+models: $(STAMP) ## List the local registry's models: each version's figures, the dataset it was evaluated on, the gate's decision and the champion
+	@$(PY) -m launch.models
+
 .PHONY: report
 report: $(STAMP) ## Write local_runs/<job id>/summary.json and report.html for a Vertex run: RUN=<job id> or RUN=projects/<p>/locations/<region>/pipelineJobs/<id>
 	@$(PY) -m launch.vertexreport $(ARGS) $(EXPLAIN)

@@ -27,7 +27,7 @@ from kfp import dsl
 
 from components import runtime
 from components.prepare import dataset_record
-from components.registry import label_value, record_on_version, task_mismatch
+from components.registry import evaluation_record, label_value, record_on_version, task_mismatch
 from components.runtime import fuse_path
 
 
@@ -170,6 +170,7 @@ def build_evaluation_args(data_dir: str, model_dir: str, champion_uri: str) -> l
         gate_decision,
         dataset_record,
         label_value,
+        evaluation_record,
         record_on_version,
     ],
 )
@@ -296,6 +297,7 @@ def evaluate_model(
             },
             promote,
             champion_version,
+            evaluation=evaluation_record(evaluated, description),
         )
         print(moved)
         if promote and not champion:

@@ -464,6 +464,51 @@ def find_champion(
     return Outputs(True, parent, uri, version, f"gs://{match.group(1)}/{match.group(2)}", class_names)
 
 
+CLASSIFICATION_METRICS_SCHEMA = (
+    "gs://google-cloud-aiplatform/schema/modelevaluation/classification_metrics_1.0.0.yaml"
+)
+"""The schema of a classification ModelEvaluation's metrics: the one GCPC's own import uses for
+classification (container/_implementation/model_evaluation/import_model_evaluation.py,
+`PROBLEM_TYPE_TO_SCHEMA_URI`); the console draws its confusion matrix."""
+
+
+def evaluation_record(evaluated: dict, description: str, pipeline_run: str = "") -> dict:
+    """The new version's ModelEvaluation (aiplatform_v1 `ModelEvaluation`, as JSON) from the
+    evaluation job's evaluation.json: its classification metrics in the schema's terms (the
+    confusion matrix with its classes, the log loss), and in `metadata` what the schema has no
+    field for: accuracy, macro F1, per-class precision, recall and F1, the split, the dataset's
+    fingerprint, the gate's decision and the paired comparison with the champion."""
+    new = evaluated["models"]["challenger"]
+    matrix = new["confusion_matrix"]
+    labels = [str(c) for c in matrix["labels"]]
+    metrics = {
+        "confusionMatrix": {
+            "annotationSpecs": [{"id": str(i), "displayName": name} for i, name in enumerate(labels)],
+            "rows": [[float(c) for c in row] for row in matrix["matrix"]],
+        },
+        "logLoss": float(new["loss"]),
+    }
+    metadata = {
+        "evaluation_dataset_type": "tf-record",
+        "split": evaluated["split"],
+        "dataset_fingerprint": evaluated["dataset_fingerprint"],
+        "examples": new["examples"],
+        "accuracy": new["accuracy"],
+        "macro_f1": new["macro_f1"],
+        "per_class": new.get("per_class") or {},
+        "gate": description,
+        "comparison": evaluated.get("comparison"),
+    }
+    if pipeline_run:
+        metadata["pipeline_job_id"] = pipeline_run
+    return {
+        "display_name": f"{evaluated['split']} split, dataset {evaluated['dataset_fingerprint'][:19]}",
+        "metrics_schema_uri": CLASSIFICATION_METRICS_SCHEMA,
+        "metrics": metrics,
+        "metadata": metadata,
+    }
+
+
 def record_on_version(
     location: str,
     name: str,
@@ -472,6 +517,7 @@ def record_on_version(
     promote: bool,
     evaluated_champion: str,
     alias: str = "champion",
+    evaluation: dict | None = None,
 ) -> tuple:
     """(holds the alias, what was done): writes the gate's `description` and `labels` on the
     uploaded version `name` (`projects/.../models/ID@VERSION`, ModelUploadOp's VertexModel) and,
@@ -485,7 +531,10 @@ def record_on_version(
     A version's own fields are `version_description` and its labels (aiplatform_v1
     `UpdateModelRequest`: "model.name with the @ value ... refers to a version specific update
     ... supported version-specific fields: version_description. Labels are supported"); the
-    labels replace the version's, so the uploaded ones are kept and these added."""
+    labels replace the version's, so the uploaded ones are kept and these added. `evaluation`
+    (`evaluation_record`'s) is imported onto the version (ModelService.ImportModelEvaluation,
+    with the versioned name as parent, as GCPC's own import passes the VertexModel's
+    resourceName), so the console shows it beside the version."""
     from google.api_core import exceptions
     from google.cloud import aiplatform_v1
     from google.protobuf import field_mask_pb2
@@ -504,6 +553,17 @@ def record_on_version(
         ),
         update_mask=field_mask_pb2.FieldMask(paths=["version_description", "labels"]),
     )
+    if evaluation is not None:
+        from google.protobuf import json_format, struct_pb2
+
+        record = aiplatform_v1.ModelEvaluation(
+            display_name=evaluation["display_name"],
+            metrics_schema_uri=evaluation["metrics_schema_uri"],
+            metrics=json_format.ParseDict(evaluation["metrics"], struct_pb2.Value()),
+            metadata=json_format.ParseDict(evaluation["metadata"], struct_pb2.Value()),
+        )
+        imported = client.import_model_evaluation(parent=name, model_evaluation=record)
+        print(f"evaluation imported onto {name}: {imported.name}")
     if not promote:
         return False, f"{alias} stays where it is: the gate held this version back"
     try:

@@ -14,6 +14,7 @@ import grpc
 import pytest
 from google.cloud import aiplatform_v1
 from google.cloud.aiplatform_v1.services.model_service.transports.grpc import ModelServiceGrpcTransport
+from google.protobuf import json_format
 
 from components import registry
 from local import steps
@@ -298,6 +299,13 @@ def model_service(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         return request.model
 
     fake.add(service, "UpdateModel", aiplatform_v1.UpdateModelRequest, update_model)
+
+    def import_evaluation(
+        request: aiplatform_v1.ImportModelEvaluationRequest,
+    ) -> aiplatform_v1.ModelEvaluation:
+        return aiplatform_v1.ModelEvaluation(name=f"{request.parent.split('@')[0]}/evaluations/1")
+
+    fake.add(service, "ImportModelEvaluation", aiplatform_v1.ImportModelEvaluationRequest, import_evaluation)
     state["fake"] = fake
     fake.start()
     monkeypatch.setattr(
@@ -385,9 +393,32 @@ def version(state: dict[str, Any], number: str, accuracy: float, classes: list[s
     return f"{PARENT}@{number}"
 
 
+EVALUATED = {
+    "split": "test",
+    "dataset_fingerprint": "sha256:" + "ab" * 32,
+    "models": {
+        "challenger": {
+            "examples": 20,
+            "loss": 0.31,
+            "accuracy": 0.9,
+            "macro_f1": 0.88,
+            "per_class": {"a": {"precision": 1.0, "recall": 0.8, "f1": 0.89, "support": 10}},
+            "confusion_matrix": {"labels": ["a", "b"], "matrix": [[8, 2], [0, 10]]},
+        }
+    },
+    "comparison": {"examples": 20, "mcnemar": {"b": 3, "c": 1, "p_value": 0.625}},
+}
+
+
 def record(name: str, evaluated: str, promote: bool = True) -> tuple[bool, str]:
     return registry.record_on_version(
-        "us-central1", name, "Promoted on accuracy ...", {"gate": "promoted"}, promote, evaluated
+        "us-central1",
+        name,
+        "Promoted on accuracy ...",
+        {"gate": "promoted"},
+        promote,
+        evaluated,
+        evaluation=registry.evaluation_record(EVALUATED, "Promoted on accuracy ..."),
     )
 
 
@@ -407,6 +438,18 @@ def test_the_gate_moves_the_alias_from_the_champion_it_compared_with(
     ]
     assert update.model.version_description == "Promoted on accuracy ..."
     assert dict(update.model.labels) == {"uploaded": "yes", "gate": "promoted"}
+    # The evaluation itself, on the version, in the schema the console draws (its confusion matrix).
+    (imported,) = model_service["fake"].calls("ImportModelEvaluation")
+    assert imported.parent == f"{PARENT}@2"
+    evaluation = imported.model_evaluation
+    assert evaluation.metrics_schema_uri == registry.CLASSIFICATION_METRICS_SCHEMA
+    metrics = json_format.MessageToDict(aiplatform_v1.ModelEvaluation.pb(evaluation).metrics)
+    assert metrics["confusionMatrix"]["rows"] == [[8, 2], [0, 10]] and metrics["logLoss"] == 0.31
+    assert [s["displayName"] for s in metrics["confusionMatrix"]["annotationSpecs"]] == ["a", "b"]
+    metadata = json_format.MessageToDict(aiplatform_v1.ModelEvaluation.pb(evaluation).metadata)
+    assert metadata["macro_f1"] == 0.88 and metadata["per_class"]["a"]["recall"] == 0.8
+    assert metadata["dataset_fingerprint"] == EVALUATED["dataset_fingerprint"]
+    assert metadata["comparison"]["mcnemar"]["p_value"] == 0.625
 
 
 def test_a_held_version_gets_the_decision_and_not_the_alias(model_service: dict[str, Any]) -> None:

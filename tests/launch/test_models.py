@@ -1,0 +1,73 @@
+"""`make models` lists the local registry as `local.steps.register_version` writes it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launch import models
+from local import steps
+
+
+def saved_model(folder: Path, accuracy: float) -> str:
+    folder.mkdir(parents=True)
+    (folder / "saved_model.pb").write_bytes(b"pb")
+    (folder / "metrics.json").write_text(json.dumps({"test_accuracy": accuracy, "class_names": ["a", "b"]}))
+    return str(folder)
+
+
+def details(accuracy: float, comparison: dict | None) -> dict:
+    return {
+        "evaluation": {
+            "split": "test",
+            "dataset_fingerprint": "sha256:" + "cd" * 32,
+            "models": {"challenger": {"examples": 100, "accuracy": accuracy, "macro_f1": accuracy - 0.01}},
+            "comparison": comparison,
+        }
+    }
+
+
+def test_each_version_is_listed_with_its_figures_dataset_gate_and_the_champion(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    registry_dir = str(tmp_path / "registry")
+    steps.register_version(
+        saved_model(tmp_path / "m1", 0.9), registry_dir, "leaves", True, "ok", details(0.9, None)
+    )
+    comparison = {"accuracy": {"difference": -0.01, "ci95": [-0.04, 0.02]}}
+    steps.register_version(
+        saved_model(tmp_path / "m2", 0.89),
+        registry_dir,
+        "leaves",
+        False,
+        "below",
+        details(0.89, comparison),
+        "1",
+    )
+    assert models.main(["--registry_dir", registry_dir]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("leaves  (* = champion")
+    first, second = lines[2].split(), lines[3].split()
+    assert first[:2] == ["1", "*"] and "0.9000" in first and "promoted" in first
+    assert second[0] == "2" and "held" in second and "0.8900" in second and "0.8800" in second
+    assert "sha256:cdcdcdcdcdcd" in lines[3] and "-0.0100 [-0.0400, +0.0200]" in lines[3]
+
+
+def test_a_damaged_version_is_named_and_no_registry_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    registry_dir = tmp_path / "registry"
+    assert models.main(["--registry_dir", str(registry_dir)]) == 0
+    assert capsys.readouterr().out.strip() == "no models yet"
+    steps.register_version(
+        saved_model(tmp_path / "m1", 0.9), str(registry_dir), "leaves", True, "ok", details(0.9, None)
+    )
+    (version_json,) = registry_dir.glob("*/1/version.json")
+    version_json.chmod(0o644)
+    version_json.write_text("{not json")
+    assert models.main(["--registry_dir", str(registry_dir)]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.split()[0] == "1" and "damaged:" in row and "version.json is not JSON" in row
