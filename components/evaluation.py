@@ -27,7 +27,13 @@ from kfp import dsl
 
 from components import runtime
 from components.prepare import dataset_record
-from components.registry import evaluation_record, label_value, record_on_version, task_mismatch
+from components.registry import (
+    classification_metrics_schema,
+    evaluation_record,
+    label_value,
+    record_on_version,
+    task_mismatch,
+)
 from components.runtime import fuse_path
 
 
@@ -170,6 +176,7 @@ def build_evaluation_args(data_dir: str, model_dir: str, champion_uri: str) -> l
         gate_decision,
         dataset_record,
         label_value,
+        classification_metrics_schema,
         evaluation_record,
         record_on_version,
     ],

@@ -18,6 +18,20 @@ it under the pipeline root (gs:// on Vertex, a local folder on the local target)
 the job's `base_output_directory` (Vertex derives AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and
 AIP_TENSORBOARD_LOG_DIR from it: model/, checkpoints/, logs/). This step is never cached
 (`pipeline.caching`): a cached plan would hand a new run the folders of an older one.
+
+The trainer's command line is spelled here once (`build_trainer_args`):
+    python -m trainer.task --data_dir DATASET_URI --backbone B --weights W --image_size N
+        --epochs N --learning_rate F --per_replica_batch_size N --dense_units N --dropout F
+        --mixed_precision BOOL --xla BOOL --seed N --augment POLICY --lr_schedule S
+        --warmup_epochs F --lr_reference_batch_size N --label_smoothing F --class_weights W
+        --export_epoch best|last --early_stopping_patience N [--fine_tune_fraction F]
+        [--model_dir MODEL_URI (the final training on Vertex: `stable_model_uri`)]
+`--checkpoint_dir` and `--tensorboard_dir` are left to their defaults, the AIP_CHECKPOINT_DIR and
+AIP_TENSORBOARD_LOG_DIR Vertex derives from the job's base output directory (per trial in a
+tuning job). The best trial's step writes its values into the planned training flags
+(`apply_hyperparameters`); the pre-flight (`pipeline.rules.trainer_commands`) calls
+`build_trainer_args` itself, so the trainer's parsers check the very command line the jobs get.
+A tunable hyperparameter is one row of `hyperparameters()` and one input of `plan_jobs`.
 """
 
 from typing import Any, NamedTuple
@@ -28,9 +42,171 @@ from components import hardware, runtime
 from components.evaluation import build_evaluation_args, evaluate_command
 from components.prepare import build_prepare_args, prepare_command
 from components.registry import check_model_display_name, registry_folder
-from components.training import build_trainer_args, train_command, tunable, typed_hyperparameter
-from components.tuning import measurement_selection
 from components.worker_pools import build_worker_pool_specs, pool_env
+
+
+def train_command() -> list:
+    """The training job's command (a function, so that steps can be handed it)."""
+    return ["python", "-m", "trainer.task"]
+
+
+def hyperparameters() -> list:
+    """The hyperparameters a tuning job may set, each once: (name, kind, Vertex default, local
+    default, help). The pipeline parameter of each is made from its row (`pipeline.parameters`),
+    the kinds are `tunable()`'s, and `plan_jobs` takes each as an input of the same name (its
+    signature lists them: tests/components/test_steps.py keeps the two equal). A trial's values
+    arrive as JSON numbers (`32.0`): `build_trainer_args` and `apply_hyperparameters` write them
+    as the kind says. A function, so that steps can be handed it."""
+    return [
+        (
+            "learning_rate",
+            "float",
+            1e-4,
+            1.5e-3,
+            "Adam learning rate at lr_reference_batch_size (the peak of the schedule scales with the global batch).",
+        ),
+        ("per_replica_batch_size", "int", 64, 16, "Batch size per replica (global = x replicas)."),
+        ("dense_units", "int", 1016, 64, "Units of the dense layer of the head (0: none)."),
+        ("dropout", "float", 0.2, None, "Dropout before the classifier."),
+        (
+            "epochs",
+            "int",
+            2,
+            30,
+            "Training epochs (the most, when early_stopping_patience may end training sooner).",
+        ),
+    ]
+
+
+def tunable() -> dict:
+    """The tunable hyperparameters' kinds, by name (`hyperparameters()`)."""
+    return {row[0]: row[1] for row in hyperparameters()}
+
+
+TRAIN_COMMAND = train_command()
+TUNABLE = tunable()
+# The pipeline parameters `build_trainer_args` turns into `trainer.task` flags (beside the
+# dataset's URI and image size), under their own names: the planning step takes exactly these
+# (tests/components/test_steps.py keeps the list equal to its inputs).
+MODEL_FLAGS = (
+    "backbone",
+    "weights",
+    *TUNABLE,
+    "mixed_precision",
+    "xla",
+    "augment",
+    "lr_schedule",
+    "warmup_epochs",
+    "lr_reference_batch_size",
+    "label_smoothing",
+    "class_weights",
+    "export_epoch",
+    "early_stopping_patience",
+    "fine_tune_fraction",
+    "seed",
+)
+
+
+def typed_hyperparameter(name: str, value: Any, kinds: dict) -> Any:
+    """A tunable hyperparameter's value as its kind (`TUNABLE`, handed in as `kinds`: this runs
+    inside steps): a whole number for an int (`32.0` -> 32; `32.5` refused)."""
+    if name not in kinds:
+        raise ValueError(f"unknown hyperparameter {name!r}; allowed: {sorted(kinds)}")
+    if kinds[name] == "int":
+        number = float(value)
+        if number != int(number):
+            raise ValueError(f"hyperparameter {name} must be a whole number, got {value!r}")
+        return int(number)
+    return float(value)
+
+
+def build_trainer_args(
+    data_dir: str,
+    image_size: float,
+    flags: dict,
+    kinds: dict,
+    leave_out: tuple = (),
+    search_space: list | None = None,
+) -> tuple:
+    """(args, hyperparameters): the `trainer.task` flags of one job, and the tunable values they
+    carry. `flags` holds every name of `MODEL_FLAGS`; `kinds` is `TUNABLE`. Flags named in
+    `leave_out`, and the parameters a tuning job's `search_space` declares (StudySpec
+    ParameterSpecs, either JSON form), are omitted: a tuning job adds `--<parameter_id>=<value>`
+    per trial. `fine_tune_fraction` < 0 leaves the trainer's default."""
+    tuned = [str(s.get("parameter_id", s.get("parameterId", ""))) for s in (search_space or [])]
+    untunable = sorted(set(tuned) - set(kinds))
+    if untunable:
+        raise ValueError(
+            f"search_space declares {untunable}, which are not flags a tuning job may set; allowed: {sorted(kinds)}"
+        )
+    omitted = {*leave_out, *tuned}
+    # The pipeline's own values, as given: the step's inputs are typed by KFP, and the pre-flight
+    # hands a user's value to the trainer's parser, which names what is wrong with it.
+    resolved = {name: flags[name] for name in kinds}
+    values = {
+        "data_dir": data_dir,
+        "backbone": flags["backbone"],
+        "weights": flags["weights"],
+        # Numbers may come back as floats (kfp.local, JSON): the image size is a whole number.
+        "image_size": int(image_size),
+        "mixed_precision": str(bool(flags["mixed_precision"])).lower(),
+        "xla": str(bool(flags["xla"])).lower(),
+        "seed": int(flags["seed"]),
+        "augment": flags["augment"],
+        "lr_schedule": flags["lr_schedule"],
+        "warmup_epochs": float(flags["warmup_epochs"]),
+        "lr_reference_batch_size": int(flags["lr_reference_batch_size"]),
+        "label_smoothing": float(flags["label_smoothing"]),
+        "class_weights": flags["class_weights"],
+        "export_epoch": flags["export_epoch"],
+        "early_stopping_patience": int(flags["early_stopping_patience"]),
+        **resolved,
+    }
+    if float(flags["fine_tune_fraction"]) >= 0:
+        values["fine_tune_fraction"] = float(flags["fine_tune_fraction"])
+    args = [f"--{name}={value}" for name, value in values.items() if name not in omitted]
+    return args, resolved
+
+
+def apply_hyperparameters(pools: list, best: dict, kinds: dict) -> tuple:
+    """(pools, values): the training job's worker pools with `hyperparameters` (the best trial's)
+    written over the trainer's flags of the same names, in every pool that runs the trainer (the
+    Reduction Server pool has no args), and every tunable value the job now carries. `kinds` is
+    `TUNABLE`. A hyperparameter the job's flags do not carry is refused."""
+    import copy
+
+    typed = {name: typed_hyperparameter(name, value, kinds) for name, value in best.items()}
+    out = copy.deepcopy(pools)
+    carried: dict = {}
+    for pool in out:
+        container = pool.get("container_spec", {})
+        if not container.get("args"):
+            continue
+        args = []
+        for arg in container["args"]:
+            name, sep, value = str(arg).removeprefix("--").partition("=")
+            if sep and name in typed:
+                arg = f"--{name}={typed[name]}"
+            if sep and name in kinds:
+                carried[name] = typed.get(name, typed_hyperparameter(name, value, kinds))
+            args.append(arg)
+        container["args"] = args
+    missing = sorted(set(typed) - set(carried))
+    if missing:
+        raise ValueError(f"the training job's flags carry no {missing} to set from the best trial")
+    return out, carried
+
+
+def measurement_selection(export_epoch: str) -> str:
+    """The study's measurement selection that matches what the trainer exports: a trial's final
+    measurement is its best epoch's (`BEST_MEASUREMENT`) when the trainer exports its best epoch,
+    its last epoch's (`LAST_MEASUREMENT`) when it exports its last (aiplatform_v1
+    `StudySpec.MeasurementSelectionType`), so a trial is judged by the model it would publish.
+    A run's value, so the planning step works it out (`components.plan`)."""
+    selections = {"best": "BEST_MEASUREMENT", "last": "LAST_MEASUREMENT"}
+    if export_epoch not in selections:
+        raise ValueError(f"export_epoch must be best or last, got {export_epoch!r}")
+    return selections[export_epoch]
 
 
 def stable_model_uri(model_root: str, training_folder: str, model_display_name: str, run: str) -> str:
@@ -69,6 +245,7 @@ def describe_pools(name: str, folder: str, specs: list) -> None:
         prepare_command,
         train_command,
         evaluate_command,
+        hyperparameters,
         tunable,
         build_prepare_args,
         typed_hyperparameter,
@@ -149,7 +326,7 @@ def plan_jobs(
     """The four jobs' worker pools and folders (module docstring), validated: a bad machine, GPU
     or flag fails this step, before any job starts. The tuning pools are planned whether or not
     the run tunes (a few milliseconds), with the study's measurement selection
-    (`tuning.measurement_selection`); `hyperparameters` are the tunable values the training
+    (`plan.measurement_selection`); `hyperparameters` are the tunable values the training
     job's flags carry (the best trial's step writes its own over them)."""
     flags = dict(locals())  # the parameters, by name (before any other local is made)
     import collections

@@ -464,12 +464,11 @@ def find_champion(
     return Outputs(True, parent, uri, version, f"gs://{match.group(1)}/{match.group(2)}", class_names)
 
 
-CLASSIFICATION_METRICS_SCHEMA = (
-    "gs://google-cloud-aiplatform/schema/modelevaluation/classification_metrics_1.0.0.yaml"
-)
-"""The schema of a classification ModelEvaluation's metrics: the one GCPC's own import uses for
-classification (container/_implementation/model_evaluation/import_model_evaluation.py,
-`PROBLEM_TYPE_TO_SCHEMA_URI`); the console draws its confusion matrix."""
+def classification_metrics_schema() -> str:
+    """The schema of a classification ModelEvaluation's metrics: the one GCPC's own import uses
+    for classification (container/_implementation/model_evaluation/import_model_evaluation.py,
+    `PROBLEM_TYPE_TO_SCHEMA_URI`); the console draws its confusion matrix."""
+    return "gs://google-cloud-aiplatform/schema/modelevaluation/classification_metrics_1.0.0.yaml"
 
 
 def evaluation_record(evaluated: dict, description: str, pipeline_run: str = "") -> dict:
@@ -503,7 +502,7 @@ def evaluation_record(evaluated: dict, description: str, pipeline_run: str = "")
         metadata["pipeline_job_id"] = pipeline_run
     return {
         "display_name": f"{evaluated['split']} split, dataset {evaluated['dataset_fingerprint'][:19]}",
-        "metrics_schema_uri": CLASSIFICATION_METRICS_SCHEMA,
+        "metrics_schema_uri": classification_metrics_schema(),
         "metrics": metrics,
         "metadata": metadata,
     }

@@ -25,15 +25,15 @@ from typing import Any, NamedTuple
 
 from kfp import dsl
 
-from components import runtime, training
-from components.training import apply_hyperparameters, tunable, typed_hyperparameter
+from components import plan, runtime
+from components.plan import apply_hyperparameters, hyperparameters, tunable, typed_hyperparameter
 
 METRIC_ID = "val_accuracy"
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
-# The trainer flags a tuning job may set (`training.tunable()`): the hyperparameters
-# `training.build_trainer_args` leaves out of a tuning job's args when its space declares them
-# (each trial appends its own) and `training.apply_hyperparameters` takes from the best trial.
-TUNABLE_FLAGS = tuple(training.TUNABLE)
+# The trainer flags a tuning job may set (`plan.tunable()`): the hyperparameters
+# `plan.build_trainer_args` leaves out of a tuning job's args when its space declares them
+# (each trial appends its own) and `plan.apply_hyperparameters` takes from the best trial.
+TUNABLE_FLAGS = tuple(plan.TUNABLE)
 VALUE_SPECS = ("double_value_spec", "integer_value_spec", "discrete_value_spec", "categorical_value_spec")
 # GRID_SEARCH: "all parameters must be INTEGER, CATEGORICAL, or DISCRETE" (StudySpec.Algorithm).
 GRID_VALUE_SPECS = ("integer_value_spec", "discrete_value_spec", "categorical_value_spec")
@@ -109,18 +109,6 @@ def study_metrics() -> list[dict[str, Any]]:
     from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import serialize_metrics
 
     return serialize_metrics({METRIC_ID: "maximize"})
-
-
-def measurement_selection(export_epoch: str) -> str:
-    """The study's measurement selection that matches what the trainer exports: a trial's final
-    measurement is its best epoch's (`BEST_MEASUREMENT`) when the trainer exports its best epoch,
-    its last epoch's (`LAST_MEASUREMENT`) when it exports its last (aiplatform_v1
-    `StudySpec.MeasurementSelectionType`), so a trial is judged by the model it would publish.
-    A run's value, so the planning step works it out (`components.plan`)."""
-    selections = {"best": "BEST_MEASUREMENT", "last": "LAST_MEASUREMENT"}
-    if export_epoch not in selections:
-        raise ValueError(f"export_epoch must be best or last, got {export_epoch!r}")
-    return selections[export_epoch]
 
 
 def spec_id(spec: Any) -> str:
@@ -260,7 +248,7 @@ def pick_best_trial(trials: list[dict[str, Any]], metric_id: str, goal: str) -> 
 @dsl.component(
     base_image=runtime.BASE_IMAGE,
     install_kfp_package=False,
-    additional_funcs=[pick_best_trial, tunable, typed_hyperparameter, apply_hyperparameters],
+    additional_funcs=[pick_best_trial, hyperparameters, tunable, typed_hyperparameter, apply_hyperparameters],
 )
 def best_trial(
     project: str,

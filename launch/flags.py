@@ -118,5 +118,8 @@ def build_parser(parameters: Sequence[Any]) -> argparse.ArgumentParser:
         metavar = q.type.__name__.upper()
         if q.name == "search_space":
             parse, metavar = parse_search_space, "JSON|@FILE"
-        group.add_argument(f"--{q.name}", type=parse, default=None, metavar=metavar, help=q.help)
+        # argparse formats help with %: a parameter's help is text ("the paired 95% interval").
+        group.add_argument(
+            f"--{q.name}", type=parse, default=None, metavar=metavar, help=q.help.replace("%", "%%")
+        )
     return p

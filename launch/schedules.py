@@ -302,17 +302,16 @@ def create_schedule(
     options = schedule_options(cron, timezone, max_concurrent_runs, start_time, end_time)
     given, template = submit.with_template(given, template)
     compiled = json.loads(template.read_text())
-    submit.check_options(
-        submit.pipeline_parameters(given, settings, "gs://check/context.tar.gz", ""),
-        compiled,
-        settings.region,
-    )
+    checked = submit.pipeline_parameters(given, settings, "gs://check/context.tar.gz", "")
+    submit.check_options(checked, compiled, settings.region)
     commit = submit.source_commit(root)
     if commit.endswith("-dirty"):
         raise ValueError(
             "the checkout has uncommitted changes: a schedule must be pinned to a commit; commit first"
         )
     submit.init_aiplatform(settings, credentials, transport)
+    # As it is today: each run the schedule starts finds it as it is then (docs/persistent-resource.md).
+    submit.check_persistent_resource(settings, submit.run_values(checked, compiled), credentials, transport)
     with submit.refused_as(
         f"the build context's upload to gs://{settings.bucket}",
         f"roles/storage.objectAdmin on gs://{settings.bucket}",

@@ -56,6 +56,14 @@ SETTINGS: dict[str, tuple[str, bool]] = {
         ),
         False,
     ),
+    "PERSISTENT_RESOURCE_ID": (
+        (
+            "ID of a Vertex persistent resource in PROJECT_ID and REGION that the preparation, training and "
+            "evaluation jobs run on instead of machines started for each (default: none, on demand). It "
+            "bills while it exists, busy or idle: docs/persistent-resource.md says when it pays"
+        ),
+        False,
+    ),
     "LABELS": ("labels of the run, its jobs and the model: key=value,key=value", False),
     "API_ENDPOINT": (
         (
@@ -149,6 +157,7 @@ class Settings:
     enable_caching: bool | None = None
     preflight_validations: bool = True
     build_region: str = ""
+    persistent_resource_id: str = ""
 
     @property
     def bucket(self) -> str:
@@ -326,6 +335,9 @@ def load(
     kms_key = values.get("KMS_KEY", "")
     if kms_key and (problem := rules.kms_key_problem(kms_key, region)):
         problems.append(f"KMS_KEY={kms_key!r} is not valid: {problem}")
+    resource_id = values.get("PERSISTENT_RESOURCE_ID", "")
+    if resource_id and (problem := rules.persistent_resource_id_problem(resource_id)):
+        problems.append(f"PERSISTENT_RESOURCE_ID={resource_id!r} is not valid: {problem}")
     labels: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in values.get("LABELS", "").split(","))):
         key, _, value = item.partition("=")
@@ -368,6 +380,7 @@ def load(
         enable_caching=False if caching == "false" else None,
         preflight_validations=preflight != "false",
         build_region=build_region,
+        persistent_resource_id=resource_id,
     )
 
 
@@ -390,6 +403,7 @@ def example() -> str:
         "TEMPLATE_REPOSITORY": "https://us-central1-kfp.pkg.dev/my-project/pipelines",
         "NETWORK": "",
         "KMS_KEY": "",
+        "PERSISTENT_RESOURCE_ID": "",
         "LABELS": "team=ml,env=dev",
         "API_ENDPOINT": "",
         "EXPERIMENT": "",

@@ -79,6 +79,7 @@ def pipeline_parameters(
         "network": settings.network,
         "encryption_spec_key_name": settings.kms_key,
         "build_location": settings.build_region,
+        "persistent_resource_id": settings.persistent_resource_id,
     }
     values.update({k: v for k, v in overrides.items() if v and k not in given})
     if labels:
@@ -86,13 +87,8 @@ def pipeline_parameters(
     return values
 
 
-def check_options(values: Mapping[str, Any], compiled: Mapping[str, Any], region: str) -> list[str]:
-    """Every rule (`pipeline.rules.check`, the one entry of both targets) applied to the run's
-    values (the compiled template's defaults with the given values over them) for `region`,
-    before any request. Raises OptionsError naming every bad parameter; returns warnings, which
-    are printed."""
-    from pipeline import rules
-
+def run_values(values: Mapping[str, Any], compiled: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's parameter values: the compiled template's defaults with `values` over them."""
     defaults = {
         name: p.get("defaultValue") for name, p in compiled["root"]["inputDefinitions"]["parameters"].items()
     }
@@ -105,7 +101,17 @@ def check_options(values: Mapping[str, Any], compiled: Mapping[str, Any], region
         k: int(x) if types.get(k) == "NUMBER_INTEGER" and isinstance(x, float) and x.is_integer() else x
         for k, x in v.items()
     }
-    warnings = rules.check(v, "vertex", region)
+    return v
+
+
+def check_options(values: Mapping[str, Any], compiled: Mapping[str, Any], region: str) -> list[str]:
+    """Every rule (`pipeline.rules.check`, the one entry of both targets) applied to the run's
+    values (`run_values`: the compiled template's defaults with the given values over them) for
+    `region`, before any request. Raises OptionsError naming every bad parameter; returns
+    warnings, which are printed."""
+    from pipeline import rules
+
+    warnings = rules.check(run_values(values, compiled), "vertex", region)
     for warning in warnings:
         print(f"WARNING: {warning}", flush=True)
     return warnings
@@ -438,6 +444,85 @@ def init_aiplatform(settings: Settings, credentials: Any = None, transport: str 
     aiplatform.init(**kwargs)
 
 
+class PersistentResourceRefused(ValueError):
+    """The run's persistent resource (`persistent_resource_id`) cannot run its jobs: one line,
+    naming the parameter, what is wrong and what to do. Nothing was created (exit code 2)."""
+
+
+def check_persistent_resource(
+    settings: Settings,
+    values: Mapping[str, Any],
+    credentials: Any = None,
+    transport: str | None = None,
+    client: Any = None,
+) -> list[str]:
+    """Reads the run's persistent resource (`values["persistent_resource_id"]`, the run's
+    parameter values: `run_values`) in the run's project and region with the real aiplatform_v1
+    `PersistentResourceServiceClient.get_persistent_resource`, before anything of the run is
+    uploaded or created, and judges it by `pipeline.rules.persistent_resource_fit` (state,
+    network, CMEK key, service account, a pool for each job's machines). Nothing to read when
+    the parameter is empty. Raises PersistentResourceRefused (one line) when it is missing or
+    unfit; Vertex out of reach is GoogleUnreachable, a 403 GoogleRefused. Returns the warnings,
+    which are printed. `client` replaces the client made for API_ENDPOINT or the region (tests)."""
+    from google.api_core import exceptions
+
+    from pipeline import rules
+
+    resource_id = str(values.get("persistent_resource_id") or "")
+    if not resource_id:
+        return []
+    name = f"projects/{settings.project}/locations/{settings.region}/persistentResources/{resource_id}"
+    vertex = vertex_service(settings)
+    if client is None:
+        from google.cloud import aiplatform_v1
+        from google.cloud.aiplatform import initializer
+
+        if credentials is None:  # those `init_aiplatform` gave aiplatform, else the default ones
+            credentials = initializer.global_config.credentials
+        endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
+        client = aiplatform_v1.PersistentResourceServiceClient(
+            credentials=credentials,
+            # API_ENDPOINT may be a plain-HTTP stand-in (launch.settings allows http://127.0.0.1):
+            # only the REST transport speaks to a URL.
+            transport="rest" if endpoint.startswith("http://") else transport,
+            client_options={"api_endpoint": endpoint},
+        )
+    reach([vertex])
+    try:
+        with (
+            reaching(f"reading the persistent resource {name}", vertex, "; nothing of the run was sent"),
+            refused_as(
+                f"reading the persistent resource {name}",
+                f"roles/aiplatform.user in project {settings.project}",
+                settings,
+            ),
+        ):
+            resource = client.get_persistent_resource(name=name)
+    except exceptions.NotFound:
+        raise PersistentResourceRefused(
+            f"persistent_resource_id: there is no persistent resource {resource_id!r} in project "
+            f"{settings.project}, region {settings.region} (the run's; a job runs only on a resource of its "
+            f"own project and region): `gcloud ai persistent-resources list --region {settings.region}` "
+            "lists them; create it (docs/persistent-resource.md), or leave persistent_resource_id empty "
+            "(PERSISTENT_RESOURCE_ID unset) to run on demand"
+        ) from None
+    problems, warnings = rules.persistent_resource_fit(resource, values, settings.region)
+    if problems:
+        raise PersistentResourceRefused(
+            f"persistent_resource_id: the persistent resource {resource.name or name} cannot run this run's "
+            f"jobs: {'; '.join(problems)}. Change the resource or the run, or leave persistent_resource_id "
+            f"empty (PERSISTENT_RESOURCE_ID unset) to run on demand ({rules.PERSISTENT_RESOURCE_DOC})"
+        )
+    print(
+        f"persistent resource {resource.name or name}: RUNNING; {', '.join(rules.PERSISTENT_RESOURCE_JOBS)} "
+        "run on it",
+        flush=True,
+    )
+    for warning in warnings:
+        print(f"WARNING: {warning}", flush=True)
+    return warnings
+
+
 def build_pipeline_job(
     settings: Settings,
     values: Mapping[str, Any],
@@ -448,7 +533,16 @@ def build_pipeline_job(
     """The `aiplatform.PipelineJob` for the compiled template, or for its version in Artifact
     Registry when `template_uri` is given (the SDK reads it from there and the run names it:
     `template_path` takes `https://<region>-kfp.pkg.dev/...` URIs). Unknown parameters are
-    rejected here, before any request to Vertex."""
+    rejected here, before any request to Vertex.
+
+    Always the v1 `aiplatform.PipelineJob`, with or without a persistent resource: the pipeline's
+    own steps on the resource would need the v1beta1 `RuntimeConfig.default_runtime`
+    (aiplatform_v1 `PipelineJob.RuntimeConfig` has no such field), sent only by the preview class
+    (google/cloud/aiplatform/preview/pipelinejob/pipeline_jobs.py), whose `submit` sends a v1beta1
+    CreatePipelineJobRequest and drops what this one does: the `experiment` (EXPERIMENT), the
+    pipeline root's bucket check, the preflight refusal's messages (`PreflightRefused`); and
+    schedules (`launch.schedules`) could not carry it. The jobs run on the resource through the
+    `persistent_resource_id` parameter instead (docs/persistent-resource.md)."""
     from google.cloud import aiplatform
 
     job = aiplatform.PipelineJob(
@@ -512,10 +606,11 @@ def submit(
     compiled = json.loads(template.read_text())
     # The values the run would get (the settings' service account, network, key and labels
     # included), with stand-ins for the context and commit, which are not options.
-    check_options(
-        pipeline_parameters(given, settings, "gs://check/context.tar.gz", ""), compiled, settings.region
-    )
+    checked = pipeline_parameters(given, settings, "gs://check/context.tar.gz", "")
+    check_options(checked, compiled, settings.region)
     init_aiplatform(settings, credentials, transport)
+    # The persistent resource, read before anything of the run is uploaded or created.
+    check_persistent_resource(settings, run_values(checked, compiled), credentials, transport)
     commit = source_commit(root)
     with refused_as(
         f"the build context's upload to gs://{settings.bucket}",

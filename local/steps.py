@@ -21,6 +21,7 @@ from kfp import dsl
 
 from components import runtime
 from components.buildcontext import context_tag
+from components.plan import apply_hyperparameters, hyperparameters, tunable, typed_hyperparameter
 from components.registry import (
     check_model_display_name,
     prebuilt_days_left,
@@ -31,7 +32,6 @@ from components.registry import (
     serving_policy,
     task_mismatch,
 )
-from components.training import apply_hyperparameters, tunable, typed_hyperparameter
 from components.tuning import pick_best_trial
 
 # The keys of the trainer's metrics.json the local registry reads (`champion_record`, for
@@ -173,7 +173,7 @@ def local_tuning_job(
 @dsl.component(
     base_image=runtime.BASE_IMAGE,
     install_kfp_package=False,
-    additional_funcs=[pick_best_trial, tunable, typed_hyperparameter, apply_hyperparameters],
+    additional_funcs=[pick_best_trial, hyperparameters, tunable, typed_hyperparameter, apply_hyperparameters],
 )
 def local_best_trial(
     trials: dsl.Input[dsl.Artifact],

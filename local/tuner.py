@@ -16,7 +16,7 @@ for automated stopping (its payload's study_spec has no `median_automated_stoppi
 the local study differ from the Vertex one). Each trial's final measurement is chosen by
 `measurement_selection`, the study's `StudySpec.MeasurementSelectionType` (aiplatform_v1):
 BEST_MEASUREMENT (the op's default) or LAST_MEASUREMENT, which the pipeline sets from
-`export_epoch` (`components.tuning.measurement_selection`).
+`export_epoch` (`components.plan.measurement_selection`).
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared
     parameters, algorithm and measurement selection alone, and has no input for
     `median_automated_stopping_spec` or `decay_curve_stopping_spec`, so every trial runs all its
     epochs unless `early_stopping_patience` stops it (the local tuner does the same). The
-    measurement selection follows `export_epoch` (`tuning.measurement_selection`, in the plan).
+    measurement selection follows `export_epoch` (`plan.measurement_selection`, in the plan).
     `plan` is the planning step's outputs; the trials start after `prepared`, the dataset's job."""
     from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import HyperparameterTuningJobRunOp
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from kfp import compiler, dsl
 
-from components import registry, training, worker_pools
+from components import plan, registry, worker_pools
 from components.plan import plan_jobs
 from pipeline.backends import BACKENDS
 from pipeline.caching import uncached
@@ -38,7 +38,7 @@ COMPILED = ROOT / "compiled" / "pipeline.json"
 COMPILED_NOTIFY = ROOT / "compiled" / "pipeline-notify.json"
 # The pipeline parameters the planning step takes under their own names
 # (`components.plan.plan_jobs`; tests/components/test_steps.py keeps the list equal to its
-# inputs): the preparation's, `training.MODEL_FLAGS` and the hardware's.
+# inputs): the preparation's, `plan.MODEL_FLAGS` and the hardware's.
 # `pipeline.rules.trainer_commands` builds the jobs' flags from the same values.
 PLAN_PARAMETERS = (
     "dataset_source",
@@ -47,7 +47,7 @@ PLAN_PARAMETERS = (
     "synthetic_per_class",
     "search_space",
     "model_display_name",
-    *training.MODEL_FLAGS,
+    *plan.MODEL_FLAGS,
     *worker_pools.HARDWARE_PARAMETERS,
     "prepare_machine_type",
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from components import registry, tuning
+from components import plan, registry, tuning
 
 TARGETS = ("vertex", "local")
 # The compiled default of a parameter the submitter must give (no default in the template).
@@ -94,23 +94,11 @@ PARAMETERS: tuple[Parameter, ...] = (
     ),
     _p("weights", str, "imagenet", "imagenet, none, or a weights file (gs://...).", "none"),
     _p("fine_tune_fraction", float, -1.0, "Backbone fraction trained (-1: the trainer's default)."),
-    _p(
-        "epochs",
-        int,
-        2,
-        "Training epochs (the most, when early_stopping_patience may end training sooner).",
-        30,
+    # The tunable hyperparameters, one row each in `components.plan.hyperparameters()`.
+    *(
+        _p(name, {"int": int, "float": float}[kind], default, help_, local)
+        for name, kind, default, local, help_ in plan.hyperparameters()
     ),
-    _p(
-        "learning_rate",
-        float,
-        1e-4,
-        "Adam learning rate at lr_reference_batch_size (the peak of the schedule scales with the global batch).",
-        1.5e-3,
-    ),
-    _p("per_replica_batch_size", int, 64, "Batch size per replica (global = x replicas).", 16),
-    _p("dense_units", int, 1016, "Units of the dense layer of the head (0: none).", 64),
-    _p("dropout", float, 0.2, "Dropout before the classifier."),
     _p("mixed_precision", bool, True, "mixed_float16 compute (GPUs).", False),
     _p("xla", bool, True, "Compile the train step with XLA.", False),
     _p(
@@ -207,8 +195,9 @@ PARAMETERS: tuple[Parameter, ...] = (
         "The tuning job's parameters: a list of Vertex StudySpec.ParameterSpec (parameter_id; one of "
         "double_value_spec or integer_value_spec {min_value, max_value}, discrete_value_spec or "
         "categorical_value_spec {values}; scale_type UNIT_LINEAR_SCALE, UNIT_LOG_SCALE or "
-        "UNIT_REVERSE_LOG_SCALE), snake_case or camelCase; ids among learning_rate, "
-        "per_replica_batch_size, dense_units, dropout, epochs. make run takes inline JSON, @FILE or "
+        "UNIT_REVERSE_LOG_SCALE), snake_case or camelCase; ids among "
+        + ", ".join(plan.TUNABLE)
+        + ". make run takes inline JSON, @FILE or "
         "a .json/.yaml/.yml file. Default on Vertex: learning_rate 1e-4..1e-2 log, dense_units "
         "32..1024 log, dropout 0..0.5, per_replica_batch_size 16/32/64; locally (two short trials): "
         "learning_rate 5e-4..5e-3 log and dropout 0..0.3, centred on the local defaults "

@@ -6,7 +6,7 @@ tests/trainer/test_task.py (metrics.json) and tests/trainer/test_data.py (metada
   reads is one the trainer declares in `trainer.contract`, and each reading module's own list
   (`METRICS_READ`, `METADATA_READ`: components cannot import the trainer) is what its code reads;
 - the study's parameter ids are trainer flags, and a trial's command line parses;
-- every flag `components.training.trainer_args` emits parses with the trainer's own parser;
+- every flag `components.plan.trainer_args` emits parses with the trainer's own parser;
 - `components.prepare.prepare_args` emits `python -m trainer.prepare` flags.
 """
 
@@ -264,9 +264,9 @@ def study_parameter_ids() -> list[str]:
 
 
 def trainer_args(**overrides: Any) -> list[str]:
-    """The final training's flags as the plan builds them (`training.build_trainer_args`), with
+    """The final training's flags as the plan builds them (`plan.build_trainer_args`), with
     a best trial's `hyperparameters` written over them as its step does (`apply_hyperparameters`)."""
-    from components import training
+    from components import plan
 
     best = overrides.pop("hyperparameters", None)
     leave_out = overrides.pop("leave_out", ())
@@ -292,13 +292,9 @@ def trainer_args(**overrides: Any) -> list[str]:
         early_stopping_patience=0,
     )
     values.update(overrides)
-    args, _ = training.build_trainer_args(
-        "/data/prepared", 64.0, values, training.TUNABLE, leave_out=leave_out
-    )
+    args, _ = plan.build_trainer_args("/data/prepared", 64.0, values, plan.TUNABLE, leave_out=leave_out)
     if best:
-        [pool], _ = training.apply_hyperparameters(
-            [{"container_spec": {"args": args}}], best, training.TUNABLE
-        )
+        [pool], _ = plan.apply_hyperparameters([{"container_spec": {"args": args}}], best, plan.TUNABLE)
         args = pool["container_spec"]["args"]
     return list(args)
 

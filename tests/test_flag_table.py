@@ -148,13 +148,13 @@ TRAINER_VALUES: dict[str, Any] = {
 def trainer_emits() -> set[str]:
     """Every flag `build_trainer_args` can hand a training job: with and without a fine-tuning
     fraction (it omits the flag below 0), with no search space (a tuning job's trials add those)."""
-    from components import training
+    from components import plan
 
-    assert set(TRAINER_VALUES) == set(training.MODEL_FLAGS), "give this test a value for each model flag"
+    assert set(TRAINER_VALUES) == set(plan.MODEL_FLAGS), "give this test a value for each model flag"
     out: set[str] = set()
     for fraction in (-1.0, 0.5):
-        args, _ = training.build_trainer_args(
-            "/data/prepared", 64, {**TRAINER_VALUES, "fine_tune_fraction": fraction}, training.TUNABLE
+        args, _ = plan.build_trainer_args(
+            "/data/prepared", 64, {**TRAINER_VALUES, "fine_tune_fraction": fraction}, plan.TUNABLE
         )
         out |= emitted(args)
     return out
@@ -162,13 +162,13 @@ def trainer_emits() -> set[str]:
 
 def tunable(flags: set[str]) -> set[str]:
     """The flags a tuning job's search space may declare: those `build_trainer_args` accepts in one."""
-    from components import training
+    from components import plan
 
     out = set()
     for flag in flags:
         try:
-            training.build_trainer_args(
-                "/d", 64, TRAINER_VALUES, training.TUNABLE, search_space=[{"parameter_id": flag}]
+            plan.build_trainer_args(
+                "/d", 64, TRAINER_VALUES, plan.TUNABLE, search_space=[{"parameter_id": flag}]
             )
         except ValueError:
             continue

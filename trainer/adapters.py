@@ -2,12 +2,18 @@
 
 Every private name of a library that `trainer/` relies on is used here and nowhere else, beside
 a `check_*` function that fails, naming what changed, when the library no longer has it with the
-signature this code was written against (the way `trainer.prepare.check_tfds_download_manager_hook`
-checks TFDS). The tests in tests/trainer/test_adapters.py run every check against the installed
+signature this code was written against. The tests in tests/trainer/test_adapters.py run every check against the installed
 libraries, so an upgrade that changes one fails there, not in a job.
 
 - tf-keras `BackupAndRestore._backup(epoch, batch=0)`: the save `trainer.callbacks.Backup` makes
   at an epoch's end and, on SIGTERM, mid-epoch (`back_up`). Checked when a `Backup` is built.
+- tf-keras `BackupAndRestore`'s checkpoint layout: the chief's backup in `<backup_dir>/chief` and
+  the position in the variables `ckpt_saved_epoch` and `ckpt_saved_batch`, read to say where a
+  restarted job resumes (`trainer.callbacks.latest_backup`, `backup_position`). Checked by the
+  tests (`check_backup_layout`), and by a real backup read back.
+- TFDS `DatasetBuilder._make_download_manager(download_dir, download_config)`: the hook
+  `trainer.localarchive.local_archive` overrides on one builder to prepare from a local tree.
+  Checked before each use (`check_tfds_download_manager_hook`).
 - tf-keras `Callback._supports_tf_logs`: read by `CallbackList`; set, the callback gets the batch
   logs as tensors, not converted to numbers after every step (`take_tensor_logs`). Only speed
   depends on it (an unknown attribute is harmless), so it is checked by the tests only.
@@ -134,4 +140,68 @@ def check_hypertune() -> None:
             f"cloudml-hypertune {importlib.metadata.version('cloudml-hypertune')}: {'; '.join(changed)} "
             f"(as in cloudml-hypertune {HYPERTUNE_CHECKED_VERSION}); trainer.hpmetric's metric file "
             "writer needs updating for this cloudml-hypertune"
+        )
+
+
+# --- tf-keras BackupAndRestore's checkpoint layout ---------------------------------------------
+
+# tf_keras/src/distribute/worker_training_state.py, WorkerTrainingState.__init__: the chief (or a
+# single machine) writes `os.path.join(checkpoint_dir, "chief")` through a CheckpointManager with
+# max_to_keep=1, other workers a temporary folder they delete; the position is two tf.Variables,
+# `name="ckpt_saved_epoch"` and `name="ckpt_saved_batch"`, checkpointed with the model under the
+# same names.
+BACKUP_CHIEF_FOLDER = "chief"
+SAVED_EPOCH_KEY = "ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE"
+SAVED_BATCH_KEY = "ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def check_backup_layout() -> None:
+    """Raises RuntimeError unless tf-keras's WorkerTrainingState still writes the chief's backup
+    into `<backup_dir>/chief` and saves its position as `ckpt_saved_epoch` and `ckpt_saved_batch`."""
+    from tf_keras.src.distribute import worker_training_state
+
+    source = inspect.getsource(worker_training_state.WorkerTrainingState.__init__)
+    expected = (
+        f'os.path.join(checkpoint_dir, "{BACKUP_CHIEF_FOLDER}")',
+        'name="ckpt_saved_epoch"',
+        'name="ckpt_saved_batch"',
+    )
+    missing = [text for text in expected if text not in source]
+    if missing:
+        version = importlib.metadata.version("tf-keras")
+        raise RuntimeError(
+            f"tf-keras {version}: WorkerTrainingState.__init__ no longer has {missing} (as in tf-keras "
+            f"{TF_KERAS_CHECKED_VERSION}); trainer.callbacks.latest_backup and backup_position read "
+            "the backup by that layout and need updating"
+        )
+
+
+# --- TFDS's download-manager hook ----------------------------------------------------------------
+
+# Preparing a TFDS builder from a local tree. A builder's `_split_generators` gets its files with
+# `dl_manager.download_and_extract(URL)`, from a download manager TFDS makes inside
+# `download_and_prepare` by calling `self._make_download_manager(download_dir=...,
+# download_config=...)` (tensorflow_datasets 4.9.10: core/dataset_builder.py, the call in
+# `download_and_prepare` at line 726, the method at line 1287). TFDS has no public way to pass a
+# download manager in, and its public way to supply files by hand, `DownloadConfig(manual_dir=)`,
+# checks the file against the URL's registered checksum, so it takes only the real archive. So
+# `trainer.localarchive.local_archive` overrides that one method on one builder instance, for the duration of a `with`
+# block; tests/trainer/test_prepare.py fails if TFDS stops building its manager that way.
+TFDS_DOWNLOAD_MANAGER_HOOK = "_make_download_manager"
+TFDS_DOWNLOAD_MANAGER_HOOK_PARAMS = ("self", "download_dir", "download_config")
+TFDS_CHECKED_VERSION = "4.9.10"
+
+
+def check_tfds_download_manager_hook() -> None:
+    """Raises RuntimeError unless TFDS's DatasetBuilder still has the method
+    `trainer.localarchive.local_archive` overrides, with the parameters it expects."""
+    import tensorflow_datasets as tfds
+
+    method = getattr(tfds.core.DatasetBuilder, TFDS_DOWNLOAD_MANAGER_HOOK, None)
+    params = tuple(inspect.signature(method).parameters) if callable(method) else None
+    if params != TFDS_DOWNLOAD_MANAGER_HOOK_PARAMS:
+        raise RuntimeError(
+            f"tensorflow_datasets {tfds.__version__}: DatasetBuilder.{TFDS_DOWNLOAD_MANAGER_HOOK} "
+            f"has parameters {params}, expected {TFDS_DOWNLOAD_MANAGER_HOOK_PARAMS} (as in TFDS "
+            f"{TFDS_CHECKED_VERSION}); trainer.localarchive.local_archive needs updating for this TFDS"
         )

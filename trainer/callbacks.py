@@ -327,7 +327,9 @@ def latest_backup(backup_dir: str) -> str | None:
     max_to_keep=1 (`WorkerTrainingState.__init__` in tf_keras/src/distribute/
     worker_training_state.py: `os.path.join(checkpoint_dir, "chief")`; other workers write into
     a temporary folder they delete). None when nothing was backed up."""
-    found: str | None = tf.train.latest_checkpoint(storage.resolve(storage.join(backup_dir, "chief")))
+    found: str | None = tf.train.latest_checkpoint(
+        storage.resolve(storage.join(backup_dir, adapters.BACKUP_CHIEF_FOLDER))
+    )
     return found
 
 
@@ -336,8 +338,8 @@ def backup_position(checkpoint: str) -> tuple[int, int]:
     `ckpt_saved_epoch` and `ckpt_saved_batch` tf-keras saves with the model (same file). A backup
     saved at an epoch's end holds its last step, steps_per_epoch - 1."""
     reader = tf.compat.v1.train.NewCheckpointReader(checkpoint)  # the prefix, never a folder
-    epoch = reader.get_tensor("ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE")
-    step = reader.get_tensor("ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE")
+    epoch = reader.get_tensor(adapters.SAVED_EPOCH_KEY)
+    step = reader.get_tensor(adapters.SAVED_BATCH_KEY)
     return int(epoch), int(step)
 
 

@@ -5,39 +5,18 @@ imported lazily."""
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from trainer.adapters import (
+    TFDS_CHECKED_VERSION,
+    TFDS_DOWNLOAD_MANAGER_HOOK,
+    check_tfds_download_manager_hook,
+)
 from trainer.source import PrepareError
 
-# Preparing a TFDS builder from a local tree. A builder's `_split_generators` gets its files with
-# `dl_manager.download_and_extract(URL)`, from a download manager TFDS makes inside
-# `download_and_prepare` by calling `self._make_download_manager(download_dir=...,
-# download_config=...)` (tensorflow_datasets 4.9.10: core/dataset_builder.py, the call in
-# `download_and_prepare` at line 726, the method at line 1287). TFDS has no public way to pass a
-# download manager in, and its public way to supply files by hand, `DownloadConfig(manual_dir=)`,
-# checks the file against the URL's registered checksum, so it takes only the real archive. So
-# `local_archive` overrides that one method on one builder instance, for the duration of a `with`
-# block; tests/trainer/test_prepare.py fails if TFDS stops building its manager that way.
-TFDS_DOWNLOAD_MANAGER_HOOK = "_make_download_manager"
-TFDS_DOWNLOAD_MANAGER_HOOK_PARAMS = ("self", "download_dir", "download_config")
-TFDS_CHECKED_VERSION = "4.9.10"
-
-
-def check_tfds_download_manager_hook() -> None:
-    """Raises RuntimeError unless TFDS's DatasetBuilder still has the method `local_archive`
-    overrides, with the parameters it expects."""
-    import tensorflow_datasets as tfds
-
-    method = getattr(tfds.core.DatasetBuilder, TFDS_DOWNLOAD_MANAGER_HOOK, None)
-    params = tuple(inspect.signature(method).parameters) if callable(method) else None
-    if params != TFDS_DOWNLOAD_MANAGER_HOOK_PARAMS:
-        raise RuntimeError(
-            f"tensorflow_datasets {tfds.__version__}: DatasetBuilder.{TFDS_DOWNLOAD_MANAGER_HOOK} "
-            f"has parameters {params}, expected {TFDS_DOWNLOAD_MANAGER_HOOK_PARAMS} (as in TFDS "
-            f"{TFDS_CHECKED_VERSION}); trainer.localarchive.local_archive needs updating for this TFDS"
-        )
+# Preparing a TFDS builder from a local tree goes through TFDS's private download-manager hook:
+# `trainer.adapters` holds its name and its check (`check_tfds_download_manager_hook`).
 
 
 def _map_urls(url_or_urls: Any, fn: Callable[[Any], Any]) -> Any:

@@ -376,6 +376,12 @@ VERTEX: list[tuple[list[str], dict[str, str], tuple[str, ...]]] = [
     ),
     (["--notification_emails", '"a@x.io"'], {}, ("--notification_emails", "expected a JSON list")),
     (["--build_location", "mars-1"], {}, ("build_location", "not a Cloud Build location")),
+    (["--persistent_resource_id", "Warm_Pool"], {}, ("persistent_resource_id", "persistent resource's ID")),
+    (
+        ["--persistent_resource_id", "warm-pool", "--scheduling_strategy", "SPOT"],
+        {},
+        ("persistent_resource_id, scheduling_strategy", "STANDARD"),
+    ),
     (["--serving_tf_version", "2.16"], {}, ("serving_tf_version", "no prebuilt")),
     (
         ["--epochs", "0", "--labels", '{"A": "b"}', "--scheduling_strategy", "x"],
@@ -401,6 +407,7 @@ VERTEX: list[tuple[list[str], dict[str, str], tuple[str, ...]]] = [
     ([], {"SERVICE_ACCOUNT": "me@gmail.com"}, ("SERVICE_ACCOUNT='me@gmail.com' is not valid",)),
     ([], {"NETWORK": "default"}, ("NETWORK='default' is not valid",)),
     ([], {"KMS_KEY": "key"}, ("KMS_KEY='key' is not valid",)),
+    ([], {"PERSISTENT_RESOURCE_ID": "Warm_Pool"}, ("PERSISTENT_RESOURCE_ID='Warm_Pool' is not valid",)),
     ([], {"LABELS": "Team=ml"}, ("LABELS item 'Team=ml' is not valid",)),
     ([], {"ENABLE_CACHING": "true"}, ("ENABLE_CACHING='true' is not allowed",)),
     ([], {"ENABLE_CACHING": "sometimes"}, ("ENABLE_CACHING='sometimes' is not valid",)),

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import pipeline
-from components import training
+from components import plan
 from pipeline import rules as options
 
 REGION = "us-central1"
@@ -188,7 +188,7 @@ def test_the_checked_flags_are_built_by_the_steps_own_functions(capsys: pytest.C
     task = checked["trainer.task"]
     assert "--fine_tune_fraction=0.5" in task and "--image_size=300" in task
     assert not any(a.startswith("--data_dir=") for a in task)  # flagcheck stands in for the folder
-    assert {a.split("=")[0] for a in task} == {"--image_size", *(f"--{f}" for f in training.MODEL_FLAGS)}
+    assert {a.split("=")[0] for a in task} == {"--image_size", *(f"--{f}" for f in plan.MODEL_FLAGS)}
     assert f"--synthetic_per_class={values['synthetic_per_class']}" in checked["trainer.prepare"]
     assert "--shards=32" in checked["trainer.prepare"] and "--overwrite" in checked["trainer.prepare"]
     # A source the step itself refuses is still handed over, for the preparation's parser to name.

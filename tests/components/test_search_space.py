@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from kfp import compiler
 
 import pipeline
-from components import training, tuning
+from components import plan, tuning
 from launch import flags
 from pipeline import rules as options
 from tests.test_pipeline import default_pools, render_payload, root_values, task_inputs, walk
@@ -402,9 +402,9 @@ def test_a_declared_space_reaches_the_vertex_tuning_payload_and_the_trials_args(
     }
     from_steps |= {("build-trainer-image", k): "img" for k in ("image_uri", "training_image_uri")}
     inputs = task_inputs(vertex_spec, "plan-jobs", from_steps, root)
-    flags = {name: inputs[name] for name in training.MODEL_FLAGS}
-    args, _ = training.build_trainer_args(
-        "gs://b/data", 300, flags, training.TUNABLE, search_space=inputs["search_space"]
+    flags = {name: inputs[name] for name in plan.MODEL_FLAGS}
+    args, _ = plan.build_trainer_args(
+        "gs://b/data", 300, flags, plan.TUNABLE, search_space=inputs["search_space"]
     )
     named = {a.split("=", 1)[0][2:] for a in args}
     assert not named & {"epochs", "dense_units"}
@@ -436,7 +436,7 @@ def trainer_args(search_space: list[Any] | None = None) -> list[str]:
         export_epoch="best",
         early_stopping_patience=0,
     )
-    args, _ = training.build_trainer_args("/data", 64.0, flags, training.TUNABLE, search_space=search_space)
+    args, _ = plan.build_trainer_args("/data", 64.0, flags, plan.TUNABLE, search_space=search_space)
     return args
 
 
@@ -453,7 +453,7 @@ def test_trainer_args_leaves_out_and_overrides_every_tunable_flag(pid: str) -> N
     assert not [a for a in tuned if a.startswith(f"--{pid}=")]
     value, text = BEST[pid]
     pools = [{"container_spec": {"args": trainer_args()}}]
-    best, _ = training.apply_hyperparameters(pools, {pid: value}, training.TUNABLE)
+    best, _ = plan.apply_hyperparameters(pools, {pid: value}, plan.TUNABLE)
     assert f"--{pid}={text}" in best[0]["container_spec"]["args"]
 
 
@@ -461,5 +461,5 @@ def test_trainer_args_refuses_a_space_beyond_the_tunable_flags() -> None:
     with pytest.raises(ValueError, match=r"search_space declares \['momentum'\]"):
         trainer_args(search_space=[{"parameter_id": "momentum"}])
     with pytest.raises(ValueError) as err:
-        training.apply_hyperparameters([], {"momentum": 0.9}, training.TUNABLE)
+        plan.apply_hyperparameters([], {"momentum": 0.9}, plan.TUNABLE)
     assert str(sorted(tuning.TUNABLE_FLAGS)) in str(err.value)  # the same set as the plan's

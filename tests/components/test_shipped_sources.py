@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from components import evaluation, image, plan, prepare, registry, training, tuning, worker_pools
+from components import evaluation, image, plan, prepare, registry, tuning, worker_pools
 from local import steps
 
-MODULES = (evaluation, image, plan, prepare, registry, training, tuning, worker_pools, steps)
+MODULES = (evaluation, image, plan, prepare, registry, tuning, worker_pools, steps)
 
 
 def components() -> list[tuple[str, Any]]:

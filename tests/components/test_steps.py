@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kfp import dsl
 
-from components import evaluation, prepare, runtime, training, worker_pools
+from components import evaluation, plan, prepare, runtime, worker_pools
 
 ROOT = Path(__file__).resolve().parents[2]
 V100 = "NVIDIA_TESLA_V100"
@@ -182,8 +182,8 @@ FLAGS: dict[str, Any] = {
 
 def trainer_args(**overrides: Any) -> tuple[list[str], dict[str, Any]]:
     leave_out = overrides.pop("leave_out", ())
-    args, values = training.build_trainer_args(
-        "gs://b/data", 64.0, {**FLAGS, **overrides}, training.TUNABLE, leave_out=leave_out
+    args, values = plan.build_trainer_args(
+        "gs://b/data", 64.0, {**FLAGS, **overrides}, plan.TUNABLE, leave_out=leave_out
     )
     return args, values
 
@@ -231,10 +231,10 @@ def test_the_best_trial_is_written_into_the_planned_training_flags() -> None:
     Reduction Server pool, which has no args, is left alone."""
     args, _ = trainer_args()
     planned = pools(args=args, reduction_server_count=1)
-    tuned, values = training.apply_hyperparameters(
+    tuned, values = plan.apply_hyperparameters(
         planned,
         {"learning_rate": 0.0007, "dense_units": 256.0, "per_replica_batch_size": 32},
-        training.TUNABLE,
+        plan.TUNABLE,
     )
     for pool in tuned[:2]:
         got = pool["container_spec"]["args"]
@@ -251,12 +251,12 @@ def test_best_trial_values_that_are_unknown_fractional_or_not_carried_are_refuse
     args, _ = trainer_args()
     planned = pools(args=args)
     with pytest.raises(ValueError, match=r"unknown hyperparameter 'momentum'"):
-        training.apply_hyperparameters(planned, {"momentum": 0.9}, training.TUNABLE)
+        plan.apply_hyperparameters(planned, {"momentum": 0.9}, plan.TUNABLE)
     with pytest.raises(ValueError, match="dense_units must be a whole number"):
-        training.apply_hyperparameters(planned, {"dense_units": 12.5}, training.TUNABLE)
+        plan.apply_hyperparameters(planned, {"dense_units": 12.5}, plan.TUNABLE)
     without, _ = trainer_args(leave_out=["dropout"])
     with pytest.raises(ValueError, match=r"carry no \['dropout'\]"):
-        training.apply_hyperparameters(pools(args=without), {"dropout": 0.1}, training.TUNABLE)
+        plan.apply_hyperparameters(pools(args=without), {"dropout": 0.1}, plan.TUNABLE)
 
 
 def write_model(folder: Path, accuracy: float = 0.93, class_names: tuple[str, ...] = ("a", "b")) -> None:
@@ -454,7 +454,7 @@ def test_the_plan_takes_exactly_the_parameters_the_dag_hands_it() -> None:
     from_steps |= {"model_root", "pipeline_run"}  # model_root is the Vertex target's alone
     artifacts = {"prepare_job", "tuning_job", "training_job", "evaluation_job"}
     assert taken - from_steps - artifacts == set(dag.PLAN_PARAMETERS)
-    assert set(training.MODEL_FLAGS) <= set(dag.PLAN_PARAMETERS) <= {p.name for p in PARAMETERS}
+    assert set(plan.MODEL_FLAGS) <= set(dag.PLAN_PARAMETERS) <= {p.name for p in PARAMETERS}
 
 
 def test_the_plan_builds_every_job_in_this_runs_folders(tmp_path: Path) -> None:
@@ -497,7 +497,7 @@ def test_the_plan_builds_every_job_in_this_runs_folders(tmp_path: Path) -> None:
         "--champion_dir=gs://b/champion/model",
     ]
     assert out.measurement_selection_type == "BEST_MEASUREMENT"
-    assert set(out.hyperparameters) == set(training.TUNABLE)
+    assert set(out.hyperparameters) == set(plan.TUNABLE)
     assert {out.prepare_dir, out.tuning_dir, out.training_dir, out.evaluation_dir} == {
         a.uri for a in jobs.values()
     }

@@ -225,7 +225,7 @@ def imported(run: Run, display: str) -> dict[str, Any]:
 
 def plan(spec: dict[str, Any], root: dict[str, Any]) -> Run:
     """Every output the GCPC tasks of a run with these parameter values read."""
-    from components import registry, training
+    from components import plan, registry
 
     run = Run(spec=taken(spec, bool(root["tune"])), region=root["location"], root=go_numbers(root))
     tasks = walk(run.spec)
@@ -248,7 +248,7 @@ def plan(spec: dict[str, Any], root: dict[str, Any]) -> Run:
     plan_jobs(run)
     if run.tune:
         # The best trial's step: the plan's training pools with the best trial's values.
-        pools, values = training.apply_hyperparameters(run.pools["training"], BEST_TRIAL, training.TUNABLE)
+        pools, values = plan.apply_hyperparameters(run.pools["training"], BEST_TRIAL, plan.TUNABLE)
         run.pools["training"] = pools
         run.upstream[("best-trial", "worker_pool_specs")] = go_numbers(pools)
         run.upstream[("best-trial", "hyperparameters")] = values

@@ -303,6 +303,17 @@ ROWS: tuple[Row, ...] = (
         },
         region="europe-west2",
     ),
+    Row(
+        "persistent-resource",
+        {"persistent_resource_id": "warm-pool", "tune": True},
+        {
+            "prepare-dataset custom_job.job_spec.persistent_resource_id": "warm-pool",
+            f"{TRAIN}.persistent_resource_id": "warm-pool",
+            "evaluate-models custom_job.job_spec.persistent_resource_id": "warm-pool",
+            # GCPC 2.22's HyperparameterTuningJobRunOp has no such input: trials run on demand.
+            f"{TUNE}.trial_job_spec.persistent_resource_id": None,
+        },
+    ),
     # --- refused -------------------------------------------------------------------------------
     Row(
         "grid-search",
@@ -399,6 +410,20 @@ ROWS: tuple[Row, ...] = (
         {"encryption_spec_key_name": "projects/p-proj/locations/europe-west4/keyRings/r/cryptoKeys/k"},
         refused=("encryption_spec_key_name",),
         rule="the CMEK key must be in the job's region",
+    ),
+    Row(
+        "persistent-resource-bad-id",
+        {"persistent_resource_id": "Warm_Pool"},
+        refused=("persistent_resource_id",),
+        rule="a persistent resource's ID is 1 to 63 lowercase letters, digits and hyphens, starting with a letter "
+        "(CreatePersistentResourceRequest.persistent_resource_id)",
+    ),
+    Row(
+        "persistent-resource-spot",
+        {"persistent_resource_id": "warm-pool", "scheduling_strategy": "SPOT"},
+        refused=("persistent_resource_id", "scheduling_strategy"),
+        rule="a job on a persistent resource runs on the resource's machines: SPOT and FLEX_START choose "
+        "machines started for a job",
     ),
     Row(
         "three-at-once",
@@ -533,7 +558,7 @@ def check_custom_job(run: Run, task: str, planned: str) -> None:
     assert scheduling["timeout"] == root["timeout"]
     restart = root["restart_job_on_worker_restart"] if task == "train-model" else False
     assert scheduling.get("restart_job_on_worker_restart", False) is restart
-    for field in ("service_account", "network"):
+    for field in ("service_account", "network", "persistent_resource_id"):
         assert spec.get(field, "") == root[field], f"{task}: {field}"
     assert spec.get("tensorboard", "") == (root["tensorboard"] if task == "train-model" else "")
     assert job.get("encryption_spec", {}).get("kms_key_name", "") == root["encryption_spec_key_name"]
@@ -573,6 +598,7 @@ def check_tuning_job(run: Run) -> None:
     # a timeout, a TensorBoard. Pinned so that a GCPC that adds them is noticed.
     assert job.get("labels", {}) == SYSTEM_LABELS
     assert "scheduling" not in trial and "tensorboard" not in trial
+    assert "persistent_resource_id" not in trial  # the op has no such input: trials run on demand
 
 
 def check_upload(run: Run, task: str) -> None:
@@ -713,12 +739,25 @@ def environ(fake: RestFake, row: Row) -> dict[str, str]:
 
 
 def accept_pipeline_jobs(fake: RestFake) -> None:
-    """`fake` answers PipelineJob creations in any region (the `vertex` fixture: us-central1)."""
+    """`fake` answers PipelineJob creations in any region (the `vertex` fixture: us-central1), and
+    reads of a persistent resource with one that runs the made-up project's default run
+    (tests/contract/test_persistent_resource.py `fitting`)."""
+    from google.protobuf import json_format
+
+    from tests.contract.test_persistent_resource import fitting
 
     def create_job(match: re.Match[str], query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         return 200, {**body, "name": f"{match.group(1)}/{query['pipelineJobId'][0]}"}
 
+    def get_resource(match: re.Match[str], _q: Any, _b: Any) -> tuple[int, Any]:
+        resource = fitting()
+        resource.name = match.group(1)
+        return 200, json_format.MessageToDict(aiplatform_v1.PersistentResource.pb(resource))
+
     fake.route("POST", PIPELINE_JOBS, create_job)
+    fake.route(
+        "GET", r"/v1/(projects/p-proj/locations/[a-z0-9-]+/persistentResources/[a-z0-9-]+)", get_resource
+    )
 
 
 @pytest.fixture

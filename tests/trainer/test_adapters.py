@@ -172,3 +172,24 @@ def test_changed_hypertune_reporting_parameters_are_named(monkeypatch: pytest.Mo
 def test_the_metric_writer_uses_no_hypertune_internals() -> None:
     source = inspect.getsource(hpmetric)
     assert "__new__" not in source and "import hypertune" not in source
+
+
+def test_the_backup_layout_is_tf_keras_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`latest_backup` and `backup_position` read tf-keras's backup by its layout: the check
+    passes on the installed tf-keras, and fails naming what is gone when the layout changes."""
+    from tf_keras.src.distribute import worker_training_state
+
+    adapters.check_backup_layout()
+    original = inspect.getsource
+
+    def renamed(obj: Any) -> str:
+        text = original(obj)
+        return (
+            text.replace('"chief"', '"leader"')
+            if obj is worker_training_state.WorkerTrainingState.__init__
+            else text
+        )
+
+    monkeypatch.setattr(inspect, "getsource", renamed)
+    with pytest.raises(RuntimeError, match=r"no longer has \['os.path.join\(checkpoint_dir, \"chief\"\)'\]"):
+        adapters.check_backup_layout()

@@ -476,7 +476,7 @@ def test_tfds_still_makes_its_download_manager_through_the_hook_local_archive_ov
     against TFDS 4.9.10): then the synthetic source would no longer go through the local tree."""
     import tensorflow_datasets as tfds
 
-    from trainer import localarchive as module
+    from trainer import adapters as module
 
     module.check_tfds_download_manager_hook()
     assert "self._make_download_manager(" in inspect.getsource(tfds.core.DatasetBuilder.download_and_prepare)
@@ -489,7 +489,7 @@ def test_tfds_still_makes_its_download_manager_through_the_hook_local_archive_ov
 def test_the_hook_check_fails_loudly_when_tfds_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     import tensorflow_datasets as tfds
 
-    from trainer import localarchive as module
+    from trainer import adapters as module
 
     monkeypatch.setattr(tfds.core.DatasetBuilder, "_make_download_manager", lambda self, config: None)
     with pytest.raises(RuntimeError, match=r"expected \('self', 'download_dir', 'download_config'\)"):
