@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from kfp import dsl
 
-from components import runtime
+from components import stepimage
 from components.prepare import dataset_record
 from components.registry import (
     classification_metrics_schema,
@@ -34,7 +34,7 @@ from components.registry import (
     record_on_version,
     task_mismatch,
 )
-from components.runtime import fuse_path
+from components.stepimage import fuse_path
 
 
 def evaluate_command() -> list:
@@ -167,7 +167,7 @@ def build_evaluation_args(data_dir: str, model_dir: str, champion_uri: str) -> l
 
 
 @dsl.component(
-    base_image=runtime.BASE_IMAGE,
+    base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
     additional_funcs=[
         fuse_path,

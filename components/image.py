@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from kfp import dsl
 
-from components import runtime
+from components import stepimage
 from components.buildcontext import context_tag, tarball_members
 from components.registry import (
     prebuilt_days_left,
@@ -281,7 +281,7 @@ def run_cloud_build(
 
 
 @dsl.component(
-    base_image=runtime.BASE_IMAGE,
+    base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
     additional_funcs=[
         context_tag,

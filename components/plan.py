@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from kfp import dsl
 
-from components import hardware, runtime
+from components import hardware, stepimage
 from components.evaluation import build_evaluation_args, evaluate_command
 from components.prepare import build_prepare_args, prepare_command
 from components.registry import check_model_display_name, registry_folder
@@ -234,7 +234,7 @@ def describe_pools(name: str, folder: str, specs: list) -> None:
 
 
 @dsl.component(
-    base_image=runtime.BASE_IMAGE,
+    base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
     additional_funcs=[
         hardware.gpu_tables,
@@ -390,7 +390,7 @@ def plan_jobs(
         region=region,
         **{**hardware_flags, "reduction_server_count": 0},
     )
-    training_args, hyperparameters = build_trainer_args(dataset_uri, image_size, flags, kinds)
+    training_args, carried = build_trainer_args(dataset_uri, image_size, flags, kinds)
     if model_uri != folders["training"] + "/model":
         training_args.append(f"--model_dir={model_uri}")
     training_pools = build_worker_pool_specs(
@@ -448,5 +448,5 @@ def plan_jobs(
         folders["evaluate"],
         dataset_uri,
         model_uri,
-        hyperparameters,
+        carried,
     )

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from kfp import dsl
 
-from components import runtime
+from components import stepimage
 
 # The keys of the trainer's metrics.json `find_champion` reads (the champion's). The trainer
 # declares what it writes in trainer/contract.py, which components cannot import (they run
@@ -320,7 +320,7 @@ def label_value(value: str) -> str:
 
 
 @dsl.component(
-    base_image=runtime.BASE_IMAGE,
+    base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
     additional_funcs=[
         prebuilt_tf_serving_table,
@@ -374,7 +374,7 @@ def upload_settings(
 
 
 @dsl.component(
-    base_image=runtime.BASE_IMAGE,
+    base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
 )
 def find_champion(

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 from kfp import dsl
 
-from components import plan, runtime
+from components import plan, stepimage
 from components.plan import apply_hyperparameters, hyperparameters, tunable, typed_hyperparameter
 
 METRIC_ID = "val_accuracy"
@@ -246,7 +246,7 @@ def pick_best_trial(trials: list[dict[str, Any]], metric_id: str, goal: str) -> 
 
 
 @dsl.component(
-    base_image=runtime.BASE_IMAGE,
+    base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
     additional_funcs=[pick_best_trial, hyperparameters, tunable, typed_hyperparameter, apply_hyperparameters],
 )

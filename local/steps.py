@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from kfp import dsl
 
-from components import runtime
+from components import stepimage
 from components.buildcontext import context_tag
 from components.plan import apply_hyperparameters, hyperparameters, tunable, typed_hyperparameter
 from components.registry import (
@@ -55,7 +55,7 @@ EVALUATION_READ = (
 
 
 @dsl.component(
-    base_image=runtime.BASE_IMAGE,
+    base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
     additional_funcs=[
         context_tag,
@@ -95,7 +95,7 @@ def check_build_context(
     return Outputs(trainer, tag, False, serving, training)
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=stepimage.BASE_IMAGE, install_kfp_package=False)
 def local_custom_job(
     display_name: str,
     project: str,
@@ -127,7 +127,7 @@ def local_custom_job(
     return Outputs(result.attempts, result.seconds)
 
 
-@dsl.component(base_image=runtime.BASE_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=stepimage.BASE_IMAGE, install_kfp_package=False)
 def local_tuning_job(
     project: str,
     worker_pool_specs: list,
@@ -171,7 +171,7 @@ def local_tuning_job(
 
 
 @dsl.component(
-    base_image=runtime.BASE_IMAGE,
+    base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
     additional_funcs=[pick_best_trial, hyperparameters, tunable, typed_hyperparameter, apply_hyperparameters],
 )
@@ -320,7 +320,7 @@ def register_version(
 
 
 @dsl.component(
-    base_image=runtime.BASE_IMAGE,
+    base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
     additional_funcs=[check_model_display_name, registry_folder, champion_record],
 )
@@ -388,7 +388,7 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
 
 
 @dsl.component(
-    base_image=runtime.BASE_IMAGE,
+    base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
     additional_funcs=[
         check_model_display_name,

@@ -390,13 +390,13 @@ def test_the_compiled_component_installs_nothing(tmp_path: Path) -> None:
 
     spec = image.build_trainer_image.component_spec
     container = spec.implementation.container
-    assert container is not None and container.image == image.runtime.BASE_IMAGE
+    assert container is not None and container.image == image.stepimage.BASE_IMAGE
     assert not any("pip install" in part for part in [*(container.command or []), *(container.args or [])])
     compiler.Compiler().compile(image.build_trainer_image, str(tmp_path / "c.yaml"))
     text = (tmp_path / "c.yaml").read_text()
     assert "pip install" not in text and "packages_to_install" not in text
     [executor] = yaml.safe_load(text)["deploymentSpec"]["executors"].values()
-    assert executor["container"]["image"] == image.runtime.BASE_IMAGE
+    assert executor["container"]["image"] == image.stepimage.BASE_IMAGE
     program = executor["container"]["command"][-1]
     assert "google.cloud.devtools" not in program, "google-cloud-build is not in the GCPC image"
     inputs = yaml.safe_load(text)["root"]["inputDefinitions"]["parameters"]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kfp import dsl
 
-from components import evaluation, plan, prepare, runtime, worker_pools
+from components import evaluation, plan, prepare, stepimage, worker_pools
 
 ROOT = Path(__file__).resolve().parents[2]
 V100 = "NVIDIA_TESLA_V100"
@@ -434,8 +434,8 @@ def locked() -> dict[str, str]:
 
 def test_component_pins_follow_uv_lock() -> None:
     versions = locked()
-    assert [pin.split("==")[0] for pin in runtime.PINNED] == ["google-cloud-pipeline-components"]
-    for pin in runtime.PINNED:
+    assert [pin.split("==")[0] for pin in stepimage.PINNED] == ["google-cloud-pipeline-components"]
+    for pin in stepimage.PINNED:
         name, version = pin.split("==")
         assert versions[name] == version, f"{pin} differs from uv.lock's {versions[name]}"
 

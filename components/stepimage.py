@@ -1,4 +1,5 @@
-"""Where our lightweight components run on Vertex AI Pipelines.
+"""The container every lightweight step runs in on Vertex AI Pipelines: its image, the pins that
+image carries, and how Cloud Storage appears inside it (`fuse_path`).
 
 Each component's function body is self-contained (imports inside, helpers shipped with KFP's
 `additional_funcs`) and runs on the Google Cloud Pipeline Components image of the GCPC version
