@@ -287,8 +287,18 @@ def evaluate_model(
         f"({new['examples']} images, dataset {evaluated['dataset_fingerprint'][:19]}): {figures}"
     )
     if old is not None:
+        # Whether the champion was trained on this very dataset: the fingerprint its training
+        # recorded (its metrics.json, through evaluation.json's `recorded`) against this run's.
+        trained_on = old["recorded"].get("dataset_fingerprint")
+        if trained_on == evaluated["dataset_fingerprint"]:
+            data = "trained on this same dataset"
+        elif trained_on:
+            data = f"trained on other data ({str(trained_on)[:19]})"
+        else:
+            data = "trained on data it recorded no fingerprint of"
+        print(f"the champion was {data}")
         description += (
-            f"; champion {champion_version}: accuracy {float(old['accuracy']):.4f}, macro F1 "
+            f"; champion {champion_version} ({data}): accuracy {float(old['accuracy']):.4f}, macro F1 "
             f"{float(old['macro_f1']):.4f} on the same split"
         )
     description += f". {reason}"

@@ -310,7 +310,10 @@ def write_evaluation(
 
     models = {"challenger": entry(challenger, {})}
     if champion is not None:
-        models["champion"] = entry(champion, {"accuracy": 0.99, "macro_f1": 0.98})
+        trained_on = "sha256:" + "ef" * 32  # another dataset than this run's (ab...)
+        models["champion"] = entry(
+            champion, {"accuracy": 0.99, "macro_f1": 0.98, "dataset_fingerprint": trained_on}
+        )
     (base / "model").mkdir(parents=True, exist_ok=True)
     document = {
         "split": "test",
@@ -382,7 +385,8 @@ def test_the_gate_compares_like_for_like_figures_on_the_gate_metric(
     if old:
         assert metrics.metadata[f"champion_test_{metric}"] == old[metric]
         assert (
-            f"champion projects/p/locations/l/models/7@3: accuracy {old['accuracy']:.4f}" in out.description
+            "champion projects/p/locations/l/models/7@3 (trained on other data (sha256:efefefefefef)): "
+            f"accuracy {old['accuracy']:.4f}" in out.description
         )
     assert out.description.startswith(
         ("Promoted" if promote else "Held") + f" on {metric} over this run's test split (20 images"
@@ -587,3 +591,33 @@ def test_a_rule_that_needs_the_comparison_refuses_to_decide_without_it(tmp_path:
             {"accuracy": 0.9, "macro_f1": 0.9},
             gate_rule="non_inferior",
         )
+
+
+def test_the_gate_says_whether_the_champion_was_trained_on_the_same_data(tmp_path: Path) -> None:
+    """The dataset fingerprint the champion's training recorded against this run's: the same
+    data, other data, or none recorded (an older model)."""
+    base = tmp_path / "evaluation" / "model" / "evaluation.json"
+    for trained_on, said in (
+        ("sha256:" + "ab" * 32, "(trained on this same dataset)"),
+        (None, "(trained on data it recorded no fingerprint of)"),
+    ):
+        out, _, _ = gate(
+            tmp_path, "accuracy", {"accuracy": 0.9, "macro_f1": 0.9}, {"accuracy": 0.9, "macro_f1": 0.9}
+        )
+        document = json.loads(base.read_text())
+        document["models"]["champion"]["recorded"]["dataset_fingerprint"] = trained_on
+        base.write_text(json.dumps(document))
+        out = evaluation.evaluate_model.python_func(
+            dataset_uri=str(tmp_path / "dataset"),
+            model_uri=str(tmp_path / "model"),
+            dataset=dsl.Dataset(uri=str(tmp_path / "d")),
+            model=dsl.Model(uri=str(tmp_path / "x")),
+            evaluation_dir=str(tmp_path / "evaluation"),
+            gate_metric="accuracy",
+            min_score=0.5,
+            champion_class_names=["a", "b"],
+            champion_version="projects/p/locations/l/models/7@3",
+            metrics=dsl.Metrics(uri=str(tmp_path / "m")),
+            confusion=dsl.ClassificationMetrics(uri=str(tmp_path / "c")),
+        )
+        assert said in out.description, out.description
