@@ -298,7 +298,7 @@ def write_evaluation(
 ) -> str:
     """The evaluation job's output (`<base>/model/evaluation.json`, as trainer.evaluate writes it)."""
 
-    def entry(figures: dict[str, float], recorded: dict[str, float]) -> dict[str, Any]:
+    def entry(figures: dict[str, float], recorded: dict[str, Any]) -> dict[str, Any]:
         return {
             "examples": 20,
             "loss": 0.3,
