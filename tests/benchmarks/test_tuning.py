@@ -92,8 +92,11 @@ def tuned_summary(
 
 
 def version_record(
-    tuned: float, untuned: float, tuned_f1: float = 0.9, untuned_f1: float = 0.8
+    tuned: float, untuned: float, tuned_f1: float = 0.9, untuned_f1: float = 0.8, half_width: float = 0.035
 ) -> dict[str, Any]:
+    """The tuned version's version.json: both models on the shared split, and their paired
+    comparison (an interval of +-`half_width` around the difference)."""
+    difference = tuned - untuned
     return {
         "version": "2",
         "evaluation": {
@@ -102,6 +105,16 @@ def version_record(
             "models": {
                 "challenger": {"examples": 100, "accuracy": tuned, "macro_f1": tuned_f1, "loss": 0.1},
                 "champion": {"examples": 100, "accuracy": untuned, "macro_f1": untuned_f1, "loss": 0.2},
+            },
+            "comparison": {
+                "examples": 100,
+                "accuracy": {
+                    "challenger": tuned,
+                    "champion": untuned,
+                    "difference": difference,
+                    "ci95": [difference - half_width, difference + half_width],
+                },
+                "mcnemar": {"b": 4, "c": 1, "p_value": 0.375},
             },
         },
         "alias": {"name": "champion", "moved": tuned >= untuned, "before": {"version": "1"}},
@@ -149,9 +162,8 @@ def test_the_goal_is_met_when_tuned_is_at_least_untuned_in_every_repetition_ties
     assert result["name"] == "tuning"
     assert result["ratio"] == pytest.approx(((0.98 + 0.96) / 2) / ((0.95 + 0.96) / 2), abs=1e-3)
     assert result["goal_met"] is True
-    assert (
-        result["goal"]["description"]
-        == "tuned >= untuned on the same test split (accuracy), in every repetition"
+    assert result["goal"]["description"].startswith(
+        "tuned not significantly worse than untuned on the same test split (the paired 95% interval"
     )
     assert result["figures"]["mean"] == {
         "untuned_accuracy": 0.955,
@@ -159,18 +171,45 @@ def test_the_goal_is_met_when_tuned_is_at_least_untuned_in_every_repetition_ties
         "tuned_accuracy": 0.97,
         "tuned_macro_f1": 0.9,
     }
-    assert "0.980 vs 0.950, 0.960 vs 0.960" in result["summary"]
+    assert (
+        "0.980 vs 0.950 (+0.030, 95% CI -0.005 to +0.065, McNemar p=0.38: indistinguishable)"
+        in result["summary"]
+    )
+    assert "0.960 vs 0.960 (+0.000, 95% CI -0.035 to +0.035" in result["summary"]
     assert "seeds 42, 43" in result["summary"] and "gate promoted 2/2" in result["summary"]
     assert "notes" not in result  # the machine was idle (other_cpu_share <= 2%)
 
 
-def test_one_worse_repetition_misses_the_goal_even_when_the_mean_is_higher() -> None:
-    reps = [repetition(42, tuned=0.99, untuned=0.90), repetition(43, tuned=0.94, untuned=0.95)]
+def test_one_significantly_worse_repetition_misses_the_goal_even_when_the_mean_is_higher() -> None:
+    reps = [repetition(42, tuned=0.99, untuned=0.90), repetition(43, tuned=0.90, untuned=0.95)]
     result = tuning.build_result(reps, inputs={}, wall_seconds=420.0, machine=MACHINE)
     assert result["ratio"] is not None and result["ratio"] > 1
     assert result["goal_met"] is False
-    assert [r["tuned_at_least_untuned"] for r in result["figures"]["repetitions"]] == [True, False]
+    verdicts = [r["paired"]["verdict"] for r in result["figures"]["repetitions"]]
+    assert verdicts == ["significantly better", "significantly worse"]
     assert "gate promoted 1/2" in result["summary"]
+
+
+def test_one_image_worse_is_noise_and_keeps_the_goal() -> None:
+    """0.94 against 0.95 on 100 images: the interval reaches above 0, so tuning is not shown to
+    have made the model worse (the old rule, tuned >= untuned, called this a miss)."""
+    reps = [repetition(42, tuned=0.94, untuned=0.95)]
+    result = tuning.build_result(reps, inputs={}, wall_seconds=200.0, machine=MACHINE)
+    assert result["goal_met"] is True
+    assert result["figures"]["repetitions"][0]["paired"]["verdict"] == "indistinguishable"
+    assert result["figures"]["repetitions"][0]["tuned_at_least_untuned"] is False
+
+
+def test_a_version_without_the_paired_comparison_is_refused() -> None:
+    record = version_record(0.9, 0.9)
+    del record["evaluation"]["comparison"]
+    with pytest.raises(tuning.TuningBenchmarkError, match="no paired comparison"):
+        tuning.repetition_figures(
+            42,
+            tuning.Launch(untuned_summary(0.96), wall_seconds=70.0, other_cpu_share=0.01),
+            tuning.Launch(tuned_summary(0.9, 0.9), wall_seconds=140.0, other_cpu_share=0.02),
+            record,
+        )
 
 
 def test_a_tuned_model_below_the_untuned_one_gives_a_ratio_below_one() -> None:
