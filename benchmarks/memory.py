@@ -180,7 +180,7 @@ def synthesize(output_dir: str, train_images: int, image_size: int) -> dict[str,
 
     from trainer import contract, data, images, storage
     from trainer._tf import tf
-    from trainer.shards import ShardWriter, _example
+    from trainer.shards import ShardWriter, example_record
 
     started = time.perf_counter()
     os.makedirs(output_dir)
@@ -193,7 +193,7 @@ def synthesize(output_dir: str, train_images: int, image_size: int) -> dict[str,
         for i in range(count):
             pixels = rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8)
             label = i % len(classes)
-            writer.write(_example(images.encode(tf.constant(pixels), "raw").numpy(), label))
+            writer.write(example_record(images.encode(tf.constant(pixels), "raw").numpy(), label))
             class_counts[label] += 1
         writer.close()
         splits[split] = {

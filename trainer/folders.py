@@ -524,11 +524,51 @@ def _checked_pixels(data: bytes, path: bytes) -> Any:
         return np.int64(-1)
 
 
+def load_image(p: Any, y: Any) -> tuple[Any, Any]:
+    """The (uint8 [H, W, 3] image, int64 label) of the image file `p`: its header checked before
+    it is decoded (a refused one raises InvalidArgumentError, and is never decoded)."""
+    from trainer import images
+    from trainer._tf import tf
+
+    data = tf.io.read_file(p)
+    pixels = tf.numpy_function(_checked_pixels, [data, p], tf.int64, stateful=False)
+    refused = tf.debugging.Assert(pixels >= 0, ["image refused by its header:", p])
+    with tf.control_dependencies([refused]):
+        image = images.decode(data)
+    return image, tf.cast(y, tf.int64)
+
+
+def image_files_dataset(paths: Any, labels: Any) -> Any:
+    """The tf.data dataset of (image, label) of the image files `paths`, in order: what a folder
+    source's split gives preparation, and what a Beam worker reads a shard's images with."""
+    from trainer._tf import tf
+
+    ds = tf.data.Dataset.from_tensor_slices((list(paths), [int(y) for y in labels]))
+    return ds.map(load_image, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def find_bad_image(paths: Any) -> str | None:
+    """Why the first refused or undecodable image of `paths` is, in one line naming its path
+    (None: every one decodes). Run after decoding failed, to name the image at fault."""
+    from trainer import images
+    from trainer._tf import tf
+
+    for p in paths:
+        try:
+            data = tf.io.read_file(p)
+            check_image_bytes(data.numpy(), p)
+            images.decode(data)
+        except ValueError as e:
+            return str(e)
+        except tf.errors.OpError as e:
+            return f"cannot decode image {p}: {e.message.splitlines()[0]}"
+    return None
+
+
 def open_folder(path: str, progress: Progress | None = None) -> Source:
     """The folder source `folder:PATH`, listed by `list_folder` (its problems refused at once,
     before any image is decoded), its skipped entries said in one line on `progress`."""
-    from trainer import images, storage
-    from trainer._tf import tf
+    from trainer import storage
 
     root = storage.resolve(path.rstrip("/")) or "/"
     remote = storage.is_remote(root)
@@ -543,33 +583,12 @@ def open_folder(path: str, progress: Progress | None = None) -> Source:
 
     def make(split: str) -> SourceSplit:
         paths, labels = listing.splits[split]
-
-        def load(p: Any, y: Any) -> tuple[Any, Any]:
-            data = tf.io.read_file(p)
-            pixels = tf.numpy_function(_checked_pixels, [data, p], tf.int64, stateful=False)
-            # Refused from its header: InvalidArgumentError, and the image is never decoded.
-            refused = tf.debugging.Assert(pixels >= 0, ["image refused by its header:", p])
-            with tf.control_dependencies([refused]):
-                image = images.decode(data)
-            return image, tf.cast(y, tf.int64)
-
-        def dataset() -> Any:
-            ds = tf.data.Dataset.from_tensor_slices((paths, labels))
-            return ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
-
-        def find_bad_input() -> str | None:
-            for p in paths:
-                data = tf.io.read_file(p)
-                try:
-                    check_image_bytes(data.numpy(), p)
-                    images.decode(data)
-                except ValueError as e:
-                    return str(e)
-                except tf.errors.OpError as e:
-                    return f"cannot decode image {p}: {e.message.splitlines()[0]}"
-            return None
-
-        return SourceSplit(count=len(paths), dataset=dataset, find_bad_input=find_bad_input)
+        return SourceSplit(
+            count=len(paths),
+            dataset=lambda: image_files_dataset(paths, labels),
+            find_bad_input=lambda: find_bad_image(paths),
+            spec={"kind": "files", "paths": list(paths), "labels": [int(y) for y in labels]},
+        )
 
     return Source(
         class_names=list(listing.class_names),

@@ -58,6 +58,8 @@ from trainer.shards import write_dataset
 from trainer.source import PrepareError
 from trainer.sources import open_source
 
+ENGINES = ("job", "beam")
+
 
 def _source(text: str) -> str:
     if text == "synthetic":
@@ -137,6 +139,21 @@ def build_parser(
         help="The champion's class names as a JSON list: a source of other classes, or of the same "
         "in another order, is refused before any conversion. Default: none (no champion).",
     )
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=d.engine,
+        help="job: this process converts every image; beam: an Apache Beam pipeline (the "
+        "DirectRunner's worker processes here; Dataflow with --runner DataflowRunner and Beam's "
+        "Dataflow options, which any flag this command does not know is taken as). Both write the "
+        "same bytes; beam resumes a killed run.",
+    )
+    p.add_argument(
+        "--beam_workers",
+        type=int_in(0, 256),
+        default=d.beam_workers,
+        help="--engine beam on the DirectRunner: worker processes (0: one per CPU).",
+    )
     return p
 
 
@@ -146,7 +163,12 @@ def parse_args(
     parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser,
 ) -> PrepareConfig:
     parser = build_parser(parser_class)
-    ns = parser.parse_args(argv)
+    ns, rest = parser.parse_known_args(argv)
+    if rest and ns.engine != "beam":
+        parser.error(
+            f"unrecognized arguments: {' '.join(rest)} (only --engine beam takes Beam's own options)"
+        )
+    ns.beam_args = tuple(rest)
     ns.output_dir = ns.output_dir or (os.environ if environ is None else environ).get(
         "AIP_MODEL_DIR", ""
     ).rstrip("/")
@@ -196,8 +218,9 @@ def sigterm_unwinds() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str, Any]:
-    """Prepares `config.source` into `config.output_dir`; returns the metadata written.
+def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str, Any] | None:
+    """Prepares `config.source` into `config.output_dir`; returns the metadata written (None: a
+    Beam job was submitted to a remote runner, which publishes when it ends).
     `progress` defaults to `Progress.auto()`: bars on a terminal, else plain lines."""
     from trainer import storage
     from trainer._tf import tf
@@ -216,13 +239,35 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
             f"--output_dir {config.output_dir} already exists and is not empty; pass --overwrite "
             "to replace it"
         )
+    if config.engine == "beam":
+        from trainer.beamprep import check_runner_paths
+
+        check_runner_paths(config)  # before the source is listed
     with open_source(config, progress) as source:
         mismatch = champion_mismatch(source.class_names, config.champion_class_names)
         if mismatch:
             raise PrepareError(mismatch)
+        if config.engine == "beam":
+            from trainer.beamprep import prepare_beam
+            from trainer.shards import source_identity
+
+            return prepare_beam(config, source, {**source.info, **source_identity(source, config)}, progress)
         with storage.staged_output(config.output_dir) as staging:
             metadata = write_dataset(source, config, staging, progress)
     return metadata
+
+
+def _left(argv: Sequence[str] | None) -> str:
+    """What a stopped preparation leaves: nothing, or (--engine beam) the shards it wrote."""
+    try:
+        config = parse_args(argv)
+    except SystemExit:
+        return "no staging folder is left"
+    if config.engine != "beam":
+        return "no staging folder is left"
+    from trainer.beamprep import work_dir
+
+    return f"the shards written so far are kept in {work_dir(config.output_dir)} for the next run to resume"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -237,19 +282,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         except Terminated:
             print(
-                "python -m trainer.prepare: stopped on SIGTERM: nothing was published and no staging "
-                f"folder is left; exiting with status {TERMINATED_EXIT_CODE}",
+                f"python -m trainer.prepare: stopped on SIGTERM: nothing was published and {_left(argv)}; "
+                f"exiting with status {TERMINATED_EXIT_CODE}",
                 file=sys.stderr,
                 flush=True,
             )
             return TERMINATED_EXIT_CODE
         except KeyboardInterrupt:
             print(
-                "python -m trainer.prepare: interrupted: nothing was published and no staging folder is left",
+                f"python -m trainer.prepare: interrupted: nothing was published and {_left(argv)}",
                 file=sys.stderr,
                 flush=True,
             )
             return 128 + signal.SIGINT
+    if metadata is None:
+        return 0
     counts = ", ".join(f"{s} {v['count']}" for s, v in metadata["splits"].items())
     skipped = metadata["source_info"].get("skipped", {}).get("count", 0)
     note = f"; {skipped} source entries skipped (listed above, and in source_info.skipped)" if skipped else ""

@@ -25,6 +25,10 @@ class PrepareConfig:
       source with other classes, or the same in another order, is refused as soon as it is
       listed, before any conversion (a model trained on it could not be compared with the
       champion, nor replace it).
+    engine: "job" (this process converts every image) or "beam" (an Apache Beam pipeline,
+      trainer/beamprep.py); both write the same bytes.
+    beam_workers: the DirectRunner's worker processes (0: one per CPU).
+    beam_args: Beam's own options, as given (e.g. --runner DataflowRunner --project ...).
     """
 
     source: str
@@ -40,3 +44,6 @@ class PrepareConfig:
     synthetic_source_size: int = 160
     overwrite: bool = False
     champion_class_names: tuple[str, ...] = ()
+    engine: str = "job"
+    beam_workers: int = 0
+    beam_args: tuple[str, ...] = ()

@@ -23,6 +23,50 @@ from trainer.source import PrepareError, Source, check_classes
 FEW_IMAGES_PER_CLASS = 5
 
 
+# --- where each image goes: the rules both engines follow (trainer/beamprep.py, write_dataset) --
+
+
+def shard_names(split: str, count: int, shards: int) -> list[str]:
+    """The shard files of a split of `count` images: `shards` of them, fewer when the split has
+    fewer images (every shard holds at least one)."""
+    n = max(1, min(shards, count))
+    return [f"{split}-{i:05d}-of-{n:05d}.tfrecord" for i in range(n)]
+
+
+def target_split(source_split: str, index: int, assignment: Any) -> str:
+    """The output split of image `index` of the source's split `source_split`: a train image
+    goes where carving assigned it (`carve_plan`), any other split's stays in its split."""
+    return SPLITS[assignment[index]] if source_split == "train" else source_split
+
+
+def placement(source: Source, assignment: Any) -> dict[str, list[tuple[str, int]]]:
+    """Every output split's images, as (source split, index), in the order they are written:
+    the source's splits in order, each in its own order. The image at position p of an output
+    split of n shards goes to shard p % n, after the images of that shard before it (round
+    robin: `ShardWriter.write`, `shard_items`)."""
+    placed: dict[str, list[tuple[str, int]]] = {split: [] for split in SPLITS}
+    for split_name, source_split in source.splits.items():
+        for i in range(source_split.count):
+            placed[target_split(split_name, i, assignment)].append((split_name, i))
+    return placed
+
+
+def shard_items(items: list[tuple[str, int]], n: int, shard: int) -> list[tuple[str, int]]:
+    """The images of shard `shard` of `n`, in order, out of an output split's `placement`."""
+    return items[shard::n]
+
+
+def record_encoder(config: PrepareConfig) -> Any:
+    """The map from a source's (uint8 image, label) to (stored image bytes, label): resized once
+    to config.image_size and encoded as config.encoding. The one conversion both engines run."""
+    from trainer import images
+
+    def encode(image: Any, label: Any) -> tuple[Any, Any]:
+        return images.encode(images.resize(image, config.image_size), config.encoding), label
+
+    return encode
+
+
 class ShardWriter:
     """Round-robin TFRecord shards for one split; `close` gives their manifest."""
 
@@ -30,8 +74,8 @@ class ShardWriter:
         from trainer._tf import tf
 
         self.folder = folder
-        self.n = max(1, min(shards, count))
-        self.names = [f"{split}-{i:05d}-of-{self.n:05d}.tfrecord" for i in range(self.n)]
+        self.names = shard_names(split, count, shards)
+        self.n = len(self.names)
         self._writers = [tf.io.TFRecordWriter(os.path.join(folder, name)) for name in self.names]
         self.records = [0] * self.n
         self.written = 0
@@ -79,16 +123,13 @@ def few_images_warnings(class_counts: Mapping[str, Mapping[str, int]]) -> list[s
 def write_dataset(source: Source, config: PrepareConfig, staging: str, progress: Progress) -> dict[str, Any]:
     """Writes `source` into `staging`: its images resized and encoded, in TFRecord shards per
     split (a split the source lacks carved from train), then metadata.json; returns the metadata."""
-    from trainer import data, images, storage
     from trainer._tf import tf
 
     check_classes(source, config)
     counts, assignment, carved = carve_plan(source, config)
     writers = {split: ShardWriter(staging, split, counts[split], config.shards) for split in SPLITS}
     class_counts = {split: [0] * len(source.class_names) for split in SPLITS}
-
-    def encode(image: Any, label: Any) -> tuple[Any, Any]:
-        return images.encode(images.resize(image, config.image_size), config.encoding), label
+    encode = record_encoder(config)
 
     total = sum(s.count for s in source.splits.values())
     # A bar for the whole source on a terminal; lines per source split otherwise.
@@ -98,9 +139,9 @@ def write_dataset(source: Source, config: PrepareConfig, staging: str, progress:
             try:
                 with progress.count(split_name, source_split.count, bar=False) as update:
                     for i, (encoded, label) in enumerate(ds.as_numpy_iterator()):
-                        target = SPLITS[assignment[i]] if split_name == "train" else split_name
+                        target = target_split(split_name, i, assignment)
                         label = int(label)
-                        writers[target].write(_example(encoded, label))
+                        writers[target].write(example_record(encoded, label))
                         class_counts[target][label] += 1
                         overall(1)
                         update(1)
@@ -109,36 +150,65 @@ def write_dataset(source: Source, config: PrepareConfig, staging: str, progress:
                     source_split.find_bad_input() or f"bad input in split {split_name!r}: {e.message}"
                 ) from None
 
-    splits = {}
+    for writer in writers.values():
+        writer.close()
+    metadata = dataset_metadata(
+        config,
+        {**source.info, **source_identity(source, config)},
+        source.class_names,
+        {split: (writers[split].manifest, class_counts[split]) for split in SPLITS},
+        carved,
+    )
+    for warning in few_images_warnings({s: v["class_counts"] for s, v in metadata["splits"].items()}):
+        progress.say(warning)
+    write_metadata(staging, metadata)
+    return metadata
+
+
+def dataset_metadata(
+    config: PrepareConfig,
+    source_info: Mapping[str, Any],
+    class_names: list[str],
+    splits: Mapping[str, tuple[list[dict[str, Any]], list[int]]],
+    carved: Mapping[str, str],
+) -> dict[str, Any]:
+    """metadata.json of a prepared dataset: `splits` maps each output split to (its shards'
+    manifest, in shard order, and its image count per class). Both engines build it here."""
+    from trainer import data
+
+    out = {}
     for split in SPLITS:
-        writers[split].close()
-        splits[split] = {
-            "count": writers[split].written,
-            "class_counts": dict(zip(source.class_names, class_counts[split], strict=True)),
-            "shards": writers[split].manifest,
+        manifest, per_class = splits[split]
+        out[split] = {
+            "count": sum(entry["records"] for entry in manifest),
+            "class_counts": dict(zip(class_names, per_class, strict=True)),
+            "shards": list(manifest),
             **({"carved_from": carved[split]} if split in carved else {}),
         }
-    per_class = {s: dict(zip(source.class_names, class_counts[s], strict=True)) for s in SPLITS}
-    for warning in few_images_warnings(per_class):
-        progress.say(warning)
     metadata = {
         "format_version": data.FORMAT_VERSION,
         "source": config.source,
-        "source_info": {**source.info, **source_identity(source, config)},
-        "class_names": source.class_names,
-        "num_classes": len(source.class_names),
+        "source_info": dict(source_info),
+        "class_names": list(class_names),
+        "num_classes": len(class_names),
         "image_size": config.image_size,
         "channels": 3,
         "encoding": config.encoding,
         "seed": config.seed,
-        "splits": splits,
+        "splits": out,
     }
     metadata["fingerprint"] = data.manifest_fingerprint(metadata)
-    storage.write_json(os.path.join(staging, data.METADATA_FILE), metadata)
     return metadata
 
 
-def _example(encoded: bytes, label: int) -> bytes:
+def write_metadata(folder: str, metadata: Mapping[str, Any]) -> None:
+    """Writes metadata.json into `folder`: the last file of a prepared dataset."""
+    from trainer import data, storage
+
+    storage.write_json(os.path.join(folder, data.METADATA_FILE), metadata)
+
+
+def example_record(encoded: bytes, label: int) -> bytes:
     from trainer._tf import tf
 
     feature = {

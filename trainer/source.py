@@ -31,6 +31,10 @@ class SourceSplit:
     count: int
     dataset: Callable[[], Any]  # () -> tf.data.Dataset of (uint8 [H, W, 3], int64)
     find_bad_input: Callable[[], str | None] = lambda: None
+    # How another process opens the split (the Beam engine's workers): JSON, read by
+    # `trainer.sources.split_subset`. {"kind": "files", "paths", "labels"} or {"kind": "tfds",
+    # "dir", "split", "image_key", "label_key"}.
+    spec: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from trainer.folders import open_folder
 from trainer.localarchive import local_archive
@@ -64,3 +65,40 @@ def open_source(config: PrepareConfig, progress: Progress | None = None) -> Iter
         yield open_tfds(rest, config.tfds_data_dir, progress=progress)
     else:
         yield open_folder(rest, progress)
+
+
+def split_subset(spec: dict[str, Any], indices: Sequence[int]) -> Any:
+    """The tf.data dataset of (uint8 image, label) of images `indices` (ascending) of the source
+    split that `spec` describes (`SourceSplit.spec`), in that order: how a Beam worker, in
+    another process or on another machine, reads the images of the shard it writes.
+
+    A folder split reads just those files. A TFDS split is read through in its own order, every
+    record parsed and the others dropped before their image is decoded; it is one read of the
+    split per shard (TFDS's record files give no random access)."""
+    from trainer._tf import tf
+    from trainer.folders import image_files_dataset
+
+    if spec["kind"] == "files":
+        paths, labels = spec["paths"], spec["labels"]
+        return image_files_dataset([paths[i] for i in indices], [labels[i] for i in indices])
+    if spec["kind"] == "tfds":
+        import numpy as np
+        import tensorflow_datasets as tfds
+
+        builder = tfds.builder_from_directory(spec["dir"])
+        count = builder.info.splits[spec["split"]].num_examples
+        wanted = np.zeros(count, dtype=bool)
+        wanted[list(indices)] = True
+        mask = tf.constant(wanted)
+        image_key, label_key = spec["image_key"], spec["label_key"]
+        ds = builder.as_dataset(
+            split=spec["split"],
+            shuffle_files=False,
+            decoders={image_key: tfds.decode.SkipDecoding()},
+        )
+        ds = ds.enumerate().filter(lambda i, ex: mask[i])
+        return ds.map(
+            lambda i, ex: (builder.info.features[image_key].decode_example(ex[image_key]), ex[label_key]),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+    raise ValueError(f"unknown source split kind {spec['kind']!r}; allowed: files, tfds")

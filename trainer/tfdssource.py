@@ -78,7 +78,16 @@ def tfds_source(builder: Any, image_key: str, label_key: str) -> Source:
             ds = builder.as_dataset(split=split, shuffle_files=False)
             return ds.map(lambda ex: (ex[image_key], ex[label_key]))
 
-        splits[split] = SourceSplit(count=builder.info.splits[split].num_examples, dataset=dataset)
+        spec = {
+            "kind": "tfds",
+            # The prepared dataset's own folder (<data_dir>/<name>[/<config>]/<version>), which
+            # `tfds.builder_from_directory` reopens in any process without the builder's code.
+            "dir": str(builder.data_dir),
+            "split": split,
+            "image_key": image_key,
+            "label_key": label_key,
+        }
+        splits[split] = SourceSplit(count=builder.info.splits[split].num_examples, dataset=dataset, spec=spec)
     if "train" not in splits:
         raise PrepareError(
             f"TFDS dataset {builder.name!r} has no train split (it has {list(builder.info.splits)})"

@@ -326,7 +326,7 @@ def class_sorted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A prepared dataset written as `trainer.prepare` writes a folder source: round-robin
     shards in source order, and the source listed class by class (5 classes x 200, 32 px)."""
     from trainer import images
-    from trainer.shards import ShardWriter, _example
+    from trainer.shards import ShardWriter, example_record
 
     out = tmp_path_factory.mktemp("sorted")
     rng = np.random.default_rng(0)
@@ -336,7 +336,7 @@ def class_sorted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for label in range(5):
             for _ in range(per_class):
                 pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
-                writer.write(_example(images.encode(tf.constant(pixels), "raw").numpy(), label))
+                writer.write(example_record(images.encode(tf.constant(pixels), "raw").numpy(), label))
         writer.close()
         splits[split] = {
             "count": 5 * per_class,

@@ -1,0 +1,213 @@
+"""`python -m trainer.prepare --engine beam`: the same bytes as the one-replica job, resumable
+after a kill, a bad image named by its path (trainer/beamprep.py). Runs Beam's real DirectRunner
+in multi-process mode, as `make run` does with prepare_engine=beam."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.processes import ROOT, trainer_env
+from tests.trainer.test_prepare import write_images
+from trainer import beamprep, data
+
+pytestmark = pytest.mark.slow
+
+
+def run_prepare(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.prepare", *args],
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def record_hashes(folder: Path) -> dict[str, list[str]]:
+    """Each split's records, as SHA-256 of their bytes, in the order the shards hold them."""
+    from trainer._tf import tf
+
+    meta = json.loads((folder / data.METADATA_FILE).read_text())
+    out: dict[str, list[str]] = {}
+    for split, info in meta["splits"].items():
+        out[split] = [
+            hashlib.sha256(record.numpy()).hexdigest()
+            for shard in info["shards"]
+            for record in tf.data.TFRecordDataset(str(folder / shard["name"]))
+        ]
+    return out
+
+
+def same_dataset(a: Path, b: Path) -> None:
+    """Same metadata.json bytes (class names, counts, manifest, fingerprint), same shard files,
+    same records per split."""
+    assert (a / data.METADATA_FILE).read_bytes() == (b / data.METADATA_FILE).read_bytes()
+    assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+    assert record_hashes(a) == record_hashes(b)
+    for shard in a.glob("*.tfrecord"):
+        assert shard.read_bytes() == (b / shard.name).read_bytes(), shard.name
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """train (3 classes) and test; validation is carved from train."""
+    root = tmp_path_factory.mktemp("beam") / "images"
+    for i, name in enumerate(("daisy", "rose", "tulip")):
+        write_images(root / "train" / name, 14, seed=i)
+        write_images(root / "test" / name, 4, seed=10 + i, fmt="png")
+    return root
+
+
+FLAGS = ("--image_size", "32", "--shards", "5", "--encoding", "png", "--seed", "7")
+
+
+@pytest.fixture(scope="module")
+def job_output(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("job") / "dataset"
+    done = run_prepare("--source", f"folder:{folder}", "--output_dir", str(out), *FLAGS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_both_engines_write_the_same_dataset_from_a_folder(
+    folder: Path, job_output: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "dataset"
+    done = run_prepare(
+        "--source",
+        f"folder:{folder}",
+        "--output_dir",
+        str(out),
+        *FLAGS,
+        "--engine",
+        "beam",
+        "--beam_workers",
+        "2",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Beam DirectRunner: 14 shards (14 to write) from 54 images" in done.stdout
+    same_dataset(job_output, out)
+    meta = json.loads((out / data.METADATA_FILE).read_text())
+    assert meta["splits"]["validation"]["carved_from"] == "train"
+    assert not Path(beamprep.work_dir(str(out))).exists(), "the work folder is removed once published"
+
+
+def test_both_engines_write_the_same_dataset_from_the_tfds_builder(tmp_path: Path) -> None:
+    """The synthetic source goes through the real TFDS cassava builder: the Beam workers reopen
+    its prepared split with `tfds.builder_from_directory` and pick their images by index."""
+    args = ("--source", "synthetic", "--synthetic_per_class", "3", "--image_size", "32", "--shards", "3")
+    outs = []
+    for engine in ("job", "beam"):
+        out = tmp_path / engine
+        done = run_prepare(*args, "--output_dir", str(out), "--engine", engine, "--beam_workers", "2")
+        assert done.returncode == 0, done.stderr[-3000:]
+        outs.append(out)
+    same_dataset(*outs)
+
+
+def test_a_killed_beam_preparation_resumes_with_the_shards_it_wrote(
+    folder: Path, job_output: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "dataset"
+    work = Path(beamprep.work_dir(str(out)))
+    args = ("--source", f"folder:{folder}", "--output_dir", str(out), *FLAGS, "--engine", "beam")
+    # One worker, so shards are written one after another and the kill lands between them.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer.prepare", *args, "--beam_workers", "1"],
+        cwd=ROOT,
+        env=trainer_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while len(list((work / beamprep.DONE).glob("*.json"))) < 2:
+            assert proc.poll() is None, "the preparation ended before it could be killed"
+            assert time.monotonic() < deadline, "no shard was written in 240 s"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Beam worker processes
+        proc.wait()
+    assert not out.exists(), "a killed preparation publishes nothing"
+    # The shards the done records vouch for, with their modification times: kept, not rewritten.
+    kept = {p.stem: (work / p.stem).stat().st_mtime_ns for p in (work / beamprep.DONE).glob("*.json")}
+    assert 2 <= len(kept) < 14
+
+    done = run_prepare(*args, "--beam_workers", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming the Beam preparation in {work}: {len(kept)} of 14 shards" in done.stdout
+    assert f"({14 - len(kept)} to write)" in done.stdout
+    assert {name: (out / name).stat().st_mtime_ns for name in kept} == kept
+    same_dataset(job_output, out)
+
+
+def test_a_changed_plan_is_not_resumed_and_says_what_changed(folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "dataset"
+    work = Path(beamprep.work_dir(str(out)))
+    work.mkdir()
+    (work / beamprep.PLAN_FILE).write_text(
+        json.dumps(
+            {"identity": {"plan_version": 1, "seed": 8, "image_size": 32}, "fingerprint": "sha256:old"}
+        )
+    )
+    (work / "stale.tfrecord").write_bytes(b"left by the earlier run")
+    args = ("--source", f"folder:{folder}", "--output_dir", str(out), *FLAGS)
+    done = run_prepare(*args, "--engine", "beam", "--beam_workers", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"cannot resume the earlier Beam preparation in {work}: its " in done.stdout
+    line = next(line for line in done.stdout.splitlines() if "cannot resume" in line)
+    assert "seed" in line and "image_size" not in line.split("its ")[1].split(" differ")[0].split(", ")
+    assert not (out / "stale.tfrecord").exists()
+
+
+def test_a_bad_image_is_named_by_its_path_without_a_traceback(folder: Path, tmp_path: Path) -> None:
+    """A JPEG whose header passes the listing's check but whose body is cut off: found only by
+    decoding, in a Beam worker."""
+    import shutil
+
+    src = tmp_path / "images"
+    shutil.copytree(folder, src)
+    bad = src / "train" / "rose" / "img3.jpg"
+    whole = bad.read_bytes()
+    bad.write_bytes(whole[: len(whole) // 3])
+    out = tmp_path / "dataset"
+    done = run_prepare(
+        "--source",
+        f"folder:{src}",
+        "--output_dir",
+        str(out),
+        *FLAGS,
+        "--engine",
+        "beam",
+        "--beam_workers",
+        "2",
+    )
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-3000:]
+    assert f"python -m trainer.prepare: error: cannot decode image {bad}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+def test_engine_flags_are_checked_before_any_work(folder: Path, tmp_path: Path) -> None:
+    done = run_prepare("--source", f"folder:{folder}", "--output_dir", str(tmp_path / "o"), "--runner", "X")
+    assert done.returncode == 2
+    assert "unrecognized arguments: --runner X (only --engine beam takes Beam's own options)" in done.stderr
+    done = run_prepare(
+        "--source", f"folder:{folder}", "--output_dir", str(tmp_path / "o"),
+        "--engine", "beam", "--runner", "DataflowRunner",
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert f"--output_dir {tmp_path / 'o'} is not on Cloud Storage" in done.stderr
+    assert f"--source folder: {folder} is not on Cloud Storage" in done.stderr
+    assert not (tmp_path / "o").exists() and not Path(beamprep.work_dir(str(tmp_path / "o"))).exists()

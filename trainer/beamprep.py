@@ -1,0 +1,521 @@
+"""Preparation on Apache Beam: `python -m trainer.prepare --engine beam`, the same conversion as
+the one-replica job (trainer/shards.py) run as a Beam pipeline, on the DirectRunner here (worker
+processes on this machine) or on Dataflow (`--runner DataflowRunner` and Dataflow's options).
+
+One conversion, two engines. Everything that decides the output is shared with `write_dataset`:
+carving (`carve_plan`), which output split and shard each image goes to (`placement`,
+`shard_items`: round robin, position p of a split of n shards in shard p % n), the shard names,
+the image transform (`record_encoder`: decode, header check, resize, encode), the record
+(`example_record`) and metadata.json (`dataset_metadata`). So for a given source and seed both
+engines write the same bytes: the same shards, manifest and fingerprint
+(tests/trainer/test_beamprep.py compares them).
+
+The pipeline, one element per output shard:
+
+    Create(shard names) | Reshuffle | ParDo(WriteShard) | CombineGlobally(ToList) | ParDo(Finalize)
+
+The driver (this process) lists the source and writes the plan into a work folder beside the
+output, `<output_dir>.beam-work/`: `plan.json` (what decides the output, and its fingerprint) and
+one `tasks/<shard>.json` per shard (the shard's images: file paths, or indices into a TFDS
+split). Only shard names go into the pipeline, so its graph stays small whatever the folder's
+size (Dataflow refuses a job graph over 10 MB). A worker writes its shard, streaming one image
+at a time through tf.data, as `<shard>.partial`, renames it into place, and records
+`done/<shard>.json` (its size, records, SHA-256 and count per class). `Finalize`, once every shard
+is done, writes metadata.json and publishes the folder to `--output_dir` the way the job engine
+does (complete, metadata.json last), then removes the work folder.
+
+Resuming: killed (SIGKILL, a preempted VM, Ctrl-C), a run leaves the work folder. The next run
+with the same plan (same source listing or TFDS files, same flags that decide the output) keeps
+each shard whose done record matches its file (size and SHA-256) and writes only the others; it
+says how many it kept. A run whose plan differs says which inputs changed and starts over.
+
+A bad image is reported by its path: the worker that meets it records `errors/<shard>.json`
+(the image and why) and writes no shard; `Finalize` refuses to publish; the driver prints each
+problem, not a worker's traceback. Images a folder listing can check (the header of a local
+file) are refused before the pipeline starts, as with the job engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from trainer.carving import carve_plan
+from trainer.config import SPLITS
+from trainer.prepareconfig import PrepareConfig
+from trainer.progress import Progress
+from trainer.shards import placement, shard_items, shard_names
+from trainer.source import PrepareError, Source, check_classes
+
+WORK_SUFFIX = ".beam-work"
+PLAN_FILE = "plan.json"
+PLAN_VERSION = 1
+TASKS, DONE, ERRORS = "tasks", "done", "errors"
+# The PrepareConfig fields that decide what is written (not where, nor by which engine).
+OUTPUT_FIELDS = ("source", "image_size", "encoding", "shards", "validation_fraction", "test_fraction", "seed")
+# Seconds between the driver's progress lines (it counts the done records).
+PROGRESS_EVERY_S = 5.0
+
+
+def work_dir(output_dir: str) -> str:
+    from trainer import storage
+
+    return storage.resolve(output_dir).rstrip("/") + WORK_SUFFIX
+
+
+# --- the plan ----------------------------------------------------------------------------------
+
+
+def _task_spec(spec: dict[str, Any], indices: list[int]) -> dict[str, Any]:
+    """A shard's task: the source split's spec narrowed to the shard's images (a folder's: just
+    their paths and labels, so a task file holds its own images only)."""
+    if spec["kind"] == "files":
+        return {
+            "kind": "files",
+            "paths": [spec["paths"][i] for i in indices],
+            "labels": [spec["labels"][i] for i in indices],
+            "indices": list(range(len(indices))),
+        }
+    return {**spec, "indices": indices}
+
+
+def make_plan(source: Source, config: PrepareConfig, source_info: dict[str, Any]) -> tuple[dict, dict]:
+    """(plan, tasks): the plan.json of a Beam preparation of `source`, and each shard's task."""
+    check_classes(source, config)
+    counts, assignment, carved = carve_plan(source, config)
+    placed = placement(source, assignment)
+    shards: list[dict[str, Any]] = []
+    tasks: dict[str, dict[str, Any]] = {}
+    for split in SPLITS:
+        names = shard_names(split, counts[split], config.shards)
+        for k, name in enumerate(names):
+            items = shard_items(placed[split], len(names), k)
+            (source_split,) = {s for s, _ in items}  # one source split per output split (carving)
+            tasks[name] = _task_spec(source.splits[source_split].spec, [i for _, i in items])
+            shards.append({"split": split, "name": name})
+    identity = {
+        "plan_version": PLAN_VERSION,
+        **{f: getattr(config, f) for f in OUTPUT_FIELDS},
+        "class_names": list(source.class_names),
+        "source_info": source_info,
+        # The images each shard gets, by content of its task (paths or indices).
+        "tasks": hashlib.sha256(json.dumps(tasks, sort_keys=True).encode()).hexdigest(),
+    }
+    plan = {
+        "identity": identity,
+        "fingerprint": "sha256:" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest(),
+        "config": {f: getattr(config, f) for f in OUTPUT_FIELDS},
+        "class_names": list(source.class_names),
+        "source_info": source_info,
+        "carved": carved,
+        "shards": shards,
+    }
+    return plan, tasks
+
+
+def plan_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The inputs of two plans' identities that differ, by name (what makes a resume impossible)."""
+    a, b = old.get("identity", {}), new["identity"]
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _read_json(path: str) -> Any:
+    from trainer import storage
+
+    return storage.read_json(path)
+
+
+def _write_json(path: str, data: Any) -> None:
+    """storage.write_json, its folder made first."""
+    from trainer import storage
+    from trainer._tf import tf
+
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    storage.write_json(path, data)
+
+
+def _exists(path: str) -> bool:
+    from trainer._tf import tf
+
+    return bool(tf.io.gfile.exists(path))
+
+
+# --- the workers' steps ----------------------------------------------------------------------
+
+
+def shard_done(work: str, name: str) -> dict[str, Any] | None:
+    """The done record of shard `name`, if it is there and its file matches it (size, SHA-256)."""
+    from trainer import data, storage
+
+    record_path = storage.join(work, DONE, f"{name}.json")
+    if not _exists(record_path):
+        return None
+    record = _read_json(record_path)
+    path = storage.join(work, name)
+    if not _exists(path):
+        return None
+    sha, size = data.shard_digest(path)
+    if size != record.get("bytes") or sha != record.get("sha256"):
+        return None
+    return dict(record)
+
+
+def write_shard(work: str, name: str, config: PrepareConfig) -> dict[str, Any] | str:
+    """Writes shard `name` of the plan in `work` from its task; returns its done record, or the
+    problem (one line naming the image) when an image of it cannot be converted."""
+    from trainer import data, storage
+    from trainer._tf import tf
+    from trainer.folders import find_bad_image
+    from trainer.shards import example_record, record_encoder
+    from trainer.sources import split_subset
+
+    task = _read_json(storage.join(work, TASKS, f"{name}.json"))
+    class_names = _read_json(storage.join(work, PLAN_FILE))["class_names"]
+    per_class = [0] * len(class_names)
+    partial = storage.join(work, f"{name}.partial-{uuid.uuid4().hex[:8]}")
+    ds = split_subset(task, task["indices"]).map(record_encoder(config), num_parallel_calls=tf.data.AUTOTUNE)
+    records = 0
+    try:
+        with tf.io.TFRecordWriter(partial) as writer:
+            for encoded, label in ds.prefetch(16).as_numpy_iterator():
+                writer.write(example_record(encoded, int(label)))
+                per_class[int(label)] += 1
+                records += 1
+    except tf.errors.InvalidArgumentError as e:
+        with contextlib.suppress(tf.errors.OpError):
+            tf.io.gfile.remove(partial)
+        problem = find_bad_image(task["paths"]) if task["kind"] == "files" else None
+        return problem or f"bad input in shard {name}: {e.message.splitlines()[0]}"
+    except BaseException:
+        with contextlib.suppress(tf.errors.OpError):
+            tf.io.gfile.remove(partial)
+        raise
+    final = storage.join(work, name)
+    tf.io.gfile.rename(partial, final, overwrite=True)
+    sha, size = data.shard_digest(final)
+    record = {"name": name, "bytes": size, "records": records, "sha256": sha, "class_counts": per_class}
+    _write_json(storage.join(work, DONE, f"{name}.json"), record)
+    return record
+
+
+def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Once every shard is written: metadata.json, then the dataset published to `output_dir`
+    (complete, metadata.json last) and the work folder removed. Refuses (PrepareError naming each
+    bad image) when a worker recorded a problem."""
+    from trainer import storage
+    from trainer._tf import tf
+    from trainer.shards import dataset_metadata
+
+    problems = read_problems(work)
+    if problems:
+        raise PrepareError("\n".join(problems))
+    plan = _read_json(storage.join(work, PLAN_FILE))
+    by_name = {r["name"]: r for r in records}
+    missing = [s["name"] for s in plan["shards"] if s["name"] not in by_name]
+    if missing:
+        raise PrepareError(f"{len(missing)} shards were not written: {', '.join(missing[:5])}")
+    config = PrepareConfig(output_dir=output_dir, **plan["config"])
+    n_classes = len(plan["class_names"])
+    splits: dict[str, tuple[list[dict[str, Any]], list[int]]] = {}
+    for split in SPLITS:
+        manifest, per_class = [], [0] * n_classes
+        for shard in (s for s in plan["shards"] if s["split"] == split):
+            r = by_name[shard["name"]]
+            manifest.append({k: r[k] for k in ("name", "bytes", "records", "sha256")})
+            per_class = [a + b for a, b in zip(per_class, r["class_counts"], strict=True)]
+        splits[split] = (manifest, per_class)
+    metadata = dataset_metadata(config, plan["source_info"], plan["class_names"], splits, plan["carved"])
+    names = [s["name"] for s in plan["shards"]]
+    if storage.is_remote(output_dir):
+        _publish_remote(work, storage.resolve(output_dir), names, metadata)
+    else:
+        _publish_local(work, storage.resolve(output_dir), names, metadata)
+    with contextlib.suppress(tf.errors.OpError):
+        tf.io.gfile.rmtree(work)
+    return metadata
+
+
+def _publish_local(work: str, final: str, names: list[str], metadata: dict[str, Any]) -> None:
+    from trainer import storage
+    from trainer.shards import write_metadata
+
+    parent = os.path.dirname(os.path.abspath(final))
+    storage.remove_leftovers(final)
+    staging = os.path.join(parent, f".{os.path.basename(final)}.staging-{uuid.uuid4().hex[:8]}")
+    os.makedirs(staging)
+    try:
+        for name in names:
+            os.rename(os.path.join(work, name), os.path.join(staging, name))
+        write_metadata(staging, metadata)
+        storage.publish(staging, final)
+    finally:
+        if os.path.isdir(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish_remote(work: str, final: str, names: list[str], metadata: dict[str, Any]) -> None:
+    """gs://: a stale metadata.json in `final` goes first (from then on `final` is not a finished
+    dataset), the shards are copied in (Cloud Storage copies in place, no download), metadata.json
+    last."""
+    from trainer import data, storage
+    from trainer._tf import tf
+    from trainer.shards import write_metadata
+
+    stale = storage.join(final, data.METADATA_FILE)
+    if _exists(stale):
+        tf.io.gfile.remove(stale)
+    tf.io.gfile.makedirs(final)
+    for name in names:
+        tf.io.gfile.copy(storage.join(work, name), storage.join(final, name), overwrite=True)
+    write_metadata(final, metadata)
+
+
+def read_problems(work: str) -> list[str]:
+    """The problems workers recorded in `work` (errors/*.json), one line each, in shard order."""
+    from trainer import storage
+    from trainer._tf import tf
+
+    folder = storage.join(work, ERRORS)
+    if not _exists(folder):
+        return []
+    return [_read_json(storage.join(folder, f))["problem"] for f in sorted(tf.io.gfile.listdir(folder))]
+
+
+def _beam_steps() -> tuple[Any, Any]:
+    """The two DoFns (built here so that importing this module needs no Beam)."""
+    import apache_beam as beam
+
+    class WriteShard(beam.DoFn):
+        def __init__(self, work: str) -> None:
+            self.work = work
+            self.config: PrepareConfig | None = None
+
+        def setup(self) -> None:
+            from trainer import storage
+
+            plan = _read_json(storage.join(self.work, PLAN_FILE))
+            self.config = PrepareConfig(output_dir="", **plan["config"])
+
+        def process(self, name: str) -> Iterator[dict[str, Any]]:
+            from trainer import storage
+
+            done = shard_done(self.work, name)
+            if done is not None:
+                beam.metrics.Metrics.counter("prepare", "shards_kept").inc()
+                yield done
+                return
+            assert self.config is not None
+            result = write_shard(self.work, name, self.config)
+            if isinstance(result, str):
+                _write_json(
+                    storage.join(self.work, ERRORS, f"{name}.json"), {"shard": name, "problem": result}
+                )
+                return
+            beam.metrics.Metrics.counter("prepare", "shards_written").inc()
+            yield result
+
+    class Finalize(beam.DoFn):
+        """Publishes once every shard is written. With problems recorded it publishes nothing:
+        on the DirectRunner it ends quietly and the driver reports each problem from the work
+        folder; on a remote runner (`fail_on_problems`) it fails the job, with the problems as
+        the job's error, since nobody waits there to read the work folder."""
+
+        def __init__(self, work: str, output_dir: str, fail_on_problems: bool) -> None:
+            self.work, self.output_dir, self.fail_on_problems = work, output_dir, fail_on_problems
+
+        def process(self, records: list[dict[str, Any]]) -> Iterator[str]:
+            if read_problems(self.work) and not self.fail_on_problems:
+                return
+            metadata = finalize(self.work, self.output_dir, records)
+            yield metadata["fingerprint"]
+
+    return WriteShard, Finalize
+
+
+def build_pipeline(
+    pipeline: Any, work: str, output_dir: str, names: Sequence[str], *, local: bool = True
+) -> Any:
+    """Adds the preparation's steps to the Beam `pipeline` (`local`: the DirectRunner, whose
+    driver reports problems itself)."""
+    import apache_beam as beam
+
+    WriteShard, Finalize = _beam_steps()
+    return (
+        pipeline
+        | "Shards" >> beam.Create(list(names))
+        | "Spread" >> beam.Reshuffle()
+        | "WriteShard" >> beam.ParDo(WriteShard(work))
+        | "AllShards" >> beam.combiners.ToList()
+        | "Finalize" >> beam.ParDo(Finalize(work, output_dir, fail_on_problems=not local))
+    )
+
+
+# --- the driver ------------------------------------------------------------------------------
+
+
+def pipeline_options(config: PrepareConfig) -> Any:
+    """Beam's options: `config.beam_args` as given (the runner, Dataflow's project, region,
+    worker settings...), the DirectRunner in multi-process mode with `config.beam_workers`
+    processes when no runner is named."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    args = list(config.beam_args)
+    options = PipelineOptions(args)
+    if options.get_all_options().get("runner") in (None, "DirectRunner"):
+        workers = config.beam_workers or os.cpu_count() or 1
+        options = PipelineOptions(
+            [
+                "--runner=DirectRunner",
+                "--direct_running_mode=multi_processing",
+                f"--direct_num_workers={workers}",
+                *args,
+            ]
+        )
+    return options
+
+
+def is_local_runner(config: PrepareConfig) -> bool:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return PipelineOptions(list(config.beam_args)).get_all_options().get("runner") in (None, "DirectRunner")
+
+
+def check_runner_paths(config: PrepareConfig) -> None:
+    """On a remote runner (Dataflow) every path a worker reads or writes must be gs://: the
+    output, a folder source, the TFDS data folder; the synthetic source (made in a temporary
+    folder here) cannot be used."""
+    if is_local_runner(config):
+        return
+    problems = []
+    if config.source == "synthetic":
+        problems.append(
+            "--source synthetic is made in a temporary folder on this machine, which Dataflow's workers cannot read; use --engine job, or the DirectRunner"
+        )
+    kind, _, path = config.source.partition(":")
+    named = {"--output_dir": config.output_dir}
+    if kind == "folder":
+        named["--source folder:"] = path
+    if kind == "tfds":
+        named["--tfds_data_dir"] = config.tfds_data_dir or ""
+    for flag, value in named.items():
+        if not value.startswith(("gs://", "/gcs/")):
+            problems.append(
+                f"{flag} {value or '(TFDS default, on this machine)'} is not on Cloud Storage: Dataflow's workers read and write gs:// paths only"
+            )
+    if problems:
+        raise PrepareError("\n".join(problems))
+
+
+def write_plan(work: str, plan: dict[str, Any], tasks: dict[str, Any], progress: Progress) -> int:
+    """Writes the plan into `work`, keeping what a killed run with the same plan left; returns
+    the number of shards already done (checked again by each worker before it is kept)."""
+    from trainer import storage
+    from trainer._tf import tf
+
+    plan_path = storage.join(work, PLAN_FILE)
+    if _exists(plan_path):
+        old = _read_json(plan_path)
+        if old.get("fingerprint") == plan["fingerprint"]:
+            done = len(tf.io.gfile.glob(storage.join(work, DONE, "*.json")))
+            progress.say(
+                f"resuming the Beam preparation in {work}: {done} of {len(plan['shards'])} "
+                "shards were written by an earlier run and are kept once checked (size and SHA-256)"
+            )
+            if _exists(storage.join(work, ERRORS)):
+                tf.io.gfile.rmtree(storage.join(work, ERRORS))
+            return done
+        changed = ", ".join(plan_changes(old, plan)) or "the plan's format"
+        progress.say(
+            f"cannot resume the earlier Beam preparation in {work}: its {changed} "
+            "differ from this run's; starting over"
+        )
+    if _exists(work):
+        tf.io.gfile.rmtree(work)
+    for name, task in tasks.items():
+        _write_json(storage.join(work, TASKS, f"{name}.json"), task)
+    tf.io.gfile.makedirs(storage.join(work, DONE))
+    _write_json(plan_path, plan)  # last: a plan.json means every task is there
+    return 0
+
+
+@contextlib.contextmanager
+def _progress_lines(work: str, total: int, progress: Progress) -> Iterator[None]:
+    """Counts the done records every PROGRESS_EVERY_S while the pipeline runs."""
+    from trainer import storage
+    from trainer._tf import tf
+
+    stop = threading.Event()
+
+    def poll() -> None:
+        last = -1
+        while not stop.wait(PROGRESS_EVERY_S):
+            with contextlib.suppress(tf.errors.OpError):
+                done = len(tf.io.gfile.glob(storage.join(work, DONE, "*.json")))
+                if done != last:
+                    progress.say(f"{done} of {total} shards written")
+                    last = done
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def prepare_beam(
+    config: PrepareConfig, source: Source, source_info: dict[str, Any], progress: Progress
+) -> dict[str, Any] | None:
+    """Runs the Beam preparation of the opened `source`; returns the metadata written, or None
+    when the runner only submitted the job (Dataflow: the job publishes when it ends)."""
+    import logging
+
+    import apache_beam as beam
+
+    from trainer import storage
+
+    # Beam's runner relays each worker's start-up warnings; problems come back as PrepareError.
+    logging.getLogger("apache_beam").setLevel(logging.ERROR)
+    plan, tasks = make_plan(source, config, source_info)
+    work = work_dir(config.output_dir)
+    kept = write_plan(work, plan, tasks, progress)
+    names = [s["name"] for s in plan["shards"]]
+    options = pipeline_options(config)
+    local = is_local_runner(config)
+    if local:
+        # The DirectRunner's worker processes import trainer/ as this process does.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    progress.say(
+        f"Beam {options.get_all_options()['runner'] or 'DirectRunner'}: {len(names)} shards "
+        f"({len(names) - kept} to write) from {sum(s.count for s in source.splits.values())} images"
+    )
+    pipeline = beam.Pipeline(options=options)
+    build_pipeline(pipeline, work, config.output_dir, names, local=local)
+    if not local:
+        result = pipeline.run()
+        job = getattr(result, "job_id", lambda: None)()
+        progress.say(f"submitted Beam job {job or ''}; it publishes {config.output_dir} when done")
+        return None
+    try:
+        with _progress_lines(work, len(names), progress):
+            pipeline.run().wait_until_finish()
+    except Exception as e:  # noqa: BLE001 - a worker's failure, reported without its traceback
+        raise PrepareError(
+            f"the Beam preparation failed: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}; "
+            f"the shards written so far are kept in {work} for the next run"
+        ) from None
+    from trainer import data
+
+    problems = read_problems(work)
+    if problems:
+        raise PrepareError("\n".join(problems) + "\n(nothing was published)")
+    return dict(storage.read_json(storage.join(storage.resolve(config.output_dir), data.METADATA_FILE)))
