@@ -10,6 +10,13 @@ Each source runs in its own process into a fresh output folder; the figure is im
 per second of `prepare()` (TensorFlow's import excluded, reported separately), with the
 synthetic source's phases timed: generating JPEGs, the TFDS build, and our resize-and-write.
 No baseline: the codelab prepares nothing (it decodes every epoch; see `input`).
+
+The Beam row (`--engine beam`, trainer/beamprep.py, on the DirectRunner's worker processes): the
+folder at 1 and 2 workers, then the folder and a folder 10 times its size (each image linked 10
+times under other names) at 2 workers, beside the job engine on the same 10x folder. Memory is
+the whole process tree's (the driver and its Beam workers), sampled every 0.1 s from /proc:
+the peak of the tree's total RSS, and the largest single process's peak. Flat memory means the
+10x folder's peaks stay near the 1x folder's. Ratios are within this run.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
             )
         runs[name] = child.merged()
         say(f"prepare {name}: {runs[name]['images_per_second']:,.0f} img/s ({runs[name]['images']} images)")
+    beam = beam_runs(work, source.archive / fixtures.ARCHIVE_FOLDER)
+    runs.update(beam)
     rate = {name: float(r["images_per_second"]) for name, r in runs.items()}
     return make_result(
         NAME,
@@ -62,8 +71,62 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
         goal=GOAL,
         goal_met=None,
         notes=busy_note(runs.values()),
-        summary=f"synthetic {rate['synthetic']:,.0f} img/s, folder {rate['folder']:,.0f} img/s (to {IMAGE_SIZE}px)",
+        summary=(
+            f"synthetic {rate['synthetic']:,.0f} img/s, folder {rate['folder']:,.0f} img/s (to {IMAGE_SIZE}px); "
+            f"Beam folder {rate['beam_1_worker']:,.0f} img/s at 1 worker, {rate['beam_2_workers']:,.0f} at 2 "
+            f"({rate['beam_2_workers'] / rate['folder']:.2f}x the job); peak tree RSS "
+            f"{beam['beam_2_workers']['tree_peak_rss_mib']:,.0f} MiB at 1x, "
+            f"{beam['beam_2_workers_10x']['tree_peak_rss_mib']:,.0f} MiB at 10x"
+        ),
     )
+
+
+TIMES = 10  # the larger folder: each image linked this many times
+
+
+def tenfold(folder: Path, out: Path) -> Path:
+    """`folder`'s layout with each image linked TIMES times under other names."""
+    if out.exists():
+        return out
+    tmp = out.with_name(out.name + ".partial")
+    for image in sorted(folder.rglob("*")):
+        if image.is_file():
+            rel = image.relative_to(folder)
+            (tmp / rel.parent).mkdir(parents=True, exist_ok=True)
+            for i in range(TIMES):
+                (tmp / rel.parent / f"{i}-{rel.name}").symlink_to(image.resolve())
+    tmp.rename(out)
+    return out
+
+
+def beam_runs(work: Path, folder: Path) -> dict[str, dict[str, Any]]:
+    big = tenfold(folder, work / f"{folder.name}-x{TIMES}")
+    cases = {
+        "beam_1_worker": (folder, "beam", 1),
+        "beam_2_workers": (folder, "beam", 2),
+        "beam_2_workers_10x": (big, "beam", 2),
+        "job_10x": (big, "job", 0),
+    }
+    runs = {}
+    for name, (source, engine, workers) in cases.items():
+        with tempfile.TemporaryDirectory(prefix=f"bench-prepare-{name}-", dir=work) as tmp:
+            child = run_child(
+                "benchmarks.prepare:measure_tree",
+                {
+                    "source": f"folder:{source}",
+                    "output_dir": str(Path(tmp) / "out"),
+                    "image_size": IMAGE_SIZE,
+                    "engine": engine,
+                    "beam_workers": workers,
+                },
+                log=work / "logs" / f"prepare-{name}.log",
+            )
+        runs[name] = child.merged()
+        say(
+            f"prepare {name}: {runs[name]['images_per_second']:,.0f} img/s ({runs[name]['images']} images), "
+            f"tree peak {runs[name]['tree_peak_rss_mib']:,.0f} MiB"
+        )
+    return runs
 
 
 # --- run in child processes -----------------------------------------------------------------
@@ -113,4 +176,76 @@ def measure(source: str, output_dir: str, image_size: int, synthetic_per_class: 
         "seconds": round(seconds, 3),
         "images_per_second": round(images / seconds, 1),
         "phases_seconds": {k: round(v, 3) for k, v in phases.items()},
+    }
+
+
+def _tree_rss_mib(root: int) -> tuple[float, float]:
+    """(total, largest) resident MiB of process `root` and its descendants, from /proc."""
+    import os
+
+    children: dict[int, list[int]] = {}
+    rss: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/statm", encoding="utf-8") as f:
+                pages = int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        rss[int(entry)] = pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    sizes = [rss.get(pid, 0.0) for pid in tree]
+    return sum(sizes), max(sizes)
+
+
+def measure_tree(
+    source: str, output_dir: str, image_size: int, engine: str, beam_workers: int
+) -> dict[str, Any]:
+    """`prepare()` with `engine`, timed, its process tree's memory sampled every 0.1 s."""
+    import os
+    import threading
+
+    from trainer.prepare import PrepareConfig, prepare
+    from trainer.progress import Progress
+
+    peaks = {"tree": 0.0, "process": 0.0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.1):
+            total, largest = _tree_rss_mib(os.getpid())
+            peaks["tree"] = max(peaks["tree"], total)
+            peaks["process"] = max(peaks["process"], largest)
+
+    config = PrepareConfig(
+        source=source,
+        output_dir=output_dir,
+        image_size=image_size,
+        engine=engine,
+        beam_workers=beam_workers,
+    )
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    started = time.perf_counter()
+    metadata = prepare(config, Progress(bars=False))
+    seconds = time.perf_counter() - started
+    stop.set()
+    thread.join()
+    images = sum(split["count"] for split in metadata["splits"].values())
+    return {
+        "engine": engine,
+        "beam_workers": beam_workers,
+        "images": images,
+        "seconds": round(seconds, 3),
+        "images_per_second": round(images / seconds, 1),
+        "tree_peak_rss_mib": round(peaks["tree"], 1),
+        "largest_process_peak_rss_mib": round(peaks["process"], 1),
     }

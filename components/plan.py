@@ -308,6 +308,7 @@ def plan_jobs(
     tuning_job: dsl.Output[dsl.Artifact],
     training_job: dsl.Output[dsl.Artifact],
     evaluation_job: dsl.Output[dsl.Artifact],
+    prepare_engine: str = "job",
 ) -> NamedTuple(
     "Outputs",
     prepare_pools=list,
@@ -376,6 +377,7 @@ def plan_jobs(
             seed=seed,
             synthetic_per_class=synthetic_per_class,
             champion_class_names=champion_class_names,
+            engine=prepare_engine,
         ),
         region=region,
         **cpu_job,

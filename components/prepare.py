@@ -4,7 +4,7 @@
 Command-line contract handed to the trainer image (see `build_prepare_args`):
     python -m trainer.prepare --source SOURCE --image_size N --shards N --seed N
         [--validation_fraction F --test_fraction F --synthetic_per_class N]
-        [--champion_class_names JSON] --overwrite
+        [--champion_class_names JSON] [--engine beam] --overwrite
 `--output_dir` is left to its default, `$AIP_MODEL_DIR`, which Vertex (and the local runner)
 sets to `<base_output_directory>/model`: the dataset's URI, known when the job is planned.
 `--champion_class_names` (the champion's class names, when there is one) makes the job refuse a
@@ -35,8 +35,11 @@ def build_prepare_args(
     test_fraction: float = 0.15,
     synthetic_per_class: int = 60,
     champion_class_names: list | None = None,
+    engine: str = "job",
 ) -> list:
-    """The `trainer.prepare` flags for the preparation job (the output folder is AIP_MODEL_DIR)."""
+    """The `trainer.prepare` flags for the preparation job (the output folder is AIP_MODEL_DIR).
+    `engine` "beam" runs the conversion as an Apache Beam pipeline on the DirectRunner inside
+    the job (the local target's `prepare_engine`)."""
     import json
 
     if not (source.startswith(("tfds:", "folder:")) or source == "synthetic"):
@@ -48,6 +51,8 @@ def build_prepare_args(
         args.append(f"--synthetic_per_class={int(synthetic_per_class)}")
     if champion_class_names:
         args.append(f"--champion_class_names={json.dumps([str(c) for c in champion_class_names])}")
+    if engine != "job":
+        args.append(f"--engine={engine}")
     return [*args, "--overwrite"]
 
 

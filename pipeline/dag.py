@@ -76,6 +76,8 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
         region=p["location"],
         **{name: p[name] for name in PLAN_PARAMETERS},
+        # The local target's alone (on Vertex the preparation is the one-replica job).
+        **({"prepare_engine": p["prepare_engine"]} if "prepare_engine" in p else {}),
     )
     uncached(plan, "plan-jobs")
     out = plan.outputs

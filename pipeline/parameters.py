@@ -81,6 +81,14 @@ PARAMETERS: tuple[Parameter, ...] = (
     _p("dataset_source", str, "tfds:cassava", "tfds:NAME, folder:PATH or synthetic.", "synthetic"),
     _p("image_size", int, 300, "Image side in pixels (the codelab resizes to 300).", 64),
     _p("dataset_shards", int, 32, "TFRecord shards per split (>= workers, for FILE sharding).", 8),
+    _p(
+        "prepare_engine",
+        str,
+        "job",
+        "How the preparation job converts the images: job (one process) or beam (an Apache Beam "
+        "pipeline on the DirectRunner's worker processes, resumable; the same bytes). docs/beam.md.",
+        targets=("local",),
+    ),
     _p("synthetic_per_class", int, 60, "Training images per class of the synthetic source."),
     _p("seed", int, 42, "Seed of the split carving and of training."),
     _p("prepare_machine_type", str, "n1-standard-8", "CPU machine of the preparation and evaluation jobs."),

@@ -208,6 +208,7 @@ PREPARE_INPUTS = {
     "shards": "dataset_shards",
     "seed": "seed",
     "synthetic_per_class": "synthetic_per_class",
+    "engine": "prepare_engine",
 }
 
 
@@ -219,7 +220,7 @@ def trainer_commands(values: Mapping[str, Any]) -> dict[str, list[str]]:
     stands in for them), and so are the champion's class names, read at run time."""
     flags = {name: values[name] for name in plan.MODEL_FLAGS}
     task, _ = plan.build_trainer_args("/check/dataset", values["image_size"], flags, plan.TUNABLE)
-    inputs = {arg: values[name] for arg, name in PREPARE_INPUTS.items()}
+    inputs = {arg: values[name] for arg, name in PREPARE_INPUTS.items() if name in values}
     try:
         prepare_argv = prepare.build_prepare_args(**inputs)
     except ValueError:

@@ -458,7 +458,7 @@ def _progress_lines(work: str, total: int, progress: Progress) -> Iterator[None]
         while not stop.wait(PROGRESS_EVERY_S):
             with contextlib.suppress(tf.errors.OpError):
                 done = len(tf.io.gfile.glob(storage.join(work, DONE, "*.json")))
-                if done != last:
+                if done > last:  # the work folder goes once published
                     progress.say(f"{done} of {total} shards written")
                     last = done
 
@@ -473,9 +473,9 @@ def _progress_lines(work: str, total: int, progress: Progress) -> Iterator[None]
 
 def prepare_beam(
     config: PrepareConfig, source: Source, source_info: dict[str, Any], progress: Progress
-) -> dict[str, Any] | None:
-    """Runs the Beam preparation of the opened `source`; returns the metadata written, or None
-    when the runner only submitted the job (Dataflow: the job publishes when it ends)."""
+) -> dict[str, Any]:
+    """Runs the Beam preparation of the opened `source` and waits for it (on Dataflow too: the
+    job publishes when it ends, and this reads what it published); returns the metadata."""
     import logging
 
     import apache_beam as beam
@@ -500,15 +500,13 @@ def prepare_beam(
     )
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, work, config.output_dir, names, local=local)
-    if not local:
-        result = pipeline.run()
-        job = getattr(result, "job_id", lambda: None)()
-        progress.say(f"submitted Beam job {job or ''}; it publishes {config.output_dir} when done")
-        return None
     try:
         with _progress_lines(work, len(names), progress):
             pipeline.run().wait_until_finish()
     except Exception as e:  # noqa: BLE001 - a worker's failure, reported without its traceback
+        problems = read_problems(work)  # a remote runner's Finalize fails the job on them
+        if problems:
+            raise PrepareError("\n".join(problems) + "\n(nothing was published)") from None
         raise PrepareError(
             f"the Beam preparation failed: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}; "
             f"the shards written so far are kept in {work} for the next run"

@@ -218,9 +218,8 @@ def sigterm_unwinds() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str, Any] | None:
-    """Prepares `config.source` into `config.output_dir`; returns the metadata written (None: a
-    Beam job was submitted to a remote runner, which publishes when it ends).
+def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Prepares `config.source` into `config.output_dir`; returns the metadata written.
     `progress` defaults to `Progress.auto()`: bars on a terminal, else plain lines."""
     from trainer import storage
     from trainer._tf import tf
@@ -295,8 +294,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
             return 128 + signal.SIGINT
-    if metadata is None:
-        return 0
     counts = ", ".join(f"{s} {v['count']}" for s, v in metadata["splits"].items())
     skipped = metadata["source_info"].get("skipped", {}).get("count", 0)
     note = f"; {skipped} source entries skipped (listed above, and in source_info.skipped)" if skipped else ""
