@@ -74,7 +74,9 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
         summary=(
             f"synthetic {rate['synthetic']:,.0f} img/s, folder {rate['folder']:,.0f} img/s (to {IMAGE_SIZE}px); "
             f"Beam folder {rate['beam_1_worker']:,.0f} img/s at 1 worker, {rate['beam_2_workers']:,.0f} at 2 "
-            f"({rate['beam_2_workers'] / rate['folder']:.2f}x the job); peak tree RSS "
+            f"({rate['beam_2_workers'] / rate['folder']:.2f}x the job); at 10x the folder Beam (2 workers) "
+            f"{rate['beam_2_workers_10x']:,.0f} img/s, the job {rate['job_10x']:,.0f} "
+            f"({rate['beam_2_workers_10x'] / rate['job_10x']:.2f}x); peak tree RSS "
             f"{beam['beam_2_workers']['tree_peak_rss_mib']:,.0f} MiB at 1x, "
             f"{beam['beam_2_workers_10x']['tree_peak_rss_mib']:,.0f} MiB at 10x"
         ),

@@ -387,6 +387,18 @@ def is_local_runner(config: PrepareConfig) -> bool:
     return PipelineOptions(list(config.beam_args)).get_all_options().get("runner") in (None, "DirectRunner")
 
 
+def check_beam_installed() -> None:
+    """Refuses, naming the fix, when Apache Beam is not installed here (the trainer and serving
+    images leave the lock's `beam` group out)."""
+    import importlib.util
+
+    if importlib.util.find_spec("apache_beam") is None:
+        raise PrepareError(
+            "--engine beam needs Apache Beam, which this environment lacks: install the lock's beam "
+            "group (uv sync --group beam), or use --engine job"
+        )
+
+
 def check_runner_paths(config: PrepareConfig) -> None:
     """On a remote runner (Dataflow) every path a worker reads or writes must be gs://: the
     output, a folder source, the TFDS data folder; the synthetic source (made in a temporary

@@ -239,9 +239,10 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
             "to replace it"
         )
     if config.engine == "beam":
-        from trainer.beamprep import check_runner_paths
+        from trainer.beamprep import check_beam_installed, check_runner_paths
 
-        check_runner_paths(config)  # before the source is listed
+        check_beam_installed()  # before the source is listed
+        check_runner_paths(config)
     with open_source(config, progress) as source:
         mismatch = champion_mismatch(source.class_names, config.champion_class_names)
         if mismatch:

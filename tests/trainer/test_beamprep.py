@@ -211,3 +211,20 @@ def test_engine_flags_are_checked_before_any_work(folder: Path, tmp_path: Path) 
     assert f"--output_dir {tmp_path / 'o'} is not on Cloud Storage" in done.stderr
     assert f"--source folder: {folder} is not on Cloud Storage" in done.stderr
     assert not (tmp_path / "o").exists() and not Path(beamprep.work_dir(str(tmp_path / "o"))).exists()
+
+
+def test_without_beam_installed_the_engine_is_refused_naming_the_fix(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from trainer.prepare import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "apache_beam" else real(name, *a)
+    )
+    out = tmp_path / "o"
+    assert main(["--source", f"folder:{folder}", "--output_dir", str(out), "--engine", "beam"]) == 1
+    assert "--engine beam needs Apache Beam, which this environment lacks" in capsys.readouterr().err
+    assert not out.exists()
