@@ -1,9 +1,11 @@
 # The trainer image: `python -m trainer.task` on Vertex AI GPU worker pools (CustomJob and the
 # tuning job's trials), and `python -m trainer.prepare` / `trainer.evaluate` when the pipeline
-# replaces the command. Two stages, each built by naming it (the pipeline's build step does):
+# replaces the command. Three stages, each built by naming it (the pipeline's build step does):
 #   trainer           everything, and all the tuning trials, the preparation and evaluation use
 #   reduction-server  the trainer plus Google's NCCL plugin, for a training job with Reduction
 #                     Server replicas (reduction_server_count > 0) alone
+#   dataflow          the trainer plus Apache Beam, the Dataflow Flex Template launcher and Beam's
+#                     worker boot: a Beam preparation on Dataflow (prepare_engine=beam) alone
 #
 # Build context (see .dockerignore): this file, trainer/, pyproject.toml and uv.lock, nothing else.
 #   docker build --target trainer -t trainer .
@@ -115,3 +117,33 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends google-reduction-server \
     && rm -rf /var/lib/apt/lists/* \
     && dpkg -L google-reduction-server | grep '\.so'
+
+# Dataflow (docs/beam.md): the image of a Beam preparation on Dataflow (`prepare_engine=beam` on
+# Vertex), both as the Flex Template's launcher and as the workers' SDK container, so that the
+# job installs nothing at run time. Its own stage, so that the trainer image carries no Beam:
+# - the lock's `beam` group (apache-beam[gcp], the version the local DirectRunner runs);
+# - Beam's worker boot program, from Beam's SDK image of the same Beam and Python versions: a
+#   custom SDK container's entrypoint must be /opt/apache/beam/boot (Dataflow, "Build custom
+#   container images": https://cloud.google.com/dataflow/docs/guides/build-container-image);
+# - Google's Flex Template launcher, which runs FLEX_TEMPLATE_PYTHON_PY_FILE with the template's
+#   parameters as flags ("Configure Flex Templates", Dockerfile environment variables:
+#   https://cloud.google.com/dataflow/docs/guides/templates/configuring-flex-templates). The tag
+#   is the one Google's sample python-docs-samples dataflow/flex-templates/pipeline_with_dependencies
+#   copies it from; one image for launcher and workers, as that sample does.
+# TODO(pin): append both images' digests once they can be read from the registry.
+FROM apache/beam_python3.11_sdk:2.77.0 AS beam-sdk
+FROM gcr.io/dataflow-templates-base/python311-template-launcher-base:20230622_RC00 AS flex-launcher
+
+FROM trainer AS dataflow
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN uv export --quiet --frozen --only-group beam --no-emit-project --output-file /tmp/requirements.txt \
+    && uv pip install --system --require-hashes -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt \
+    && python -c "import apache_beam; print('apache-beam', apache_beam.__version__)"
+COPY --from=beam-sdk /opt/apache/beam /opt/apache/beam
+COPY --from=flex-launcher /opt/google/dataflow/python_template_launcher /opt/google/dataflow/python_template_launcher
+# The launcher runs a file, not a module: this one runs `python -m trainer.prepare` (a file inside
+# trainer/ would put trainer/ first on sys.path, where its modules would shadow others' names).
+RUN printf 'import runpy\nrunpy.run_module("trainer.prepare", run_name="__main__", alter_sys=True)\n' > /app/dataflow_main.py
+ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/app/dataflow_main.py
+ENTRYPOINT ["/opt/apache/beam/boot"]

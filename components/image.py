@@ -306,15 +306,26 @@ def build_trainer_image(
     serving_image: str = "auto",
     serving_tf_version: str = "2.15",
     reduction_server_count: int = 0,
+    prepare_engine: str = "job",
     timeout_seconds: int = 3600,
     api_root: str = "https://cloudbuild.googleapis.com",
     poll_seconds: float = 10.0,
     build_location: str = "",
-) -> NamedTuple("Outputs", image_uri=str, tag=str, built=bool, serving_image_uri=str, training_image_uri=str):
+) -> NamedTuple(
+    "Outputs",
+    image_uri=str,
+    tag=str,
+    built=bool,
+    serving_image_uri=str,
+    training_image_uri=str,
+    dataflow_image_uri=str,
+):
     """Builds `<repository>/<image_name>:<content tag>` (Dockerfile's `trainer` stage) with Cloud
     Build unless it exists, and beside it, when asked: `<image_name>-reduction-server:<tag>` (the
     `reduction-server` stage: the trainer plus Google's NCCL plugin) when `reduction_server_count`
-    > 0, and `<image_name>-serving:<tag>` (Dockerfile.serving) when `serving_image` is `custom`,
+    > 0, `<image_name>-dataflow:<tag>` (the `dataflow` stage: the trainer plus Apache Beam and
+    Dataflow's Flex Template launcher) when `prepare_engine` is `beam`, and
+    `<image_name>-serving:<tag>` (Dockerfile.serving) when `serving_image` is `custom`,
     or `auto` and the prebuilt image of `serving_tf_version` ends within the serving policy's
     margin on this run's date (`registry.resolve_serving_image`: the run's one decision). Only
     the images whose tags are absent are built, in one build.
@@ -334,6 +345,7 @@ def build_trainer_image(
         serving_image_uri: the serving image pinned by digest, or "" unless asked for.
         training_image_uri: the image of the training job's chief and workers: the
             reduction-server image when `reduction_server_count` > 0, else `image_uri`.
+        dataflow_image_uri: the dataflow image pinned by digest, or "" unless asked for.
     Raises:
         PermissionError when the pipeline's service account cannot read the repository;
         RuntimeError naming the build, its status and its log URL when the build fails;
@@ -357,7 +369,8 @@ def build_trainer_image(
             f"repository must be <region>-docker.pkg.dev/<project>/<repository>, got {repository!r}"
         )
     Outputs = collections.namedtuple(
-        "Outputs", ["image_uri", "tag", "built", "serving_image_uri", "training_image_uri"]
+        "Outputs",
+        ["image_uri", "tag", "built", "serving_image_uri", "training_image_uri", "dataflow_image_uri"],
     )
 
     build_serving_image = resolve_serving_image(serving_image, serving_tf_version) == "custom"
@@ -374,6 +387,8 @@ def build_trainer_image(
     wanted = [(f"{repository}/{image_name}", "Dockerfile", "trainer")]
     if with_reducers:
         wanted.append((f"{repository}/{image_name}-reduction-server", "Dockerfile", "reduction-server"))
+    if prepare_engine == "beam":
+        wanted.append((f"{repository}/{image_name}-dataflow", "Dockerfile", "dataflow"))
     if build_serving_image:
         wanted.append((f"{repository}/{image_name}-serving", "Dockerfile.serving", ""))
 
@@ -441,4 +456,5 @@ def build_trainer_image(
         bool(missing),
         pinned.get("serving", ""),
         pinned.get("reduction-server", pinned["trainer"]),
+        pinned.get("dataflow", ""),
     )

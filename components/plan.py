@@ -40,8 +40,14 @@ from kfp import dsl
 
 from components import hardware, stepimage
 from components.evaluation import build_evaluation_args, evaluate_command
-from components.prepare import build_prepare_args, prepare_command
+from components.prepare import (
+    build_prepare_args,
+    dataflow_parameters,
+    dataflow_template_spec,
+    prepare_command,
+)
 from components.registry import check_model_display_name, registry_folder
+from components.stepimage import fuse_path
 from components.worker_pools import build_worker_pool_specs, pool_env
 
 
@@ -248,6 +254,9 @@ def describe_pools(name: str, folder: str, specs: list) -> None:
         hyperparameters,
         tunable,
         build_prepare_args,
+        dataflow_parameters,
+        dataflow_template_spec,
+        fuse_path,
         typed_hyperparameter,
         build_trainer_args,
         build_evaluation_args,
@@ -308,7 +317,9 @@ def plan_jobs(
     tuning_job: dsl.Output[dsl.Artifact],
     training_job: dsl.Output[dsl.Artifact],
     evaluation_job: dsl.Output[dsl.Artifact],
-    prepare_engine: str = "job",
+    prepare_engine: str,
+    network: str,
+    dataflow_image_uri: str,
 ) -> NamedTuple(
     "Outputs",
     prepare_pools=list,
@@ -323,6 +334,10 @@ def plan_jobs(
     dataset_uri=str,
     model_uri=str,
     hyperparameters=dict,
+    dataflow_template=str,
+    dataflow_parameters=dict,
+    dataflow_temp_location=str,
+    dataflow_network=str,
 ):
     """The four jobs' worker pools and folders (module docstring), validated: a bad machine, GPU
     or flag fails this step, before any job starts. The tuning pools are planned whether or not
@@ -367,18 +382,19 @@ def plan_jobs(
         "boot_disk_size_gb": boot_disk_size_gb,
     }
     warnings: list = []
+    prepare_args = build_prepare_args(
+        source=dataset_source,
+        image_size=image_size,
+        shards=dataset_shards,
+        seed=seed,
+        synthetic_per_class=synthetic_per_class,
+        champion_class_names=champion_class_names,
+        engine=prepare_engine,
+    )
     prepare_pools = build_worker_pool_specs(
         image_uri=image_uri,
         command=prepare_command(),
-        args=build_prepare_args(
-            source=dataset_source,
-            image_size=image_size,
-            shards=dataset_shards,
-            seed=seed,
-            synthetic_per_class=synthetic_per_class,
-            champion_class_names=champion_class_names,
-            engine=prepare_engine,
-        ),
+        args=prepare_args,
         region=region,
         **cpu_job,
     )
@@ -410,6 +426,19 @@ def plan_jobs(
         region=region,
         **cpu_job,
     )
+    # A Beam preparation on Dataflow (Vertex, prepare_engine=beam): its Flex Template spec file,
+    # written here in the preparation's folder, and the launch's parameters and folders.
+    dataflow_template = folders["prepare"] + "/dataflow-template.json"
+    dataflow = dataflow_parameters(prepare_args, dataset_uri) if prepare_engine == "beam" else {}
+    if dataflow and dataflow_image_uri:
+        import json
+        import os
+
+        spec_path = fuse_path(dataflow_template)
+        os.makedirs(os.path.dirname(spec_path), exist_ok=True)
+        with open(spec_path, "w") as f:
+            json.dump(dataflow_template_spec(dataflow_image_uri, dataflow), f, indent=2, sort_keys=True)
+        print(f"dataflow template: {dataflow_template} ({dataflow_image_uri})")
     for warning in warnings:
         print(f"WARNING: {warning}")
     for name, specs in (
@@ -436,6 +465,10 @@ def plan_jobs(
             "dataset_uri",
             "model_uri",
             "hyperparameters",
+            "dataflow_template",
+            "dataflow_parameters",
+            "dataflow_temp_location",
+            "dataflow_network",
         ],
     )
     return Outputs(
@@ -451,4 +484,9 @@ def plan_jobs(
         dataset_uri,
         model_uri,
         carried,
+        dataflow_template,
+        dataflow,
+        folders["prepare"] + "/dataflow-tmp",
+        # Dataflow takes a network's name where a Vertex job takes projects/<n>/global/networks/<name>.
+        network.rstrip("/").rsplit("/", 1)[-1],
     )

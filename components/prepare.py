@@ -73,3 +73,34 @@ def dataset_record(uri: str, folder: str) -> dict:
         "fingerprint": meta["fingerprint"],
         **{f"{name}_examples": split["count"] for name, split in meta["splits"].items()},
     }
+
+
+def dataflow_template_spec(image_uri: str, parameters: dict) -> dict:
+    """The Flex Template spec file of a Beam preparation on Dataflow: a dataflow_v1beta3
+    `ContainerSpec` as JSON (what `gcloud dataflow flex-template build` writes): the dataflow
+    image, which is both the launcher and the workers' SDK container (Dockerfile, `dataflow`
+    stage), the Python SDK, and the parameters the launch passes, each declared (the launcher
+    hands each to `python -m trainer.prepare` as `--name=value`)."""
+    return {
+        "image": image_uri,
+        "sdkInfo": {"language": "PYTHON"},
+        "metadata": {
+            "name": "prepare-dataset",
+            "description": "python -m trainer.prepare --engine beam: the dataset's TFRecord shards and metadata.json",
+            "parameters": [
+                {"name": name, "label": name, "helpText": f"trainer.prepare --{name}", "isOptional": True}
+                for name in sorted(parameters)
+            ],
+        },
+    }
+
+
+def dataflow_parameters(prepare_args: list, output_dir: str) -> dict:
+    """The Flex Template's parameters: the preparation's flags (`build_prepare_args`) as
+    {name: value}, with `--output_dir` (Dataflow sets no AIP_MODEL_DIR) and `--engine=beam`; a
+    flag without a value (`--overwrite`) becomes "true", which `trainer.prepare` accepts."""
+    out = {}
+    for arg in [*prepare_args, f"--output_dir={output_dir}", "--engine=beam"]:
+        name, sep, value = arg[2:].partition("=")
+        out[name] = value if sep else "true"
+    return out

@@ -72,27 +72,40 @@ def check_build_context(
     serving_image: str = "auto",
     serving_tf_version: str = "2.15",
     reduction_server_count: int = 0,
-) -> NamedTuple("Outputs", image_uri=str, tag=str, built=bool, serving_image_uri=str, training_image_uri=str):
+    prepare_engine: str = "job",
+) -> NamedTuple(
+    "Outputs",
+    image_uri=str,
+    tag=str,
+    built=bool,
+    serving_image_uri=str,
+    training_image_uri=str,
+    dataflow_image_uri=str,
+):
     """Local form of the image build: checks the checkout's build context and computes the tag
     the Vertex build would give it. Nothing is built: local jobs run this checkout's trainer.
     The outputs name the images the Vertex build would make (`components.image`):
     `serving_image_uri` is the serving image's tagged name when `serving_image` resolves to
     `custom` on this run's date (`resolve_serving_image`, the same decision), else "";
-    `training_image_uri` the reduction-server image's when `reduction_server_count` > 0."""
+    `training_image_uri` the reduction-server image's when `reduction_server_count` > 0;
+    `dataflow_image_uri` the dataflow image's when `prepare_engine` is `beam` (the local
+    preparation job runs Beam's DirectRunner in this checkout's environment instead)."""
     import collections
 
     from components.buildcontext import context_members
 
     tag = context_tag(context_members(context_dir))
     Outputs = collections.namedtuple(
-        "Outputs", ["image_uri", "tag", "built", "serving_image_uri", "training_image_uri"]
+        "Outputs",
+        ["image_uri", "tag", "built", "serving_image_uri", "training_image_uri", "dataflow_image_uri"],
     )
     print(f"build context {context_dir}: tag {tag} (local runs use the checkout, nothing built)")
     custom = resolve_serving_image(serving_image, serving_tf_version) == "custom"
     serving = f"{repository}/{image_name}-serving:{tag}" if custom else ""
     trainer = f"{repository}/{image_name}:{tag}"
     training = f"{repository}/{image_name}-reduction-server:{tag}" if reduction_server_count > 0 else trainer
-    return Outputs(trainer, tag, False, serving, training)
+    dataflow = f"{repository}/{image_name}-dataflow:{tag}" if prepare_engine == "beam" else ""
+    return Outputs(trainer, tag, False, serving, training, dataflow)
 
 
 @dsl.component(base_image=stepimage.BASE_IMAGE, install_kfp_package=False)

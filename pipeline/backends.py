@@ -23,6 +23,7 @@ def _vertex_image(p: dict[str, Any]) -> dsl.PipelineTask:
         serving_image=p["serving_image"],
         serving_tf_version=p["serving_tf_version"],
         reduction_server_count=p["reduction_server_count"],
+        prepare_engine=p["prepare_engine"],
         build_location=p["build_location"],
     )
 
@@ -34,6 +35,7 @@ def _local_image(p: dict[str, Any]) -> dsl.PipelineTask:
         serving_image=p["serving_image"],
         serving_tf_version=p["serving_tf_version"],
         reduction_server_count=p["reduction_server_count"],
+        prepare_engine=p["prepare_engine"],
     )
 
 
@@ -64,6 +66,41 @@ def _vertex_custom_job(
         **job_settings,
         **extra,
     ).set_display_name(name)
+
+
+def dataflow_preparation(
+    where: dict[str, Any], p: dict[str, Any], plan: Any, built: Any, settings: dict[str, Any]
+) -> dsl.PipelineTask:
+    """The Vertex target's preparation with prepare_engine=beam: GCPC's
+    `DataflowFlexTemplateJobOp` launches the Beam pipeline from the Flex Template spec the plan
+    wrote (the dataflow image, launcher and SDK container at once: Dockerfile's `dataflow`
+    stage), and `WaitGcpResourcesOp` waits for the Dataflow job. The op only launches: its
+    launcher POSTs `flexTemplates:launch` and returns (GCPC 2.22
+    container/preview/dataflow/flex_template/remote_runner.py); the wait op polls the job every
+    20 s until JOB_STATE_DONE and fails on any other end state (container/v1/wait_gcp_resources/
+    remote_runner.py). The job runs as the run's service account, on its network (by name) and
+    CMEK key, with its labels (the op adds the run's own), its workers bounded by
+    `dataflow_max_workers` of `dataflow_machine_type`. docs/beam.md."""
+    from google_cloud_pipeline_components.v1.dataflow import DataflowFlexTemplateJobOp
+    from google_cloud_pipeline_components.v1.wait_gcp_resources import WaitGcpResourcesOp
+
+    launch = DataflowFlexTemplateJobOp(
+        **where,
+        container_spec_gcs_path=plan["dataflow_template"],
+        parameters=plan["dataflow_parameters"],
+        max_workers=p["dataflow_max_workers"],
+        machine_type=p["dataflow_machine_type"],
+        service_account_email=settings["service_account"],
+        network=plan["dataflow_network"],
+        kms_key_name=settings["encryption_spec_key_name"],
+        additional_user_labels=settings["labels"],
+        temp_location=plan["dataflow_temp_location"],
+        staging_location=plan["dataflow_temp_location"],
+        sdk_container_image=built["dataflow_image_uri"],
+    ).set_display_name("launch-dataflow-preparation")
+    return WaitGcpResourcesOp(gcp_resources=launch.outputs["gcp_resources"]).set_display_name(
+        "wait-dataflow-preparation"
+    )
 
 
 def _local_custom_job(

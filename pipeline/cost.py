@@ -8,10 +8,15 @@ counting rule:
 
 - an importer, and a condition or a sub-DAG itself, start nothing (0);
 - a container step starts one VM (1);
-- a GCPC `CustomJob` or hyperparameter tuning launcher starts its own VM and then the job's (2).
+- a GCPC `CustomJob` or hyperparameter tuning launcher starts its own VM and then the job's (2);
+- GCPC's Dataflow Flex Template launcher starts its own VM, then Dataflow starts the template's
+  launcher VM, which builds the job's graph from the container, and then the job's workers (3:
+  "Flex Templates" run the launcher image on a VM of their own before the job,
+  https://cloud.google.com/dataflow/docs/guides/templates/using-flex-templates). The step that
+  waits for the job is one more container step (1).
 
 `critical_path(spec, scenario)` is the longest chain of starts through the DAG's dependencies,
-nested DAGs included, for a scenario that fixes some of the run-time conditions (`tune`): a
+nested DAGs included, for a scenario that fixes some of the run-time conditions (`tune`, `prepare_engine`): a
 branch whose condition the scenario decides is taken or skipped; any other branch (whether a
 champion exists, whether the gate promotes) counts as taken, so the figure is the worst case.
 
@@ -29,14 +34,22 @@ JOB_LAUNCHERS = (
     "google_cloud_pipeline_components.container.v1.custom_job.launcher",
     "google_cloud_pipeline_components.container.v1.hyperparameter_tuning_job.launcher",
 )
-# The runs `make compile` reports: the default one, and one with tuning.
-SCENARIOS: dict[str, dict[str, bool]] = {"default": {"tune": False}, "tuned": {"tune": True}}
+DATAFLOW_LAUNCHER = "google_cloud_pipeline_components.container.preview.dataflow.flex_template.launcher"
+# The runs `make compile` reports: the default one, one with tuning, one preparing on Dataflow.
+SCENARIOS: dict[str, dict[str, bool | str]] = {
+    "default": {"tune": False, "prepare_engine": "job"},
+    "tuned": {"tune": True, "prepare_engine": "job"},
+    "dataflow": {"tune": False, "prepare_engine": "beam"},
+}
 # The most starts a run may wait for, one after another: the image build (1), the plan (1),
 # the preparation, training and evaluation jobs (2 each), the upload (1) and the gate (1); the
 # tuning job (2) and the best trial (1) when tuning. tests/test_pipeline_cost.py fails above it.
 # (The DAG used to have a step per piece of bookkeeping: 19 and 23.)
-BUDGET = {"default": 10, "tuned": 13}
-_CONDITION = re.compile(r"^(!\()?inputs\.parameter_values\['pipelinechannel--([\w-]+)'\] == true\)?$")
+# On Dataflow the preparation's 2 become 4 (the launch 3, the wait 1).
+BUDGET = {"default": 10, "tuned": 13, "dataflow": 12}
+_CONDITION = re.compile(
+    r"^(!\()?inputs\.parameter_values\['pipelinechannel--([\w-]+)'\] == (true|'[^']*')\)?$"
+)
 
 
 def task_cost(spec: Mapping[str, Any], component: Mapping[str, Any]) -> int:
@@ -46,22 +59,25 @@ def task_cost(spec: Mapping[str, Any], component: Mapping[str, Any]) -> int:
     if container is None:  # an importer: the backend reads a URI, no VM
         return 0
     words = [*(container.get("command") or []), *(container.get("args") or [])]
+    if any(DATAFLOW_LAUNCHER in word for word in words):
+        return 3
     return 2 if any(launcher in word for word in words for launcher in JOB_LAUNCHERS) else 1
 
 
-def _taken(task: Mapping[str, Any], scenario: Mapping[str, bool]) -> bool:
+def _taken(task: Mapping[str, Any], scenario: Mapping[str, bool | str]) -> bool:
     condition = task.get("triggerPolicy", {}).get("condition", "")
     if not condition:
         return True
     match = _CONDITION.match(condition.strip())
     if not match or match.group(2) not in scenario:
         return True  # not decided by the scenario: counted (worst case)
-    value = scenario[match.group(2)]
-    return not value if match.group(1) else value
+    wanted = True if match.group(3) == "true" else match.group(3).strip("'")
+    holds = scenario[match.group(2)] == wanted
+    return not holds if match.group(1) else holds
 
 
 def critical_path(
-    spec: Mapping[str, Any], scenario: Mapping[str, bool], dag: Mapping[str, Any] | None = None
+    spec: Mapping[str, Any], scenario: Mapping[str, bool | str], dag: Mapping[str, Any] | None = None
 ) -> tuple[int, list[str]]:
     """(machine starts one after another, the tasks on that chain that start machines) of `dag`
     (default: the pipeline's root) in `scenario`."""

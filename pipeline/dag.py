@@ -28,7 +28,7 @@ from kfp import compiler, dsl
 
 from components import plan, registry, worker_pools
 from components.plan import plan_jobs
-from pipeline.backends import BACKENDS
+from pipeline.backends import BACKENDS, dataflow_preparation
 from pipeline.caching import uncached
 from pipeline.parameters import REQUIRED, parameters_for
 
@@ -50,6 +50,8 @@ PLAN_PARAMETERS = (
     *plan.MODEL_FLAGS,
     *worker_pools.HARDWARE_PARAMETERS,
     "prepare_machine_type",
+    "prepare_engine",
+    "network",
 )
 
 
@@ -75,15 +77,29 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         model_root=p.get("model_root", ""),  # the Vertex target's alone
         pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
         region=p["location"],
+        dataflow_image_uri=built.outputs["dataflow_image_uri"],
         **{name: p[name] for name in PLAN_PARAMETERS},
-        # The local target's alone (on Vertex the preparation is the one-replica job).
-        **({"prepare_engine": p["prepare_engine"]} if "prepare_engine" in p else {}),
     )
     uncached(plan, "plan-jobs")
     out = plan.outputs
 
-    # 3. The dataset, prepared by a one-replica CPU job.
-    prepared = steps.custom_job(
+    # 3. The dataset, prepared by a one-replica CPU job (on the local target with
+    # prepare_engine=beam too: the job runs Beam's DirectRunner), or on Vertex with
+    # prepare_engine=beam by a Dataflow job. Everything after it is the same in both branches.
+    tail = {**p, "plan": out, "champion": champion.outputs, "built": built.outputs}
+    if target == "vertex":
+        with dsl.If(p["prepare_engine"] == "beam", name="prepare-on-dataflow"):
+            prepared = dataflow_preparation(where, p, out, built.outputs, _job_settings(p))
+            _tune_then_train(target, tail, prepared)
+        with dsl.Else(name="prepare-in-a-job"):
+            _tune_then_train(target, tail, _prepare_job(target, where, p, out))
+    else:
+        _tune_then_train(target, tail, _prepare_job(target, where, p, out))
+
+
+def _prepare_job(target: str, where: dict[str, Any], p: dict[str, Any], out: Any) -> Any:
+    """The preparation as a one-replica CPU custom job."""
+    return BACKENDS[target].custom_job(
         "prepare-dataset",
         where,
         out["prepare_pools"],
@@ -91,17 +107,20 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         {**_job_settings(p), "restart_job_on_worker_restart": False},
     )
 
-    # 4-7. Tuning (optional), then the final multi-worker training and everything after it, the
-    # same steps in both branches: nothing joins the branches (no `dsl.OneOf`, whose artifact
-    # form has no confirmed Vertex support: kubeflow/pipelines#13436), and a KFP sub-pipeline,
-    # the other way to share them, compiles to different bytes from run to run (KFP merges its
-    # executors in protobuf map order).
-    tail = {**p, "plan": out, "champion": champion.outputs, "built": built.outputs}
-    with dsl.If(p["tune"] == True, name="tuning-enabled"):  # noqa: E712 (a KFP condition)
-        best = steps.tuning(where, p, out, prepared)
-        _train_and_register(target, tail, best.outputs["worker_pool_specs"], prepared)
+
+def _tune_then_train(target: str, t: dict[str, Any], prepared: Any) -> None:
+    """4-7. Tuning (optional), then the final multi-worker training and everything after it, the
+    same steps in both branches: nothing joins the branches (no `dsl.OneOf`, whose artifact
+    form has no confirmed Vertex support: kubeflow/pipelines#13436), and a KFP sub-pipeline,
+    the other way to share them, compiles to different bytes from run to run (KFP merges its
+    executors in protobuf map order)."""
+    where = {"project": t["project"], "location": t["location"]}
+    out = t["plan"]
+    with dsl.If(t["tune"] == True, name="tuning-enabled"):  # noqa: E712 (a KFP condition)
+        best = BACKENDS[target].tuning(where, t, out, prepared)
+        _train_and_register(target, t, best.outputs["worker_pool_specs"], prepared)
     with dsl.Else(name="tuning-disabled"):
-        _train_and_register(target, tail, out["training_pools"], prepared)
+        _train_and_register(target, t, out["training_pools"], prepared)
 
 
 def _job_settings(p: dict[str, Any]) -> dict[str, Any]:

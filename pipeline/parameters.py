@@ -85,9 +85,23 @@ PARAMETERS: tuple[Parameter, ...] = (
         "prepare_engine",
         str,
         "job",
-        "How the preparation job converts the images: job (one process) or beam (an Apache Beam "
-        "pipeline on the DirectRunner's worker processes, resumable; the same bytes). docs/beam.md.",
-        targets=("local",),
+        "How the dataset is prepared: job (one process on one machine) or beam (an Apache Beam "
+        "pipeline: on Dataflow on Vertex, on the DirectRunner's worker processes locally; resumable; the "
+        "same bytes). docs/beam.md.",
+    ),
+    _p(
+        "dataflow_max_workers",
+        int,
+        8,
+        "prepare_engine=beam: the most Dataflow workers the preparation may scale to.",
+        targets=("vertex",),
+    ),
+    _p(
+        "dataflow_machine_type",
+        str,
+        "n1-standard-4",
+        "prepare_engine=beam: the Dataflow workers' machine type.",
+        targets=("vertex",),
     ),
     _p("synthetic_per_class", int, 60, "Training images per class of the synthetic source."),
     _p("seed", int, 42, "Seed of the split carving and of training."),

@@ -921,6 +921,21 @@ def _data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
             )
         elif target == "local" and not Path(path).is_dir():
             problems.append(Problem(("dataset_source",), f"{source}: no such folder"))
+    if target == "vertex" and v.get("prepare_engine") == "beam" and not source.startswith("folder:"):
+        # The Flex Template's launcher lists the source and plans the shards, and the workers
+        # read it: both only reach Cloud Storage (trainer.beamprep.check_runner_paths says the
+        # same at run time). A TFDS source is built by TFDS on one machine (docs/beam.md).
+        problems.append(
+            Problem(
+                ("dataset_source", "prepare_engine"),
+                f"{source}: prepare_engine=beam prepares on Dataflow, whose workers read Cloud Storage "
+                "only: give folder:gs://<bucket>/<path>, or prepare_engine=job for tfds: and synthetic",
+            )
+        )
+    if target == "vertex" and _whole(v.get("dataflow_max_workers")) and v["dataflow_max_workers"] < 1:
+        problems.append(
+            Problem(("dataflow_max_workers",), f"must be at least 1, got {v['dataflow_max_workers']}")
+        )
     problems += _weights_problems(str(v["weights"]), target)
     fraction = v["fine_tune_fraction"]
     if isinstance(fraction, int | float) and fraction < 0 and fraction != -1:

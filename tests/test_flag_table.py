@@ -178,16 +178,24 @@ def tunable(flags: set[str]) -> set[str]:
 
 def prepare_emits() -> set[str]:
     """Every flag `build_prepare_args` can hand the preparation job, over the three kinds of
-    source, with and without a champion."""
+    source, with and without a champion, with either engine."""
     from components import prepare as prepare_step
 
     func = prepare_step.build_prepare_args
     out: set[str] = set()
     for source in ("synthetic", "tfds:cassava", "folder:gs://bucket/leaves"):
         for champion in ([], ["a", "b"]):
-            out |= emitted(
-                list(call(func, {"source": source, "image_size": 64}, champion_class_names=champion))
-            )
+            for engine in ("job", "beam"):
+                out |= emitted(
+                    list(
+                        call(
+                            func,
+                            {"source": source, "image_size": 64},
+                            champion_class_names=champion,
+                            engine=engine,
+                        )
+                    )
+                )
     return out
 
 

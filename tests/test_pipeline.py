@@ -212,19 +212,16 @@ def test_dependencies_and_conditions(spec: dict[str, Any], local_spec: dict[str,
         for task in component.get("dag", {}).get("tasks", {}).values():
             if task["taskInfo"]["name"] == "train-model":
                 pools[name] = task["inputs"]["parameters"]["worker_pool_specs"]
-    assert len(pools) == 2, pools
-    assert {json.dumps(v, sort_keys=True) for v in pools.values()} == {
-        json.dumps(
-            {
-                "taskOutputParameter": {
-                    "outputParameterKey": "worker_pool_specs",
-                    "producerTask": "best-trial",
-                }
-            },
-            sort_keys=True,
-        ),
-        json.dumps({"componentInputParameter": "pipelinechannel--plan-jobs-training_pools"}, sort_keys=True),
-    }
+    # Two branches of the preparation (a job, or Dataflow on prepare_engine=beam), each with both.
+    assert len(pools) == 4, pools
+    tuned = [
+        v
+        for v in pools.values()
+        if v.get("taskOutputParameter", {}).get("outputParameterKey") == "worker_pool_specs"
+    ]
+    assert sorted(v["taskOutputParameter"]["producerTask"] for v in tuned) == ["best-trial", "best-trial-2"]
+    untuned = [v for v in pools.values() if v not in tuned]
+    assert untuned == [{"componentInputParameter": "pipelinechannel--plan-jobs-training_pools"}] * 2
     assert source_of(tasks, "best-trial", "training_pools") == ("plan-jobs", "training_pools")
     # The trials and the final training start only once the dataset is prepared.
     assert {"prepare-dataset", "plan-jobs"} <= upstream(tasks, "tune-hyperparameters")
@@ -341,14 +338,14 @@ def test_every_gcpc_op_is_placed_explicitly(spec: dict[str, Any]) -> None:
         # A GCPC op runs one of GCPC's launchers; our own components only share its image.
         if not any("google_cloud_pipeline_components.container" in c for c in container.get("command", [])):
             continue
-        if display == "vertex-pipelines-notification-email":
-            continue
+        if display in ("vertex-pipelines-notification-email", "wait-dataflow-preparation"):
+            continue  # no project or location inputs: the e-mail goes from Vertex; the wait reads the job's URI
         params = t["task"]["inputs"]["parameters"]
         for key in ("project", "location"):
             assert key in params, f"{display} has no explicit {key} (GCPC defaults to us-central1)"
             assert params[key]["componentInputParameter"] in (key, f"pipelinechannel--{key}"), display
         checked += 1
-    assert checked == 5  # prepare, tune, train, evaluate, upload
+    assert checked == 6  # prepare (as a job, or launched on Dataflow), tune, train, evaluate, upload
 
 
 def test_defaults_are_the_codelab_and_nothing_from_this_machine(spec: dict[str, Any], fresh: Path) -> None:
@@ -614,6 +611,7 @@ def test_only_the_final_training_job_gets_reduction_server_and_its_image(spec: d
         model_root="gs://models-bucket/kept",
         pipeline_run="run-1",
         region="us-central1",
+        dataflow_image_uri="",
         **{name: values[name] for name in pipeline.dag.PLAN_PARAMETERS},
         **{
             n: dsl.Artifact(uri=f"gs://b/{n}")
@@ -626,3 +624,117 @@ def test_only_the_final_training_job_gets_reduction_server_and_its_image(spec: d
     assert len(out.tuning_pools) == 2 and out.tuning_pools[0]["container_spec"]["image_uri"].startswith(
         "trainer@"
     )
+
+
+# --- prepare_engine=beam on Vertex: the Dataflow Flex Template launch ---------------------------
+
+
+def test_the_dataflow_launch_is_a_flex_template_request_of_the_dataflow_image(
+    spec: dict[str, Any], tmp_path: Path
+) -> None:
+    """The launch GCPC's flex-template launcher would POST, its placeholders rendered from the
+    real plan's outputs, parsed strictly into google.cloud.dataflow_v1beta3 types after the
+    launcher drops empty values; the spec file the plan wrote, into `ContainerSpec`; and the
+    parameters, handed to trainer.prepare as the Flex Template launcher hands them (--name=value),
+    accepted by its parser."""
+    from google.cloud import dataflow_v1beta3
+    from google_cloud_pipeline_components.container.v1.gcp_launcher.utils.json_util import (
+        recursive_remove_empty,
+    )
+    from kfp import dsl
+
+    from components import plan
+    from trainer.prepare import parse_args
+
+    key = "projects/p/locations/us-central1/keyRings/r/cryptoKeys/k"
+    root = root_values(
+        spec,
+        project="p",
+        location="us-central1",
+        labels={"team": "ml"},
+        prepare_engine="beam",
+        dataset_source="folder:gs://b/images",
+        service_account="trainer@p.iam.gserviceaccount.com",
+        network="projects/123/global/networks/vpc",
+        encryption_spec_key_name=key,
+    )
+    image = "us-central1-docker.pkg.dev/p/r/trainer-dataflow@sha256:" + "2" * 64
+    out = plan.plan_jobs.python_func(
+        image_uri="us-central1-docker.pkg.dev/p/r/trainer@sha256:" + "0" * 64,
+        training_image_uri="us-central1-docker.pkg.dev/p/r/trainer@sha256:" + "0" * 64,
+        champion_class_names=["a", "b"],
+        champion_uri="",
+        model_root="gs://b/models",
+        pipeline_run="run-1",
+        region="us-central1",
+        dataflow_image_uri=image,
+        **{name: root[name] for name in pipeline.dag.PLAN_PARAMETERS},
+        prepare_job=dsl.Artifact(uri=str(tmp_path / "prepare_job")),
+        **{n: dsl.Artifact(uri=f"gs://b/{n}") for n in ("tuning_job", "training_job", "evaluation_job")},
+    )
+    container = json_format.ParseDict(
+        json.loads(Path(out.dataflow_template).read_text()),
+        dataflow_v1beta3.ContainerSpec.pb(dataflow_v1beta3.ContainerSpec()),
+        ignore_unknown_fields=False,
+    )
+    assert container.image == image
+    assert dataflow_v1beta3.SDKInfo.Language(container.sdk_info.language).name == "PYTHON"
+    assert sorted(p.name for p in container.metadata.parameters) == sorted(out.dataflow_parameters)
+
+    upstream = {
+        ("plan-jobs", name): getattr(out, name)
+        for name in ("dataflow_template", "dataflow_parameters", "dataflow_temp_location", "dataflow_network")
+    }
+    upstream[("build-trainer-image", "dataflow_image_uri")] = image
+    payload = recursive_remove_empty(render_payload(spec, "launch-dataflow-preparation", upstream, root))
+    request = json_format.ParseDict(
+        {**payload, "project_id": "p", "location": "us-central1"},
+        dataflow_v1beta3.LaunchFlexTemplateRequest.pb(dataflow_v1beta3.LaunchFlexTemplateRequest()),
+        ignore_unknown_fields=False,
+    )
+    launch = request.launch_parameter
+    assert launch.container_spec_gcs_path == out.dataflow_template
+    env = launch.environment
+    assert env.sdk_container_image == image
+    assert (env.max_workers, env.machine_type) == (8, "n1-standard-4")
+    assert env.service_account_email == "trainer@p.iam.gserviceaccount.com"
+    assert env.network == "vpc"  # Dataflow takes the network's name
+    assert env.kms_key_name == key
+    assert env.temp_location == env.staging_location == out.dataflow_temp_location
+    assert dict(env.additional_user_labels) == {"team": "ml"}  # the launcher adds the run's own
+    assert dict(launch.parameters) == out.dataflow_parameters
+    assert out.dataflow_parameters["output_dir"] == out.dataset_uri
+    assert out.dataflow_parameters["champion_class_names"] == '["a", "b"]'
+
+    config = parse_args([f"--{name}={value}" for name, value in launch.parameters.items()])
+    assert (config.engine, config.overwrite, config.output_dir) == ("beam", True, out.dataset_uri)
+    assert config.source == "folder:gs://b/images" and config.champion_class_names == ("a", "b")
+
+
+def test_the_dataflow_branch_runs_only_with_prepare_engine_beam_and_feeds_the_same_training(
+    spec: dict[str, Any],
+) -> None:
+    tasks = walk(spec)
+    launch, wait = tasks["launch-dataflow-preparation"], tasks["wait-dataflow-preparation"]
+    assert wait["task"]["dependentTasks"] == [launch["key"]]
+    assert launch["parents"][-1] == "prepare-on-dataflow" and wait["parents"][-1] == "prepare-on-dataflow"
+    assert tasks["prepare-dataset"]["parents"][-1] == "prepare-in-a-job"
+    condition = "inputs.parameter_values['pipelinechannel--prepare_engine'] == 'beam'"
+    on_dataflow = tasks["prepare-on-dataflow"]["task"]["triggerPolicy"]["condition"]
+    in_a_job = tasks["prepare-in-a-job"]["task"]["triggerPolicy"]["condition"]
+    assert (on_dataflow, in_a_job) == (condition, f"!({condition})")
+
+    def steps_under(component: dict[str, Any]) -> list[str]:
+        names = []
+        for task in component.get("dag", {}).get("tasks", {}).values():
+            if not task["taskInfo"]["name"].startswith("condition-branches"):  # KFP's own groups
+                names.append(task["taskInfo"]["name"])
+            names += steps_under(spec["components"][task["componentRef"]["name"]])
+        return names
+
+    # The same steps after the preparation in both branches (tuned or not in each).
+    dataflow = steps_under(tasks["prepare-on-dataflow"]["component"])
+    job = steps_under(tasks["prepare-in-a-job"]["component"])
+    swapped = [n for n in job if n != "prepare-dataset"]
+    assert sorted(dataflow) == sorted([*swapped, "launch-dataflow-preparation", "wait-dataflow-preparation"])
+    assert dataflow.count("train-model") == job.count("train-model") == 2

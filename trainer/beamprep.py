@@ -487,7 +487,9 @@ def prepare_beam(
     config: PrepareConfig, source: Source, source_info: dict[str, Any], progress: Progress
 ) -> dict[str, Any]:
     """Runs the Beam preparation of the opened `source` and waits for it (on Dataflow too: the
-    job publishes when it ends, and this reads what it published); returns the metadata."""
+    job publishes when it ends, and this reads what it published); returns the metadata. Under
+    a Flex Template's launcher (`--template_location` among Beam's options) it only writes the
+    job's graph and returns {}: Dataflow starts the job when the launcher ends."""
     import logging
 
     import apache_beam as beam
@@ -512,6 +514,13 @@ def prepare_beam(
     )
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, work, config.output_dir, names, local=local)
+    template = options.get_all_options().get("template_location")
+    if template:
+        # A Flex Template's launcher: Beam writes the job's graph to `template_location` and
+        # Dataflow runs it once this process ends; the job publishes when it is done.
+        pipeline.run()
+        progress.say(f"wrote the Dataflow job's graph to {template}; the job publishes {config.output_dir}")
+        return {}
     try:
         with _progress_lines(work, len(names), progress):
             pipeline.run().wait_until_finish()

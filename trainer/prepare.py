@@ -72,6 +72,12 @@ def _source(text: str) -> str:
     )
 
 
+def _true_or_false(text: str) -> bool:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
+
+
 def _class_names(text: str) -> tuple[str, ...]:
     try:
         names = json.loads(text)
@@ -131,7 +137,15 @@ def build_parser(
     p.add_argument("--tfds_data_dir", default=None, help="TFDS data folder. Default: TFDS's own.")
     p.add_argument("--synthetic_per_class", type=int_in(3, 100_000), default=d.synthetic_per_class)
     p.add_argument("--synthetic_source_size", type=int_in(32, 2048), default=d.synthetic_source_size)
-    p.add_argument("--overwrite", action="store_true", help="Replace a dataset already in --output_dir.")
+    p.add_argument(
+        "--overwrite",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_true_or_false,
+        help="Replace a dataset already in --output_dir (also --overwrite=true|false: a Dataflow Flex "
+        "Template passes every parameter with a value).",
+    )
     p.add_argument(
         "--champion_class_names",
         type=_class_names,
@@ -295,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
             return 128 + signal.SIGINT
+    if not metadata:  # a Flex Template's launcher: the Dataflow job publishes when done
+        return 0
     counts = ", ".join(f"{s} {v['count']}" for s, v in metadata["splits"].items())
     skipped = metadata["source_info"].get("skipped", {}).get("count", 0)
     note = f"; {skipped} source entries skipped (listed above, and in source_info.skipped)" if skipped else ""

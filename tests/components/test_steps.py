@@ -456,7 +456,7 @@ def test_the_plan_takes_exactly_the_parameters_the_dag_hands_it() -> None:
     taken = set(inspect.signature(plan.plan_jobs.python_func).parameters)
     from_steps = {"image_uri", "training_image_uri", "champion_class_names", "champion_uri", "region"}
     from_steps |= {"model_root", "pipeline_run"}  # model_root is the Vertex target's alone
-    from_steps |= {"prepare_engine"}  # the local target's alone
+    from_steps |= {"dataflow_image_uri"}
     artifacts = {"prepare_job", "tuning_job", "training_job", "evaluation_job"}
     assert taken - from_steps - artifacts == set(dag.PLAN_PARAMETERS)
     assert set(plan.MODEL_FLAGS) <= set(dag.PLAN_PARAMETERS) <= {p.name for p in PARAMETERS}
@@ -482,6 +482,7 @@ def test_the_plan_builds_every_job_in_this_runs_folders(tmp_path: Path) -> None:
         model_root="",
         pipeline_run="run-20261125",
         region="us-central1",
+        dataflow_image_uri="",
         **{name: values[name] for name in dag.PLAN_PARAMETERS},
         **jobs,
     )
