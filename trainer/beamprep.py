@@ -360,31 +360,34 @@ def build_pipeline(
 # --- the driver ------------------------------------------------------------------------------
 
 
+def _runner(args: Sequence[str]) -> str:
+    """The runner `args` name: DataflowRunner when they carry a `--template_location` (a Flex
+    Template's launcher: Beam then writes the job's graph for Dataflow) and name none, else the
+    DirectRunner when they name none."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    found = PipelineOptions(list(args)).get_all_options()
+    if found.get("runner"):
+        return str(found["runner"])
+    return "DataflowRunner" if found.get("template_location") else "DirectRunner"
+
+
 def pipeline_options(config: PrepareConfig) -> Any:
     """Beam's options: `config.beam_args` as given (the runner, Dataflow's project, region,
     worker settings...), the DirectRunner in multi-process mode with `config.beam_workers`
-    processes when no runner is named."""
+    processes when that is the runner (`_runner`)."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     args = list(config.beam_args)
-    options = PipelineOptions(args)
-    if options.get_all_options().get("runner") in (None, "DirectRunner"):
+    runner = _runner(args)
+    if runner == "DirectRunner":
         workers = config.beam_workers or os.cpu_count() or 1
-        options = PipelineOptions(
-            [
-                "--runner=DirectRunner",
-                "--direct_running_mode=multi_processing",
-                f"--direct_num_workers={workers}",
-                *args,
-            ]
-        )
-    return options
+        args = ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}", *args]
+    return PipelineOptions([f"--runner={runner}", *args])
 
 
 def is_local_runner(config: PrepareConfig) -> bool:
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    return PipelineOptions(list(config.beam_args)).get_all_options().get("runner") in (None, "DirectRunner")
+    return _runner(config.beam_args) == "DirectRunner"
 
 
 def check_beam_installed() -> None:

@@ -40,6 +40,7 @@ from tests.test_pipeline import render_payload, task_inputs, walk
 PROJECT = "p-proj"
 IMAGE = "us-central1-docker.pkg.dev/p-proj/training/trainer@sha256:" + "1" * 64
 REDUCTION_IMAGE = "us-central1-docker.pkg.dev/p-proj/training/trainer-reduction-server@sha256:" + "3" * 64
+DATAFLOW_IMAGE = IMAGE.replace("/trainer@", "/trainer-dataflow@")
 PIPELINE_JOB_NAME = "multiworker-cassava-training-20261201060000"
 PIPELINE_JOB_UUID = "123"  # what render_payload substitutes for {{$.pipeline_job_uuid}}
 RUN_ROOT = f"gs://p-proj-pipelines/root/123456789/{PIPELINE_JOB_NAME}"
@@ -158,9 +159,10 @@ def call_body(run: Run, display: str, func: Callable[..., Any], **artifacts: Any
     return func(**{k: v for k, v in inputs.items() if k in accepted}, **artifacts)
 
 
-def taken(spec: dict[str, Any], tune: bool) -> dict[str, Any]:
-    """The template as a run with this `tune` runs it: the branch Vertex skips is left out (the
-    steps after the tuning are the same in both branches, under the same display names)."""
+def taken(spec: dict[str, Any], tune: bool, prepare_engine: str = "job") -> dict[str, Any]:
+    """The template as a run with this `tune` and `prepare_engine` runs it: the branches Vertex
+    skips are left out (the steps after them are the same in every branch, under the same
+    display names)."""
     import copy
 
     from pipeline import cost
@@ -168,7 +170,8 @@ def taken(spec: dict[str, Any], tune: bool) -> dict[str, Any]:
     out = copy.deepcopy(spec)
     for component in out["components"].values():
         tasks = component.get("dag", {}).get("tasks", {})
-        for name in [n for n, t in tasks.items() if not cost._taken(t, {"tune": tune})]:
+        scenario = {"tune": tune, "prepare_engine": prepare_engine}
+        for name in [n for n, t in tasks.items() if not cost._taken(t, scenario)]:
             del tasks[name]
     return out
 
@@ -227,10 +230,12 @@ def plan(spec: dict[str, Any], root: dict[str, Any]) -> Run:
     """Every output the GCPC tasks of a run with these parameter values read."""
     from components import plan, registry
 
-    run = Run(spec=taken(spec, bool(root["tune"])), region=root["location"], root=go_numbers(root))
+    engine = str(root["prepare_engine"])
+    run = Run(spec=taken(spec, bool(root["tune"]), engine), region=root["location"], root=go_numbers(root))
     tasks = walk(run.spec)
     run.upstream[("build-trainer-image", "image_uri")] = IMAGE
     run.upstream[("build-trainer-image", "serving_image_uri")] = ""
+    run.upstream[("build-trainer-image", "dataflow_image_uri")] = DATAFLOW_IMAGE if engine == "beam" else ""
     # What components.image.build_trainer_image outputs: the training job's chief and workers run
     # the reduction-server stage's image when reducers are asked for, else the trainer image.
     run.upstream[("build-trainer-image", "training_image_uri")] = (

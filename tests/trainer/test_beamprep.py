@@ -228,3 +228,23 @@ def test_without_beam_installed_the_engine_is_refused_naming_the_fix(
     assert main(["--source", f"folder:{folder}", "--output_dir", str(out), "--engine", "beam"]) == 1
     assert "--engine beam needs Apache Beam, which this environment lacks" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "runner", "local"),
+    [
+        ((), "DirectRunner", True),
+        (("--runner", "DataflowRunner", "--project", "p"), "DataflowRunner", False),
+        # A Flex Template's launcher: Beam writes the graph for Dataflow even with no runner named.
+        (("--template_location=gs://b/t", "--project=p"), "DataflowRunner", False),
+    ],
+)
+def test_the_runner_is_the_directrunner_unless_dataflow_is_named_or_implied(
+    args: tuple[str, ...], runner: str, local: bool
+) -> None:
+    from trainer.prepareconfig import PrepareConfig
+
+    config = PrepareConfig(source="folder:gs://b/i", output_dir="gs://b/o", beam_args=args, beam_workers=3)
+    options = beamprep.pipeline_options(config).get_all_options()
+    assert options["runner"] == runner and beamprep.is_local_runner(config) is local
+    assert (options.get("direct_num_workers") == 3) is local
