@@ -439,6 +439,11 @@ def _persistent_resource_problems(v: Mapping[str, Any], warnings: list[str]) -> 
             "them, not on the persistent resource (GCPC 2.22's HyperparameterTuningJobRunOp has no "
             "persistent_resource_id input); the preparation, final training and evaluation jobs run on it"
         )
+    if v.get("prepare_engine") == "beam":
+        warnings.append(
+            "prepare_engine=beam with persistent_resource_id: the preparation runs on Dataflow's workers, "
+            "not on the persistent resource; the training and evaluation jobs run on it"
+        )
     return problems
 
 
@@ -922,20 +927,32 @@ def _data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
         elif target == "local" and not Path(path).is_dir():
             problems.append(Problem(("dataset_source",), f"{source}: no such folder"))
     if target == "vertex" and v.get("prepare_engine") == "beam" and not source.startswith("folder:"):
-        # The Flex Template's launcher lists the source and plans the shards, and the workers
-        # read it: both only reach Cloud Storage (trainer.beamprep.check_runner_paths says the
-        # same at run time). A TFDS source is built by TFDS on one machine (docs/beam.md).
+        # The Flex Template's launcher lists the source and plans the shards before Dataflow
+        # starts a worker, and Dataflow bounds the launcher's time ("Timeout in polling result
+        # file", docs/beam.md). A TFDS source would be built there whole: TFDS runs a builder on
+        # Beam only when its _generate_examples returns a Beam transform (tensorflow_datasets/
+        # core/split_builder.py), and cassava's is a generator. The synthetic source is made in a
+        # temporary folder of that launcher, which the workers cannot read.
+        why = (
+            "the synthetic source is made in a temporary folder of the Flex Template's launcher, which "
+            "Dataflow's workers cannot read"
+            if source == "synthetic"
+            else "TFDS builds it in one process before Beam starts (its generator is no Beam transform), "
+            "and on Dataflow that process is the Flex Template's launcher, whose time Dataflow bounds"
+        )
         problems.append(
             Problem(
                 ("dataset_source", "prepare_engine"),
-                f"{source}: prepare_engine=beam prepares on Dataflow, whose workers read Cloud Storage "
-                "only: give folder:gs://<bucket>/<path>, or prepare_engine=job for tfds: and synthetic",
+                f"{source}: prepare_engine=beam on Vertex prepares a folder of images on Cloud Storage "
+                f"(folder:gs://<bucket>/<path>): {why}; use prepare_engine=job for this source",
             )
         )
-    if target == "vertex" and _whole(v.get("dataflow_max_workers")) and v["dataflow_max_workers"] < 1:
-        problems.append(
-            Problem(("dataflow_max_workers",), f"must be at least 1, got {v['dataflow_max_workers']}")
-        )
+    workers = v.get("dataflow_max_workers")
+    if target == "vertex" and isinstance(workers, int) and _whole(workers) and not 1 <= workers <= 1000:
+        # dataflow_v1beta3 FlexTemplateRuntimeEnvironment.max_workers: "from 1 to 1000". GCPC's
+        # launcher drops a 0 from the request (json_util.recursive_remove_empty), so Dataflow
+        # would choose the count.
+        problems.append(Problem(("dataflow_max_workers",), f"must be from 1 to 1000, got {workers}"))
     problems += _weights_problems(str(v["weights"]), target)
     fraction = v["fine_tune_fraction"]
     if isinstance(fraction, int | float) and fraction < 0 and fraction != -1:

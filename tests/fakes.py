@@ -5,6 +5,8 @@
   Clients reach it through `insecure_client`.
 - `RegistryFake`: the Docker Registry v2 manifest API that Artifact Registry speaks.
 - `RestFake`: an HTTP/JSON server routing to hand-written handlers (Vertex, Cloud Build REST).
+- `DataflowApi`: Dataflow's REST API (Flex Template launches, job states) served on a `RestFake`,
+  and `DataflowApi.point_gcpc_launchers`, which sends GCPC's Dataflow launchers to it.
 - `storage_emulator`: gcp-storage-emulator (the real google-cloud-storage client talks to it
   when STORAGE_EMULATOR_HOST is set).
 Every request a fake receives is kept in `.requests` so tests assert on what was sent.
@@ -272,3 +274,112 @@ def strict_json(request_type: Any, body: Any) -> Any:
     raw = request_type.pb(request_type())
     json_format.ParseDict(body, raw, ignore_unknown_fields=False)
     return request_type.wrap(raw)
+
+
+class DataflowApi:
+    """Dataflow's REST API (v1b3) at the protocol level, served on `rest`: `flexTemplates:launch`,
+    its body parsed strictly into `dataflow_v1beta3.LaunchFlexTemplateRequest` (refused with a
+    400, as Dataflow answers, when it does not parse) and answered with a new job; `jobs.get`
+    answered with that job in the states of `states`, one a poll (the last one repeated), each
+    response a valid `dataflow_v1beta3.Job`. `launched` keeps the parsed requests, `polled` the
+    job IDs polled, `refused` why a request was refused."""
+
+    LAUNCH = r"/v1b3/projects/([^/]+)/locations/([^/]+)/flexTemplates:launch"
+    JOB = r"/v1b3/projects/([^/]+)/locations/([^/]+)/jobs/([^/]+)"
+
+    def __init__(
+        self,
+        rest: RestFake,
+        states: tuple[str, ...] = ("JOB_STATE_QUEUED", "JOB_STATE_RUNNING", "JOB_STATE_DONE"),
+    ) -> None:
+        self.rest = rest
+        self.states = states
+        self.launched: list[Any] = []
+        self.polled: list[str] = []
+        self.refused: list[str] = []
+        self._polls: dict[str, int] = {}
+        rest.route("POST", self.LAUNCH, self._launch)
+        rest.route("GET", self.JOB, self._get)
+
+    @staticmethod
+    def job_id(n: int) -> str:
+        return f"2026-12-01_06_00_00-{4200 + n}"
+
+    def _launch(self, match: Any, _query: Any, body: Any) -> tuple[int, Any]:
+        from google.cloud import dataflow_v1beta3
+        from google.protobuf import json_format
+
+        try:
+            request = strict_json(
+                dataflow_v1beta3.LaunchFlexTemplateRequest,
+                {**body, "project_id": match.group(1), "location": match.group(2)},
+            )
+        except (json_format.ParseError, TypeError, AttributeError) as err:
+            self.refused.append(f"LaunchFlexTemplateRequest: {err}")
+            return 400, {"error": {"code": 400, "message": str(err), "status": "INVALID_ARGUMENT"}}
+        self.launched.append(request)
+        job = self.job_id(len(self.launched))
+        self._polls[job] = 0
+        return 200, {"job": {"id": job, "projectId": match.group(1), "location": match.group(2)}}
+
+    def _get(self, match: Any, _query: Any, _body: Any) -> tuple[int, Any]:
+        from google.cloud import dataflow_v1beta3
+
+        job_id = match.group(3)
+        if job_id not in self._polls:
+            return 404, {"error": {"code": 404, "message": f"no job {job_id}", "status": "NOT_FOUND"}}
+        self.polled.append(job_id)
+        state = self.states[min(self._polls[job_id], len(self.states) - 1)]
+        self._polls[job_id] += 1
+        job = {"id": job_id, "projectId": match.group(1), "location": match.group(2), "currentState": state}
+        strict_json(dataflow_v1beta3.Job, job)
+        return 200, job
+
+    def reset(self) -> None:
+        self.launched.clear()
+        self.polled.clear()
+        self.refused.clear()
+
+    @staticmethod
+    def point_gcpc_launchers(monkeypatch: Any, address: str, endpoints: list[str] | None = None) -> None:
+        """GCPC 2.22's Dataflow launchers, in this process, sent to the fake at `address` where
+        they name Dataflow's host: the flex-template launcher's HTTP session (its URL is fixed in
+        `container/preview/dataflow/flex_template/remote_runner.py`), and the wait launcher's
+        discovery client (`discovery.build("dataflow", "v1b3")` in
+        `container/v1/wait_gcp_resources/remote_runner.py`: the discovery document
+        google-api-python-client ships, its root moved to the fake by `api_endpoint`), its
+        20 s polling sleep made 0. Each call's Google host is appended to `endpoints`. Credentials
+        are the caller's (google.auth.default)."""
+        import googleapiclient.discovery
+        import requests
+        from google_cloud_pipeline_components.container.preview.dataflow.flex_template import (
+            remote_runner as flex_runner,
+        )
+        from google_cloud_pipeline_components.container.v1.wait_gcp_resources import (
+            remote_runner as wait_runner,
+        )
+
+        seen = endpoints if endpoints is not None else []
+        host = "https://dataflow.googleapis.com/"
+
+        class Session(requests.Session):
+            def post(self, url: Any, data: Any = None, **kwargs: Any) -> Any:
+                assert str(url).startswith(host), f"the launcher called {url}, not Dataflow"
+                assert kwargs["headers"]["Authorization"].startswith("Bearer "), "no bearer token"
+                seen.append("dataflow.googleapis.com")
+                return super().post(f"http://{address}/{str(url)[len(host) :]}", data=data, **kwargs)
+
+        build = googleapiclient.discovery.build
+
+        def discovery_build(service: str, version: str, **kwargs: Any) -> Any:
+            assert (service, version) == ("dataflow", "v1b3"), (service, version)
+            client = build(service, version, **kwargs)
+            assert client._baseUrl == host, client._baseUrl  # where it would have gone
+            seen.append("dataflow.googleapis.com")
+            return build(service, version, client_options={"api_endpoint": f"http://{address}/"}, **kwargs)
+
+        monkeypatch.setattr(
+            flex_runner.DataflowFlexTemplateRemoteRunner, "_get_session", lambda self: Session()
+        )
+        monkeypatch.setattr(wait_runner.discovery, "build", discovery_build)
+        monkeypatch.setattr(wait_runner, "_POLLING_INTERVAL_IN_SECONDS", 0)

@@ -629,6 +629,49 @@ def test_only_the_final_training_job_gets_reduction_server_and_its_image(spec: d
 # --- prepare_engine=beam on Vertex: the Dataflow Flex Template launch ---------------------------
 
 
+DATAFLOW_KEY = "projects/p/locations/us-central1/keyRings/r/cryptoKeys/k"
+DATAFLOW_IMAGE = "us-central1-docker.pkg.dev/p/r/trainer-dataflow@sha256:" + "2" * 64
+
+
+def dataflow_launch(spec: dict[str, Any], folder: Path) -> tuple[Any, str]:
+    """(the real plan's outputs, the rendered `--payload` of launch-dataflow-preparation) for a
+    Vertex run with prepare_engine=beam; the plan writes its spec file under `folder`."""
+    from kfp import dsl
+
+    from components import plan
+
+    root = root_values(
+        spec,
+        project="p",
+        location="us-central1",
+        labels={"team": "ml"},
+        prepare_engine="beam",
+        dataset_source="folder:gs://b/images",
+        service_account="trainer@p.iam.gserviceaccount.com",
+        network="projects/123/global/networks/vpc",
+        encryption_spec_key_name=DATAFLOW_KEY,
+    )
+    out = plan.plan_jobs.python_func(
+        image_uri="us-central1-docker.pkg.dev/p/r/trainer@sha256:" + "0" * 64,
+        training_image_uri="us-central1-docker.pkg.dev/p/r/trainer@sha256:" + "0" * 64,
+        champion_class_names=["a", "b"],
+        champion_uri="",
+        model_root="gs://b/models",
+        pipeline_run="run-1",
+        region="us-central1",
+        dataflow_image_uri=DATAFLOW_IMAGE,
+        **{name: root[name] for name in pipeline.dag.PLAN_PARAMETERS},
+        prepare_job=dsl.Artifact(uri=str(folder / "prepare_job")),
+        **{n: dsl.Artifact(uri=f"gs://b/{n}") for n in ("tuning_job", "training_job", "evaluation_job")},
+    )
+    upstream = {
+        ("plan-jobs", name): getattr(out, name)
+        for name in ("dataflow_template", "dataflow_parameters", "dataflow_temp_location", "dataflow_network")
+    }
+    upstream[("build-trainer-image", "dataflow_image_uri")] = DATAFLOW_IMAGE
+    return out, json.dumps(render_payload(spec, "launch-dataflow-preparation", upstream, root))
+
+
 def test_the_dataflow_launch_is_a_flex_template_request_of_the_dataflow_image(
     spec: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -641,37 +684,11 @@ def test_the_dataflow_launch_is_a_flex_template_request_of_the_dataflow_image(
     from google_cloud_pipeline_components.container.v1.gcp_launcher.utils.json_util import (
         recursive_remove_empty,
     )
-    from kfp import dsl
 
-    from components import plan
     from trainer.prepare import parse_args
 
-    key = "projects/p/locations/us-central1/keyRings/r/cryptoKeys/k"
-    root = root_values(
-        spec,
-        project="p",
-        location="us-central1",
-        labels={"team": "ml"},
-        prepare_engine="beam",
-        dataset_source="folder:gs://b/images",
-        service_account="trainer@p.iam.gserviceaccount.com",
-        network="projects/123/global/networks/vpc",
-        encryption_spec_key_name=key,
-    )
-    image = "us-central1-docker.pkg.dev/p/r/trainer-dataflow@sha256:" + "2" * 64
-    out = plan.plan_jobs.python_func(
-        image_uri="us-central1-docker.pkg.dev/p/r/trainer@sha256:" + "0" * 64,
-        training_image_uri="us-central1-docker.pkg.dev/p/r/trainer@sha256:" + "0" * 64,
-        champion_class_names=["a", "b"],
-        champion_uri="",
-        model_root="gs://b/models",
-        pipeline_run="run-1",
-        region="us-central1",
-        dataflow_image_uri=image,
-        **{name: root[name] for name in pipeline.dag.PLAN_PARAMETERS},
-        prepare_job=dsl.Artifact(uri=str(tmp_path / "prepare_job")),
-        **{n: dsl.Artifact(uri=f"gs://b/{n}") for n in ("tuning_job", "training_job", "evaluation_job")},
-    )
+    out, rendered = dataflow_launch(spec, tmp_path)
+    image, key = DATAFLOW_IMAGE, DATAFLOW_KEY
     container = json_format.ParseDict(
         json.loads(Path(out.dataflow_template).read_text()),
         dataflow_v1beta3.ContainerSpec.pb(dataflow_v1beta3.ContainerSpec()),
@@ -681,12 +698,7 @@ def test_the_dataflow_launch_is_a_flex_template_request_of_the_dataflow_image(
     assert dataflow_v1beta3.SDKInfo.Language(container.sdk_info.language).name == "PYTHON"
     assert sorted(p.name for p in container.metadata.parameters) == sorted(out.dataflow_parameters)
 
-    upstream = {
-        ("plan-jobs", name): getattr(out, name)
-        for name in ("dataflow_template", "dataflow_parameters", "dataflow_temp_location", "dataflow_network")
-    }
-    upstream[("build-trainer-image", "dataflow_image_uri")] = image
-    payload = recursive_remove_empty(render_payload(spec, "launch-dataflow-preparation", upstream, root))
+    payload = recursive_remove_empty(json.loads(rendered))
     request = json_format.ParseDict(
         {**payload, "project_id": "p", "location": "us-central1"},
         dataflow_v1beta3.LaunchFlexTemplateRequest.pb(dataflow_v1beta3.LaunchFlexTemplateRequest()),
@@ -738,3 +750,86 @@ def test_the_dataflow_branch_runs_only_with_prepare_engine_beam_and_feeds_the_sa
     swapped = [n for n in job if n != "prepare-dataset"]
     assert sorted(dataflow) == sorted([*swapped, "launch-dataflow-preparation", "wait-dataflow-preparation"])
     assert dataflow.count("train-model") == job.count("train-model") == 2
+
+
+def launch_and_wait(
+    spec: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, states: tuple[str, ...]
+) -> tuple[Any, Any, Path]:
+    """The Dataflow branch's two GCPC steps run by their real launchers, as the compiled template
+    wires them, against a local fake of Dataflow's API (`tests.fakes.DataflowApi`, its job going
+    through `states`): launch-dataflow-preparation on its rendered payload, then
+    wait-dataflow-preparation on the `gcp_resources` the launch wrote. (the fake, the plan's
+    outputs, the wait's output file); the wait's exception propagates."""
+    import google.auth
+    from google.oauth2.credentials import Credentials
+    from google_cloud_pipeline_components.container.preview.dataflow.flex_template import launcher
+    from google_cloud_pipeline_components.container.v1.wait_gcp_resources import launcher as wait_launcher
+
+    from tests.fakes import DataflowApi, RestFake
+
+    out, rendered = dataflow_launch(spec, tmp_path)
+    monkeypatch.setenv(
+        "VERTEX_AI_PIPELINES_RUN_LABELS", json.dumps({"vertex-ai-pipelines-run-billing-id": "7"})
+    )
+    monkeypatch.setattr(google.auth, "default", lambda *a, **k: (Credentials(token="dataflow-token"), "p"))
+    rest = RestFake()
+    dataflow = DataflowApi(rest, states)
+    DataflowApi.point_gcpc_launchers(monkeypatch, rest.address)
+    launched, waited = tmp_path / "launch_gcp_resources", tmp_path / "wait_gcp_resources"
+    try:
+        launcher.main(
+            ["--type", "DataflowJob", "--project", "p", "--location", "us-central1",
+             "--payload", rendered, "--gcp_resources", str(launched)]
+        )  # fmt: skip
+        wait = walk(spec)["wait-dataflow-preparation"]["component"]["executorLabel"]
+        given = {("launch-dataflow-preparation", "gcp_resources"): launched.read_text()}
+        payload = json.dumps(render_payload(spec, "wait-dataflow-preparation", given, {}))
+        argv = [payload if a.startswith("{{$.inputs") else a for a in executor_args(spec, wait)]
+        argv[argv.index("--gcp_resources") + 1] = str(waited)
+        wait_launcher.main(argv)
+    finally:
+        rest.stop()
+    assert not dataflow.refused, dataflow.refused
+    return dataflow, out, waited
+
+
+def executor_args(spec: dict[str, Any], executor: str) -> list[str]:
+    return list(spec["deploymentSpec"]["executors"][executor]["container"]["args"])
+
+
+def test_gcpcs_launchers_send_the_launch_to_dataflow_and_wait_for_the_job(
+    spec: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real launchers of GCPC 2.22 (`container/preview/dataflow/flex_template`, then
+    `container/v1/wait_gcp_resources`) against a local fake of Dataflow's REST API: the request
+    the launch POSTs (the run's labels merged in, empty values dropped, a job name made) parses
+    strictly into `LaunchFlexTemplateRequest`; it writes the job's URI as gcp_resources; the wait
+    step takes that URI apart, polls that job until `JOB_STATE_DONE` and passes the URI on."""
+    dataflow, out, waited = launch_and_wait(
+        spec, tmp_path, monkeypatch, ("JOB_STATE_QUEUED", "JOB_STATE_RUNNING", "JOB_STATE_DONE")
+    )
+    (request,) = dataflow.launched
+    launch_parameter = request.launch_parameter
+    assert launch_parameter.job_name.startswith("dataflowjob-")
+    assert launch_parameter.environment.sdk_container_image == DATAFLOW_IMAGE
+    assert dict(launch_parameter.environment.additional_user_labels) == {
+        "team": "ml",
+        "vertex-ai-pipelines-run-billing-id": "7",
+    }
+    assert dict(launch_parameter.parameters) == out.dataflow_parameters
+    job = dataflow.job_id(1)
+    uri = f"https://dataflow.googleapis.com/v1b3/projects/p/locations/us-central1/jobs/{job}"
+    assert json.loads(waited.read_text())["resources"] == [
+        {"resourceType": "DataflowJob", "resourceUri": uri}
+    ]
+    assert dataflow.polled == [job, job, job]
+
+
+@pytest.mark.parametrize("state", ["JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_DRAINED"])
+def test_the_wait_step_fails_the_run_when_the_dataflow_job_does_not_finish_done(
+    spec: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str
+) -> None:
+    """A Dataflow job that ends in any state but DONE (a bad image fails it: docs/beam.md) fails
+    the wait step, so the training never starts on a half-written dataset."""
+    with pytest.raises(RuntimeError, match=f"failed with error state: {state}"):
+        launch_and_wait(spec, tmp_path, monkeypatch, ("JOB_STATE_RUNNING", state))

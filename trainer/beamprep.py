@@ -487,13 +487,20 @@ def _progress_lines(work: str, total: int, progress: Progress) -> Iterator[None]
 
 
 def prepare_beam(
-    config: PrepareConfig, source: Source, source_info: dict[str, Any], progress: Progress
+    config: PrepareConfig,
+    source: Source,
+    source_info: dict[str, Any],
+    progress: Progress,
+    started: float | None = None,
 ) -> dict[str, Any]:
     """Runs the Beam preparation of the opened `source` and waits for it (on Dataflow too: the
     job publishes when it ends, and this reads what it published); returns the metadata. Under
     a Flex Template's launcher (`--template_location` among Beam's options) it only writes the
-    job's graph and returns {}: Dataflow starts the job when the launcher ends."""
+    job's graph and returns {}: Dataflow starts the job when the launcher ends. `started`
+    (time.monotonic() before the source was listed) times the listing and planning: under a
+    Flex Template's launcher that is what Dataflow's launch timeout bounds (docs/beam.md)."""
     import logging
+    import time
 
     import apache_beam as beam
 
@@ -511,9 +518,10 @@ def prepare_beam(
         # The DirectRunner's worker processes import trainer/ as this process does.
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    planned = f", listed and planned in {time.monotonic() - started:.1f} s" if started is not None else ""
     progress.say(
         f"Beam {options.get_all_options()['runner'] or 'DirectRunner'}: {len(names)} shards "
-        f"({len(names) - kept} to write) from {sum(s.count for s in source.splits.values())} images"
+        f"({len(names) - kept} to write) from {sum(s.count for s in source.splits.values())} images{planned}"
     )
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, work, config.output_dir, names, local=local)

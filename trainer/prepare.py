@@ -48,6 +48,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -257,6 +258,7 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
 
         check_beam_installed()  # before the source is listed
         check_runner_paths(config)
+    started = time.monotonic()
     with open_source(config, progress) as source:
         mismatch = champion_mismatch(source.class_names, config.champion_class_names)
         if mismatch:
@@ -265,7 +267,8 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
             from trainer.beamprep import prepare_beam
             from trainer.shards import source_identity
 
-            return prepare_beam(config, source, {**source.info, **source_identity(source, config)}, progress)
+            info = {**source.info, **source_identity(source, config)}
+            return prepare_beam(config, source, info, progress, started=started)
         with storage.staged_output(config.output_dir) as staging:
             metadata = write_dataset(source, config, staging, progress)
     return metadata

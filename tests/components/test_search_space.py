@@ -401,6 +401,7 @@ def test_a_declared_space_reaches_the_vertex_tuning_payload_and_the_trials_args(
         ("find-champion", "champion_uri"): "",
     }
     from_steps |= {("build-trainer-image", k): "img" for k in ("image_uri", "training_image_uri")}
+    from_steps[("build-trainer-image", "dataflow_image_uri")] = ""
     inputs = task_inputs(vertex_spec, "plan-jobs", from_steps, root)
     flags = {name: inputs[name] for name in plan.MODEL_FLAGS}
     args, _ = plan.build_trainer_args(

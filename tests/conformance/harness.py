@@ -6,9 +6,11 @@ hands them; the importers from their compiled specs), and `launch`
 renders one GCPC task's command line from the compiled template (its module, its args, the
 payload through `tests.test_pipeline.render_payload`, the executor input and the `IfPresent`
 arguments) and runs that launcher in-process. Only the final RPC is faked (`VertexFake`):
-JobService over gRPC (the GAPIC client the launchers make, on an insecure channel) and the
+JobService over gRPC (the GAPIC client the launchers make, on an insecure channel), the
 Model upload over REST (the upload launcher posts with `requests`), both parsing every request
-strictly into its aiplatform_v1 request type.
+strictly into its aiplatform_v1 request type, and, for a run with prepare_engine=beam, Dataflow's
+REST API (`tests.fakes.DataflowApi`: the Flex Template launch parsed strictly into
+dataflow_v1beta3's `LaunchFlexTemplateRequest`, the job polled by the wait launcher).
 
 Two things Vertex does are mimicked here, as KFP's backend does them: numbers in parameter
 values are written without a fraction when whole (`strconv.FormatFloat(v, 'f', -1, 64)` and
@@ -34,7 +36,7 @@ from google.cloud import aiplatform_v1
 from google.cloud.aiplatform_v1.services.job_service.transports.grpc import JobServiceGrpcTransport
 from google.protobuf import json_format
 
-from tests.fakes import GrpcFake, RestFake, StrictRequest, insecure_client, strict_json
+from tests.fakes import DataflowApi, GrpcFake, RestFake, StrictRequest, insecure_client, strict_json
 from tests.test_pipeline import render_payload, task_inputs, walk
 
 PROJECT = "p-proj"
@@ -54,6 +56,8 @@ JOBS = "google.cloud.aiplatform.v1.JobService"
 CUSTOM_JOB = "google_cloud_pipeline_components.container.v1.custom_job.launcher"
 TUNING_JOB = "google_cloud_pipeline_components.container.v1.hyperparameter_tuning_job.launcher"
 UPLOAD_MODEL = "google_cloud_pipeline_components.container.v1.model.upload_model.launcher"
+DATAFLOW_LAUNCH = "google_cloud_pipeline_components.container.preview.dataflow.flex_template.launcher"
+DATAFLOW_WAIT = "google_cloud_pipeline_components.container.v1.wait_gcp_resources.launcher"
 
 
 def go_numbers(value: Any) -> Any:
@@ -95,10 +99,24 @@ class Run:
     requests: dict[str, Any] = dataclasses.field(default_factory=dict)
     endpoints: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     outputs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # Where the files a step writes through Cloud Storage FUSE (/gcs/<bucket>/...) land here: the
+    # plan's Flex Template spec file, with prepare_engine=beam.
+    fuse_root: Path | None = None
 
     @property
     def tune(self) -> bool:
         return bool(self.root["tune"])
+
+    @property
+    def dataflow(self) -> bool:
+        """The preparation runs on Dataflow (prepare_engine=beam): the launch and wait steps
+        take the place of the prepare-dataset job."""
+        return self.root["prepare_engine"] == "beam"
+
+    def local_file(self, uri: str) -> Path:
+        """Where a file a step wrote at `uri` (gs://...) through FUSE lies here."""
+        assert self.fuse_root is not None and uri.startswith("gs://"), uri
+        return self.fuse_root / uri[len("gs://") :]
 
     def job_dir(self, job: str) -> str:
         """The folder the plan made for `job` (prepare, tuning, training, evaluation): its output
@@ -170,7 +188,7 @@ def taken(spec: dict[str, Any], tune: bool, prepare_engine: str = "job") -> dict
     out = copy.deepcopy(spec)
     for component in out["components"].values():
         tasks = component.get("dag", {}).get("tasks", {})
-        scenario = {"tune": tune, "prepare_engine": prepare_engine}
+        scenario: dict[str, bool | str] = {"tune": tune, "prepare_engine": prepare_engine}
         for name in [n for n, t in tasks.items() if not cost._taken(t, scenario)]:
             del tasks[name]
     return out
@@ -192,7 +210,9 @@ def plan_jobs(run: Run) -> None:
         for job in ("prepare", "tuning", "training", "evaluation")
     }
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with contextlib.redirect_stdout(printed), pytest.MonkeyPatch.context() as patch:
+        if run.fuse_root is not None:  # the step writes through Vertex's FUSE mount: here, a folder
+            patch.setattr(plan, "fuse_path", lambda uri: str(run.local_file(uri)))
         out = call_body(run, "plan-jobs", plan.plan_jobs.python_func, **jobs)
     run.warnings["plan-jobs"] = [
         line for line in printed.getvalue().splitlines() if line.startswith("WARNING:")
@@ -226,12 +246,18 @@ def imported(run: Run, display: str) -> dict[str, Any]:
     }
 
 
-def plan(spec: dict[str, Any], root: dict[str, Any]) -> Run:
-    """Every output the GCPC tasks of a run with these parameter values read."""
+def plan(spec: dict[str, Any], root: dict[str, Any], fuse_root: Path | None = None) -> Run:
+    """Every output the GCPC tasks of a run with these parameter values read; the files the
+    steps write to Cloud Storage through FUSE go under `fuse_root`."""
     from components import plan, registry
 
     engine = str(root["prepare_engine"])
-    run = Run(spec=taken(spec, bool(root["tune"]), engine), region=root["location"], root=go_numbers(root))
+    run = Run(
+        spec=taken(spec, bool(root["tune"]), engine),
+        region=root["location"],
+        root=go_numbers(root),
+        fuse_root=fuse_root,
+    )
     tasks = walk(run.spec)
     run.upstream[("build-trainer-image", "image_uri")] = IMAGE
     run.upstream[("build-trainer-image", "serving_image_uri")] = ""
@@ -292,8 +318,11 @@ def first_model(run: Run) -> Run:
 
 def launched_tasks(run: Run) -> list[str]:
     """The GCPC tasks this run reaches, in order."""
+    prepare = (
+        ["launch-dataflow-preparation", "wait-dataflow-preparation"] if run.dataflow else ["prepare-dataset"]
+    )
     tuning = ["tune-hyperparameters"] if run.tune else []
-    return ["prepare-dataset", *tuning, "train-model", "evaluate-models", "upload-model"]
+    return [*prepare, *tuning, "train-model", "evaluate-models", "upload-model"]
 
 
 # --- rendering and running a launcher -------------------------------------------------------------
@@ -384,7 +413,9 @@ def command_line(run: Run, display: str, folder: Path) -> tuple[str, list[str], 
 
 
 def launch(run: Run, display: str, vertex: VertexFake, folder: Path) -> None:
-    """Runs the task's launcher against `vertex`; keeps its create request in `run.requests`."""
+    """Runs the task's launcher against `vertex`; keeps its create request in `run.requests`
+    (the wait step creates nothing: the job it polled), and its output parameters as what the
+    steps after it read."""
     module, args, files = command_line(run, display, folder)
     stale = [str(path) for path in files.values() if path.exists()]
     assert not stale, f"{display}: output files of an earlier launch (the launcher would resume): {stale}"
@@ -397,18 +428,29 @@ def launch(run: Run, display: str, vertex: VertexFake, folder: Path) -> None:
             raise AssertionError(f"{display}: the fake refused the request: {refused}") from err
         raise
     assert not vertex.refusals(), f"{display}: {vertex.refusals()}"
-    creates = [r for name, r in vertex.requests() if name.startswith(("Create", "Upload"))]
-    assert len(creates) == 1, (
-        f"{display}: expected one create request, got {[n for n, _ in vertex.requests()]}"
+    creates = [r for name, r in vertex.requests() if name.startswith(("Create", "Upload", "Launch"))]
+    polls = [r for name, r in vertex.requests() if name.startswith("Get")]
+    # GCPC's Dataflow launcher only launches (its remote_runner returns once the job exists);
+    # the wait step only polls the job the launch named.
+    expected = {DATAFLOW_LAUNCH: (1, False), DATAFLOW_WAIT: (0, True)}.get(module, (1, True))
+    assert len(creates) == expected[0], (
+        f"{display}: expected {expected[0]} create request(s), got {[n for n, _ in vertex.requests()]}"
     )
-    run.requests[display] = creates[0]
+    assert bool(polls) is expected[1], f"{display}: polled {polls}"
+    run.requests[display] = creates[0] if creates else polls
     run.endpoints[display] = list(vertex.endpoints)
-    polls = [name for name, _ in vertex.requests() if name.startswith("Get")]
-    assert polls, f"{display}: the launcher never polled what it created"
     run.outputs[display] = {
         name: json.loads(path.read_text()) for name, path in files.items() if path.exists()
     }
     run.outputs[display]["module"] = module
+    for name in component_outputs(run, display):
+        run.upstream[(display, name)] = files[name].read_text()
+
+
+def component_outputs(run: Run, display: str) -> list[str]:
+    """The names of the task's output parameters."""
+    component = walk(run.spec)[display]["component"]
+    return list(component.get("outputDefinitions", {}).get("parameters", {}))
 
 
 # --- the fake Vertex API --------------------------------------------------------------------------
@@ -417,11 +459,13 @@ def launch(run: Run, display: str, vertex: VertexFake, folder: Path) -> None:
 class VertexFake:
     """JobService (gRPC: custom jobs and tuning jobs, each PENDING, then RUNNING, then SUCCEEDED
     as it is polled) and the Model upload (REST: `models:upload`, then its operation, done on its
-    first poll). Every request is parsed strictly into its aiplatform_v1 request type."""
+    first poll). Every request is parsed strictly into its aiplatform_v1 request type. Dataflow's
+    API (`DataflowApi`) is served beside the upload, its jobs QUEUED, RUNNING, then DONE."""
 
     def __init__(self) -> None:
         self.grpc = GrpcFake()
         self.rest = RestFake()
+        self.dataflow = DataflowApi(self.rest)
         self.strict: dict[str, StrictRequest] = {}
         self.endpoints: list[str] = []
         self.uploads: list[tuple[str, Any]] = []  # (method, request or operation name)
@@ -501,14 +545,19 @@ class VertexFake:
         return 200, self._operations[match.group(1)]
 
     def requests(self) -> list[tuple[str, Any]]:
-        return [*self.grpc.requests, *self.uploads]
+        dataflow = [("LaunchFlexTemplate", r) for r in self.dataflow.launched]
+        dataflow += [("GetDataflowJob", job) for job in self.dataflow.polled]
+        return [*self.grpc.requests, *self.uploads, *dataflow]
 
     def refusals(self) -> list[str]:
-        return [r for s in self.strict.values() for r in s.refused] + self.rest_refused
+        return (
+            [r for s in self.strict.values() for r in s.refused] + self.rest_refused + self.dataflow.refused
+        )
 
     def reset(self) -> None:
         self.grpc.requests.clear()
         self.uploads.clear()
+        self.dataflow.reset()
         self.endpoints.clear()
         self.rest_refused.clear()
         for strict in self.strict.values():
@@ -566,6 +615,7 @@ def launchers_against(vertex: VertexFake, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setattr(job_remote_runner, "_POLLING_INTERVAL_IN_SECONDS", 0)
     monkeypatch.setattr(lro_remote_runner, "_POLLING_INTERVAL_IN_SECONDS", 0)
     monkeypatch.setattr(lro_remote_runner, "requests", Requests())
+    DataflowApi.point_gcpc_launchers(monkeypatch, vertex.rest.address, vertex.endpoints)
     monkeypatch.setattr(google.auth, "default", lambda *a, **k: (Credentials(token="conformance"), PROJECT))
     monkeypatch.setenv("VERTEX_AI_PIPELINES_RUN_LABELS", json.dumps(SYSTEM_LABELS))
     yield vertex

@@ -53,6 +53,8 @@ LABELS_59 = {f"k{i:02}": "v" for i in range(59)}
 REDUCTION_SERVER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
 TRAIN = "train-model custom_job.job_spec"
 TUNE = "tune-hyperparameters hyperparameter_tuning_job"
+DATAFLOW = "launch-dataflow-preparation launch_parameter"
+IMAGES = "folder:gs://p-proj-data/cassava-images"
 
 
 def machine(machine_type: str, gpu: str = "", count: int = 0, role: str = "chief") -> dict[str, Any]:
@@ -314,6 +316,42 @@ ROWS: tuple[Row, ...] = (
             f"{TUNE}.trial_job_spec.persistent_resource_id": None,
         },
     ),
+    Row(
+        "dataflow",
+        {"prepare_engine": "beam", "dataset_source": IMAGES},
+        {
+            f"{DATAFLOW}.environment.sdk_container_image": harness.DATAFLOW_IMAGE,
+            f"{DATAFLOW}.environment.max_workers": 8,
+            f"{DATAFLOW}.environment.machine_type": "n1-standard-4",
+            f"{DATAFLOW}.parameters.source": IMAGES,
+            f"{DATAFLOW}.parameters.engine": "beam",
+        },
+    ),
+    Row(
+        "dataflow-settings",
+        {
+            "prepare_engine": "beam",
+            "dataset_source": IMAGES,
+            "dataflow_max_workers": 40,
+            "dataflow_machine_type": "n2-highcpu-16",
+            "service_account": SERVICE_ACCOUNT,
+            "network": NETWORK,
+            "encryption_spec_key_name": KMS_KEY,
+            "labels": {"team": "ml", "env": "dev"},
+            "tune": True,
+        },
+        {
+            f"{DATAFLOW}.environment.max_workers": 40,
+            f"{DATAFLOW}.environment.machine_type": "n2-highcpu-16",
+            f"{DATAFLOW}.environment.service_account_email": SERVICE_ACCOUNT,
+            # Dataflow takes the network's name; Vertex jobs, projects/<number>/global/networks/<name>.
+            f"{DATAFLOW}.environment.network": "vpc",
+            f"{DATAFLOW}.environment.kms_key_name": KMS_KEY,
+            f"{DATAFLOW}.environment.additional_user_labels": {"team": "ml", "env": "dev", **SYSTEM_LABELS},
+            f"{TRAIN}.network": NETWORK,
+            f"{TUNE}.trial_job_spec.network": NETWORK,
+        },
+    ),
     # --- refused -------------------------------------------------------------------------------
     Row(
         "grid-search",
@@ -424,6 +462,20 @@ ROWS: tuple[Row, ...] = (
         refused=("persistent_resource_id", "scheduling_strategy"),
         rule="a job on a persistent resource runs on the resource's machines: SPOT and FLEX_START choose "
         "machines started for a job",
+    ),
+    Row(
+        "dataflow-tfds",
+        {"prepare_engine": "beam"},
+        refused=("dataset_source", "prepare_engine"),
+        rule="TFDS builds cassava in one process before Beam starts (its generator is no Beam transform): "
+        "on Dataflow that is the Flex Template's launcher, whose time Dataflow bounds",
+    ),
+    Row(
+        "dataflow-max-workers-0",
+        {"prepare_engine": "beam", "dataset_source": IMAGES, "dataflow_max_workers": 0},
+        refused=("dataflow_max_workers",),
+        rule="Dataflow takes 1 to 1000 workers (FlexTemplateRuntimeEnvironment.max_workers); GCPC's "
+        "launcher would drop a 0 from the request and Dataflow choose the count",
     ),
     Row(
         "three-at-once",
@@ -624,10 +676,70 @@ def check_upload(run: Run, task: str) -> None:
     assert re.fullmatch(r"projects/.+/models/\d+@\d+", artifact["metadata"]["resourceName"]), artifact
 
 
+DATAFLOW_STEPS = ("launch-dataflow-preparation", "wait-dataflow-preparation")
+
+
+def check_dataflow(run: Run) -> None:
+    """prepare_engine=beam: the Flex Template launch GCPC's launcher POSTed (parsed strictly into
+    dataflow_v1beta3's LaunchFlexTemplateRequest by the fake), against the plan and the run's
+    settings; the spec file the plan wrote, as Dataflow reads it (ContainerSpec); and the wait
+    step, which polled the very job the launch made until it was done."""
+    from google.cloud import dataflow_v1beta3
+
+    from tests.fakes import strict_json
+
+    root, request = run.root, run.requests["launch-dataflow-preparation"]
+    assert isinstance(request, dataflow_v1beta3.LaunchFlexTemplateRequest)
+    assert (request.project_id, request.location) == (harness.PROJECT, run.region)
+    launch = as_dict(request)["launch_parameter"]
+    template = run.upstream[("plan-jobs", "dataflow_template")]
+    assert launch["container_spec_gcs_path"] == template
+    assert template.startswith(run.job_dir("prepare") + "/")
+    parameters = run.upstream[("plan-jobs", "dataflow_parameters")]
+    assert launch["parameters"] == parameters
+    # The dataset lands where the training and evaluation read it.
+    assert parameters["output_dir"] == run.upstream[("plan-jobs", "dataset_uri")]
+    assert parameters["engine"] == "beam"
+    assert parameters["champion_class_names"] == json.dumps(harness.CLASS_NAMES)
+    spec = strict_json(dataflow_v1beta3.ContainerSpec, json.loads(run.local_file(template).read_text()))
+    assert spec.image == harness.DATAFLOW_IMAGE
+    assert sorted(p.name for p in spec.metadata.parameters) == sorted(parameters)
+    env = launch["environment"]
+    assert env["sdk_container_image"] == harness.DATAFLOW_IMAGE
+    assert int(env["max_workers"]) == root["dataflow_max_workers"]
+    assert env["machine_type"] == root["dataflow_machine_type"]
+    assert env.get("service_account_email", "") == root["service_account"]
+    assert env.get("kms_key_name", "") == root["encryption_spec_key_name"]
+    assert env.get("network", "") == run.upstream[("plan-jobs", "dataflow_network")]
+    folder = run.upstream[("plan-jobs", "dataflow_temp_location")]
+    assert env["temp_location"] == env["staging_location"] == folder
+    assert env.get("additional_user_labels", {}) == {**SYSTEM_LABELS, **root["labels"]}
+    assert not label_problems(env.get("additional_user_labels", {}))
+    launched = run.outputs["launch-dataflow-preparation"]["gcp_resources"]["resources"]
+    [job] = [r["resourceUri"] for r in launched if r["resourceType"] == "DataflowJob"]
+    assert job.startswith(
+        f"https://dataflow.googleapis.com/v1b3/projects/{harness.PROJECT}/locations/{run.region}/"
+    )
+    polled = run.requests["wait-dataflow-preparation"]
+    assert len(polled) == 3 and {job.rsplit("/", 1)[1]} == set(polled), polled  # QUEUED, RUNNING, DONE
+    assert run.outputs["wait-dataflow-preparation"]["gcp_resources"]["resources"] == launched
+    assert "prepare-dataset" not in run.requests
+
+
 def check_run(run: Run) -> None:
     for task, endpoints in run.endpoints.items():
-        assert endpoints and set(endpoints) == {f"{run.region}-aiplatform.googleapis.com"}, (task, endpoints)
-    check_custom_job(run, "prepare-dataset", "prepare")
+        host = (
+            "dataflow.googleapis.com" if task in DATAFLOW_STEPS else f"{run.region}-aiplatform.googleapis.com"
+        )
+        assert endpoints and set(endpoints) == {host}, (task, endpoints)
+    if run.dataflow:
+        check_dataflow(run)
+    else:
+        check_custom_job(run, "prepare-dataset", "prepare")
+        prepare = as_dict(run.requests["prepare-dataset"])["custom_job"]["job_spec"]["worker_pool_specs"][0]
+        assert (
+            f"--champion_class_names={json.dumps(harness.CLASS_NAMES)}" in prepare["container_spec"]["args"]
+        )
     check_custom_job(run, "train-model", "training")
     check_custom_job(run, "evaluate-models", "evaluation")
     evaluation = as_dict(run.requests["evaluate-models"])["custom_job"]["job_spec"]["worker_pool_specs"]
@@ -645,10 +757,6 @@ def check_run(run: Run) -> None:
     )
     train_args = as_dict(run.requests["train-model"])["custom_job"]["job_spec"]["worker_pool_specs"][0]
     assert train_args["container_spec"]["args"] == run.pools["training"][0]["container_spec"]["args"]
-    prepare_args = as_dict(run.requests["prepare-dataset"])["custom_job"]["job_spec"]["worker_pool_specs"][0]
-    assert (
-        f"--champion_class_names={json.dumps(harness.CLASS_NAMES)}" in prepare_args["container_spec"]["args"]
-    )
     if run.tune:
         check_tuning_job(run)
         for name, value in harness.BEST_TRIAL.items():
@@ -662,7 +770,7 @@ def check_run(run: Run) -> None:
 def test_the_launchers_send_what_the_row_asks(
     row: Row, template: dict[str, Any], launchers: harness.VertexFake, tmp_path: Path
 ) -> None:
-    run = harness.plan(template, root_for(template, launchers.rest, row))
+    run = harness.plan(template, root_for(template, launchers.rest, row), tmp_path / "gcs")
     if row.values.get("check_gpu_region") is False:
         assert run.warnings["plan-jobs"], "check_gpu_region=false: the region check must warn"
     for task in harness.launched_tasks(run):
@@ -911,8 +1019,14 @@ def matrix_markdown(rows: tuple[Row, ...] = ROWS) -> str:
         if row.region != "us-central1":
             sets += f"; REGION `{row.region}`"
         sets += "".join(f"; {k} `{v or '(unset)'}`" for k, v in row.settings.items())
-        if row.accepted:
+        if row.accepted and row.values.get("prepare_engine") == "beam":
+            launched = (
+                "flex_template (launch-dataflow-preparation), wait_gcp_resources (wait-dataflow-preparation)"
+            )
+            launched += ", custom_job (train-model, evaluate-models)"
+        else:
             launched = "custom_job (prepare-dataset, train-model, evaluate-models)"
+        if row.accepted:
             if row.values.get("tune"):
                 launched += ", hyperparameter_tuning_job (tune-hyperparameters)"
             launched += ", upload_model (upload-model: a new version, and a first model)"

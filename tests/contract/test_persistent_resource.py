@@ -77,8 +77,9 @@ def test_every_custom_job_and_no_tuning_job_takes_the_parameter(template: Path) 
             seen[name] = seen.get(name, 0) + 1
         else:
             assert bound is None, f"{name} takes persistent_resource_id"
-    # The training and evaluation jobs are in both branches (tuning-enabled, tuning-disabled).
-    assert seen == {"prepare-dataset": 1, "train-model": 2, "evaluate-models": 2}
+    # The training and evaluation jobs are in both tuning branches of both preparation branches
+    # (a job, or Dataflow: the Dataflow launch takes no persistent resource).
+    assert seen == {"prepare-dataset": 1, "train-model": 4, "evaluate-models": 4}
     tuning = next(t for n, t in tasks(spec) if n == "tune-hyperparameters")
     component = spec["components"][tuning["componentRef"]["name"]]
     assert "persistent_resource_id" not in component.get("inputDefinitions", {}).get("parameters", {})
