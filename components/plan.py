@@ -48,7 +48,7 @@ from components.prepare import (
 )
 from components.registry import check_model_display_name, registry_folder
 from components.stepimage import fuse_path
-from components.worker_pools import build_worker_pool_specs, pool_env
+from components.worker_pools import build_worker_pool_specs, hardware_parameters, pool_env
 
 
 def train_command() -> list:
@@ -247,6 +247,7 @@ def describe_pools(name: str, folder: str, specs: list) -> None:
         hardware.allowed_counts,
         hardware.validate_machine,
         pool_env,
+        hardware_parameters,
         build_worker_pool_specs,
         prepare_command,
         train_command,
@@ -359,23 +360,7 @@ def plan_jobs(
     }
     dataset_uri = folders["prepare"] + "/model"
     model_uri = stable_model_uri(model_root, folders["training"], model_display_name, pipeline_run)
-    hardware_flags = {
-        name: flags[name]
-        for name in (
-            "chief_machine_type",
-            "chief_accelerator_type",
-            "chief_accelerator_count",
-            "worker_count",
-            "worker_machine_type",
-            "worker_accelerator_type",
-            "worker_accelerator_count",
-            "boot_disk_type",
-            "boot_disk_size_gb",
-            "reduction_server_count",
-            "reduction_server_machine_type",
-            "check_gpu_region",
-        )
-    }
+    hardware_flags = {name: flags[name] for name in hardware_parameters()}
     cpu_job: dict[str, Any] = {
         "chief_machine_type": prepare_machine_type,
         "boot_disk_type": boot_disk_type,

@@ -29,22 +29,28 @@ from typing import Any
 
 from components.hardware import validate_machine
 
-# The pipeline parameters that shape the worker pools (a subset of build_worker_pool_specs's
-# arguments, with the same names): the DAG, the submit-time check and the local check use it.
-HARDWARE_PARAMETERS = (
-    "chief_machine_type",
-    "chief_accelerator_type",
-    "chief_accelerator_count",
-    "worker_count",
-    "worker_machine_type",
-    "worker_accelerator_type",
-    "worker_accelerator_count",
-    "boot_disk_type",
-    "boot_disk_size_gb",
-    "reduction_server_count",
-    "reduction_server_machine_type",
-    "check_gpu_region",
-)
+
+def hardware_parameters() -> tuple:
+    """The pipeline parameters that shape the worker pools (a subset of build_worker_pool_specs's
+    arguments, with the same names): the DAG, the submit-time check, the local check and the
+    plan step use it (a function, so that a step can be handed it)."""
+    return (
+        "chief_machine_type",
+        "chief_accelerator_type",
+        "chief_accelerator_count",
+        "worker_count",
+        "worker_machine_type",
+        "worker_accelerator_type",
+        "worker_accelerator_count",
+        "boot_disk_type",
+        "boot_disk_size_gb",
+        "reduction_server_count",
+        "reduction_server_machine_type",
+        "check_gpu_region",
+    )
+
+
+HARDWARE_PARAMETERS = hardware_parameters()
 
 
 def pool_env(

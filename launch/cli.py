@@ -34,20 +34,7 @@ from launch import kfp_local, report, settings, trainingconfig
 from launch.flags import RUNS_DIR, TARGETS, build_parser
 
 # The keys of the trainer's metrics.json the run summary shows (tests/test_contracts.py pins them).
-METRICS_READ = (
-    "test_accuracy",
-    "macro_f1",
-    "per_class",
-    "test_loss",
-    "val_accuracy",
-    "val_loss",
-    "images_per_second",
-    "epochs_completed",
-    "best_epoch",
-    "export_epoch",
-    "stopped_early",
-    "num_workers",
-)
+METRICS_READ = report.SUMMARY_METRICS
 
 
 def configured_project(environ: Mapping[str, str], env_file: Path = Path("env.sh")) -> str:

@@ -28,6 +28,22 @@ METRICS_READ = (
     "stopped_early",
 )
 
+# The keys of the trainer's metrics.json that both targets' summary.json shows under `metrics`
+# (launch.cli for a local run, launch.vertexrun for a Vertex run).
+SUMMARY_METRICS = (
+    "test_accuracy",
+    "macro_f1",
+    "per_class",
+    "test_loss",
+    "val_accuracy",
+    "val_loss",
+    "images_per_second",
+    "epochs_completed",
+    "best_epoch",
+    "export_epoch",
+    "stopped_early",
+    "num_workers",
+)
 
 def _png(fig: Any) -> str:
     import matplotlib.pyplot as plt

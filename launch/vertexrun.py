@@ -44,22 +44,9 @@ from typing import Any
 from launch import report
 
 # The keys of the trainer's metrics.json the summary shows: the local run's (launch.cli), so both
-# targets' summaries carry the same `metrics` (tests/launch/test_vertexreport.py checks both lists
-# against each other and against trainer/contract.py).
-METRICS_READ = (
-    "test_accuracy",
-    "macro_f1",
-    "per_class",
-    "test_loss",
-    "val_accuracy",
-    "val_loss",
-    "images_per_second",
-    "epochs_completed",
-    "best_epoch",
-    "export_epoch",
-    "stopped_early",
-    "num_workers",
-)
+# targets' summaries carry the same `metrics` (tests/launch/test_vertexreport.py checks them
+# against trainer/contract.py).
+METRICS_READ = report.SUMMARY_METRICS
 METRICS_FILE = "metrics.json"  # trainer.contract.METRICS_FILE (the trainer is not imported here)
 
 # The job a launcher started, in its gcp_resources' resourceUri (GCPC's job_remote_runner:

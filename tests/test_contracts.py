@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.model_flags import MODEL_FLAG_VALUES
 from trainer import config as trainer_config
 from trainer import contract
 
@@ -270,27 +271,7 @@ def trainer_args(**overrides: Any) -> list[str]:
 
     best = overrides.pop("hyperparameters", None)
     leave_out = overrides.pop("leave_out", ())
-    values: dict[str, Any] = dict(
-        backbone="tiny",
-        weights="none",
-        epochs=3,
-        learning_rate=0.003,
-        per_replica_batch_size=16,
-        dense_units=64,
-        dropout=0.2,
-        mixed_precision=False,
-        xla=True,
-        fine_tune_fraction=0.5,
-        seed=42,
-        augment="auto",
-        lr_schedule="cosine",
-        warmup_epochs=1.0,
-        lr_reference_batch_size=0,
-        label_smoothing=0.0,
-        class_weights="none",
-        export_epoch="best",
-        early_stopping_patience=0,
-    )
+    values: dict[str, Any] = {**MODEL_FLAG_VALUES, "xla": True, "fine_tune_fraction": 0.5}
     values.update(overrides)
     args, _ = plan.build_trainer_args("/data/prepared", 64.0, values, plan.TUNABLE, leave_out=leave_out)
     if best:

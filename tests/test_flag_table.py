@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.model_flags import MODEL_FLAG_VALUES
+
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = ROOT / "docs" / "contracts.md"
 SET_BY = "Set by the pipeline"
@@ -122,27 +124,7 @@ def emitted(args: list[str]) -> set[str]:
     return {a.split("=", 1)[0][2:] for a in args if a.startswith("--")}
 
 
-TRAINER_VALUES: dict[str, Any] = {
-    "backbone": "tiny",
-    "weights": "none",
-    "epochs": 3,
-    "learning_rate": 0.003,
-    "per_replica_batch_size": 16,
-    "dense_units": 64,
-    "dropout": 0.2,
-    "mixed_precision": False,
-    "xla": False,
-    "fine_tune_fraction": -1.0,
-    "seed": 42,
-    "augment": "auto",
-    "lr_schedule": "cosine",
-    "warmup_epochs": 1.0,
-    "lr_reference_batch_size": 0,
-    "label_smoothing": 0.0,
-    "class_weights": "none",
-    "export_epoch": "best",
-    "early_stopping_patience": 0,
-}
+TRAINER_VALUES: dict[str, Any] = MODEL_FLAG_VALUES
 
 
 def trainer_emits() -> set[str]:

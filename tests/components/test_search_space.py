@@ -19,6 +19,7 @@ import pipeline
 from components import plan, tuning
 from launch import flags
 from pipeline import rules as options
+from tests.model_flags import MODEL_FLAG_VALUES
 from tests.test_pipeline import default_pools, render_payload, root_values, task_inputs, walk
 
 REGION = "us-central1"
@@ -416,28 +417,9 @@ def test_a_declared_space_reaches_the_vertex_tuning_payload_and_the_trials_args(
 
 
 def trainer_args(search_space: list[Any] | None = None) -> list[str]:
-    flags: dict[str, Any] = dict(
-        backbone="tiny",
-        weights="none",
-        epochs=3,
-        learning_rate=0.003,
-        per_replica_batch_size=16,
-        dense_units=64,
-        dropout=0.2,
-        mixed_precision=False,
-        xla=False,
-        fine_tune_fraction=-1.0,
-        seed=42,
-        augment="auto",
-        lr_schedule="cosine",
-        warmup_epochs=1.0,
-        lr_reference_batch_size=0,
-        label_smoothing=0.0,
-        class_weights="none",
-        export_epoch="best",
-        early_stopping_patience=0,
+    args, _ = plan.build_trainer_args(
+        "/data", 64.0, MODEL_FLAG_VALUES, plan.TUNABLE, search_space=search_space
     )
-    args, _ = plan.build_trainer_args("/data", 64.0, flags, plan.TUNABLE, search_space=search_space)
     return args
 
 

@@ -11,6 +11,7 @@ import pytest
 from kfp import dsl
 
 from components import evaluation, plan, prepare, stepimage, worker_pools
+from tests.model_flags import MODEL_FLAG_VALUES
 
 ROOT = Path(__file__).resolve().parents[2]
 V100 = "NVIDIA_TESLA_V100"
@@ -157,27 +158,7 @@ def test_the_dataset_record_reads_the_jobs_metadata(tmp_path: Path) -> None:
         prepare.dataset_record("gs://b/empty/model", str(tmp_path / "empty"))
 
 
-FLAGS: dict[str, Any] = {
-    "backbone": "tiny",
-    "weights": "none",
-    "epochs": 3,
-    "learning_rate": 0.003,
-    "per_replica_batch_size": 16,
-    "dense_units": 64,
-    "dropout": 0.2,
-    "mixed_precision": False,
-    "xla": False,
-    "fine_tune_fraction": -1.0,
-    "seed": 42,
-    "augment": "auto",
-    "lr_schedule": "cosine",
-    "warmup_epochs": 1.0,
-    "lr_reference_batch_size": 0,
-    "label_smoothing": 0.0,
-    "class_weights": "none",
-    "export_epoch": "best",
-    "early_stopping_patience": 0,
-}
+FLAGS: dict[str, Any] = MODEL_FLAG_VALUES
 
 
 def trainer_args(**overrides: Any) -> tuple[list[str], dict[str, Any]]:
