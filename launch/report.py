@@ -45,6 +45,7 @@ SUMMARY_METRICS = (
     "num_workers",
 )
 
+
 def _png(fig: Any) -> str:
     import matplotlib.pyplot as plt
 

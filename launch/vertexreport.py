@@ -100,6 +100,7 @@ def write_for_run(
     transport: str | None = None,
     now: datetime.datetime | None = None,
     out: Any = None,
+    dataflow_endpoint: str = vertexrun.DATAFLOW_ENDPOINT,
 ) -> dict[str, Any]:
     """Reads the run `name` and writes its folder; returns the summary."""
     from google.cloud import aiplatform
@@ -107,7 +108,7 @@ def write_for_run(
 
     submit.init_aiplatform(settings, credentials, transport)
     initializer.global_config.credentials  # noqa: B018 (found now: none is exit 2, before any contact)
-    reader = vertexrun.Reader(settings.project, cloud(settings), credentials)
+    reader = vertexrun.Reader(settings.project, cloud(settings), credentials, dataflow_endpoint)
     vertex = reader.cloud.vertex
     reader.ensure(vertex)
     with (
@@ -135,6 +136,7 @@ def main(
     credentials: Any = None,
     transport: str | None = None,
     now: datetime.datetime | None = None,
+    dataflow_endpoint: str = vertexrun.DATAFLOW_ENDPOINT,
 ) -> int:
     env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog=f"{PROG} RUN=...", description=__doc__.split("\n\n")[0])
@@ -171,6 +173,7 @@ def main(
             credentials=credentials,
             transport=transport,
             now=now,
+            dataflow_endpoint=dataflow_endpoint,
         )
     except submit.GoogleUnreachable as err:
         print(f"{PROG}: {err}", file=sys.stderr)

@@ -15,6 +15,15 @@ Everything comes from the run's records, read through the real client libraries:
   create -> start -> end (aiplatform_v1 `CustomJob.create_time`; `start_time`: "Time when the
   CustomJob for the first time entered the JOB_STATE_RUNNING state"; `end_time`), and a tuning
   job's trials (`HyperparameterTuningJob.trials`, each with its `start_time` and `end_time`);
+- a Dataflow job (prepare_engine=beam: GCPC's flex-template launcher writes `"resourceType":
+  "DataflowJob"` and `https://dataflow.googleapis.com/v1b3/projects/<p>/locations/<l>/jobs/<id>`),
+  read with google-cloud-dataflow-client (dataflow_v1beta3): its state and times
+  (`Job.create_time`; `start_time`, which equals the creation for all but FlexRS jobs;
+  `current_state_time`, its end once the state is terminal), and the job's first messages of
+  importance JOB_MESSAGE_BASIC and above (`MessagesV1Beta3.ListJobMessages`), each with its time
+  from the job's creation. Those messages are where Dataflow says when it started its workers:
+  the start-up that decides when Dataflow beats the one-replica preparation job (docs/beam.md),
+  which Google publishes no figure for;
 - the trainer's metrics.json (trainer/contract.py) in Cloud Storage, in the folder of the run's
   Model artifact (`system.Model`: its URI is the trainer's model folder);
 - the gate's decision, from the output parameters `promote`, `reason` and `description` (and
@@ -53,6 +62,23 @@ METRICS_FILE = "metrics.json"  # trainer.contract.METRICS_FILE (the trainer is n
 # `f'https://{api_endpoint}/v1/{job_name}'`).
 _JOB_URI = re.compile(r"/v1/(projects/[^/]+/locations/[^/]+/(customJobs|hyperparameterTuningJobs)/[^/?#]+)$")
 JOB_TYPES = ("CustomJob", "HyperparameterTuningJob")
+# A Dataflow job, as GCPC 2.22's flex-template launcher names it (container/preview/dataflow/
+# flex_template/remote_runner.py) and its wait launcher parses it (container/v1/
+# wait_gcp_resources/remote_runner.py, _DATAFLOW_URI_TEMPLATE).
+_DATAFLOW_URI = re.compile(
+    r"^https://dataflow\.googleapis\.com/v1b3/(projects/[^/]+/locations/[^/]+/jobs/[^/?#]+)$"
+)
+DATAFLOW_JOB = "DataflowJob"
+DATAFLOW_ENDPOINT = "dataflow.googleapis.com"
+DATAFLOW_MESSAGES = 50  # the first messages a summary keeps of a Dataflow job
+# Dataflow's terminal job states (dataflow_v1beta3 JobState: "a terminal job state").
+DATAFLOW_TERMINAL = (
+    "JOB_STATE_DONE",
+    "JOB_STATE_FAILED",
+    "JOB_STATE_CANCELLED",
+    "JOB_STATE_UPDATED",
+    "JOB_STATE_DRAINED",
+)
 
 # (name, URL, hint) of a Google service, as launch.submit names them.
 Service = tuple[str, str, str]
@@ -78,10 +104,14 @@ class Reader:
     one line (`Cloud.reaching`); a job or file that is missing or refused is recorded in
     `unreadable` and the report goes on without it."""
 
-    def __init__(self, project: str, cloud: Cloud, credentials: Any = None) -> None:
+    def __init__(
+        self, project: str, cloud: Cloud, credentials: Any = None, dataflow_endpoint: str = DATAFLOW_ENDPOINT
+    ) -> None:
         self.project = project
         self.cloud = cloud
         self.credentials = credentials
+        # Where Dataflow's API is (a test's fake: http://host:port, spoken over REST).
+        self.dataflow_endpoint = dataflow_endpoint
         self.unreadable: list[str] = []
         self._storage: Any = None
         self._reached: set[str] = set()
@@ -106,6 +136,45 @@ class Reader:
         except exceptions.GoogleAPICallError as err:
             self.unreadable.append(f"{name}: {said(err)}")
             return None
+
+    def dataflow_job(self, name: str) -> tuple[Any, list[Any]] | None:
+        """The Dataflow job `name` (projects/<p>/locations/<l>/jobs/<id>) and its first messages
+        of importance JOB_MESSAGE_BASIC and above (dataflow_v1beta3 types), or None (recorded)."""
+        from google.api_core import exceptions
+        from google.cloud import dataflow_v1beta3 as dataflow
+
+        _, project, _, location, _, job_id = name.split("/")
+        where = {"project_id": project, "location": location, "job_id": job_id}
+        endpoint = self.dataflow_endpoint
+        options = {
+            "credentials": self.credentials,
+            "client_options": {"api_endpoint": endpoint},
+            # Only the REST transport speaks to a URL (a test's fake).
+            **({"transport": "rest"} if endpoint.startswith("http://") else {}),
+        }
+        service: Service = (
+            "Dataflow",
+            endpoint if endpoint.startswith("http") else f"https://{endpoint}",
+            "",
+        )
+        self.ensure(service)
+        try:
+            with self.cloud.reaching(f"reading the Dataflow job {name}", service):
+                job = dataflow.JobsV1Beta3Client(**options).get_job(
+                    request={**where, "view": dataflow.JobView.JOB_VIEW_SUMMARY}
+                )
+                pages = dataflow.MessagesV1Beta3Client(**options).list_job_messages(
+                    request={
+                        **where,
+                        "minimum_importance": dataflow.JobMessageImportance.JOB_MESSAGE_BASIC,
+                        "page_size": DATAFLOW_MESSAGES,
+                    }
+                )
+                messages = list(next(iter(pages.pages)).job_messages)[:DATAFLOW_MESSAGES]
+        except exceptions.GoogleAPICallError as err:
+            self.unreadable.append(f"{name}: {said(err)}")
+            return None
+        return job, messages
 
     def text(self, uri: str) -> str | None:
         """The text of the gs:// object `uri`, or None (recorded) when it cannot be read."""
@@ -181,8 +250,8 @@ def _timing(
 
 
 def launched_jobs(outputs: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(resource type, job name) of each CustomJob or HyperparameterTuningJob named in a task's
-    `gcp_resources` output parameter (a JSON string: GCPC's GcpResources message)."""
+    """(resource type, job name) of each CustomJob, HyperparameterTuningJob or DataflowJob named
+    in a task's `gcp_resources` output parameter (a JSON string: GCPC's GcpResources message)."""
     text = outputs.get("gcp_resources")
     if not isinstance(text, str):
         return []
@@ -193,10 +262,44 @@ def launched_jobs(outputs: Mapping[str, Any]) -> list[tuple[str, str]]:
     found = []
     for resource in resources if isinstance(resources, list) else []:
         kind = resource.get("resourceType") if isinstance(resource, dict) else None
-        match = _JOB_URI.search(str(resource.get("resourceUri", ""))) if kind in JOB_TYPES else None
+        uri = str(resource.get("resourceUri", "")) if kind else ""
+        match = (
+            _DATAFLOW_URI.match(uri)
+            if kind == DATAFLOW_JOB
+            else _JOB_URI.search(uri)
+            if kind in JOB_TYPES
+            else None
+        )
         if match:
             found.append((str(kind), match.group(1)))
     return found
+
+
+def _dataflow_entry(
+    read: tuple[Any, list[Any]] | None, origin: datetime.datetime | None, now: datetime.datetime
+) -> dict[str, Any]:
+    """A Dataflow job's part of its `jobs` entry: state, times and first messages (`Reader.dataflow_job`)."""
+    from google.cloud import dataflow_v1beta3 as dataflow
+
+    if read is None:
+        return {"state": "UNKNOWN"}
+    job, messages = read
+    state = dataflow.JobState(job.current_state).name
+    ended = job.current_state_time if state in DATAFLOW_TERMINAL else None
+    entry: dict[str, Any] = {
+        "state": state,
+        **_timing(job.create_time, job.start_time or job.create_time, ended, origin, now),
+        "job_id": job.id,
+    }
+    entry["messages"] = [
+        {
+            "seconds": _seconds(job.create_time, m.time),
+            "importance": dataflow.JobMessageImportance(m.message_importance).name,
+            "text": m.message_text,
+        }
+        for m in sorted(messages, key=lambda m: m.time)
+    ]
+    return entry
 
 
 def _artifacts(task: Any) -> list[dict[str, Any]]:
@@ -263,13 +366,18 @@ def collect(
             step["jobs"] = [name for _, name in launched]
         steps.append(step)
         for kind, name in launched:
-            found = reader.job(name)
             entry: dict[str, Any] = {
                 "task": task.task_name,
                 "task_id": task.task_id,
                 "type": kind,
                 "name": name,
             }
+            if kind == DATAFLOW_JOB:
+                # The launch and the wait step both name it: read and listed once, under the first.
+                if name not in {j["name"] for j in jobs}:
+                    jobs.append({**entry, **_dataflow_entry(reader.dataflow_job(name), origin, now)})
+                continue
+            found = reader.job(name)
             if found is None:
                 jobs.append({**entry, "state": "UNKNOWN"})
                 continue
@@ -491,6 +599,15 @@ def show(summary: Mapping[str, Any], run_dir: Path, out: Any) -> None:
             + (f" waited {queued:7.1f}s" if queued is not None else " " * 15)
             + (f"  ran {ran:7.1f}s" if ran is not None else "")
         )
+    for job in summary.get("jobs", []):
+        if job["type"] != DATAFLOW_JOB or "messages" not in job:
+            continue
+        lines.append(
+            f"  dataflow job {job['job_id']}: {job['state']}, {job['seconds']:.0f} s; its first messages:"
+        )
+        lines += [
+            f"    +{m['seconds']:7.1f}s {m['text']}" for m in job["messages"][:10] if m["seconds"] is not None
+        ]
     for warning in summary.get("unreadable", []):
         lines.append(f"WARNING: not read: {warning}")
     if summary.get("report_error"):

@@ -439,6 +439,119 @@ def test_the_report_of_a_finished_run(
     assert vertex.paths() == [f"/v1/{NAME}", f"/v1/{PREPARE_JOB}", f"/v1/{TUNING_JOB}", f"/v1/{TRAIN_JOB}"]
 
 
+DATAFLOW_JOB = "2026-01-01_00_02_10-1234567890"
+DATAFLOW_URI = (
+    f"https://dataflow.googleapis.com/v1b3/projects/p-proj/locations/us-central1/jobs/{DATAFLOW_JOB}"
+)
+DATAFLOW_PATH = f"/v1b3/projects/p-proj/locations/us-central1/jobs/{DATAFLOW_JOB}"
+
+
+def dataflow_run(vertex: VertexRuns) -> list[dict[str, list[str]]]:
+    """A run with prepare_engine=beam: a launch task and a wait task both naming one Dataflow job
+    (GCPC's flex-template launcher writes its gcp_resources, the wait step passes them on), the
+    training's CustomJob after them. The fake serves the Dataflow job and its messages, built from
+    dataflow_v1beta3's types, beside the Vertex API; returns the Dataflow requests' queries."""
+    from google.cloud import dataflow_v1beta3 as dataflow
+
+    finished, jobs = finished_run()
+    named = json.dumps({"resources": [{"resourceType": "DataflowJob", "resourceUri": DATAFLOW_URI}]})
+    tasks = [
+        task(1, JOB_ID, "SUCCEEDED", (0, 5, 2000)),
+        task(2, "launches", "SUCCEEDED", (10, 100, 130), outputs={"gcp_resources": named}),
+        task(3, "waits", "SUCCEEDED", (130, 160, 880), outputs={"gcp_resources": named}),
+        task(
+            4,
+            "trains",
+            "SUCCEEDED",
+            (900, 930, 1500),
+            outputs={"gcp_resources": resources("CustomJob", TRAIN_JOB)},
+        ),
+    ]
+    job = v1.PipelineJob(finished)
+    job.job_detail = v1.PipelineJobDetail(task_details=tasks)
+    vertex.serve(job, {TRAIN_JOB: jobs[TRAIN_JOB]})
+    flow = dataflow.Job(
+        id=DATAFLOW_JOB,
+        project_id="p-proj",
+        location="us-central1",
+        current_state=dataflow.JobState.JOB_STATE_DONE,
+        create_time=at(130),
+        start_time=at(130),
+        current_state_time=at(850),
+    )
+    said = [
+        (at(232), dataflow.JobMessageImportance.JOB_MESSAGE_BASIC, "Workers have started successfully."),
+        (at(135), dataflow.JobMessageImportance.JOB_MESSAGE_BASIC, "Starting 8 workers in us-central1-b..."),
+        (at(848), dataflow.JobMessageImportance.JOB_MESSAGE_BASIC, "Worker pool stopped."),
+    ]
+    messages = dataflow.ListJobMessagesResponse(
+        job_messages=[
+            dataflow.JobMessage(id=str(i), time=t, message_importance=level, message_text=text)
+            for i, (t, level, text) in enumerate(said)
+        ]
+    )
+    queries: list[dict[str, list[str]]] = []
+
+    def answer(message: Any) -> Any:
+        def handler(_m: Any, query: dict[str, list[str]], _b: Any) -> tuple[int, Any]:
+            queries.append(query)
+            return 200, json.loads(type(message).to_json(message, use_integers_for_enums=False))
+
+        return handler
+
+    vertex.rest.route("GET", re.escape(DATAFLOW_PATH), answer(flow))
+    vertex.rest.route("GET", re.escape(f"{DATAFLOW_PATH}/messages"), answer(messages))
+    return queries
+
+
+@pytest.mark.usefixtures("fresh_aiplatform", "model_folder")
+def test_a_dataflow_preparation_is_reported_with_its_times_and_first_messages(
+    vertex: VertexRuns, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """prepare_engine=beam: the Dataflow job the launch and wait steps name is read once with the
+    real dataflow_v1beta3 client (REST, at the fake), and its messages' times from its creation
+    are kept and printed: that is where a real run says how long Dataflow took to start workers."""
+    queries = dataflow_run(vertex)
+    code = vertexreport.main(
+        [JOB_ID, "--runs_dir", str(tmp_path / "runs")],
+        env(vertex),
+        Path("/nonexistent"),
+        credentials=AnonymousCredentials(),
+        transport="rest",
+        now=at(2000),
+        dataflow_endpoint=f"http://{vertex.rest.address}",
+    )
+    assert code == 0
+    summary = json.loads((tmp_path / "runs" / JOB_ID / "summary.json").read_text())
+    assert "unreadable" not in summary, summary["unreadable"]
+    [flow] = [j for j in summary["jobs"] if j["type"] == "DataflowJob"]
+    assert flow["name"] == f"projects/p-proj/locations/us-central1/jobs/{DATAFLOW_JOB}"
+    assert flow["task"] == "launches" and flow["job_id"] == DATAFLOW_JOB
+    assert flow["state"] == "JOB_STATE_DONE"
+    assert (flow["offset_seconds"], flow["seconds"]) == (130.0, 720.0)
+    assert [(m["seconds"], m["text"]) for m in flow["messages"]] == [
+        (5.0, "Starting 8 workers in us-central1-b..."),
+        (102.0, "Workers have started successfully."),
+        (718.0, "Worker pool stopped."),
+    ]
+    steps = {s["name"]: s for s in summary["steps"]}
+    assert steps["waits"]["jobs"] == steps["launches"]["jobs"] == [flow["name"]]
+    # The job once, its messages once, at the level asked (BASIC and above).
+    assert len(queries) == 2
+    from google.cloud import dataflow_v1beta3 as dataflow
+
+    assert queries[0].get("view") == [str(int(dataflow.JobView.JOB_VIEW_SUMMARY))]
+    assert queries[1].get("minimumImportance") == [str(int(dataflow.JobMessageImportance.JOB_MESSAGE_BASIC))]
+    out = capsys.readouterr().out
+    assert f"dataflow job {DATAFLOW_JOB}: JOB_STATE_DONE, 720 s; its first messages:" in out
+    assert "+  102.0s Workers have started successfully." in out
+    assert [b["label"] for b in report.timeline_rows(summary)][:3] == [
+        "launches",
+        f"\u21b3 DataflowJob {DATAFLOW_JOB}",
+        "waits",
+    ]
+
+
 @pytest.mark.usefixtures("fresh_aiplatform", "gcs")
 def test_a_run_still_running_is_reported_as_running(vertex: VertexRuns, tmp_path: Path) -> None:
     vertex.serve(*running_run())
