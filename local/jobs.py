@@ -842,6 +842,22 @@ def run_job(
             )
 
 
+def memory_hint(command: Sequence[str]) -> str:
+    """What to lower when a replica running `command` ran out of memory, in the flags of that
+    command (the pipeline parameters of the same names) and the pipeline's own parameters where a
+    flag has none (prepare_engine, prepare_machine_type): a training replica holds a batch of
+    images and the model's activations for it; a preparation or evaluation replica holds decoded
+    images, not a batch of the model's."""
+    if "trainer.prepare" in command:
+        return (
+            "--image_size, or prepare_engine=beam (--engine beam), whose worker processes each hold "
+            "one shard's pipeline; on Vertex, a larger prepare_machine_type"
+        )
+    if "trainer.evaluate" in command:
+        return "--image_size; on Vertex, a larger prepare_machine_type (it also runs the evaluation)"
+    return "--per_replica_batch_size, or --image_size"
+
+
 def _out_of_memory_message(display_name: str, culprit: _Running, restarts: int) -> str:
     """One line saying that the replica ran out of memory (Vertex's words), its peak, the limit,
     how that was known and what to lower; then its log tail, as for any failed replica."""
@@ -856,5 +872,5 @@ def _out_of_memory_message(display_name: str, culprit: _Running, restarts: int) 
         f"{display_name}: replica {rep.name} ran out-of-memory and was killed by signal 9 (SIGKILL)"
         f"{after}: peak memory {peak}, limit {_size(limit)} ({where}; {how}). Not restarted (it would "
         f'run out of memory again): the job fails, as Vertex AI\'s does with "{vertex}". Lower what '
-        f"one replica holds at once: --per_replica_batch_size, or --image_size (log: {culprit.log_path}); last lines:\n{tail}"
+        f"one replica holds at once: {memory_hint(rep.command)} (log: {culprit.log_path}); last lines:\n{tail}"
     )

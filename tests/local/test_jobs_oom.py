@@ -404,3 +404,16 @@ def test_a_real_oom_kill_in_a_1_gib_cgroup_is_recognised(tmp_path: Path, memory_
     peak = first.split("peak memory ")[1].split(",")[0]
     assert peak.endswith(("MiB", "GiB")), first
     assert "survived" not in outcome["error"]
+
+
+def test_the_hint_names_the_flags_of_the_command_that_ran_out_of_memory() -> None:
+    """The commands the plan gives each job (components.plan): a training replica is told of its
+    batch; a preparation or evaluation replica, which holds no batch of the model's, is not."""
+    from components import plan
+
+    train = jobs.memory_hint(plan.train_command())
+    prepare = jobs.memory_hint(plan.prepare_command())
+    evaluate = jobs.memory_hint(plan.evaluate_command())
+    assert train == "--per_replica_batch_size, or --image_size"
+    assert "--per_replica_batch_size" not in prepare and "prepare_engine=beam" in prepare
+    assert "--per_replica_batch_size" not in evaluate and "prepare_machine_type" in evaluate
