@@ -86,6 +86,11 @@ def _task_spec(spec: dict[str, Any], indices: list[int]) -> dict[str, Any]:
     return {**spec, "indices": indices}
 
 
+def _unlocated(task: dict[str, Any]) -> dict[str, Any]:
+    """A task without the folder its TFDS split was built in."""
+    return {k: v for k, v in task.items() if k != "dir"}
+
+
 def make_plan(source: Source, config: PrepareConfig, source_info: dict[str, Any]) -> tuple[dict, dict]:
     """(plan, tasks): the plan.json of a Beam preparation of `source`, and each shard's task."""
     check_classes(source, config)
@@ -105,8 +110,12 @@ def make_plan(source: Source, config: PrepareConfig, source_info: dict[str, Any]
         **{f: getattr(config, f) for f in OUTPUT_FIELDS},
         "class_names": list(source.class_names),
         "source_info": source_info,
-        # The images each shard gets, by content of its task (paths or indices).
-        "tasks": hashlib.sha256(json.dumps(tasks, sort_keys=True).encode()).hexdigest(),
+        # The images each shard gets, by content of its task (paths or indices), not by where a
+        # TFDS split was built: the synthetic source is built in a new temporary folder by every
+        # run, and source_info already names the TFDS dataset (its version and downloads).
+        "tasks": hashlib.sha256(
+            json.dumps({n: _unlocated(t) for n, t in tasks.items()}, sort_keys=True).encode()
+        ).hexdigest(),
     }
     plan = {
         "identity": identity,
@@ -205,10 +214,31 @@ def write_shard(work: str, name: str, config: PrepareConfig) -> dict[str, Any] |
     return record
 
 
+def published(output_dir: str, records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The metadata.json in `output_dir` when it lists exactly these shards (names and SHA-256):
+    the dataset an earlier attempt of the publishing step published. Else None."""
+    from trainer import data, storage
+
+    path = storage.join(storage.resolve(output_dir), data.METADATA_FILE)
+    if not _exists(path):
+        return None
+    try:
+        meta = _read_json(path)
+        listed = {s["name"]: s["sha256"] for split in meta["splits"].values() for s in split["shards"]}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return dict(meta) if listed == {r["name"]: r["sha256"] for r in records} else None
+
+
 def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Once every shard is written: metadata.json, then the dataset published to `output_dir`
     (complete, metadata.json last) and the work folder removed. Refuses (PrepareError naming each
-    bad image) when a worker recorded a problem."""
+    bad image) when a worker recorded a problem.
+
+    It may run more than once: Dataflow runs a step again when a worker is lost or the step's
+    result is not committed, even after its side effects. A dataset that an earlier attempt
+    published whole (`published`) is kept as it is, whether or not that attempt went on to remove
+    the work folder; a half-published one is published again, metadata.json last."""
     from trainer import storage
     from trainer._tf import tf
     from trainer.shards import dataset_metadata
@@ -216,6 +246,14 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
     problems = read_problems(work)
     if problems:
         raise PrepareError("\n".join(problems))
+    if not _exists(storage.join(work, PLAN_FILE)):
+        done = published(output_dir, records)
+        if done is not None:
+            return done
+        raise PrepareError(
+            f"the work folder {work} has no {PLAN_FILE} and {output_dir} holds no dataset of these "
+            "shards: it was removed while the preparation ran; prepare again"
+        )
     plan = _read_json(storage.join(work, PLAN_FILE))
     by_name = {r["name"]: r for r in records}
     missing = [s["name"] for s in plan["shards"] if s["name"] not in by_name]
@@ -233,7 +271,9 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
         splits[split] = (manifest, per_class)
     metadata = dataset_metadata(config, plan["source_info"], plan["class_names"], splits, plan["carved"])
     names = [s["name"] for s in plan["shards"]]
-    if storage.is_remote(output_dir):
+    if published(output_dir, records) == metadata:
+        pass  # published whole by an earlier attempt; only the work folder may be left
+    elif storage.is_remote(output_dir):
         _publish_remote(work, storage.resolve(output_dir), names, metadata)
     else:
         _publish_local(work, storage.resolve(output_dir), names, metadata)
@@ -372,10 +412,19 @@ def _runner(args: Sequence[str]) -> str:
     return "DataflowRunner" if found.get("template_location") else "DirectRunner"
 
 
+# The local runner. Beam's "DirectRunner" (2.77: SwitchingDirectRunner, runners/direct/
+# direct_runner.py) first tries its Prism runner: a Go binary it downloads from GitHub at run time
+# into ~/.apache_beam/cache/prism, which runs every step in one process, ignoring
+# direct_running_mode and direct_num_workers, and only falls back (a log line at INFO) when that
+# fails, as it does offline. The FnApiRunner is what it falls back to for this pipeline: named
+# directly, a run downloads nothing and always has the worker processes it is given.
+LOCAL_RUNNER = "FnApiRunner"
+
+
 def pipeline_options(config: PrepareConfig) -> Any:
     """Beam's options: `config.beam_args` as given (the runner, Dataflow's project, region,
-    worker settings...), the DirectRunner in multi-process mode with `config.beam_workers`
-    processes when that is the runner (`_runner`)."""
+    worker settings...); when the runner is the DirectRunner (`_runner`), Beam's FnApiRunner
+    (`LOCAL_RUNNER`) in multi-process mode with `config.beam_workers` processes."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     args = list(config.beam_args)
@@ -383,6 +432,8 @@ def pipeline_options(config: PrepareConfig) -> Any:
     if runner == "DirectRunner":
         workers = config.beam_workers or os.cpu_count() or 1
         args = ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}", *args]
+        # Last, so that it replaces a `--runner DirectRunner` among `args`.
+        return PipelineOptions([*args, f"--runner={LOCAL_RUNNER}"])
     return PipelineOptions([f"--runner={runner}", *args])
 
 
@@ -445,6 +496,10 @@ def write_plan(work: str, plan: dict[str, Any], tasks: dict[str, Any], progress:
             )
             if _exists(storage.join(work, ERRORS)):
                 tf.io.gfile.rmtree(storage.join(work, ERRORS))
+            # The same images, perhaps from another folder (a TFDS split built anew): the shards
+            # still to write read this run's.
+            for name, task in tasks.items():
+                _write_json(storage.join(work, TASKS, f"{name}.json"), task)
             return done
         changed = ", ".join(plan_changes(old, plan)) or "the plan's format"
         progress.say(
@@ -520,7 +575,7 @@ def prepare_beam(
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     planned = f", listed and planned in {time.monotonic() - started:.1f} s" if started is not None else ""
     progress.say(
-        f"Beam {options.get_all_options()['runner'] or 'DirectRunner'}: {len(names)} shards "
+        f"Beam {'DirectRunner' if local else options.get_all_options()['runner']}: {len(names)} shards "
         f"({len(names) - kept} to write) from {sum(s.count for s in source.splits.values())} images{planned}"
     )
     pipeline = beam.Pipeline(options=options)

@@ -246,7 +246,9 @@ def test_without_beam_installed_the_engine_is_refused_naming_the_fix(
 @pytest.mark.parametrize(
     ("args", "runner", "local"),
     [
-        ((), "DirectRunner", True),
+        # Beam's FnApiRunner, never its DirectRunner, which would first fetch and try Prism.
+        ((), "FnApiRunner", True),
+        (("--runner", "DirectRunner"), "FnApiRunner", True),
         (("--runner", "DataflowRunner", "--project", "p"), "DataflowRunner", False),
         # A Flex Template's launcher: Beam writes the graph for Dataflow even with no runner named.
         (("--template_location=gs://b/t", "--project=p"), "DataflowRunner", False),
@@ -261,3 +263,48 @@ def test_the_runner_is_the_directrunner_unless_dataflow_is_named_or_implied(
     options = beamprep.pipeline_options(config).get_all_options()
     assert options["runner"] == runner and beamprep.is_local_runner(config) is local
     assert (options.get("direct_num_workers") == 3) is local
+
+
+def test_the_plan_does_not_depend_on_where_a_tfds_split_was_built() -> None:
+    """The synthetic source is built by TFDS in a new temporary folder by every run: a run killed
+    and started again has the same plan, and resumes; other images make another plan."""
+    from trainer.prepareconfig import PrepareConfig
+    from trainer.source import Source, SourceSplit
+
+    def source(folder: str, train: int = 30) -> Source:
+        def split(name: str, count: int) -> SourceSplit:
+            spec = {"kind": "tfds", "dir": folder, "split": name, "image_key": "image", "label_key": "label"}
+            return SourceSplit(count=count, dataset=lambda: None, spec=spec)
+
+        return Source(["a", "b", "c"], {"train": split("train", train), "test": split("test", 6)}, {})
+
+    config = PrepareConfig(source="synthetic", output_dir="/o", shards=2, seed=3)
+    first, _ = beamprep.make_plan(source("/tmp/tmpaaaa/synthetic/1.0.0"), config, {"synthetic": 1})
+    again, moved = beamprep.make_plan(source("/tmp/tmpbbbb/synthetic/1.0.0"), config, {"synthetic": 1})
+    assert first["fingerprint"] == again["fingerprint"]
+    assert {t["dir"] for t in moved.values()} == {"/tmp/tmpbbbb/synthetic/1.0.0"}  # the tasks read this run's
+    other, _ = beamprep.make_plan(source("/tmp/tmpaaaa/synthetic/1.0.0", train=31), config, {"synthetic": 1})
+    assert other["fingerprint"] != first["fingerprint"]
+
+
+def test_publishing_again_keeps_what_an_earlier_attempt_published(job_output: Path, tmp_path: Path) -> None:
+    """Dataflow may run the publishing step again after its side effects (a lost worker, a result
+    not committed): a dataset published whole by the earlier attempt is kept and its metadata
+    returned, even when that attempt also removed the work folder; a folder of other shards is
+    not taken for it."""
+    import shutil
+
+    meta = json.loads((job_output / data.METADATA_FILE).read_text())
+    records = [shard for split in meta["splits"].values() for shard in split["shards"]]
+    out = tmp_path / "dataset"
+    shutil.copytree(job_output, out)
+    work = Path(beamprep.work_dir(str(out)))
+    assert not work.exists()
+    assert beamprep.finalize(str(work), str(out), records) == meta
+    assert (out / data.METADATA_FILE).read_text() == (job_output / data.METADATA_FILE).read_text()
+    other = [{**records[0], "sha256": "0" * 64}, *records[1:]]
+    assert beamprep.published(str(out), other) is None
+    with pytest.raises(
+        beamprep.PrepareError, match=r"has no plan\.json and .* holds no dataset of these shards"
+    ):
+        beamprep.finalize(str(work), str(out), other)

@@ -610,6 +610,7 @@ def test_listing_is_bounded_by_entries_and_by_time(tmp_path: Path) -> None:
     assert sum(len(paths) for paths, _ in listing.splits.values()) == 300
 
 
+@pytest.mark.serial  # timed: not beside other tests (make test)
 def test_the_file_system_root_and_files_are_refused_at_once(tmp_path: Path) -> None:
     start = time.monotonic()
     assert folders.list_folder("/").problems == [
