@@ -79,7 +79,9 @@ def dataflow_preparation(
     container/preview/dataflow/flex_template/remote_runner.py); the wait op polls the job every
     20 s until JOB_STATE_DONE and fails on any other end state (container/v1/wait_gcp_resources/
     remote_runner.py). The job runs as the run's service account, on its network (by name) and
-    CMEK key, with its labels (the op adds the run's own), its workers bounded by
+    CMEK key, in `dataflow_subnetwork` when given (a custom-mode or Shared VPC network needs it:
+    Dataflow takes a network given alone as an auto-mode network of the job's project), with its
+    labels (the op adds the run's own), its workers bounded by
     `dataflow_max_workers` of `dataflow_machine_type`. docs/beam.md."""
     from google_cloud_pipeline_components.v1.dataflow import DataflowFlexTemplateJobOp
     from google_cloud_pipeline_components.v1.wait_gcp_resources import WaitGcpResourcesOp
@@ -92,6 +94,7 @@ def dataflow_preparation(
         machine_type=p["dataflow_machine_type"],
         service_account_email=settings["service_account"],
         network=plan["dataflow_network"],
+        subnetwork=p["dataflow_subnetwork"],
         kms_key_name=settings["encryption_spec_key_name"],
         additional_user_labels=settings["labels"],
         temp_location=plan["dataflow_temp_location"],

@@ -86,7 +86,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         str,
         "job",
         "How the dataset is prepared: job (one process on one machine) or beam (an Apache Beam "
-        "pipeline: on Dataflow on Vertex, on the DirectRunner's worker processes locally; resumable; the "
+        "pipeline: on Dataflow on Vertex, in Beam's local worker processes locally; resumable; the "
         "same bytes). docs/beam.md.",
     ),
     _p(
@@ -101,6 +101,15 @@ PARAMETERS: tuple[Parameter, ...] = (
         str,
         "n1-standard-4",
         "prepare_engine=beam: the Dataflow workers' machine type.",
+        targets=("vertex",),
+    ),
+    _p(
+        "dataflow_subnetwork",
+        str,
+        "",
+        "prepare_engine=beam: the Dataflow workers' subnetwork, regions/REGION/subnetworks/NAME or "
+        "(Shared VPC) https://www.googleapis.com/compute/v1/projects/HOST/regions/REGION/subnetworks/NAME; "
+        "needed with a custom-mode network ('': the network alone, taken as auto-mode).",
         targets=("vertex",),
     ),
     _p("synthetic_per_class", int, 60, "Training images per class of the synthetic source."),

@@ -911,6 +911,49 @@ def _registry_problems(v: Mapping[str, Any], region: str, warnings: list[str]) -
     return problems
 
 
+# A Dataflow job's subnetwork, as GCPC's DataflowFlexTemplateJobOp documents it
+# (v1/dataflow/flex_template/component.py, `subnetwork`): an abbreviated path, or the complete URL
+# a Shared VPC's subnetwork needs.
+_SUBNETWORK = re.compile(
+    r"(?:https://www\.googleapis\.com/compute/v1/projects/[a-z][-a-z0-9:.]{4,61}[a-z0-9]/)?"
+    r"regions/(?P<region>[a-z]+-[a-z]+[0-9]+)/subnetworks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+)
+
+
+def _dataflow_problems(v: Mapping[str, Any], region: str, warnings: list[str]) -> list[Problem]:
+    """prepare_engine=beam on Vertex: the Dataflow workers' subnetwork. Dataflow takes a network
+    given alone as an auto-mode network of the job's project ("Specify a network and subnetwork",
+    https://cloud.google.com/dataflow/docs/guides/specifying-networks); a custom-mode network, or a
+    Shared VPC's, needs the subnetwork, in the job's region."""
+    subnetwork = str(v.get("dataflow_subnetwork") or "")
+    if not subnetwork:
+        if v.get("prepare_engine") == "beam" and v.get("network"):
+            warnings.append(
+                "prepare_engine=beam with a network and no dataflow_subnetwork: Dataflow takes the network "
+                "by name as an auto-mode network of the job's project; for a custom-mode or Shared VPC "
+                "network give dataflow_subnetwork (regions/<region>/subnetworks/<name>)"
+            )
+        return []
+    match = _SUBNETWORK.fullmatch(subnetwork)
+    if not match:
+        return [
+            Problem(
+                ("dataflow_subnetwork",),
+                f"{subnetwork!r} is not regions/REGION/subnetworks/NAME nor "
+                "https://www.googleapis.com/compute/v1/projects/PROJECT/regions/REGION/subnetworks/NAME",
+            )
+        ]
+    if region and match.group("region") != region:
+        return [
+            Problem(
+                ("dataflow_subnetwork",),
+                f"{subnetwork!r} is in {match.group('region')}; the Dataflow job runs in {region}, "
+                "its workers in a subnetwork of that region",
+            )
+        ]
+    return []
+
+
 def _data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
     problems = []
     source = str(v["dataset_source"])
@@ -1253,6 +1296,8 @@ def _parameter_problems(
     problems += _tuning_problems(values)
     problems += _registry_problems(values, region, warnings)
     problems += _data_problems(values, target)
+    if target == "vertex":
+        problems += _dataflow_problems(values, region, warnings)
     problems += trainer_flag_problems(values)
     if not any("dataset_source" in p.parameters for p in problems):
         problems += source_problems(values)

@@ -125,6 +125,17 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
         ({"gate_metric": "f1"}, {"gate_metric"}, "accuracy, macro_f1"),
         ({"serving_accelerator": "tpu"}, {"serving_accelerator"}, "cpu or gpu"),
         ({"model_display_name": " "}, {"model_display_name"}, "required"),
+        (
+            {"dataflow_subnetwork": "projects/p/regions/us-central1/subnetworks/s"},
+            {"dataflow_subnetwork"},
+            "is not regions/REGION/subnetworks/NAME",
+        ),
+        (
+            {"dataflow_subnetwork": "regions/europe-west4/subnetworks/s"},
+            {"dataflow_subnetwork"},
+            "runs in us-central1",
+        ),
+        ({"dataflow_max_workers": 1001}, {"dataflow_max_workers"}, "from 1 to 1000"),
     ],
 )
 def test_each_rule_names_its_parameter(given: dict[str, Any], parameters: set[str], fragment: str) -> None:
@@ -156,6 +167,17 @@ def test_each_rule_names_its_parameter(given: dict[str, Any], parameters: set[st
 )
 def test_what_vertex_accepts_passes(given: dict[str, Any]) -> None:
     options.check(vertex(**given), "vertex", REGION)
+
+
+def test_a_dataflow_run_on_a_network_without_a_subnetwork_is_warned() -> None:
+    """Dataflow takes a network given alone as an auto-mode network of the job's project."""
+    beam = {"prepare_engine": "beam", "dataset_source": "folder:gs://bucket/images"}
+    network = {"network": "projects/123/global/networks/vpc"}
+    [warning] = options.check(vertex(**beam, **network), "vertex", REGION)
+    assert warning.startswith("prepare_engine=beam with a network and no dataflow_subnetwork")
+    shared = "https://www.googleapis.com/compute/v1/projects/host-proj/regions/us-central1/subnetworks/s"
+    assert options.check(vertex(**beam, **network, dataflow_subnetwork=shared), "vertex", REGION) == []
+    assert options.check(vertex(**network), "vertex", REGION) == []  # the job engine: no Dataflow
 
 
 def test_every_problem_is_named_at_once_one_per_line() -> None:

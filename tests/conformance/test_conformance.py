@@ -334,6 +334,7 @@ ROWS: tuple[Row, ...] = (
             "dataset_source": IMAGES,
             "dataflow_max_workers": 40,
             "dataflow_machine_type": "n2-highcpu-16",
+            "dataflow_subnetwork": "regions/us-central1/subnetworks/dataflow",
             "service_account": SERVICE_ACCOUNT,
             "network": NETWORK,
             "encryption_spec_key_name": KMS_KEY,
@@ -346,6 +347,7 @@ ROWS: tuple[Row, ...] = (
             f"{DATAFLOW}.environment.service_account_email": SERVICE_ACCOUNT,
             # Dataflow takes the network's name; Vertex jobs, projects/<number>/global/networks/<name>.
             f"{DATAFLOW}.environment.network": "vpc",
+            f"{DATAFLOW}.environment.subnetwork": "regions/us-central1/subnetworks/dataflow",
             f"{DATAFLOW}.environment.kms_key_name": KMS_KEY,
             f"{DATAFLOW}.environment.additional_user_labels": {"team": "ml", "env": "dev", **SYSTEM_LABELS},
             f"{TRAIN}.network": NETWORK,
@@ -469,6 +471,16 @@ ROWS: tuple[Row, ...] = (
         refused=("dataset_source", "prepare_engine"),
         rule="TFDS builds cassava in one process before Beam starts (its generator is no Beam transform): "
         "on Dataflow that is the Flex Template's launcher, whose time Dataflow bounds",
+    ),
+    Row(
+        "dataflow-subnetwork-other-region",
+        {
+            "prepare_engine": "beam",
+            "dataset_source": IMAGES,
+            "dataflow_subnetwork": "regions/europe-west4/subnetworks/dataflow",
+        },
+        refused=("dataflow_subnetwork",),
+        rule="the Dataflow job runs in the pipeline's region, its workers in a subnetwork of that region",
     ),
     Row(
         "dataflow-max-workers-0",
@@ -711,6 +723,7 @@ def check_dataflow(run: Run) -> None:
     assert env.get("service_account_email", "") == root["service_account"]
     assert env.get("kms_key_name", "") == root["encryption_spec_key_name"]
     assert env.get("network", "") == run.upstream[("plan-jobs", "dataflow_network")]
+    assert env.get("subnetwork", "") == root["dataflow_subnetwork"]
     folder = run.upstream[("plan-jobs", "dataflow_temp_location")]
     assert env["temp_location"] == env["staging_location"] == folder
     assert env.get("additional_user_labels", {}) == {**SYSTEM_LABELS, **root["labels"]}
