@@ -644,6 +644,7 @@ def test_many_unknown_top_folders_are_one_problem(tmp_path: Path) -> None:
 # --- SIGTERM ----------------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # SIGTERM in the middle of a timed preparation: not beside other tests (make test)
 def test_sigterm_during_preparation_exits_143_and_leaves_no_staging_folder(tmp_path: Path) -> None:
     """The local job runner stops a replica with SIGTERM (then SIGKILL after a grace period).
     Python's default for SIGTERM ends the process without any `finally`: the staging folder was
