@@ -40,18 +40,11 @@ $(STAMP): pyproject.toml uv.lock | $(UV)
 
 setup: $(STAMP) ## Create .venv from uv.lock (installs uv first when missing); quick when nothing changed
 
-# The tests that start no TensorFlow processes of their own run on every core (pytest-xdist); the
-# `slow` ones (multi-worker training, kills and resumes, the local end-to-end run) and the `serial`
-# ones (bound in time, with processes of their own) then one at a time: their processes would
-# compete for the cores with other tests'. Both parts always run; the recipe fails when either failed.
 test: $(STAMP) ## Run the whole test suite (unit, multi-worker, resume, preparation)
-	@fast=0; $(PY) -m pytest -m "not slow and not serial" -n auto || fast=$$?; \
-	slow=0; $(PY) -m pytest -m "slow or serial" || slow=$$?; \
-	if [ $$fast -ne 0 ] || [ $$slow -ne 0 ]; then echo "make test: failed (on every core: exit $$fast, one at a time: exit $$slow)" >&2; exit 1; fi
+	$(PY) -m pytest
 
-test-fast: $(STAMP) ## Run the tests that start no extra TensorFlow processes (on every core, then the time-bound ones alone)
-	$(PY) -m pytest -m "not slow and not serial" -n auto
-	$(PY) -m pytest -m "serial and not slow"
+test-fast: $(STAMP) ## Run the tests that start no extra TensorFlow processes
+	$(PY) -m pytest -m "not slow"
 
 test-conformance: $(STAMP) ## Run the conformance tier: every option combination through the real GCPC launchers, or refused before any request (docs/conformance.md)
 	$(PY) -m pytest -m conformance tests/conformance

@@ -327,6 +327,4 @@ def test_the_tool_variables_keep_their_defaults(tmp_path: Path) -> None:
 
     setup = dry("-W", "pyproject.toml", "setup").splitlines()
     assert f"{uv} sync --frozen" in setup and "touch .venv/.setup-stamp" in setup, setup
-    recipe = dry("-o", ".venv/.setup-stamp", "test")
-    assert '.venv/bin/python -m pytest -m "not slow and not serial" -n auto' in recipe, recipe
-    assert '.venv/bin/python -m pytest -m "slow or serial"' in recipe, recipe
+    assert ".venv/bin/python -m pytest" in dry("-o", ".venv/.setup-stamp", "test").splitlines()

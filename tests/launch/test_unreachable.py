@@ -31,9 +31,6 @@ from launch import schedules, settings, submit
 from tests.conftest import TEST_BUCKET
 from tests.fakes import RestFake
 
-# Deadlines on processes of its own: run one at a time, not beside other tests (make test).
-pytestmark = pytest.mark.serial
-
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = TEST_BUCKET
 VALID = {

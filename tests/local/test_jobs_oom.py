@@ -22,9 +22,6 @@ import pytest
 
 from local import jobs
 
-# Deadlines on processes of its own: run one at a time, not beside other tests (make test).
-pytestmark = pytest.mark.serial
-
 MIB = 1 << 20
 
 # A replica that holds `megabytes` of memory (touched, so resident) for a second (the runner reads

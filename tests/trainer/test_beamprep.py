@@ -203,26 +203,17 @@ def test_a_bad_image_is_named_by_its_path_without_a_traceback(folder: Path, tmp_
     assert not out.exists()
 
 
-def test_engine_flags_are_checked_before_any_work(
-    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from trainer.prepare import main
-
-    with pytest.raises(SystemExit) as exited:
-        main(["--source", f"folder:{folder}", "--output_dir", str(tmp_path / "o"), "--runner", "X"])
-    assert exited.value.code == 2
-    assert (
-        "unrecognized arguments: --runner X (only --engine beam takes Beam's own options)"
-        in capsys.readouterr().err
-    )
-    code = main(
-        ["--source", f"folder:{folder}", "--output_dir", str(tmp_path / "o"),
-         "--engine", "beam", "--runner", "DataflowRunner"]
+def test_engine_flags_are_checked_before_any_work(folder: Path, tmp_path: Path) -> None:
+    done = run_prepare("--source", f"folder:{folder}", "--output_dir", str(tmp_path / "o"), "--runner", "X")
+    assert done.returncode == 2
+    assert "unrecognized arguments: --runner X (only --engine beam takes Beam's own options)" in done.stderr
+    done = run_prepare(
+        "--source", f"folder:{folder}", "--output_dir", str(tmp_path / "o"),
+        "--engine", "beam", "--runner", "DataflowRunner",
     )  # fmt: skip
-    err = capsys.readouterr().err
-    assert code == 1
-    assert f"--output_dir {tmp_path / 'o'} is not on Cloud Storage" in err
-    assert f"--source folder: {folder} is not on Cloud Storage" in err
+    assert done.returncode == 1
+    assert f"--output_dir {tmp_path / 'o'} is not on Cloud Storage" in done.stderr
+    assert f"--source folder: {folder} is not on Cloud Storage" in done.stderr
     assert not (tmp_path / "o").exists() and not Path(beamprep.work_dir(str(tmp_path / "o"))).exists()
 
 

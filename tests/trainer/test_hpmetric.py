@@ -217,7 +217,6 @@ def test_the_reporter_does_not_need_the_process_environment(
 # --- trainer.task -------------------------------------------------------------------------------
 
 
-@pytest.mark.serial  # timed: not beside other tests (make test)
 def test_a_trial_that_cannot_write_its_metric_stops_at_once_before_tensorflow(
     unwritable: tuple[Path, Path],
 ) -> None:

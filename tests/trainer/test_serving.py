@@ -222,7 +222,6 @@ def empty_env_pins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(servingenv.PINS, "0.0", ())
 
 
-@pytest.mark.serial  # timed: not beside other tests (make test)
 def test_environment_is_made_once_and_then_reused(
     empty_env_pins: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
