@@ -1,11 +1,17 @@
 # The trainer image: `python -m trainer.task` on Vertex AI GPU worker pools (CustomJob and the
 # tuning job's trials), and `python -m trainer.prepare` / `trainer.evaluate` when the pipeline
-# replaces the command. Three stages, each built by naming it (the pipeline's build step does):
-#   trainer           everything, and all the tuning trials, the preparation and evaluation use
+# replaces the command. Its stages, each built by naming it (the pipeline's build step does):
+#   base              Python, the lock's `trainer` group, the entry point: no code, built by none
+#   cpu               base plus trainer/: no CUDA libraries. The preparation and evaluation jobs
+#                     (one CPU replica each) run it, and the dataflow stage is built on it
+#   trainer           base plus the `gpu` group (TensorFlow's CUDA wheels) and trainer/: the
+#                     training job and the tuning trials
 #   reduction-server  the trainer plus Google's NCCL plugin, for a training job with Reduction
 #                     Server replicas (reduction_server_count > 0) alone
-#   dataflow          the trainer plus Apache Beam, the Dataflow Flex Template launcher and Beam's
+#   dataflow          cpu plus Apache Beam, the Dataflow Flex Template launcher and Beam's
 #                     worker boot: a Beam preparation on Dataflow (prepare_engine=beam) alone
+# cpu and trainer share base's layers (a registry stores and a machine pulls them once); what the
+# gpu group adds, in compressed wheel bytes, is in docs/gpus.md ("The trainer image").
 #
 # Build context (see .dockerignore): this file, trainer/, pyproject.toml and uv.lock, nothing else.
 #   docker build --target trainer -t trainer .
@@ -27,7 +33,7 @@ FROM ghcr.io/astral-sh/uv:0.13.8 AS uv
 # #62412), which would train on the CPUs of paid GPU machines; trainer.task refuses to start then.
 # TODO(pin): append the digest once it can be read from the registry; it is deliberately not
 # written from memory:  docker buildx imagetools inspect python:3.11-slim-bookworm
-FROM python:3.11-slim-bookworm AS trainer
+FROM python:3.11-slim-bookworm AS base
 
 # The NVIDIA driver is the host's: Vertex's GPU machines mount it into the container, as GKE's
 # device plugin does, under /usr/local/nvidia (lib64, bin; GoogleCloudPlatform/
@@ -57,18 +63,16 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /app
 
 # Dependencies first, so that editing trainer/ does not reinstall them.
-# - The `trainer` and `gpu` dependency groups exactly as locked, hashes included (uv export
-#   --frozen never re-resolves), into the base's own interpreter (the image is this
-#   application's alone).
-# - The import check fails the build, not the first job, if the groups do not import or TF was
-#   not built for CUDA; it prints the CUDA and cuDNN versions TF was built for.
+# - The `trainer` dependency group exactly as locked, hashes included (uv export --frozen never
+#   re-resolves), into the base's own interpreter (the image is this application's alone).
+# - The import check fails the build, not the first job, if the group does not import. TF's
+#   Linux wheel is the same with or without the gpu group; without its nvidia-* wheels it runs
+#   on the CPU alone, which is all the jobs on this stage (and cpu) ask of it.
 COPY pyproject.toml uv.lock /app/
-RUN uv export --quiet --frozen --only-group trainer --only-group gpu --no-emit-project --output-file /tmp/requirements.txt \
+RUN uv export --quiet --frozen --only-group trainer --no-emit-project --output-file /tmp/requirements.txt \
     && uv pip install --system --require-hashes -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt \
-    && TF_CPP_MIN_LOG_LEVEL=2 python -c "import tensorflow as tf, tf_keras, tensorflow_datasets, hypertune, importlib_resources; info = tf.sysconfig.get_build_info(); assert info['is_cuda_build'], info; print('tensorflow', tf.__version__, 'tf_keras', tf_keras.__version__, 'CUDA', info['cuda_version'], 'cuDNN', info['cudnn_version'])"
-
-COPY trainer/ /app/trainer/
+    && TF_CPP_MIN_LOG_LEVEL=2 python -c "import tensorflow as tf, tf_keras, tensorflow_datasets, hypertune, importlib_resources; print('tensorflow', tf.__version__, 'tf_keras', tf_keras.__version__)"
 
 # Root, on purpose. A tuning trial reports its metric with cloudml-hypertune into the file named
 # by $CLOUD_ML_HP_METRIC_FILE, which Vertex AI sets and reads. cloudml-hypertune's own default has
@@ -86,6 +90,22 @@ USER 0:0
 # Vertex's containerSpec.command replaces the entry point (the pipeline runs trainer.prepare so);
 # containerSpec.args become trainer.task's flags.
 ENTRYPOINT ["python", "-m", "trainer.task"]
+
+# The CPU jobs' image: no CUDA libraries (docs/gpus.md, "The trainer image", says how much less).
+FROM base AS cpu
+COPY trainer/ /app/trainer/
+
+# The GPU jobs' image: the `trainer` and `gpu` groups as locked, installed over base's, which
+# adds the gpu group's nvidia-* wheels alone (uv keeps what is installed at the locked version).
+# The check fails the build, not the first GPU job, if TF was not built for CUDA; it prints the
+# CUDA and cuDNN versions TF was built for.
+FROM base AS trainer
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN uv export --quiet --frozen --only-group trainer --only-group gpu --no-emit-project --output-file /tmp/requirements.txt \
+    && uv pip install --system --require-hashes -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt \
+    && TF_CPP_MIN_LOG_LEVEL=2 python -c "import tensorflow as tf; info = tf.sysconfig.get_build_info(); assert info['is_cuda_build'], info; print('tensorflow', tf.__version__, 'CUDA', info['cuda_version'], 'cuDNN', info['cudnn_version'])"
+COPY trainer/ /app/trainer/
 
 # Reduction Server (docs/reduction-server.md): for a job with a Reduction Server pool (worker
 # pool 2) to use its reducers, the chief's and the workers' image needs Google's NCCL transport
@@ -120,7 +140,8 @@ RUN apt-get update \
 
 # Dataflow (docs/beam.md): the image of a Beam preparation on Dataflow (`prepare_engine=beam` on
 # Vertex), both as the Flex Template's launcher and as the workers' SDK container, so that the
-# job installs nothing at run time. Its own stage, so that the trainer image carries no Beam:
+# job installs nothing at run time. On the cpu stage (Dataflow's workers have no GPU here); its
+# own stage, so that no other image carries Beam:
 # - the lock's `beam` group (apache-beam[gcp], the version the local DirectRunner runs);
 # - Beam's worker boot program, from Beam's SDK image of the same Beam and Python versions: a
 #   custom SDK container's entrypoint must be /opt/apache/beam/boot (Dataflow, "Build custom
@@ -131,10 +152,15 @@ RUN apt-get update \
 #   is the one Google's sample python-docs-samples dataflow/flex-templates/pipeline_with_dependencies
 #   copies it from; one image for launcher and workers, as that sample does.
 # TODO(pin): append both images' digests once they can be read from the registry.
+# TODO(pin): move the launcher off 20230622_RC00 (2023; still the tag Google's sample copies) to
+# the reviewed release: the tag marked "(latest)" in the Python table of
+# https://cloud.google.com/dataflow/docs/reference/flex-templates-base-images ("images released at
+# later dates are not yet reviewed"). Only that page's Java table could be read from here
+# (20260122_RC00), and a Python tag is not written from a guess.
 FROM apache/beam_python3.11_sdk:2.77.0 AS beam-sdk
 FROM gcr.io/dataflow-templates-base/python311-template-launcher-base:20230622_RC00 AS flex-launcher
 
-FROM trainer AS dataflow
+FROM cpu AS dataflow
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN uv export --quiet --frozen --only-group beam --no-emit-project --output-file /tmp/requirements.txt \
     && uv pip install --system --require-hashes -r /tmp/requirements.txt \

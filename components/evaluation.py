@@ -206,6 +206,7 @@ def evaluate_model(
     reason=str,
     description=str,
     comparison=dict,
+    evaluation_import=str,
 ):
     """The gate. Records this run's Dataset (`dataset_uri`, the preparation job's folder) and
     Model (`model_uri`, the training job's) as artifacts, logs the new model's metrics, and
@@ -218,7 +219,9 @@ def evaluate_model(
     `uploaded` (Vertex: ModelUploadOp's VertexModel, uploaded before this step) gets the decision
     as its version description and labels, and the champion alias when the gate passed and the
     alias is still where it was when the evaluation read it (`record_on_version`); `champion`
-    says whether it holds the alias now. Without it (the local target, whose upload step
+    says whether it holds the alias now (`default` moves with it), and `evaluation_import` the
+    ModelEvaluation imported onto it ("refused: ..." when Vertex refused it, after the alias).
+    Without it (the local target, whose upload step
     follows and moves its alias by the same rule) `champion` is the decision."""
     import collections
     import json
@@ -302,9 +305,9 @@ def evaluate_model(
             f"{float(old['macro_f1']):.4f} on the same split"
         )
     description += f". {reason}"
-    champion = promote
+    champion, imported = promote, ""
     if uploaded is not None:
-        champion, moved = record_on_version(
+        champion, moved, imported = record_on_version(
             location,
             uploaded.metadata["resourceName"],
             description,
@@ -320,8 +323,25 @@ def evaluate_model(
         if promote and not champion:
             reason = moved
     Outputs = collections.namedtuple(
-        "Outputs", ["promote", "champion", "score", "champion_score", "reason", "description", "comparison"]
+        "Outputs",
+        [
+            "promote",
+            "champion",
+            "score",
+            "champion_score",
+            "reason",
+            "description",
+            "comparison",
+            "evaluation_import",
+        ],
     )
     return Outputs(
-        promote, champion, score, champion_score, reason, description, evaluated.get("comparison") or {}
+        promote,
+        champion,
+        score,
+        champion_score,
+        reason,
+        description,
+        evaluated.get("comparison") or {},
+        imported,
     )

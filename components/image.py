@@ -144,6 +144,80 @@ def restricted_build_fallback(location: str) -> str:
     return ""
 
 
+def build_settings(
+    project: str,
+    location: str,
+    build_location: str,
+    machine_type: str,
+    service_account: str,
+    worker_pool: str,
+) -> tuple:
+    """(the Build's `options` and `serviceAccount` as REST JSON, the region to build in) for the
+    parameters build_machine_type, build_service_account and build_worker_pool; raises ValueError
+    naming the parameter and what it allows. A function, so the component carries it.
+
+    - `machineType`: Cloud Build's `BuildOptions.MachineType` names (google-cloud-build's
+      cloudbuild_v1/types/cloudbuild.py; tests check this list against it), UNSPECIFIED being the
+      default pool's standard worker ("Increase vCPU for builds",
+      https://cloud.google.com/build/docs/optimize-builds/increase-vcpu-for-builds). Not sent with
+      a private pool, whose workers are of the pool's own `workerConfig.machineType`
+      (https://cloud.google.com/build/docs/private-pools/private-pool-config-file-schema).
+    - `pool.name`: `projects/{project}/locations/{location}/workerPools/{pool}` (BuildOptions.
+      PoolOption); the build is created in the pool's region ("Run builds in a private pool",
+      https://cloud.google.com/build/docs/private-pools/run-builds-in-private-pool).
+    - `serviceAccount`: `projects/{PROJECT_ID}/serviceAccounts/{ACCOUNT}` (Build.service_account);
+      an e-mail is taken as an account of `project`. With a user's service account the logs must
+      go to Cloud Logging or a user's bucket, not the default one ("Configure user-specified
+      service accounts", https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts):
+      CLOUD_LOGGING_ONLY."""
+    import re
+
+    machine_types = (
+        "UNSPECIFIED",
+        "N1_HIGHCPU_8",
+        "N1_HIGHCPU_32",
+        "E2_HIGHCPU_8",
+        "E2_HIGHCPU_32",
+        "E2_MEDIUM",
+        "E2_STANDARD_2",
+    )
+    if machine_type not in machine_types:
+        raise ValueError(
+            f"build_machine_type {machine_type!r} is not a Cloud Build machine type: one of "
+            f"{', '.join(machine_types)} (UNSPECIFIED: the default worker)"
+        )
+    pool = re.fullmatch(r"projects/[^/\s]+/locations/([a-z0-9-]+)/workerPools/[^/\s]+", worker_pool)
+    if worker_pool and not pool:
+        raise ValueError(
+            f"build_worker_pool {worker_pool!r} is not projects/PROJECT/locations/REGION/workerPools/POOL "
+            "('': Cloud Build's default pool)"
+        )
+    if pool and build_location and pool.group(1) != build_location:
+        raise ValueError(
+            f"build_worker_pool is in {pool.group(1)} but build_location is {build_location}: a build runs "
+            "in its private pool's region (leave build_location '' or give the pool's region)"
+        )
+    if service_account and re.fullmatch(r"[^@/\s]+@[^@/\s]+\.[a-z]+", service_account):
+        service_account = f"projects/{project}/serviceAccounts/{service_account}"
+    if service_account and not re.fullmatch(r"projects/[^/\s]+/serviceAccounts/[^/\s]+", service_account):
+        raise ValueError(
+            f"build_service_account {service_account!r} is neither a service account's e-mail nor "
+            "projects/PROJECT/serviceAccounts/EMAIL ('': Cloud Build's default service account)"
+        )
+    options: dict = {}
+    if pool:
+        options["pool"] = {"name": worker_pool}
+    elif machine_type != "UNSPECIFIED":
+        options["machineType"] = machine_type
+    if service_account:
+        options["logging"] = "CLOUD_LOGGING_ONLY"
+    fields = {
+        **({"options": options} if options else {}),
+        **({"serviceAccount": service_account} if service_account else {}),
+    }
+    return fields, (pool.group(1) if pool else "") or build_location or location
+
+
 def run_cloud_build(
     session: Any,
     api_root: str,
@@ -290,6 +364,7 @@ def run_cloud_build(
         registry_digest,
         cloud_build_regions,
         restricted_build_fallback,
+        build_settings,
         run_cloud_build,
         prebuilt_tf_serving_table,
         serving_policy,
@@ -311,6 +386,9 @@ def build_trainer_image(
     api_root: str = "https://cloudbuild.googleapis.com",
     poll_seconds: float = 10.0,
     build_location: str = "",
+    build_machine_type: str = "E2_HIGHCPU_8",
+    build_service_account: str = "",
+    build_worker_pool: str = "",
 ) -> NamedTuple(
     "Outputs",
     image_uri=str,
@@ -319,9 +397,11 @@ def build_trainer_image(
     serving_image_uri=str,
     training_image_uri=str,
     dataflow_image_uri=str,
+    cpu_image_uri=str,
 ):
-    """Builds `<repository>/<image_name>:<content tag>` (Dockerfile's `trainer` stage) with Cloud
-    Build unless it exists, and beside it, when asked: `<image_name>-reduction-server:<tag>` (the
+    """Builds `<repository>/<image_name>:<content tag>` (Dockerfile's `trainer` stage) and
+    `<image_name>-cpu:<tag>` (its `cpu` stage: no CUDA wheels, for the CPU jobs) with Cloud
+    Build unless they exist, and beside them, when asked: `<image_name>-reduction-server:<tag>` (the
     `reduction-server` stage: the trainer plus Google's NCCL plugin) when `reduction_server_count`
     > 0, `<image_name>-dataflow:<tag>` (the `dataflow` stage: the trainer plus Apache Beam and
     Dataflow's Flex Template launcher) when `prepare_engine` is `beam`, and
@@ -339,6 +419,8 @@ def build_trainer_image(
         api_root: Cloud Build's REST root (tests point it at a local fake).
         poll_seconds: how often the build's operation is polled.
         build_location: the Cloud Build region ("": `location`, the Vertex region; or `global`).
+        build_machine_type, build_service_account, build_worker_pool: the build's worker,
+            service account and private pool (`build_settings`).
     Returns:
         image_uri: the image pinned by digest, `<repository>/<image_name>@sha256:...`.
         tag: the content tag; built: False when every tag existed and no build ran.
@@ -346,6 +428,7 @@ def build_trainer_image(
         training_image_uri: the image of the training job's chief and workers: the
             reduction-server image when `reduction_server_count` > 0, else `image_uri`.
         dataflow_image_uri: the dataflow image pinned by digest, or "" unless asked for.
+        cpu_image_uri: the cpu image pinned by digest: the preparation and evaluation jobs'.
     Raises:
         PermissionError when the pipeline's service account cannot read the repository;
         RuntimeError naming the build, its status and its log URL when the build fails;
@@ -368,9 +451,20 @@ def build_trainer_image(
         raise ValueError(
             f"repository must be <region>-docker.pkg.dev/<project>/<repository>, got {repository!r}"
         )
+    settings, build_region = build_settings(
+        project, location, build_location, build_machine_type, build_service_account, build_worker_pool
+    )
     Outputs = collections.namedtuple(
         "Outputs",
-        ["image_uri", "tag", "built", "serving_image_uri", "training_image_uri", "dataflow_image_uri"],
+        [
+            "image_uri",
+            "tag",
+            "built",
+            "serving_image_uri",
+            "training_image_uri",
+            "dataflow_image_uri",
+            "cpu_image_uri",
+        ],
     )
 
     build_serving_image = resolve_serving_image(serving_image, serving_tf_version) == "custom"
@@ -381,10 +475,16 @@ def build_trainer_image(
             + f" (prebuilt TensorFlow {serving_tf_version} ends on {prebuilt_days_left(serving_tf_version)[0]})"
         )
     with_reducers = reduction_server_count > 0
-    data = storage.Client(project=project).bucket(bucket).blob(blob_name).download_as_bytes()
-    tag = context_tag(tarball_members(data))
+    # A context `make run` or `make schedule` uploaded is named by its tag, the hash of its content
+    # (`<PIPELINE_ROOT>/contexts/<tag>.tar.gz`, launch.submit.upload_context): the tag is read from
+    # the name, and the tarball is needed only to build. A schedule's runs reuse the context of
+    # the day it was made, so once its images exist a pruned `contexts/` costs them nothing.
+    context = storage.Client(project=project).bucket(bucket).blob(blob_name)
+    named = re.fullmatch(r"(?:.+/)?contexts/(src-[0-9a-f]{20})\.tar\.gz", blob_name)
+    tag = named.group(1) if named else context_tag(tarball_members(context.download_as_bytes()))
     # (image, Dockerfile, stage) for each image asked for: the trainer first.
     wanted = [(f"{repository}/{image_name}", "Dockerfile", "trainer")]
+    wanted.append((f"{repository}/{image_name}-cpu", "Dockerfile", "cpu"))
     if with_reducers:
         wanted.append((f"{repository}/{image_name}-reduction-server", "Dockerfile", "reduction-server"))
     if prepare_engine == "beam":
@@ -399,6 +499,13 @@ def build_trainer_image(
         print(f"{image}:{tag} " + (f"exists ({digest})" if digest else "is absent"))
     missing = [(image, dockerfile, stage) for image, dockerfile, stage in wanted if not digests[image]]
 
+    if missing and named and not context.exists():
+        raise FileNotFoundError(
+            f"the build context {context_uri} is gone (contexts/ pruned?) and "
+            f"{', '.join(f'{i}:{tag}' for i, _, _ in missing)} must be built from it: run `make run` "
+            "again, or re-create the schedule (`make schedule`), to upload it (docs/training.md, "
+            "'What may be deleted')"
+        )
     if missing:
         queue_ttl = 3600
         build = {
@@ -426,16 +533,17 @@ def build_trainer_image(
             "timeout": f"{timeout_seconds}s",
             "queueTtl": f"{queue_ttl}s",
             "tags": ["trainer-image", tag],
+            **settings,
         }
         result = run_cloud_build(
             session,
             api_root,
             project,
-            build_location or location,
+            build_region,
             build,
             wait_seconds=timeout_seconds + queue_ttl + 300,
             poll_seconds=poll_seconds,
-            fall_back=not build_location,
+            fall_back=not build_location and not build_worker_pool,
         )
         reported = {i.get("name"): i.get("digest") for i in result.get("results", {}).get("images", [])}
         for image, _, _ in missing:
@@ -457,4 +565,5 @@ def build_trainer_image(
         pinned.get("serving", ""),
         pinned.get("reduction-server", pinned["trainer"]),
         pinned.get("dataflow", ""),
+        pinned["cpu"],
     )

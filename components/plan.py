@@ -8,10 +8,13 @@ once the image is known and the registry has been read, before the dataset is pr
 dataset's folder is the preparation job's own output folder, and the model's the training job's,
 so neither needs the job to have run.
 
-    prepare   python -m trainer.prepare   one CPU replica (`prepare_machine_type`)
+    prepare   python -m trainer.prepare   one CPU replica (`prepare_machine_type`), cpu image
     tuning    python -m trainer.task      the trainer pools, without Reduction Server
     training  python -m trainer.task      the trainer pools (on the training image)
-    evaluate  python -m trainer.evaluate  one CPU replica (`prepare_machine_type`)
+    evaluate  python -m trainer.evaluate  one CPU replica (`prepare_machine_type`), cpu image
+
+The CPU jobs run the cpu image (Dockerfile's `cpu` stage: no CUDA wheels to pull), the GPU
+jobs the trainer image (`image_uri`) or the training image.
 
 Each job's folder is an output artifact of this step, used only for its URI: the backend places
 it under the pipeline root (gs:// on Vertex, a local folder on the local target), and it becomes
@@ -271,6 +274,7 @@ def describe_pools(name: str, folder: str, specs: list) -> None:
 def plan_jobs(
     image_uri: str,
     training_image_uri: str,
+    cpu_image_uri: str,
     dataset_source: str,
     image_size: int,
     dataset_shards: int,
@@ -377,7 +381,7 @@ def plan_jobs(
         engine=prepare_engine,
     )
     prepare_pools = build_worker_pool_specs(
-        image_uri=image_uri,
+        image_uri=cpu_image_uri,
         command=prepare_command(),
         args=prepare_args,
         region=region,
@@ -405,7 +409,7 @@ def plan_jobs(
         **hardware_flags,
     )
     evaluation_pools = build_worker_pool_specs(
-        image_uri=image_uri,
+        image_uri=cpu_image_uri,
         command=evaluate_command(),
         args=build_evaluation_args(dataset_uri, model_uri, champion_uri),
         region=region,

@@ -170,6 +170,29 @@ def prebuilt_tf_version(image: str) -> str:
     return f"2.{match.group(1)}" if match else ""
 
 
+def undeployable(image_uri: str, today: str = "") -> str:
+    """Why a model version whose serving container is `image_uri` can no longer hold the champion
+    alias on `today` ("": today): Vertex's prebuilt TF serving image past its end of availability
+    (Vertex no longer serves it: the version cannot be deployed), or within the policy's
+    `safe_days` of it (the margin `serving_image=auto` switches at). "" for any other image
+    (the custom serving image, a user's)."""
+    version = prebuilt_tf_version(image_uri)
+    if version not in prebuilt_tf_serving_table():
+        return ""
+    end, days = prebuilt_days_left(version, today)
+    safe = serving_policy()["safe_days"]
+    if days > safe:
+        return ""
+    when = (
+        f"ended on {end}" if days <= 0 else f"ends on {end}, in {days} days (the policy's margin is {safe})"
+    )
+    return (
+        f"its serving image {image_uri} is Vertex's prebuilt TensorFlow {version} image, which {when}: "
+        "it cannot be deployed after that date (https://cloud.google.com/vertex-ai/docs/predictions/"
+        "pre-built-containers)"
+    )
+
+
 def choose_serving_image(
     serving_image: str,
     tf_version: str,
@@ -185,16 +208,10 @@ def choose_serving_image(
     is allowed."""
     import re
 
-    mode = serving_image
-    if serving_image == "auto":
-        # The build step decided: it built the custom image only when auto chose it.
-        mode = "custom" if custom_image_uri else resolve_serving_image("auto", tf_version, today)
-        if mode == "custom" and not custom_image_uri:
-            end, days = prebuilt_days_left(tf_version, today)
-            raise ValueError(
-                f"serving_image=auto chose the custom serving image (the prebuilt TensorFlow {tf_version} "
-                f"image ends on {end}, {days} days from now) but the build step made none"
-            )
+    # `auto` was decided once, by the build step on its date: it built the custom image only when
+    # auto chose it. Deciding again here, on this step's date, would raise after the whole GPU run
+    # for a run that straddles the switch (a schedule near midnight UTC).
+    mode = ("custom" if custom_image_uri else "prebuilt") if serving_image == "auto" else serving_image
     if accelerator not in ("cpu", "gpu"):
         raise ValueError(f"serving accelerator must be cpu or gpu, got {accelerator!r}")
     if mode == "prebuilt":
@@ -227,6 +244,15 @@ def check_model_display_name(name: str) -> str:
         raise ValueError("model_display_name is required (Vertex: up to 128 characters of any UTF-8)")
     if len(name) > 128:
         raise ValueError(f"model_display_name has {len(name)} characters; Vertex allows at most 128")
+    # find_champion looks the model up with a list filter, `display_name="<name>"` (AIP-160 string
+    # literal); a `"` or `\` would end or escape it, and Google documents no escape for Vertex's
+    # filters: such a name is refused rather than matched against the wrong models.
+    bad = sorted({c for c in name if c in '"\\' or ord(c) < 32})
+    if bad:
+        raise ValueError(
+            f"model_display_name may not contain {bad}: the registry lookup filters on the name in "
+            'double quotes (display_name="..."); use any other characters (Vertex allows any UTF-8)'
+        )
     return name
 
 
@@ -349,10 +375,11 @@ def upload_settings(
     within the policy's `warn_days` (`serving_image_warnings`)."""
     import collections
 
-    for warning in serving_image_warnings(
-        serving_image if not (serving_image == "auto" and custom_image_uri) else "custom", tf_version
-    ):
-        print(f"WARNING: {warning}")
+    # `auto` as the build step decided it (see `choose_serving_image`); only a prebuilt image warns.
+    decided = ("custom" if custom_image_uri else "prebuilt") if serving_image == "auto" else serving_image
+    if decided == "prebuilt":
+        for warning in serving_image_warnings(serving_image, tf_version):
+            print(f"WARNING: {warning}")
     image, why = choose_serving_image(
         serving_image, tf_version, serving_accelerator, location, custom_image_uri
     )
@@ -376,6 +403,14 @@ def upload_settings(
 @dsl.component(
     base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
+    additional_funcs=[
+        check_model_display_name,
+        prebuilt_tf_serving_table,
+        serving_policy,
+        prebuilt_days_left,
+        prebuilt_tf_version,
+        undeployable,
+    ],
 )
 def find_champion(
     project: str, location: str, model_display_name: str, alias: str = "champion"
@@ -405,6 +440,7 @@ def find_champion(
         "Outputs",
         ["exists", "resource_name", "resource_uri", "champion_version", "champion_uri", "class_names"],
     )
+    check_model_display_name(model_display_name)
     endpoint = f"{location}-aiplatform.googleapis.com"
     client = aiplatform_v1.ModelServiceClient(client_options={"api_endpoint": endpoint})
     found = list(
@@ -439,6 +475,15 @@ def find_champion(
     if not match:
         raise RuntimeError(f"champion {champion.name}@{champion.version_id} has no gs:// artifact_uri")
     version = f"{parent}@{champion.version_id}"
+    why = undeployable(champion.container_spec.image_uri)
+    if why:
+        # As with files that are gone (below): no usable champion, so the new model is judged on
+        # the floor alone and, if it passes, takes the alias from a version nobody can deploy.
+        print(
+            f"WARNING: {alias} {version} cannot be deployed: {why}. This run compares the new model with "
+            f"no {alias}, and the new model takes the alias if it passes the gate."
+        )
+        return Outputs(True, parent, uri, version, "", [])
     blob = storage.Client(project=project).bucket(match.group(1)).blob(f"{match.group(2)}/metrics.json")
     try:
         champion_metrics = json.loads(blob.download_as_bytes())
@@ -518,29 +563,36 @@ def record_on_version(
     alias: str = "champion",
     evaluation: dict | None = None,
 ) -> tuple:
-    """(holds the alias, what was done): writes the gate's `description` and `labels` on the
-    uploaded version `name` (`projects/.../models/ID@VERSION`, ModelUploadOp's VertexModel) and,
-    when `promote`, moves `alias` to it after reading the alias again: the gate compared this
-    version with `evaluated_champion` (its versioned name; "" when there was none) on this run's
-    test split, and another run may have moved the alias since. The alias moves only when it is
-    still where it was when the evaluation read it: a champion registered since was never
-    compared with this version on like-for-like data, so the alias stays, and the reason says to
-    run again.
+    """(holds the alias, what was done, the evaluation import's outcome): writes the gate's
+    `description` and `labels` on the uploaded version `name` (`projects/.../models/ID@VERSION`,
+    ModelUploadOp's VertexModel) and, when `promote`, moves `alias` and `default` to it after
+    reading the alias again: the gate compared this version with `evaluated_champion` (its
+    versioned name; "" when there was none) on this run's test split, and another run may have
+    moved the alias since. The alias moves only when it is still where it was when the evaluation
+    read it: a champion registered since was never compared with this version on like-for-like
+    data, so the alias stays, and the reason says to run again. Versions are compared by their
+    ID: the upload's name and `list_models`' may spell the project differently (ID or number).
+
+    `default` moves with the alias: it is the version everything that names the model without a
+    version gets (a console deploy, batch prediction, `aiplatform.Model(id)`; Google's model-alias
+    page), and GCPC's ModelUploadOp sends no aliases, so Vertex would keep it on version 1 for good
+    (aiplatform `Model.upload` moves it only when the request names it: `_get_true_alias_list`).
 
     A version's own fields are `version_description` and its labels (aiplatform_v1
     `UpdateModelRequest`: "model.name with the @ value ... refers to a version specific update
     ... supported version-specific fields: version_description. Labels are supported"); the
     labels replace the version's, so the uploaded ones are kept and these added. `evaluation`
-    (`evaluation_record`'s) is imported onto the version (ModelService.ImportModelEvaluation,
+    (`evaluation_record`'s) is imported onto the version last (ModelService.ImportModelEvaluation,
     with the versioned name as parent, as GCPC's own import passes the VertexModel's
-    resourceName), so the console shows it beside the version."""
+    resourceName), so the console shows it beside the version; a refusal there is a warning
+    naming the version, never a block on the promotion."""
     from google.api_core import exceptions
     from google.cloud import aiplatform_v1
     from google.protobuf import field_mask_pb2
 
     if "@" not in name:
         raise ValueError(f"expected a versioned model name (...@VERSION), got {name!r}")
-    parent = name.split("@")[0]
+    parent, _, version_id = name.partition("@")
     region = location or name.split("/locations/")[1].split("/")[0]
     client = aiplatform_v1.ModelServiceClient(
         client_options={"api_endpoint": f"{region}-aiplatform.googleapis.com"}
@@ -552,6 +604,24 @@ def record_on_version(
         ),
         update_mask=field_mask_pb2.FieldMask(paths=["version_description", "labels"]),
     )
+    held, done = False, f"{alias} stays where it is: the gate held this version back"
+    if promote:
+        try:
+            now = client.get_model(name=f"{parent}@{alias}").version_id
+        except exceptions.NotFound:
+            now = ""
+        compared = evaluated_champion.rpartition("@")[2] if evaluated_champion else ""
+        if now in (compared, version_id):
+            updated = client.merge_version_aliases(name=name, version_aliases=[alias, "default"])
+            held, done = True, f"{alias} -> {name} (aliases now {sorted(updated.version_aliases)})"
+        else:
+            done = (
+                f"{alias} stays on {f'version {now}' if now else 'no version'}: it was on "
+                f"{f'version {compared}' if compared else 'no version'} when this run's evaluation read "
+                f"it, and this version was never compared with the {alias} now; run the pipeline again "
+                "to compare them on like-for-like data"
+            )
+    imported = ""
     if evaluation is not None:
         from google.protobuf import json_format, struct_pb2
 
@@ -561,21 +631,13 @@ def record_on_version(
             metrics=json_format.ParseDict(evaluation["metrics"], struct_pb2.Value()),
             metadata=json_format.ParseDict(evaluation["metadata"], struct_pb2.Value()),
         )
-        imported = client.import_model_evaluation(parent=name, model_evaluation=record)
-        print(f"evaluation imported onto {name}: {imported.name}")
-    if not promote:
-        return False, f"{alias} stays where it is: the gate held this version back"
-    try:
-        current = client.get_model(name=f"{parent}@{alias}")
-    except exceptions.NotFound:
-        current = None
-    now = f"{parent}@{current.version_id}" if current is not None else ""
-    if now not in (evaluated_champion, name):
-        was = f"version {evaluated_champion.split('@')[-1]}" if evaluated_champion else "no version"
-        return False, (
-            f"{alias} stays on {f'version {current.version_id}' if current else 'no version'}: it was on {was} "
-            f"when this run's evaluation read it, and this version was never compared with the "
-            f"{alias} now; run the pipeline again to compare them on like-for-like data"
-        )
-    updated = client.merge_version_aliases(name=name, version_aliases=[alias])
-    return True, f"{alias} -> {name} (aliases now {list(updated.version_aliases)})"
+        try:
+            imported = client.import_model_evaluation(parent=name, model_evaluation=record).name
+            print(f"evaluation imported onto {name}: {imported}")
+        except exceptions.GoogleAPICallError as err:
+            imported = f"refused: {err}"
+            print(
+                f"WARNING: Vertex refused the evaluation of {name} ({err}); the gate's decision stands "
+                "and its figures are on the version's description and labels"
+            )
+    return held, done, imported

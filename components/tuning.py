@@ -19,6 +19,7 @@ of every epoch.
 table (`local.tuner`, read by `local.steps.local_best_trial`), so both pick by the same rule.
 """
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -109,6 +110,49 @@ def study_metrics() -> list[dict[str, Any]]:
     from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import serialize_metrics
 
     return serialize_metrics({METRIC_ID: "maximize"})
+
+
+def hyperparameter_tuning_job(
+    project: str,
+    location: str,
+    display_name: str,
+    base_output_directory: str,
+    worker_pool_specs: list,
+    study_spec_metrics: list,
+    study_spec_parameters: list,
+    max_trial_count: int,
+    parallel_trial_count: int,
+    max_failed_trial_count: int,
+    study_spec_algorithm: str,
+    study_spec_measurement_selection_type: str,
+    encryption_spec_key_name: str,
+    service_account: str,
+    network: str,
+    timeout: str,
+    gcp_resources: dsl.OutputPath(str),
+) -> dsl.ContainerSpec:
+    """GCPC's `HyperparameterTuningJobRunOp` with one field more: each trial's
+    `trial_job_spec.scheduling.timeout` (aiplatform_v1 `HyperparameterTuningJob.trial_job_spec`,
+    a CustomJobSpec: "The same spec applies to the CustomJobs created in all the trials";
+    `Scheduling.timeout`: "The maximum job running time. The default is 7 days.";
+    https://cloud.google.com/vertex-ai/docs/reference/rest/v1/CustomJobSpec#scheduling). GCPC 2.22's
+    op has no such input; its own container spec (image, launcher, payload: the installed
+    v1/hyperparameter_tuning_job/component.py) is reused, the field added to its payload."""
+    gcpc = {k: v for k, v in locals().items() if k != "timeout"}
+    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import HyperparameterTuningJobRunOp
+
+    spec = HyperparameterTuningJobRunOp.pipeline_func(**gcpc)
+    payload = spec.args[spec.args.index("--payload") + 1].items  # a ConcatPlaceholder's
+    at = payload.index(', "base_output_directory": {')  # inside "trial_job_spec": {...}
+    payload[at:at] = [', "scheduling": {"timeout": "', timeout, '"}']
+    return spec
+
+
+@functools.cache
+def tuning_job() -> Any:
+    """The `hyperparameter_tuning_job` component, made when first used: its body imports GCPC,
+    which takes seconds."""
+    return dsl.container_component(hyperparameter_tuning_job)
 
 
 def spec_id(spec: Any) -> str:

@@ -56,7 +56,19 @@ IMAGE_NAME = "trainer"  # components.image.build_trainer_image's image_name
 RESULT_FILE = "gpu_check.json"
 """What `trainer.gpucheck` writes into AIP_MODEL_DIR (`trainer.gpucheck.RESULT_FILE`; this layer
 does not import the trainer: tests/launch/test_gpucheck.py keeps them equal)."""
-RESULT_READ = ("ok", "error", "pool", "role", "tensorflow", "devices", "gpus", "nvidia_smi", "all_reduce")
+RESULT_READ = (
+    "ok",
+    "error",
+    "pool",
+    "role",
+    "tensorflow",
+    "devices",
+    "gpus",
+    "nvidia_smi",
+    "driver",
+    "xla",
+    "all_reduce",
+)
 """The keys of the check's summary read here (`trainer.gpucheck.RESULT_KEYS` declares them)."""
 HARDWARE = ("chief_machine_type", "chief_accelerator_type", "chief_accelerator_count")
 REQUIRED = ("PROJECT_ID", "REGION", "PIPELINE_ROOT", "ARTIFACT_REPOSITORY")
@@ -222,6 +234,12 @@ def describe(result: Mapping[str, Any]) -> list[str]:
         + f"{gpus} GPU{'' if gpus == 1 else 's'} (devices: {devices})"
     ]
     lines += [f"  nvidia-smi: {line}" for line in result.get("nvidia_smi") or ["not in the image"]]
+    lines.append(f"  {result.get('driver') or 'no NVIDIA driver seen'}")
+    xla = result.get("xla")
+    if xla:
+        lines.append(
+            f"  XLA on GPU:0: {'ran' if xla.get('correct') else 'FAILED'} {xla.get('error', '')}".rstrip()
+        )
     reduced = result.get("all_reduce")
     if reduced:
         bandwidth = reduced.get("bus_gb_per_second")

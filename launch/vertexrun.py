@@ -137,6 +137,20 @@ class Reader:
             self.unreadable.append(f"{name}: {said(err)}")
             return None
 
+    def model_version(self, name: str) -> Any:
+        """The model version `name` (`projects/.../models/<id>@<version>`, aiplatform_v1 Model:
+        its `version_aliases` and `container_spec`), or None (recorded)."""
+        from google.api_core import exceptions
+        from google.cloud import aiplatform
+
+        self.ensure(self.cloud.vertex)
+        try:
+            with self.cloud.reaching(f"reading the model version {name}", self.cloud.vertex):
+                return aiplatform.Model(model_name=name).gca_resource
+        except exceptions.GoogleAPICallError as err:
+            self.unreadable.append(f"{name}: {said(err)}")
+            return None
+
     def dataflow_job(self, name: str) -> tuple[Any, list[Any]] | None:
         """The Dataflow job `name` (projects/<p>/locations/<l>/jobs/<id>) and its first messages
         of importance JOB_MESSAGE_BASIC and above (dataflow_v1beta3 types), or None (recorded)."""
@@ -426,6 +440,8 @@ def collect(
         "model": None,
         "report": None,
         "parameters": parameters,
+        # Vertex's preflight validations were asked for at submission (the run exists: they passed).
+        "preflight_validations": bool(job.preflight_validations),
     }
     metrics = _metrics(tasks, artifacts_of, reader)
     if metrics:
@@ -433,7 +449,7 @@ def collect(
     gate = _gate(outputs_of, parameters)
     if gate:
         summary["gate"] = gate
-    summary["model"] = _model(tasks, outputs_of, artifacts_of, parameters, gate, status)
+    summary["model"] = _model(tasks, outputs_of, artifacts_of, parameters, gate, status, reader)
     if tuning is not None:
         summary["tuning"] = tuning
     if reader.unreadable:
@@ -520,7 +536,7 @@ def _gate(
                 "reason": outputs["reason"],
                 "metric": parameters.get("gate_metric"),
             }
-            for key in ("description", "score", "champion_score"):
+            for key in ("champion", "description", "score", "champion_score", "evaluation_import"):
                 if key in outputs:
                     gate[key] = outputs[key]
             return gate
@@ -534,10 +550,12 @@ def _model(
     parameters: Mapping[str, Any],
     gate: Mapping[str, Any] | None,
     status: str,
+    reader: Reader,
 ) -> dict[str, Any] | None:
     """The model version the run made: the `resourceName` of a `google.VertexModel` output of a
     launcher task (one with `gcp_resources`: an importer's VertexModel is an input made
-    available, not a version made), versioned (`...models/<id>@<version>`)."""
+    available, not a version made), versioned (`...models/<id>@<version>`), with what the
+    registry says of it now: its aliases and its serving image."""
     for task in tasks:
         if "gcp_resources" not in outputs_of[task.task_id]:
             continue
@@ -545,15 +563,26 @@ def _model(
             name = str(artifact["metadata"].get("resourceName", ""))
             if artifact["schema_title"] == "google.VertexModel" and "@" in name:
                 model, _, version = name.partition("@")
-                return {
+                entry = {
                     "name": parameters.get("model_display_name") or model.rsplit("/", 1)[-1],
                     "version": version,
                     "path": name,
                     "resource_name": name,
-                    # Whether it is the champion now: the gate promoted it and the run got to its
-                    # end (the alias moves in the run's last step); unknown while it runs.
-                    "champion": (bool(gate["promote"]) if gate else None) if status == "SUCCEEDED" else None,
+                    # Whether the alias reached it: the gate's `champion` output (false when the
+                    # compare-and-set refused, though it promoted), once the run got to its end.
+                    "champion": (bool(gate.get("champion")) if gate else None)
+                    if status == "SUCCEEDED"
+                    else None,
                 }
+                found = reader.model_version(name)
+                if found is not None:
+                    # The registry's word, by version ID: the name read back may spell the project
+                    # by its number where the upload spelled it by its ID.
+                    entry["aliases"] = sorted(found.version_aliases)
+                    entry["serving_image"] = found.container_spec.image_uri
+                    if found.version_id == version and status == "SUCCEEDED":
+                        entry["champion"] = "champion" in found.version_aliases
+                return entry
     return None
 
 
@@ -608,6 +637,15 @@ def show(summary: Mapping[str, Any], run_dir: Path, out: Any) -> None:
         lines += [
             f"    +{m['seconds']:7.1f}s {m['text']}" for m in job["messages"][:10] if m["seconds"] is not None
         ]
+    model, gate = summary.get("model") or {}, summary.get("gate") or {}
+    if model:
+        lines.append(
+            f"  model version {model['path']}: aliases {model.get('aliases', 'not read')}, serving image "
+            f"{model.get('serving_image', 'not read')}"
+        )
+    if gate.get("evaluation_import"):
+        lines.append(f"  evaluation on the version: {gate['evaluation_import']}")
+    lines.append(f"  preflight validations: {'passed' if summary.get('preflight_validations') else 'off'}")
     for warning in summary.get("unreadable", []):
         lines.append(f"WARNING: not read: {warning}")
     if summary.get("report_error"):

@@ -268,8 +268,10 @@ class Unusable(Exception):
         super().__init__(f"{path} {problem}")
 
 
-def read_version(model_fd: int, model_path: str, version: str, alias: str) -> tuple[str, dict[str, Any]]:
-    """(SavedModel folder, metrics.json) of `version`, every file checked: version.json, the
+def read_version(
+    model_fd: int, model_path: str, version: str, alias: str
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(SavedModel folder, metrics.json, version.json) of `version`, every file checked: version.json, the
     SavedModel's files against the sizes and sha256 recorded at registration (a saved_model.pb
     that is a non-empty plain file for versions registered before they were recorded),
     metrics.json's test_accuracy and class_names. Raises `Unusable` naming what is damaged."""
@@ -296,7 +298,7 @@ def read_version(model_fd: int, model_path: str, version: str, alias: str) -> tu
         files = record.get("files") or {"saved_model.pb": None}
         for relative, expected in sorted(files.items()):
             _check_file(mfd, model, relative, expected, fix)
-        return model, metrics
+        return model, metrics, record
     except Damaged as err:
         raise unusable(err) from None
     finally:

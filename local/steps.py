@@ -31,6 +31,7 @@ from components.registry import (
     resolve_serving_image,
     serving_policy,
     task_mismatch,
+    undeployable,
 )
 from components.tuning import pick_best_trial
 
@@ -81,6 +82,7 @@ def check_build_context(
     serving_image_uri=str,
     training_image_uri=str,
     dataflow_image_uri=str,
+    cpu_image_uri=str,
 ):
     """Local form of the image build: checks the checkout's build context and computes the tag
     the Vertex build would give it. Nothing is built: local jobs run this checkout's trainer.
@@ -89,7 +91,8 @@ def check_build_context(
     `custom` on this run's date (`resolve_serving_image`, the same decision), else "";
     `training_image_uri` the reduction-server image's when `reduction_server_count` > 0;
     `dataflow_image_uri` the dataflow image's when `prepare_engine` is `beam` (the local
-    preparation job runs Beam's DirectRunner in this checkout's environment instead)."""
+    preparation job runs Beam's DirectRunner in this checkout's environment instead);
+    `cpu_image_uri` the cpu image's (the local CPU jobs run this checkout's environment too)."""
     import collections
 
     from components.buildcontext import context_members
@@ -97,7 +100,15 @@ def check_build_context(
     tag = context_tag(context_members(context_dir))
     Outputs = collections.namedtuple(
         "Outputs",
-        ["image_uri", "tag", "built", "serving_image_uri", "training_image_uri", "dataflow_image_uri"],
+        [
+            "image_uri",
+            "tag",
+            "built",
+            "serving_image_uri",
+            "training_image_uri",
+            "dataflow_image_uri",
+            "cpu_image_uri",
+        ],
     )
     print(f"build context {context_dir}: tag {tag} (local runs use the checkout, nothing built)")
     custom = resolve_serving_image(serving_image, serving_tf_version) == "custom"
@@ -105,7 +116,7 @@ def check_build_context(
     trainer = f"{repository}/{image_name}:{tag}"
     training = f"{repository}/{image_name}-reduction-server:{tag}" if reduction_server_count > 0 else trainer
     dataflow = f"{repository}/{image_name}-dataflow:{tag}" if prepare_engine == "beam" else ""
-    return Outputs(trainer, tag, False, serving, training, dataflow)
+    return Outputs(trainer, tag, False, serving, training, dataflow, f"{repository}/{image_name}-cpu:{tag}")
 
 
 @dsl.component(base_image=stepimage.BASE_IMAGE, install_kfp_package=False)
@@ -232,9 +243,13 @@ def champion_record(model_fd: int, model_dir: str, alias: str = "champion") -> d
     if version is None:
         return {}
     try:
-        path, metrics = registry.read_version(model_fd, model_dir, version, alias)
+        path, metrics, record = registry.read_version(model_fd, model_dir, version, alias)
     except registry.Unusable as err:
-        return {"version": version, "unusable": str(err), "fix": err.fix}
+        return {"version": version, "unusable": str(err), "fix": err.fix, "state": "is damaged"}
+    why = undeployable(str(record.get("serving_image", "")))
+    if why:  # as on Vertex (`components.registry.find_champion`)
+        fix = f"put {alias} on a version registered with a serving image that is still available"
+        return {"version": version, "unusable": why, "fix": fix, "state": "cannot be deployed"}
     return {
         "version": version,
         "path": path,
@@ -291,7 +306,9 @@ def register_version(
             none = f"no {alias}"
             if damaged:
                 before = {"version": current["version"], "unusable": damaged}
-                none = f"no usable {alias} ({alias} version {current['version']} is damaged: {damaged})"
+                none = (
+                    f"no usable {alias} ({alias} version {current['version']} {current['state']}: {damaged})"
+                )
                 current = {}
             other_task = task_mismatch(class_names, current.get("class_names", []), model_display_name)
             was = f"{alias} version {current.get('version')}"
@@ -324,8 +341,8 @@ def register_version(
             }
             version, where = registry.publish(model_fd, root, model_path, record, aliases)
             aliases.setdefault("default", version)
-            if champion:
-                aliases[alias] = version
+            if champion:  # `default` moves with it, as on Vertex (`record_on_version`)
+                aliases[alias] = aliases["default"] = version
             registry.write_aliases(model_fd, aliases)
     finally:
         os.close(model_fd)
@@ -335,7 +352,16 @@ def register_version(
 @dsl.component(
     base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
-    additional_funcs=[check_model_display_name, registry_folder, champion_record],
+    additional_funcs=[
+        check_model_display_name,
+        registry_folder,
+        prebuilt_tf_serving_table,
+        serving_policy,
+        prebuilt_days_left,
+        prebuilt_tf_version,
+        undeployable,
+        champion_record,
+    ],
 )
 def local_find_champion(registry_dir: str, model_display_name: str, alias: str = "champion") -> NamedTuple(
     "Outputs",
@@ -387,7 +413,7 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
         return Outputs(True, model_dir, model_dir, "", "", [])
     if "unusable" in current:
         print(
-            f"{model_display_name}: {alias} version {current['version']} is damaged, so this run has no "
+            f"{model_display_name}: {alias} version {current['version']} {current['state']}, so this run has no "
             f"usable {alias} and compares with none: {current['unusable']}; if the gate passes, the new "
             f"model takes {alias} and version {current['version']} stays in the registry; to keep it as "
             f"{alias} instead, {current['fix']}"
@@ -406,7 +432,11 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
     additional_funcs=[
         check_model_display_name,
         registry_folder,
+        prebuilt_tf_serving_table,
+        serving_policy,
+        prebuilt_days_left,
         prebuilt_tf_version,
+        undeployable,
         task_mismatch,
         champion_record,
         register_version,

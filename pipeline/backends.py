@@ -25,6 +25,9 @@ def _vertex_image(p: dict[str, Any]) -> dsl.PipelineTask:
         reduction_server_count=p["reduction_server_count"],
         prepare_engine=p["prepare_engine"],
         build_location=p["build_location"],
+        build_machine_type=p["build_machine_type"],
+        build_service_account=p["build_service_account"],
+        build_worker_pool=p["build_worker_pool"],
     )
 
 
@@ -142,10 +145,10 @@ def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared
     `median_automated_stopping_spec` or `decay_curve_stopping_spec`, so every trial runs all its
     epochs unless `early_stopping_patience` stops it (the local tuner does the same). The
     measurement selection follows `export_epoch` (`plan.measurement_selection`, in the plan).
-    `plan` is the planning step's outputs; the trials start after `prepared`, the dataset's job."""
-    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import HyperparameterTuningJobRunOp
-
-    job = HyperparameterTuningJobRunOp(
+    `plan` is the planning step's outputs; the trials start after `prepared`, the dataset's job.
+    `tuning.tuning_job` is GCPC's op with each trial's timeout, the run's `timeout`, as every
+    other job has."""
+    job = tuning.tuning_job()(
         **where,
         display_name="tune-hyperparameters",
         base_output_directory=plan["tuning_dir"],
@@ -157,6 +160,7 @@ def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared
         encryption_spec_key_name=p["encryption_spec_key_name"],
         service_account=p["service_account"],
         network=p["network"],
+        timeout=p["timeout"],
     ).set_display_name("tune-hyperparameters")
     job.after(prepared)
     best = tuning.best_trial(

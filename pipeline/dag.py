@@ -72,6 +72,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
     plan = plan_jobs(
         image_uri=built.outputs["image_uri"],
         training_image_uri=built.outputs["training_image_uri"],
+        cpu_image_uri=built.outputs["cpu_image_uri"],
         champion_class_names=champion.outputs["class_names"],
         champion_uri=champion.outputs["champion_uri"],
         model_root=p.get("model_root", ""),  # the Vertex target's alone

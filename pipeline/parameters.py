@@ -67,6 +67,30 @@ PARAMETERS: tuple[Parameter, ...] = (
         "Cloud Build region of the image build ('': the Vertex location; or global), the BUILD_REGION setting.",
         targets=("vertex",),
     ),
+    _p(
+        "build_machine_type",
+        str,
+        "E2_HIGHCPU_8",
+        "Cloud Build worker of the image build (BuildOptions.MachineType; UNSPECIFIED: the default "
+        "worker; not sent with build_worker_pool, whose workers are the pool's).",
+        targets=("vertex",),
+    ),
+    _p(
+        "build_service_account",
+        str,
+        "",
+        "Service account the image build runs as, an e-mail or projects/P/serviceAccounts/EMAIL "
+        "('': Cloud Build's default; logs then go to Cloud Logging only).",
+        targets=("vertex",),
+    ),
+    _p(
+        "build_worker_pool",
+        str,
+        "",
+        "Cloud Build private pool of the image build, projects/P/locations/REGION/workerPools/POOL "
+        "('': the default pool); the build runs in the pool's region.",
+        targets=("vertex",),
+    ),
     _p("source_commit", str, "", "Git commit of the source, recorded on the model version."),
     _p("registry_dir", str, "local_runs/registry", "Folder of the local model registry.", targets=("local",)),
     _p(

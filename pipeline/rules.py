@@ -784,6 +784,12 @@ def _job_settings_problems(v: Mapping[str, Any], region: str) -> list[Problem]:
                 f"'' (the job's region), global, or one of {', '.join(image.CLOUD_BUILD_REGIONS[1:])}",
             )
         )
+    names = ("build_machine_type", "build_service_account", "build_worker_pool")
+    try:  # the Vertex target's alone
+        if names[0] in v:
+            image.build_settings(v["project"], region, build, *(v[n] for n in names))
+    except ValueError as err:  # it names the parameters it is about
+        problems.append(Problem(tuple(n for n in (*names, "build_location") if n in str(err)), str(err)))
     strategy = v["scheduling_strategy"]
     if strategy not in SCHEDULING_STRATEGIES:
         close = [s for s in SCHEDULING_STRATEGIES if s == str(strategy).upper()]
@@ -1275,7 +1281,8 @@ def check(values: Mapping[str, Any], target: str, region: str = "") -> list[str]
         raise OptionsError(problems)
     if values["tune"] and (values["scheduling_strategy"] != "STANDARD" or values["tensorboard"]):
         # GCPC 2.22's HyperparameterTuningJobRunOp has no scheduling, timeout, labels or
-        # TensorBoard inputs (v1/hyperparameter_tuning_job/component.py).
+        # TensorBoard inputs (v1/hyperparameter_tuning_job/component.py); the pipeline's
+        # `tuning.hyperparameter_tuning_job` adds the timeout alone.
         warnings.append(
             "tune=true: the tuning job's trials run with standard (on-demand) scheduling and without "
             "the TensorBoard: GCPC's HyperparameterTuningJobRunOp takes neither; scheduling_strategy "

@@ -493,7 +493,9 @@ def test_tuning_payload_is_a_hyperparameter_tuning_job(spec: dict[str, Any]) -> 
         ("plan-jobs", "tuning_dir"): "gs://b/root/run/tune",
         ("plan-jobs", "measurement_selection_type"): "LAST_MEASUREMENT",
     }
-    root = root_values(spec, project="p", location="europe-west4", search_algorithm="RANDOM_SEARCH")
+    root = root_values(
+        spec, project="p", location="europe-west4", search_algorithm="RANDOM_SEARCH", timeout="5400s"
+    )
     payload = render_payload(spec, "tune-hyperparameters", upstream, root)
     job = json_format.ParseDict(
         payload,
@@ -517,6 +519,8 @@ def test_tuning_payload_is_a_hyperparameter_tuning_job(spec: dict[str, Any]) -> 
     chosen_by = source_of(tasks, "tune-hyperparameters", "study_spec_measurement_selection_type")
     assert chosen_by == ("plan-jobs", "measurement_selection_type")
     assert len(job.trial_job_spec.worker_pool_specs) == 2
+    # Each trial is a CustomJob of trial_job_spec: it runs at most the run's timeout.
+    assert job.trial_job_spec.scheduling.timeout.ToSeconds() == 5400
     # The trials' flags leave out exactly the declared space's ids: the plan gets the same space.
     assert source_of(tasks, "plan-jobs", "search_space") == ("", "search_space")
     assert source_of(tasks, "tune-hyperparameters", "study_spec_parameters") == ("", "search_space")
@@ -587,7 +591,8 @@ def test_only_the_final_training_job_gets_reduction_server_and_its_image(spec: d
     """The training job runs the image the build step made for it (`training_image_uri`: the
     reduction-server stage when reducers are asked for) with the pipeline's reducer count; the
     tuning trials run the plain trainer image with no reducers whatever the parameter says: every
-    trial would start and bill reducers of its own, parallel_trial_count at a time."""
+    trial would start and bill reducers of its own, parallel_trial_count at a time. The CPU jobs
+    (preparation, evaluation) run the cpu image, which has no CUDA wheels to pull."""
     from kfp import dsl
 
     from components import plan
@@ -598,6 +603,7 @@ def test_only_the_final_training_job_gets_reduction_server_and_its_image(spec: d
         "training_image_uri",
     )
     assert source_of(tasks, "plan-jobs", "image_uri") == ("build-trainer-image", "image_uri")
+    assert source_of(tasks, "plan-jobs", "cpu_image_uri") == ("build-trainer-image", "cpu_image_uri")
     assert source_of(tasks, "plan-jobs", "reduction_server_count") == ("", "reduction_server_count")
     build = tasks["build-trainer-image"]["task"]["inputs"]["parameters"]
     assert build["reduction_server_count"]["componentInputParameter"] == "reduction_server_count"
@@ -606,6 +612,7 @@ def test_only_the_final_training_job_gets_reduction_server_and_its_image(spec: d
     out = plan.plan_jobs.python_func(
         image_uri="trainer@sha256:" + "0" * 64,
         training_image_uri="reducer@sha256:" + "1" * 64,
+        cpu_image_uri="cpu@sha256:" + "2" * 64,
         champion_class_names=[],
         champion_uri="",
         model_root="gs://models-bucket/kept",
@@ -624,6 +631,8 @@ def test_only_the_final_training_job_gets_reduction_server_and_its_image(spec: d
     assert len(out.tuning_pools) == 2 and out.tuning_pools[0]["container_spec"]["image_uri"].startswith(
         "trainer@"
     )
+    for pools in (out.prepare_pools, out.evaluation_pools):
+        assert [p["container_spec"]["image_uri"] for p in pools] == ["cpu@sha256:" + "2" * 64]
 
 
 # --- prepare_engine=beam on Vertex: the Dataflow Flex Template launch ---------------------------
@@ -654,6 +663,7 @@ def dataflow_launch(spec: dict[str, Any], folder: Path) -> tuple[Any, str]:
     out = plan.plan_jobs.python_func(
         image_uri="us-central1-docker.pkg.dev/p/r/trainer@sha256:" + "0" * 64,
         training_image_uri="us-central1-docker.pkg.dev/p/r/trainer@sha256:" + "0" * 64,
+        cpu_image_uri="us-central1-docker.pkg.dev/p/r/trainer-cpu@sha256:" + "0" * 64,
         champion_class_names=["a", "b"],
         champion_uri="",
         model_root="gs://b/models",

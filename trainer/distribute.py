@@ -231,6 +231,32 @@ def describe_build(version: str, info: Mapping[str, Any]) -> str:
     return f"TensorFlow {version} built with CUDA {info.get('cuda_version', '?')}, cuDNN {info.get('cudnn_version', '?')}"
 
 
+def driver_versions() -> str:
+    """The NVIDIA driver this machine runs and the newest CUDA it supports (`cuDriverGetVersion`
+    of the host's libcuda.so.1), e.g. `NVIDIA driver 550.54.15, CUDA 12.4`; "" without one. CUDA's
+    minor-version compatibility runs the lock's CUDA 12.5 libraries on any R525+ driver, but PTX
+    (TF 2.21 has H100/H200 kernels only as PTX, and XLA) needs a driver at least as new as the
+    toolkit (CUDA's compatibility guide), and Vertex publishes no driver version: the log says it."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return ""
+    number = ctypes.c_int(0)
+    supports = (
+        f"CUDA {number.value // 1000}.{number.value % 1000 // 10}"
+        if cuda.cuDriverGetVersion(ctypes.byref(number)) == 0
+        else "CUDA unknown"
+    )
+    try:
+        with open("/proc/driver/nvidia/version") as f:  # "NVRM version: NVIDIA UNIX ... 550.54.15  ..."
+            version = next((w for w in f.readline().split() if w[:1].isdigit() and "." in w), "unknown")
+    except OSError:
+        version = "unknown"
+    return f"NVIDIA driver {version}, {supports}"
+
+
 def check_gpus(request: GpuRequest, cluster: ClusterInfo) -> str:
     """Before the strategy: raises GpusMissing (one line) when TensorFlow sees fewer GPUs than
     the worker pool asked for; else returns a line saying what was asked and what is seen."""
@@ -242,7 +268,9 @@ def check_gpus(request: GpuRequest, cluster: ClusterInfo) -> str:
     asked = (
         f"{request.accelerator_count} x {request.accelerator_type}" if request.accelerator_count else "no GPU"
     )
+    driver = driver_versions() if gpus else ""
     return (
         f"{pool} ({role}) asked for {asked} on {request.machine_type}; TensorFlow sees "
-        f"{gpus} GPU{'' if gpus == 1 else 's'} (devices: {', '.join(names) or 'none'}; {build})"
+        f"{gpus} GPU{'' if gpus == 1 else 's'} (devices: {', '.join(names) or 'none'}; {build}"
+        + (f"; {driver})" if driver else ")")
     )

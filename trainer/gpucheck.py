@@ -39,6 +39,7 @@ from trainer.distribute import (
     GPUS_MISSING_EXIT_CODE,
     cluster_from_tf_config,
     describe_build,
+    driver_versions,
     gpu_shortfall,
     pool_and_role,
 )
@@ -57,6 +58,8 @@ RESULT_KEYS = (
     "devices",
     "gpus",
     "nvidia_smi",
+    "driver",
+    "xla",
     "all_reduce",
     "wall_seconds",
 )
@@ -123,7 +126,24 @@ def inspect_devices() -> dict[str, Any]:
         "devices": [d.name.removeprefix("/physical_device:") for d in devices],
         "gpus": sum(1 for d in devices if d.device_type == "GPU"),
         "nvidia_smi": nvidia_smi(),
+        "driver": driver_versions(),
     }
+
+
+def xla_compile(device: str = "/gpu:0") -> dict[str, Any]:
+    """One XLA computation compiled and run on `device` (XLA is on by default for the trainer's
+    jit-compiled steps and JIT-compiles PTX the driver must accept): a 64x64 matmul of ones,
+    summed, must be 64**3."""
+    from trainer._tf import tf
+
+    @tf.function(jit_compile=True)
+    def cube(x: Any) -> Any:
+        return tf.reduce_sum(tf.matmul(x, x))
+
+    started = time.perf_counter()
+    with tf.device(device):
+        value = float(cube(tf.ones([64, 64])).numpy())
+    return {"device": device, "seconds": time.perf_counter() - started, "correct": value == 64.0**3}
 
 
 def nccl_all_reduce(
@@ -196,10 +216,11 @@ def check(
     role: str,
     seen: Mapping[str, Any],
     all_reduce: Callable[[int], dict[str, Any]],
+    xla: Callable[[], dict[str, Any]] | None = None,
 ) -> tuple[int, dict[str, Any], list[str]]:
     """The check on what was seen (`inspect_devices`' form): (exit status, summary, lines to
-    print). `all_reduce(gpus)` runs the all-reduce; it is not called without GPUs or when fewer
-    GPUs than asked are seen."""
+    print). `xla()` compiles one XLA computation, then `all_reduce(gpus)` runs the all-reduce;
+    neither is called without GPUs or when fewer GPUs than asked are seen."""
     gpus = int(seen["gpus"])
     summary: dict[str, Any] = {
         "ok": True,
@@ -208,6 +229,8 @@ def check(
         "role": role,
         "asked": dataclasses.asdict(request) if request else None,
         **{k: seen[k] for k in ("tensorflow", "build", "devices", "gpus", "nvidia_smi")},
+        "driver": seen.get("driver", ""),
+        "xla": None,
         "all_reduce": None,
     }
     build = describe_build(seen["tensorflow"], seen["build"])
@@ -230,6 +253,7 @@ def check(
         if smi
         else ["gpu check: nvidia-smi: not in this image"]
     )
+    lines.append(f"gpu check: {summary['driver'] or 'no NVIDIA driver (libcuda.so.1) found'}")
     if request is not None:
         problem = gpu_shortfall(pool, role, request, gpus, seen["devices"], "TensorFlow", build)
         if problem:
@@ -239,6 +263,19 @@ def check(
         asked_none = "asked for 0 GPUs and " if request is not None else ""
         lines.append(f"gpu check: {asked_none}no GPU seen: no NCCL all-reduce to run")
         return 0, summary, lines
+    if xla is not None:
+        try:
+            compiled = xla()
+        except Exception as err:  # noqa: BLE001 (XLA's or the driver's own failure: one line)
+            compiled = {"correct": False, "error": " ".join(f"{type(err).__name__}: {err}".split())[:1000]}
+        summary["xla"] = compiled
+        if not compiled.get("correct"):
+            why = compiled.get("error") or "a wrong result"
+            summary.update(ok=False, error=f"an XLA computation on GPU:0 failed ({why}): {summary['driver']}")
+            return 1, summary, lines
+        lines.append(
+            f"gpu check: XLA compiled and ran one computation on GPU:0 in {compiled['seconds']:.2f} s"
+        )
     try:
         result = all_reduce(gpus)
     except Exception as err:  # noqa: BLE001 (the all-reduce's own failure, NCCL or CUDA: named in one line)
@@ -291,7 +328,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     started = time.perf_counter()
     seen = inspect_devices()
     code, summary, lines = check(
-        request, pool, role, seen, lambda gpus: nccl_all_reduce(gpus, ns.all_reduce_mb, ns.iterations)
+        request,
+        pool,
+        role,
+        seen,
+        lambda gpus: nccl_all_reduce(gpus, ns.all_reduce_mb, ns.iterations),
+        xla_compile,
     )
     summary["wall_seconds"] = time.perf_counter() - started
     for line in lines:

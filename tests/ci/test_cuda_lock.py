@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import mmap
+import os
 import re
+import shutil
 import struct
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -198,3 +201,71 @@ def test_make_test_and_make_run_stay_on_cpu() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "gpu" in pyproject["dependency-groups"]
     assert "gpu" not in pyproject["tool"]["uv"]["default-groups"]
+
+
+# --- what the gpu group costs a CPU job: the cpu and trainer images' wheels ----------------------
+
+
+def locked_wheel_bytes(*groups: str) -> int:
+    """The compressed download of the dependency `groups` as the images install them: `uv export
+    --frozen` of those groups (as the Dockerfile's stages run it), each package's wheel for
+    CPython 3.11 on manylinux x86_64 (the image's python:3.11-slim-bookworm, glibc 2.36) as
+    uv.lock records its `size`, or its sdist when it has no such wheel. Not the image's size:
+    wheels are zip files, and only a real build shows the installed bytes and the base's.
+    `python -m tests.ci.test_cuda_lock` prints the figures docs/gpus.md states."""
+    from packaging import tags
+    from packaging.requirements import Requirement
+    from packaging.utils import parse_wheel_filename
+
+    uv = shutil.which("uv") or os.path.expanduser("~/.local/bin/uv")  # where the Makefile looks
+    command = [uv, "export", "--quiet", "--frozen", "--no-emit-project", "--no-hashes", "--no-header"]
+    for group in groups:
+        command += ["--only-group", group]
+    out = subprocess.run(
+        [*command, "--no-annotate"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    supported = [
+        *tags.cpython_tags((3, 11), platforms=platforms),
+        *tags.compatible_tags((3, 11), "cp311", platforms),
+    ]
+    rank = {tag: n for n, tag in enumerate(supported)}
+    environment = {"sys_platform": "linux", "platform_machine": "x86_64", "platform_system": "Linux"}
+    environment |= {"python_version": "3.11", "python_full_version": "3.11.0", "os_name": "posix"}
+    packages = {(p["name"], p.get("version")): p for p in lock()["package"]}
+    total = 0
+    for line in filter(None, map(str.strip, out.splitlines())):
+        requirement = Requirement(line)
+        if requirement.marker and not requirement.marker.evaluate(environment):
+            continue
+        [version] = [spec.version for spec in requirement.specifier]
+        package = packages[(requirement.name, version)]
+        fitting = [
+            (min(rank.get(tag, len(rank)) for tag in parse_wheel_filename(w["url"].rsplit("/", 1)[1])[3]), w)
+            for w in package.get("wheels", [])
+        ]
+        fit, wheel = min(fitting, key=lambda pair: pair[0], default=(len(rank), None))
+        total += (wheel if wheel and fit < len(rank) else package["sdist"])["size"]
+    return total
+
+
+def megabytes(size: int) -> str:
+    return f"{size / 1e6:,.0f} MB"
+
+
+def test_the_cpu_image_leaves_out_the_gpu_groups_download() -> None:
+    """The figures docs/gpus.md states are this lock's, and the gpu group is most of the GPU
+    image's download (the reason the CPU jobs get an image without it)."""
+    cpu, gpu = locked_wheel_bytes("trainer"), locked_wheel_bytes("trainer", "gpu")
+    assert gpu - cpu > cpu, (cpu, gpu)
+    docs = (ROOT / "docs" / "gpus.md").read_text()
+    for figure in (cpu, gpu, gpu - cpu):
+        assert megabytes(figure) in docs, f"docs/gpus.md should state {megabytes(figure)}"
+
+
+if __name__ == "__main__":
+    cpu, gpu = locked_wheel_bytes("trainer"), locked_wheel_bytes("trainer", "gpu")
+    print(
+        f"cpu {megabytes(cpu)} ({cpu} B), trainer {megabytes(gpu)} ({gpu} B), gpu group {megabytes(gpu - cpu)}"
+    )

@@ -65,10 +65,27 @@ def named_stage(items: list[Instruction], name: str) -> list[Instruction]:
     raise AssertionError(f"no stage named {name!r}")
 
 
+def lineage(items: list[Instruction], name: str) -> list[Instruction]:
+    """Every instruction that makes the image of stage `name`: its parent stage's first (a stage
+    `FROM <another stage> AS name` inherits that stage's layers, ENV, USER and ENTRYPOINT)."""
+    own = named_stage(items, name)
+    parent = own[0].args.split()[0]
+    try:
+        return [*lineage(items, parent), *own[1:]]
+    except AssertionError:  # an image, not a stage of this file
+        return own
+
+
 @pytest.fixture(scope="module")
 def stage() -> list[Instruction]:
-    """The `trainer` stage: the image every job but a Reduction Server training job runs."""
-    return named_stage(instructions(DOCKERFILE.read_text()), "trainer")
+    """The `trainer` stage with what it inherits: the image of the GPU jobs (training, tuning)."""
+    return lineage(instructions(DOCKERFILE.read_text()), "trainer")
+
+
+@pytest.fixture(scope="module")
+def cpu_stage() -> list[Instruction]:
+    """The `cpu` stage with what it inherits: the preparation and evaluation jobs' image."""
+    return lineage(instructions(DOCKERFILE.read_text()), "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -164,19 +181,40 @@ def test_uv_stage_is_pinned() -> None:
     assert re.fullmatch(r"ghcr\.io/astral-sh/uv:\d+\.\d+\.\d+(@sha256:[0-9a-f]{64})?", uv_images[0])
 
 
+def installs(items: list[Instruction]) -> list[tuple[int, str]]:
+    """(position, RUN) of each install from the lock."""
+    return [(n, i.args) for n, i in enumerate(items) if i.keyword == "RUN" and "uv pip install" in i.args]
+
+
 def test_dependencies_come_from_the_lock_before_the_code(stage: list[Instruction]) -> None:
     keywords = [(i.keyword, i.args) for i in stage]
     copy_lock = next(n for n, (k, a) in enumerate(keywords) if k == "COPY" and "uv.lock" in a.split())
-    install = next(
-        n for n, (k, a) in enumerate(keywords) if k == "RUN" and "uv export" in a and "uv pip install" in a
-    )
+    runs = installs(stage)
     copy_code = next(n for n, (k, a) in enumerate(keywords) if k == "COPY" and a.split()[0] == "trainer/")
-    assert copy_lock < install < copy_code, "COPY lock, install, then COPY trainer/ (layer cache)"
-    run_args = keywords[install][1]
-    assert "--frozen" in run_args and "--only-group trainer --only-group gpu" in run_args, run_args
-    assert "--require-hashes -r /tmp/requirements.txt" in run_args, run_args
+    assert runs and copy_lock < runs[0][0] and runs[-1][0] < copy_code, "COPY lock, install, COPY trainer/"
+    for _, run_args in runs:
+        assert "uv export" in run_args and "--frozen" in run_args, run_args
+        assert "--require-hashes -r /tmp/requirements.txt" in run_args, run_args
+    gpu = [a for _, a in runs if "--only-group trainer --only-group gpu" in a]
+    assert gpu, "the GPU jobs' image installs the gpu group"
     # The build fails, not the first GPU job, when TF is not a CUDA build.
-    assert "is_cuda_build" in run_args, run_args
+    assert "is_cuda_build" in gpu[-1], gpu[-1]
+
+
+def test_the_cpu_image_has_no_cuda_wheels(cpu_stage: list[Instruction], stage: list[Instruction]) -> None:
+    """The CPU jobs' image installs the trainer group alone (the gpu group's nvidia-* wheels are
+    most of the GPU image's download: docs/gpus.md, "The trainer image"), imports it, and has
+    the trainer's code and entry point; the dataflow image is built on it."""
+    runs = installs(cpu_stage)
+    assert runs and not [a for _, a in runs if "gpu" in a.split()], runs
+    assert "--only-group trainer" in runs[0][1] and "import tensorflow" in runs[0][1], runs
+    assert [i for i in cpu_stage if i.keyword == "COPY" and i.args.split()[0] == "trainer/"]
+    assert [i.args for i in cpu_stage if i.keyword == "ENTRYPOINT"] == [
+        i.args for i in stage if i.keyword == "ENTRYPOINT"
+    ]
+    assert stage[0] == cpu_stage[0], "both on the same base"
+    dataflow = named_stage(instructions(DOCKERFILE.read_text()), "dataflow")
+    assert dataflow[0].args.split()[0] == "cpu", dataflow[0]
 
 
 def test_environment(stage: list[Instruction]) -> None:

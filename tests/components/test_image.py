@@ -75,6 +75,7 @@ def test_this_checkout_has_a_complete_context() -> None:
     )
     assert (both.image_uri, both.built) == (tag.image_uri, False)
     assert both.serving_image_uri == f"local/repo/trainer-serving:{tag.tag}"
+    assert tag.cpu_image_uri == f"local/repo/trainer-cpu:{tag.tag}", "the same outputs as the Vertex build"
 
 
 # --- the Vertex form against fakes -------------------------------------------------------------
@@ -216,7 +217,9 @@ def test_builds_when_the_tag_is_new_and_returns_the_digest(
     fake = CloudBuildFake(polls_before_done=3)
     out = run_build(cloud, fake)
     image_ref = f"{cloud['repository']}/trainer:{cloud['tag']}"
+    cpu_ref = f"{cloud['repository']}/trainer-cpu:{cloud['tag']}"
     assert out.image_uri == f"{cloud['repository']}/trainer@{digest_of(image_ref)}"
+    assert out.cpu_image_uri == f"{cloud['repository']}/trainer-cpu@{digest_of(cpu_ref)}"
     assert (out.tag, out.built, out.serving_image_uri) == (cloud["tag"], True, "")
     assert out.training_image_uri == out.image_uri, "no reducers asked: training runs the trainer image"
     [(_, path, query, _)] = [r for r in fake.rest.requests if r[0] == "POST"]
@@ -224,9 +227,9 @@ def test_builds_when_the_tag_is_new_and_returns_the_digest(
     build = fake.build
     assert build is not None
     assert build.source.storage_source.bucket == BUCKET and build.source.storage_source.object_ == OBJECT
-    assert list(build.images) == [image_ref]
-    [step] = build.steps
-    assert step.name == "gcr.io/cloud-builders/docker"
+    assert list(build.images) == [image_ref, cpu_ref]
+    step, cpu_step = build.steps
+    assert step.name == cpu_step.name == "gcr.io/cloud-builders/docker"
     assert list(step.args) == [
         "build",
         "--file",
@@ -237,12 +240,19 @@ def test_builds_when_the_tag_is_new_and_returns_the_digest(
         image_ref,
         ".",
     ]
+    assert list(cpu_step.args) == ["build", "--file", "Dockerfile", "--target", "cpu", "--tag", cpu_ref, "."]
     assert list(step.env) == ["DOCKER_BUILDKIT=1"], "BuildKit builds only the stages the target needs"
     assert build.timeout.total_seconds() == 3600
+    # build_machine_type's default: not Cloud Build's smallest worker; no pool, no account of its own.
+    assert build.options.machine_type == cloudbuild_v1.BuildOptions.MachineType.E2_HIGHCPU_8
+    assert (build.options.pool.name, build.service_account) == ("", "")
     # the operation was polled until done: not done three times, then done
     polls = [r for r in fake.rest.requests if r[0] == "GET"]
     assert len(polls) == 4 and all(r[1] == f"/v1/{OPERATION}" for r in polls)
-    assert cloud["registry"].requests == [f"HEAD /v2/p/repo/trainer/manifests/{cloud['tag']}"]
+    assert cloud["registry"].requests == [
+        f"HEAD /v2/p/repo/trainer/manifests/{cloud['tag']}",
+        f"HEAD /v2/p/repo/trainer-cpu/manifests/{cloud['tag']}",
+    ]
     # progress: a line when the build starts, one per status change (not one per poll)
     log = capsys.readouterr().out
     assert log.count("Cloud Build b-123 started") == 1 and LOG_URL in log
@@ -251,9 +261,11 @@ def test_builds_when_the_tag_is_new_and_returns_the_digest(
 
 def test_skips_the_build_when_the_tag_exists(cloud: dict[str, Any]) -> None:
     cloud["registry"].manifests[f"p/repo/trainer:{cloud['tag']}"] = "sha256:" + "cd" * 32
+    cloud["registry"].manifests[f"p/repo/trainer-cpu:{cloud['tag']}"] = "sha256:" + "ab" * 32
     fake = CloudBuildFake()
     out = run_build(cloud, fake)
     assert out.image_uri == f"{cloud['repository']}/trainer@sha256:{'cd' * 32}"
+    assert out.cpu_image_uri == f"{cloud['repository']}/trainer-cpu@sha256:{'ab' * 32}"
     assert (out.built, out.serving_image_uri) == (False, "")
     assert fake.rest.requests == []
 
@@ -303,19 +315,23 @@ def test_the_serving_image_is_built_in_the_same_build_when_asked(cloud: dict[str
     assert out.image_uri == f"{cloud['repository']}/trainer@{digest_of(trainer)}"
     assert out.serving_image_uri == f"{cloud['repository']}/trainer-serving@{digest_of(serving)}"
     assert out.built is True
-    assert fake.build is not None and list(fake.build.images) == [trainer, serving]
+    cpu = f"{cloud['repository']}/trainer-cpu:{cloud['tag']}"
+    assert fake.build is not None and list(fake.build.images) == [trainer, cpu, serving]
     assert [list(s.args) for s in fake.build.steps] == [
         ["build", "--file", "Dockerfile", "--target", "trainer", "--tag", trainer, "."],
+        ["build", "--file", "Dockerfile", "--target", "cpu", "--tag", cpu, "."],
         ["build", "--file", "Dockerfile.serving", "--tag", serving, "."],
     ]
     assert cloud["registry"].requests == [
         f"HEAD /v2/p/repo/trainer/manifests/{cloud['tag']}",
+        f"HEAD /v2/p/repo/trainer-cpu/manifests/{cloud['tag']}",
         f"HEAD /v2/p/repo/trainer-serving/manifests/{cloud['tag']}",
     ]
 
 
 def test_a_missing_serving_image_is_built_even_when_the_trainer_exists(cloud: dict[str, Any]) -> None:
     cloud["registry"].manifests[f"p/repo/trainer:{cloud['tag']}"] = "sha256:" + "cd" * 32
+    cloud["registry"].manifests[f"p/repo/trainer-cpu:{cloud['tag']}"] = "sha256:" + "ab" * 32
     fake = CloudBuildFake()
     out = run_build(cloud, fake, serving_image="custom")
     serving = f"{cloud['repository']}/trainer-serving:{cloud['tag']}"
@@ -328,6 +344,7 @@ def test_a_missing_serving_image_is_built_even_when_the_trainer_exists(cloud: di
 
 def test_the_build_is_skipped_only_when_both_tags_exist(cloud: dict[str, Any]) -> None:
     cloud["registry"].manifests[f"p/repo/trainer:{cloud['tag']}"] = "sha256:" + "cd" * 32
+    cloud["registry"].manifests[f"p/repo/trainer-cpu:{cloud['tag']}"] = "sha256:" + "ab" * 32
     cloud["registry"].manifests[f"p/repo/trainer-serving:{cloud['tag']}"] = "sha256:" + "ef" * 32
     fake = CloudBuildFake()
     out = run_build(cloud, fake, serving_image="custom")
@@ -576,9 +593,11 @@ def test_the_reduction_server_image_is_built_only_for_a_job_with_reducers(cloud:
     reducers = f"{cloud['repository']}/trainer-reduction-server:{cloud['tag']}"
     assert out.image_uri == f"{cloud['repository']}/trainer@{digest_of(trainer)}"
     assert out.training_image_uri == f"{cloud['repository']}/trainer-reduction-server@{digest_of(reducers)}"
-    assert fake.build is not None and list(fake.build.images) == [trainer, reducers]
+    cpu = f"{cloud['repository']}/trainer-cpu:{cloud['tag']}"
+    assert fake.build is not None and list(fake.build.images) == [trainer, cpu, reducers]
     assert [list(s.args)[:5] for s in fake.build.steps] == [
         ["build", "--file", "Dockerfile", "--target", "trainer"],
+        ["build", "--file", "Dockerfile", "--target", "cpu"],
         ["build", "--file", "Dockerfile", "--target", "reduction-server"],
     ]
 
@@ -596,4 +615,83 @@ def test_auto_builds_the_serving_image_when_the_prebuilt_one_is_ending(
     fake = CloudBuildFake()
     out = run_build(cloud, fake, serving_image="auto", serving_tf_version="2.15")
     assert bool(out.serving_image_uri) is serving_built
-    assert fake.build is not None and len(fake.build.steps) == (2 if serving_built else 1)
+    assert fake.build is not None and len(fake.build.steps) == (3 if serving_built else 2)
+
+
+# --- the build's worker, service account and private pool (build_machine_type, ...) --------------
+
+
+def test_the_machine_types_are_cloud_builds_own() -> None:
+    """The names `build_settings` allows are those of the installed BuildOptions.MachineType (the
+    component cannot import google-cloud-build: the GCPC image lacks it)."""
+    allowed = {m.name for m in cloudbuild_v1.BuildOptions.MachineType}  # type: ignore[attr-defined]
+    for name in allowed:
+        image.build_settings("p", "us-central1", "", name, "", "")
+    with pytest.raises(ValueError, match="build_machine_type"):
+        image.build_settings("p", "us-central1", "", "E2_HIGHCPU_64", "", "")
+
+
+def test_a_service_account_and_a_private_pool_reach_the_build(cloud: dict[str, Any]) -> None:
+    """The request parses strictly into the real Build: the account in the resource form Cloud
+    Build requires, logs to Cloud Logging (required with a user's account), the pool's name and
+    no machineType (the pool's workers are the pool's), created in the pool's region."""
+    fake = CloudBuildFake()
+    pool = "projects/p/locations/europe-west1/workerPools/builders"
+    run_build(cloud, fake, build_service_account="builder@p.iam.gserviceaccount.com", build_worker_pool=pool)
+    assert fake.build is not None
+    assert fake.build.service_account == "projects/p/serviceAccounts/builder@p.iam.gserviceaccount.com"
+    assert fake.build.options.logging == cloudbuild_v1.BuildOptions.LoggingMode.CLOUD_LOGGING_ONLY
+    assert fake.build.options.pool.name == pool
+    assert fake.build.options.machine_type == cloudbuild_v1.BuildOptions.MachineType.UNSPECIFIED
+    [(_, path, _, _)] = [r for r in fake.rest.requests if r[0] == "POST"]
+    assert path == "/v1/projects/p/locations/europe-west1/builds"
+
+
+def test_unspecified_sends_no_machine_type(cloud: dict[str, Any]) -> None:
+    fake = CloudBuildFake()
+    run_build(cloud, fake, build_machine_type="UNSPECIFIED")
+    [body] = fake.posts()
+    assert "options" not in body and "serviceAccount" not in body
+
+
+@pytest.mark.parametrize(
+    ("given", "parameter"),
+    [
+        ({"build_machine_type": "e2-highcpu-8"}, "build_machine_type"),
+        ({"build_service_account": "builder"}, "build_service_account"),
+        ({"build_worker_pool": "builders"}, "build_worker_pool"),
+        (
+            {
+                "build_worker_pool": "projects/p/locations/us-east1/workerPools/w",
+                "build_location": "us-west1",
+            },
+            "build_location",
+        ),
+    ],
+)
+def test_bad_build_settings_are_refused_before_any_request(
+    cloud: dict[str, Any], given: dict[str, str], parameter: str
+) -> None:
+    fake = CloudBuildFake()
+    with pytest.raises(ValueError, match=parameter):
+        run_build(cloud, fake, **given)
+    assert fake.rest.requests == [] and cloud["registry"].requests == []
+
+
+def test_a_schedules_run_needs_no_context_once_its_images_exist(cloud: dict[str, Any]) -> None:
+    """A schedule's runs reuse the context uploaded when it was made (`contexts/<tag>.tar.gz`):
+    with the context pruned, the build step reads the tag from the name; only a build needs the
+    tarball, and its absence is then named before any build is asked for."""
+    import google.cloud.storage as storage
+
+    named = f"root/contexts/{cloud['tag']}.tar.gz"
+    uri = f"gs://{BUCKET}/{named}"  # never uploaded: as if pruned
+    assert not storage.Client(project="p").bucket(BUCKET).blob(named).exists()
+    fake = CloudBuildFake()
+    with pytest.raises(FileNotFoundError, match="contexts"):
+        run_build(cloud, fake, context_uri=uri)
+    assert not [r for r in fake.rest.requests if r[0] == "POST"]
+    cloud["registry"].manifests[f"p/repo/trainer:{cloud['tag']}"] = "sha256:" + "cd" * 32
+    cloud["registry"].manifests[f"p/repo/trainer-cpu:{cloud['tag']}"] = "sha256:" + "ab" * 32
+    out = run_build(cloud, CloudBuildFake(), context_uri=uri)
+    assert (out.tag, out.built) == (cloud["tag"], False)

@@ -136,6 +136,17 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
             "runs in us-central1",
         ),
         ({"dataflow_max_workers": 1001}, {"dataflow_max_workers"}, "from 1 to 1000"),
+        ({"build_machine_type": "e2-highcpu-8"}, {"build_machine_type"}, "E2_HIGHCPU_8"),
+        ({"build_service_account": "builder"}, {"build_service_account"}, "serviceAccounts"),
+        ({"build_worker_pool": "pool-1"}, {"build_worker_pool"}, "workerPools"),
+        (
+            {
+                "build_worker_pool": "projects/p/locations/us-east1/workerPools/w",
+                "build_location": "us-west1",
+            },
+            {"build_worker_pool", "build_location"},
+            "us-east1",
+        ),
     ],
 )
 def test_each_rule_names_its_parameter(given: dict[str, Any], parameters: set[str], fragment: str) -> None:

@@ -303,6 +303,8 @@ def model_service(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     def import_evaluation(
         request: aiplatform_v1.ImportModelEvaluationRequest,
     ) -> aiplatform_v1.ModelEvaluation:
+        if state.get("refuse_import"):
+            raise Abort(grpc.StatusCode.INVALID_ARGUMENT, "metrics do not match the schema")
         return aiplatform_v1.ModelEvaluation(name=f"{request.parent.split('@')[0]}/evaluations/1")
 
     fake.add(service, "ImportModelEvaluation", aiplatform_v1.ImportModelEvaluationRequest, import_evaluation)
@@ -410,7 +412,7 @@ EVALUATED = {
 }
 
 
-def record(name: str, evaluated: str, promote: bool = True) -> tuple[bool, str]:
+def record(name: str, evaluated: str, promote: bool = True) -> tuple[bool, str, str]:
     return registry.record_on_version(
         "us-central1",
         name,
@@ -427,7 +429,7 @@ def test_the_gate_moves_the_alias_from_the_champion_it_compared_with(
 ) -> None:
     one = version(model_service, "1", 0.90, CASSAVA)
     model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][one]
-    moved, reason = record(version(model_service, "2", 0.92, CASSAVA), evaluated=one)
+    moved, reason, _ = record(version(model_service, "2", 0.92, CASSAVA), evaluated=one)
     assert moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "2", reason
     assert model_service["fake"].calls("MergeVersionAliases")
     # The decision is written on the version itself: its own description and its labels, kept.
@@ -456,7 +458,7 @@ def test_the_gate_moves_the_alias_from_the_champion_it_compared_with(
 def test_a_held_version_gets_the_decision_and_not_the_alias(model_service: dict[str, Any]) -> None:
     one = version(model_service, "1", 0.90, CASSAVA)
     model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][one]
-    moved, reason = record(version(model_service, "2", 0.80, CASSAVA), evaluated=one, promote=False)
+    moved, reason, _ = record(version(model_service, "2", 0.80, CASSAVA), evaluated=one, promote=False)
     assert not moved and "held this version back" in reason
     assert model_service["aliases"][f"{PARENT}@champion"].version_id == "1"
     assert model_service["fake"].calls("UpdateModel") and not model_service["fake"].calls(
@@ -473,16 +475,89 @@ def test_a_champion_registered_since_the_gate_compared_keeps_the_alias(
     four = version(model_service, "4", 0.90, CASSAVA)
     version(model_service, "5", 0.91, CASSAVA)
     model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][f"{PARENT}@5"]
-    moved, reason = record(version(model_service, "6", 0.99, CASSAVA), evaluated=four)
+    moved, reason, _ = record(version(model_service, "6", 0.99, CASSAVA), evaluated=four)
     assert not moved and "stays on version 5" in reason and "was on version 4" in reason
     assert "run the pipeline again" in reason
     assert model_service["aliases"][f"{PARENT}@champion"].version_id == "5"
     assert not model_service["fake"].calls("MergeVersionAliases")
     # An evaluation that compared with no champion (the first run) cannot take the alias once one exists.
-    first, why = record(version(model_service, "7", 0.99, CASSAVA), evaluated="")
+    first, why, _ = record(version(model_service, "7", 0.99, CASSAVA), evaluated="")
     assert not first and "was on no version" in why
 
 
 def test_the_first_champion_takes_the_alias(model_service: dict[str, Any]) -> None:
-    moved, _ = record(version(model_service, "1", 0.6, CASSAVA), evaluated="")
+    moved, _, _ = record(version(model_service, "1", 0.6, CASSAVA), evaluated="")
     assert moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "1"
+
+
+def test_default_moves_with_the_champion_and_a_held_version_moves_neither(
+    model_service: dict[str, Any],
+) -> None:
+    """Vertex keeps `default` on version 1 unless a request names it (ModelUploadOp sends no
+    aliases); everything that names the model without a version gets `default`."""
+    one = version(model_service, "1", 0.90, CASSAVA)
+    model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][f"{PARENT}@default"] = (
+        model_service["aliases"][one]
+    )
+    record(version(model_service, "2", 0.80, CASSAVA), evaluated=one, promote=False)
+    assert model_service["aliases"][f"{PARENT}@default"].version_id == "1"
+    moved, _, _ = record(version(model_service, "3", 0.95, CASSAVA), evaluated=one)
+    assert moved
+    (merge,) = model_service["fake"].calls("MergeVersionAliases")
+    assert merge.name == f"{PARENT}@3" and sorted(merge.version_aliases) == ["champion", "default"]
+    assert model_service["aliases"][f"{PARENT}@default"].version_id == "3"
+
+
+def test_versions_are_compared_by_id_whatever_the_project_is_spelled(model_service: dict[str, Any]) -> None:
+    """find-champion's name comes from list_models (the project's number), the upload's may
+    spell the project by its ID: the same version either way."""
+    one = version(model_service, "1", 0.90, CASSAVA)
+    model_service["aliases"][f"{PARENT}@champion"] = model_service["aliases"][one]
+    by_number = one.replace("projects/p/", "projects/123456789/")
+    moved, why, _ = record(version(model_service, "2", 0.95, CASSAVA), evaluated=by_number)
+    assert moved, why
+
+
+def test_a_refused_evaluation_import_does_not_block_the_promotion(
+    model_service: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The alias moves first; the import's refusal is a warning naming the version, returned."""
+    model_service["refuse_import"] = True
+    two = version(model_service, "2", 0.95, CASSAVA)
+    moved, _, imported = record(two, evaluated="")
+    assert moved and model_service["aliases"][f"{PARENT}@champion"].version_id == "2"
+    assert imported.startswith("refused") and "400" in imported
+    assert f"WARNING: Vertex refused the evaluation of {two}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("days_left", [-5, 0, 30])
+def test_a_champion_on_a_prebuilt_image_past_or_near_its_end_counts_as_none(
+    model_service: dict[str, Any], monkeypatch: pytest.MonkeyPatch, days_left: int
+) -> None:
+    """A champion nobody can deploy (its prebuilt serving image past its end of availability,
+    or within the policy's margin) must not keep the alias: no usable champion, as with files gone."""
+    monkeypatch.setattr(registry, "prebuilt_days_left", lambda v, today="": ("2027-01-14", days_left))
+    model_service["models"]["cassava"] = [aiplatform_v1.Model(name=PARENT)]
+    image = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"
+    model_service["aliases"][f"{PARENT}@champion"] = aiplatform_v1.Model(
+        name=PARENT,
+        version_id="3",
+        artifact_uri=f"gs://{BUCKET}/runs/7/train/model/",
+        container_spec=aiplatform_v1.ModelContainerSpec(image_uri=image),
+    )
+    metrics = {"test_accuracy": 0.91, "class_names": CASSAVA}
+    model_service["bucket"].blob("runs/7/train/model/metrics.json").upload_from_string(json.dumps(metrics))
+    out = find()
+    assert (out.champion_version, out.champion_uri, out.class_names) == (f"{PARENT}@3", "", [])
+    monkeypatch.setattr(registry, "prebuilt_days_left", lambda v, today="": ("2027-01-14", 31))
+    assert find().class_names == CASSAVA  # still deployable past the margin: the champion
+    custom = "europe-west4-docker.pkg.dev/p/r/trainer-serving@sha256:" + "0" * 64
+    assert registry.undeployable(custom) == ""  # the custom serving image has no end date
+
+
+@pytest.mark.parametrize("name", ['cassava "v2"', "cassava\\v2", "line\nbreak"])
+def test_a_name_the_lookup_filter_cannot_hold_is_refused_before_any_work(name: str) -> None:
+    with pytest.raises(ValueError, match="model_display_name"):
+        registry.check_registry_parameters({"model_display_name": name, "location": "us-central1"})
+    with pytest.raises(ValueError, match="model_display_name"):
+        find(model_display_name=name)

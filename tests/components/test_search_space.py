@@ -401,7 +401,9 @@ def test_a_declared_space_reaches_the_vertex_tuning_payload_and_the_trials_args(
         ("find-champion", "class_names"): [],
         ("find-champion", "champion_uri"): "",
     }
-    from_steps |= {("build-trainer-image", k): "img" for k in ("image_uri", "training_image_uri")}
+    from_steps |= {
+        ("build-trainer-image", k): "img" for k in ("image_uri", "training_image_uri", "cpu_image_uri")
+    }
     from_steps[("build-trainer-image", "dataflow_image_uri")] = ""
     inputs = task_inputs(vertex_spec, "plan-jobs", from_steps, root)
     flags = {name: inputs[name] for name in plan.MODEL_FLAGS}

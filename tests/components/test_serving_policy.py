@@ -100,8 +100,29 @@ def test_auto_follows_the_build_steps_decision() -> None:
     assert image == built and "ends on 2027-01-14" in why and "on GPU when the deployment has one" in why
     image, why = registry.choose_serving_image("auto", "2.15", "cpu", "us-central1", "", today=day(-100))
     assert image.endswith("/tf2-cpu.2-15:latest") and "(serving_image=auto)" in why
-    with pytest.raises(ValueError, match=r"chose the custom serving image .* but the build step made none"):
-        registry.choose_serving_image("auto", "2.15", "cpu", "us-central1", "", today=day(-5))
+    # A run whose build decided `prebuilt` before the switch and uploads after it (a schedule near
+    # midnight UTC) registers what its build decided, never decides again after the GPU run.
+    image, _ = registry.choose_serving_image("auto", "2.15", "cpu", "us-central1", "", today=day(-5))
+    assert image.endswith("/tf2-cpu.2-15:latest")
+
+
+def test_upload_settings_registers_what_the_build_decided_across_the_switch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The build step ran 31 days before the prebuilt image's end (prebuilt: it built no serving
+    image), upload-settings runs 29 days before it: the run's one decision stands."""
+    monkeypatch.setattr(registry, "prebuilt_days_left", lambda v, today="": (END_215, 29))
+    out = registry.upload_settings.python_func(
+        location="us-central1",
+        serving_image="auto",
+        tf_version="2.15",
+        serving_accelerator="cpu",
+        custom_image_uri="",
+        labels={},
+        source_commit="",
+        pipeline_run="run-1",
+    )
+    assert out.serving_image == "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"
 
 
 def test_the_build_step_and_its_local_form_decide_alike() -> None:

@@ -435,7 +435,8 @@ def test_the_plan_takes_exactly_the_parameters_the_dag_hands_it() -> None:
     from pipeline import PARAMETERS, dag
 
     taken = set(inspect.signature(plan.plan_jobs.python_func).parameters)
-    from_steps = {"image_uri", "training_image_uri", "champion_class_names", "champion_uri", "region"}
+    from_steps = {"image_uri", "training_image_uri", "cpu_image_uri", "champion_class_names", "champion_uri"}
+    from_steps |= {"region"}
     from_steps |= {"model_root", "pipeline_run"}  # model_root is the Vertex target's alone
     from_steps |= {"dataflow_image_uri"}
     artifacts = {"prepare_job", "tuning_job", "training_job", "evaluation_job"}
@@ -458,6 +459,7 @@ def test_the_plan_builds_every_job_in_this_runs_folders(tmp_path: Path) -> None:
     out = plan.plan_jobs.python_func(
         image_uri="img@sha256:" + "0" * 64,
         training_image_uri="rs@sha256:" + "1" * 64,
+        cpu_image_uri="cpu@sha256:" + "2" * 64,
         champion_class_names=["a", "b"],
         champion_uri="gs://b/champion/model",
         model_root="",
@@ -478,6 +480,12 @@ def test_the_plan_builds_every_job_in_this_runs_folders(tmp_path: Path) -> None:
     assert not any(a.startswith("--model_dir") for a in out.tuning_pools[0]["container_spec"]["args"])
     assert out.tuning_pools[0]["container_spec"]["image_uri"].startswith("img@")
     assert len(out.tuning_pools) <= 2  # never a Reduction Server pool for the trials
+    # The CPU jobs run the cpu image (no CUDA wheels), the GPU jobs the trainer's.
+    assert (
+        prep["image_uri"]
+        == out.evaluation_pools[0]["container_spec"]["image_uri"]
+        == "cpu@sha256:" + "2" * 64
+    )
     assert out.evaluation_pools[0]["container_spec"]["args"] == [
         f"--data_dir={out.dataset_uri}",
         f"--model_dir={out.model_uri}",

@@ -43,6 +43,7 @@ PROJECT = "p-proj"
 IMAGE = "us-central1-docker.pkg.dev/p-proj/training/trainer@sha256:" + "1" * 64
 REDUCTION_IMAGE = "us-central1-docker.pkg.dev/p-proj/training/trainer-reduction-server@sha256:" + "3" * 64
 DATAFLOW_IMAGE = IMAGE.replace("/trainer@", "/trainer-dataflow@")
+CPU_IMAGE = IMAGE.replace("/trainer@", "/trainer-cpu@")
 PIPELINE_JOB_NAME = "multiworker-cassava-training-20261201060000"
 PIPELINE_JOB_UUID = "123"  # what render_payload substitutes for {{$.pipeline_job_uuid}}
 RUN_ROOT = f"gs://p-proj-pipelines/root/123456789/{PIPELINE_JOB_NAME}"
@@ -260,6 +261,7 @@ def plan(spec: dict[str, Any], root: dict[str, Any], fuse_root: Path | None = No
     )
     tasks = walk(run.spec)
     run.upstream[("build-trainer-image", "image_uri")] = IMAGE
+    run.upstream[("build-trainer-image", "cpu_image_uri")] = CPU_IMAGE
     run.upstream[("build-trainer-image", "serving_image_uri")] = ""
     run.upstream[("build-trainer-image", "dataflow_image_uri")] = DATAFLOW_IMAGE if engine == "beam" else ""
     # What components.image.build_trainer_image outputs: the training job's chief and workers run

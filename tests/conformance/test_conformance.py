@@ -135,6 +135,7 @@ ROWS: tuple[Row, ...] = (
             "parallel_trial_count": 3,
             "max_failed_trial_count": 2,
             "export_epoch": "last",
+            "timeout": "7200s",
         },
         {
             f"{TUNE}.study_spec.measurement_selection_type": "LAST_MEASUREMENT",
@@ -142,6 +143,8 @@ ROWS: tuple[Row, ...] = (
             f"{TUNE}.max_trial_count": 12,
             f"{TUNE}.parallel_trial_count": 3,
             f"{TUNE}.max_failed_trial_count": 2,
+            f"{TUNE}.trial_job_spec.scheduling.timeout": "7200s",
+            f"{TRAIN}.scheduling.timeout": "7200s",
         },
     ),
     Row(
@@ -255,7 +258,7 @@ ROWS: tuple[Row, ...] = (
     Row(
         "tune-spot",
         {"tune": True, "scheduling_strategy": "SPOT"},
-        {f"{TRAIN}.scheduling.strategy": "SPOT", f"{TUNE}.trial_job_spec.scheduling": None},
+        {f"{TRAIN}.scheduling.strategy": "SPOT", f"{TUNE}.trial_job_spec.scheduling": {"timeout": "86400s"}},
     ),
     Row("workers-0", {"worker_count": 0}, {f"{TRAIN}.worker_pool_specs#": 1}),
     Row(
@@ -658,10 +661,12 @@ def check_tuning_job(run: Run) -> None:
     for field in ("service_account", "network"):
         assert trial.get(field, "") == root[field], field
     assert job.get("encryption_spec", {}).get("kms_key_name", "") == root["encryption_spec_key_name"]
+    # Each trial runs at most the run's timeout (`tuning.hyperparameter_tuning_job` adds it).
+    assert trial.get("scheduling") == {"timeout": root["timeout"]}
     # What GCPC 2.22's op cannot send (no such inputs): the run's labels, a scheduling strategy,
-    # a timeout, a TensorBoard. Pinned so that a GCPC that adds them is noticed.
+    # a TensorBoard. Pinned so that a GCPC that adds them is noticed.
     assert job.get("labels", {}) == SYSTEM_LABELS
-    assert "scheduling" not in trial and "tensorboard" not in trial
+    assert "tensorboard" not in trial
     assert "persistent_resource_id" not in trial  # the op has no such input: trials run on demand
 
 

@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,7 @@ PREPARE_JOB = f"{PARENT}/customJobs/111"
 TRAIN_JOB = f"{PARENT}/customJobs/222"
 TUNING_JOB = f"{PARENT}/hyperparameterTuningJobs/333"
 VERSION = "projects/p-proj/locations/us-central1/models/42@3"
+SERVING_IMAGE = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"
 
 
 def finished_run() -> tuple[v1.PipelineJob, dict[str, Any]]:
@@ -148,6 +150,8 @@ def finished_run() -> tuple[v1.PipelineJob, dict[str, Any]]:
                 "description": "accuracy 0.8100 on 10 test images",
                 "score": 0.81,
                 "champion_score": -1.0,
+                "champion": True,
+                "evaluation_import": f"{VERSION.split('@')[0]}/evaluations/9",
             },
         ),
         task(
@@ -240,6 +244,12 @@ def finished_run() -> tuple[v1.PipelineJob, dict[str, Any]]:
             ),
             trials=trials,
         ),
+        VERSION: v1.Model(
+            name=VERSION.split("@")[0],
+            version_id="3",
+            version_aliases=["default", "champion"],
+            container_spec=v1.ModelContainerSpec(image_uri=SERVING_IMAGE),
+        ),
     }
     return job, jobs
 
@@ -277,14 +287,14 @@ class VertexRuns:
     def __init__(self) -> None:
         self.rest = RestFake()
         self.resources: dict[str, Any] = {}
-        pattern = rf"/v1/({PARENT}/(pipelineJobs|customJobs|hyperparameterTuningJobs)/[^/]+)"
+        pattern = rf"/v1/({PARENT}/(pipelineJobs|customJobs|hyperparameterTuningJobs|models)/[^/?]+)"
         self.rest.route("GET", pattern, self.get)
 
     def serve(self, job: v1.PipelineJob, jobs: dict[str, Any]) -> None:
         self.resources = {job.name: job, **jobs}
 
     def get(self, match: re.Match[str], _q: Any, _b: Any) -> tuple[int, Any]:
-        found = self.resources.get(match.group(1))
+        found = self.resources.get(urllib.parse.unquote(match.group(1)))
         if found is None:
             return 404, {
                 "error": {"code": 404, "message": f"{match.group(1)} not found", "status": "NOT_FOUND"}
@@ -386,6 +396,8 @@ def test_the_report_of_a_finished_run(
         "score": 0.81,
         "champion_score": -1.0,
         "metric": "accuracy",
+        "champion": True,
+        "evaluation_import": f"{VERSION.split('@')[0]}/evaluations/9",
     }
     assert summary["model"] == {
         "name": "cassava",
@@ -393,6 +405,8 @@ def test_the_report_of_a_finished_run(
         "path": VERSION,
         "resource_name": VERSION,
         "champion": True,
+        "aliases": ["champion", "default"],
+        "serving_image": SERVING_IMAGE,
     }
     assert summary["tuning"]["metric_id"] == "val_accuracy" and summary["tuning"]["goal"] == "MAXIMIZE"
     assert summary["tuning"]["best"]["trial_id"] == "2"
@@ -435,8 +449,16 @@ def test_the_report_of_a_finished_run(
     assert f"run {JOB_ID}: SUCCEEDED (2000 s)" in out
     assert re.search(r"a-launcher\s+SUCCEEDED\s+waited\s+30\.0s\s+ran\s+360\.0s", out)
     assert f"summary: {folder.resolve() / 'summary.json'}" in out
-    # Only reads: the run, then its three jobs.
-    assert vertex.paths() == [f"/v1/{NAME}", f"/v1/{PREPARE_JOB}", f"/v1/{TUNING_JOB}", f"/v1/{TRAIN_JOB}"]
+    # Only reads: the run, then its three jobs, then the model version.
+    version = VERSION.replace("@", "%40")
+    assert vertex.paths() == [
+        f"/v1/{NAME}",
+        f"/v1/{PREPARE_JOB}",
+        f"/v1/{TUNING_JOB}",
+        f"/v1/{TRAIN_JOB}",
+        f"/v1/{version}",
+    ]
+    assert "aliases ['champion', 'default']" in out and "preflight validations: " in out
 
 
 DATAFLOW_JOB = "2026-01-01_00_02_10-1234567890"
@@ -826,3 +848,28 @@ def test_make_report_hands_run_over_verbatim_and_refuses_a_wrong_form(tmp_path: 
     [line] = [line for line in result.stderr.splitlines() if line.startswith("make report: RUN=")]
     assert line.startswith(f"make report: RUN='$(shell touch {pwned}) x") and "is not a pipeline run" in line
     assert "make report: exit code 2, usage or settings error" in result.stderr
+
+
+@pytest.mark.usefixtures("fresh_aiplatform", "model_folder")
+def test_a_promotion_the_alias_never_reached_is_not_reported_as_champion(
+    vertex: VertexRuns, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The gate promoted, but its compare-and-set refused (another run moved the alias): the
+    report follows the gate's `champion` output and the registry's aliases, not `promote`."""
+    job, jobs = finished_run()
+    judge = next(t for t in job.job_detail.task_details if t.task_name == "judge")
+    judge.execution.metadata.update(
+        {"output:champion": False, "output:evaluation_import": "refused: 400 bad"}
+    )
+    jobs[VERSION] = v1.Model(
+        name=VERSION.split("@")[0],
+        version_id="3",
+        container_spec=v1.ModelContainerSpec(image_uri=SERVING_IMAGE),
+    )
+    vertex.serve(job, jobs)
+    assert make_report(vertex, tmp_path, JOB_ID) == 0
+    summary = json.loads((tmp_path / "runs" / JOB_ID / "summary.json").read_text())
+    assert summary["gate"]["promote"] is True and summary["model"]["champion"] is False
+    assert summary["model"]["aliases"] == []
+    assert summary["gate"]["evaluation_import"].startswith("refused")
+    assert "refused: 400 bad" in capsys.readouterr().out

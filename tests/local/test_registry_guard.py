@@ -117,7 +117,7 @@ def test_a_stale_gate_does_not_take_the_alias(tmp_path: Path) -> None:
     assert a[:3] == ("2", str(registry / NAME / "2"), True)
     assert b[:3] == ("3", str(registry / NAME / "3"), False)
     assert "champion is now on version 2, but was on version 1 when this run's gate compared" in b[3]
-    assert aliases(registry) == {"default": "1", "champion": "2"}
+    assert aliases(registry) == {"default": "2", "champion": "2"}  # default moves with champion
     record = version_record(registry, "3")  # the decision and its reason, beside the version
     assert record["gate"] == {"promote": True, "reason": "0.97 >= 0.90"}
     assert record["alias"]["moved"] is False and record["alias"]["reason"] == b[3]
@@ -146,7 +146,7 @@ def test_a_passed_gate_against_the_current_champion_takes_the_alias_and_a_held_g
         registry, fake_model(tmp_path / "v3", 0.99), promote=False, reason="below min_score", evaluated="2"
     )
     assert held[2] is False and held[3] == "the gate held it: below min_score"
-    assert aliases(registry) == {"default": "1", "champion": "2"}
+    assert aliases(registry) == {"default": "2", "champion": "2"}  # default moves with champion
 
 
 def test_a_model_of_another_task_never_takes_the_alias_under_the_lock(tmp_path: Path) -> None:
@@ -232,3 +232,18 @@ def test_the_upload_step_does_not_take_the_alias_on_a_stale_gate(
     assert record["evaluation"]["models"]["challenger"]["macro_f1"] == 0.88
     assert record["description"].startswith("Promoted on accuracy")
     assert [c[0] for c in serving_check_passes] == [sys.executable, sys.executable]
+
+
+def test_a_champion_nobody_can_deploy_counts_as_none_and_loses_the_alias(tmp_path: Path) -> None:
+    """As on Vertex (`components.registry.find_champion`): a champion registered with a prebuilt
+    serving image past its end of availability is no usable champion; a model that passes the gate
+    takes the alias (and `default`), and the old version stays in the registry."""
+    registry = tmp_path / "registry"
+    ended = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-13:latest"  # ended 2025-11-28
+    steps.register_version(
+        str(fake_model(tmp_path / "v1", 0.99)), str(registry), NAME, True, "first", {"serving_image": ended}
+    )
+    found = steps.local_find_champion.python_func(registry_dir=str(registry), model_display_name=NAME)
+    assert (found.champion_version, found.class_names) == ("", [])
+    version, _, champion, _ = register(registry, fake_model(tmp_path / "v2", 0.50), reason="floor alone")
+    assert (version, champion) == ("2", True) and aliases(registry) == {"default": "2", "champion": "2"}

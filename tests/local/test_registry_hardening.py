@@ -67,7 +67,7 @@ def test_a_planted_temporary_aliases_file_is_never_written_through(tmp_path: Pat
     (reg / NAME / "aliases.json.tmp").symlink_to(target)
     version, _, champion, _ = register(reg, fake_model(tmp_path / "v2", 0.95), evaluated="1")
     assert (version, champion) == ("2", True) and target.read_text() == VICTIM
-    assert aliases(reg) == {"default": "1", "champion": "2"}
+    assert aliases(reg) == {"default": "2", "champion": "2"}  # default moves with champion
     assert not (reg / NAME / "aliases.json").is_symlink()
     left = sorted(p.name for p in (reg / NAME).iterdir())
     assert left == [".lock", "1", "2", "aliases.json", "aliases.json.tmp"]  # no temporary file left
@@ -230,7 +230,7 @@ def test_a_damaged_champion_is_no_usable_champion_and_the_next_model_takes_the_a
         reg, fake_model(tmp_path / "v2", 0.95), reason="0.95 >= min_score"
     )
     assert (version, champion) == ("2", True) and aliases(reg) == {
-        "default": "1",
+        "default": "2",
         "champion": "2",
     }  # never "1" again
     assert "and there is no usable champion (champion version 1 is damaged: " in reason and problem in reason

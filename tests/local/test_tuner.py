@@ -33,10 +33,12 @@ with open(os.environ["AIP_MODEL_DIR"].rstrip("/") + ".flags", "w") as f:
 """
 
 
-def run(tmp_path: Path, space: list[dict[str, Any]], **kwargs: Any) -> list[dict[str, Any]]:
+def run(
+    tmp_path: Path, space: list[dict[str, Any]], program: str = TRIAL, **kwargs: Any
+) -> list[dict[str, Any]]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "trial.py"
-    script.write_text(TRIAL)
+    script.write_text(program)
     base = ["--learning_rate=0.003", "--dropout=0.2"]  # what tuning-trainer-args left in
     container = {"image_uri": "img", "command": [sys.executable, str(script)], "args": base}
     args: dict[str, Any] = {"max_trial_count": 3, "parallel_trial_count": 1, "out": io.StringIO()}
@@ -101,6 +103,23 @@ def test_grid_search_walks_an_all_discrete_space(tmp_path: Path) -> None:
         tuner.make_sampler(
             "GRID_SEARCH", tuner.parse_study(tuning.study_metrics(), tuning.LOCAL_SEARCH_SPACE), 0
         )
+
+
+def test_the_timeout_bounds_each_trial_as_vertex_bounds_each_trials_custom_job(tmp_path: Path) -> None:
+    """Vertex: each trial is a CustomJob of `trial_job_spec`, whose `scheduling.timeout` is "the
+    maximum job running time" (aiplatform_v1 `HyperparameterTuningJob`, `Scheduling`): the two
+    short trials together outlast the timeout and both succeed; the long one is stopped."""
+    nap = r"""
+import json, os, sys, time
+time.sleep(float(sys.argv[-1].split("=")[1]))
+path = os.environ["CLOUD_ML_HP_METRIC_FILE"]
+os.makedirs(os.path.dirname(path), exist_ok=True)
+open(path, "w").write(json.dumps({"val_accuracy": 0.5, "global_step": "1"}))
+"""
+    space = [{"parameter_id": "nap", "discrete_value_spec": {"values": [1.1, 1.2, 60.0]}}]
+    table = run(tmp_path, space, nap, algorithm="GRID_SEARCH", timeout="2s")
+    states = {t["parameters"][0]["value"]: t["state"] for t in table}
+    assert states == {1.1: "SUCCEEDED", 1.2: "SUCCEEDED", 60.0: "INFEASIBLE"}
 
 
 def test_the_local_default_space_is_sampled_within_its_ranges() -> None:

@@ -358,3 +358,35 @@ def test_the_all_reduce_code_on_this_machines_cpu() -> None:
     assert (result["gpus"], result["megabytes"], result["iterations"]) == (1, 0.5, 3)
     assert result["correct"] is True and result["expected_sum"] == 1
     assert result["first_seconds"] > 0 and result["seconds"] > 0 and result["bus_gb_per_second"] is None
+
+
+def test_xla_runs_before_the_all_reduce_and_its_failure_fails_the_check_with_the_driver() -> None:
+    """H100/H200 run TF 2.21's kernels and XLA only through PTX, which the driver must accept: the
+    check compiles one XLA computation on GPU:0 and names the driver when it fails."""
+    request = GpuRequest("a3-highgpu-1g", "NVIDIA_H100_80GB", 1)
+    with_driver = {**seen(1), "driver": "NVIDIA driver 535.104.05, CUDA 12.2"}
+    ok = {"device": "/gpu:0", "seconds": 1.5, "correct": True}
+    code, summary, lines = gpucheck.check(request, "workerpool0", "chief", with_driver, reduced, lambda: ok)
+    assert code == 0 and summary["xla"] == ok and summary["driver"] == with_driver["driver"]
+    assert any("XLA compiled" in line for line in lines) and any("535.104.05" in line for line in lines)
+
+    def ptx_refused() -> dict[str, Any]:
+        raise RuntimeError("CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
+
+    code, summary, _ = gpucheck.check(request, "workerpool0", "chief", with_driver, never, ptx_refused)
+    assert code == 1 and "UNSUPPORTED_PTX" in summary["error"] and "535.104.05" in summary["error"]
+    code, _, _ = gpucheck.check(
+        request, "workerpool0", "chief", with_driver, never, lambda: {**ok, "correct": False}
+    )
+    assert code == 1
+
+
+def test_the_xla_computation_on_this_machines_cpu() -> None:
+    result = gpucheck.xla_compile("/cpu:0")
+    assert result["correct"] is True and result["device"] == "/cpu:0"
+
+
+def test_no_driver_here_is_said_not_guessed() -> None:
+    from trainer import distribute
+
+    assert distribute.driver_versions() == ""  # no libcuda.so.1 on this machine
