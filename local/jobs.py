@@ -649,21 +649,33 @@ def _pump(stream: TextIO, prefix: str, log_file: TextIO, tail: deque[str], out: 
             out.flush()
 
 
+# Set by `_sigterm_as_interrupt`'s handler; the supervising loop checks it every 0.2 s.
+_SIGTERM = threading.Event()
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (kfp.local or a CI runner stopping us) unwinds like Ctrl-C, so replicas stop too."""
+    """SIGTERM (kfp.local or a CI runner stopping us) unwinds like Ctrl-C, so replicas stop too.
+    The handler's exception can be dropped by Python (raised inside a `__del__`, a weakref
+    callback, C code that clears errors: trainer.prepare.sigterm_unwinds says how it was found), so
+    the signal is also recorded and the supervising loop raises it again; a second SIGTERM during
+    the clean-up (stopping the replicas) does not cut it short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+        if not _SIGTERM.is_set():
+            _SIGTERM.set()
+            raise KeyboardInterrupt(f"signal {signum}")
 
+    _SIGTERM.clear()
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _SIGTERM.clear()
 
 
 def _restartable(code: int) -> bool:
@@ -720,6 +732,8 @@ class _Job:
                 r.start(f"attempt {number}", self._prefix(rep), self.out)
             done: set[str] = set()
             while True:
+                if _SIGTERM.is_set():
+                    raise KeyboardInterrupt(f"signal {signal.SIGTERM.value}")
                 if self.cancel is not None and self.cancel.is_set():
                     raise JobCancelled(f"{self.display_name} was cancelled; every replica was stopped")
                 for r in running:

@@ -70,6 +70,38 @@ def work_dir(output_dir: str) -> str:
     return storage.resolve(output_dir).rstrip("/") + WORK_SUFFIX
 
 
+# Written first into a work folder this engine makes: only a folder holding it is the engine's to
+# resume into or remove.
+OWNER_FILE = ".beam-work"
+
+
+def check_work_dir(work: str) -> None:
+    """Refuses, before any work, a work folder path (`work_dir`) holding anything this engine did not make: a
+    link (removing through it would delete the folder it points to), a file, or a folder without
+    the engine's own OWNER_FILE (checked without following links). Nothing there, or a folder a
+    killed run left, is fine."""
+    from trainer import storage
+    from trainer._tf import tf
+
+    what = ""
+    if storage.is_remote(work):
+        if _exists(work.rstrip("/")) and not tf.io.gfile.isdir(work):
+            what = "an object, not a folder"
+        elif tf.io.gfile.isdir(work) and not _exists(storage.join(work, OWNER_FILE)):
+            what = f"a folder this engine did not make (no {OWNER_FILE} in it)"
+    elif os.path.islink(work):
+        what = f"a symbolic link (to {os.readlink(work)})"
+    elif os.path.lexists(work) and not os.path.isdir(work):
+        what = "a file, not a folder"
+    elif os.path.isdir(work) and not os.path.lexists(os.path.join(work, OWNER_FILE)):
+        what = f"a folder this engine did not make (no {OWNER_FILE} in it)"
+    if what:
+        raise PrepareError(
+            f"{work} is {what}: --engine beam keeps its work there and may remove it; move it aside, "
+            "or give another --output_dir"
+        )
+
+
 # --- the plan ----------------------------------------------------------------------------------
 
 
@@ -507,7 +539,9 @@ def write_plan(work: str, plan: dict[str, Any], tasks: dict[str, Any], progress:
             "differ from this run's; starting over"
         )
     if _exists(work):
+        check_work_dir(work)  # never removed through a link, nor a folder of the user's
         tf.io.gfile.rmtree(work)
+    _write_json(storage.join(work, OWNER_FILE), {"output_dir": work.removesuffix(WORK_SUFFIX)})
     for name, task in tasks.items():
         _write_json(storage.join(work, TASKS, f"{name}.json"), task)
     tf.io.gfile.makedirs(storage.join(work, DONE))

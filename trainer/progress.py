@@ -20,10 +20,6 @@ def is_terminal(stream: Any) -> bool:
         return False
 
 
-def _ignore(n: int = 1) -> None:
-    pass
-
-
 @dataclasses.dataclass
 class Progress:
     """How preparation reports progress.
@@ -34,6 +30,7 @@ class Progress:
       last line (so a fast count prints only its final line); one whenever `interval_s` passes
       without a line (a slow count still shows it is alive); and a final line when complete.
     out: where lines go; None: sys.stdout at the time of printing.
+    stop: called at every `update`: raises to stop the work (trainer.prepare's SIGTERM).
     """
 
     bars: bool
@@ -42,6 +39,7 @@ class Progress:
     min_gap_s: float = 5.0
     interval_s: float = 60.0
     clock: Callable[[], float] = time.monotonic
+    stop: Callable[[], None] = lambda: None
 
     @classmethod
     def auto(cls) -> Progress:
@@ -64,9 +62,14 @@ class Progress:
             from tqdm import tqdm
 
             with tqdm(total=total, desc=desc or label, unit="img", mininterval=1.0) as b:
-                yield b.update
+
+                def advance(n: int = 1) -> None:
+                    self.stop()
+                    b.update(n)
+
+                yield advance
         elif self.bars or not lines:
-            yield _ignore
+            yield lambda n=1: self.stop()
         else:
             start = self.clock()
             every = max(1, math.ceil(total * self.step))
@@ -74,6 +77,7 @@ class Progress:
 
             def update(n: int = 1) -> None:
                 nonlocal done, next_mark, last
+                self.stop()
                 done += n
                 now = self.clock()
                 if done >= total:

@@ -225,6 +225,30 @@ def test_cancel_sends_sigterm_waits_for_the_replicas_and_restarts_nothing(tmp_pa
     assert not [pid for pid in pids if alive(pid)]
 
 
+def test_a_sigterm_whose_exception_python_dropped_still_stops_the_job(tmp_path: Path) -> None:
+    """The runner's SIGTERM handler raises KeyboardInterrupt, which Python drops when the handler
+    runs inside a `__del__`, a weakref callback or C code that clears errors
+    (trainer.prepare.sigterm_unwinds): the signal is recorded too, and the supervising loop
+    raises it, stopping every replica (each saves on its SIGTERM). Here the record is made as the
+    handler leaves it when its exception was dropped (tests/trainer/test_prepare_inputs.py drops
+    one for real, in a `__del__`)."""
+    screen = WhenSeen(
+        "worker-1 training", jobs._SIGTERM.set, count=3, also=("chief-0 training", "worker-0 training")
+    )
+    with pytest.raises(KeyboardInterrupt):
+        jobs.run_job(
+            specs(tmp_path, "save-on-term"),
+            str(tmp_path / "base"),
+            display_name="job",
+            project="proj",
+            log_dir=tmp_path / "logs",
+            out=screen,
+        )
+    assert len(list(tmp_path.glob("*.saved"))) == 3
+    pids = [json.loads(p.read_text())["pid"] for p in tmp_path.glob("*-*.json")]
+    assert not [pid for pid in pids if alive(pid)]
+
+
 def test_a_replica_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
     cancel = threading.Event()
     screen = WhenSeen("training", cancel.set, count=3)

@@ -160,6 +160,7 @@ def test_a_changed_plan_is_not_resumed_and_says_what_changed(folder: Path, tmp_p
     out = tmp_path / "dataset"
     work = Path(beamprep.work_dir(str(out)))
     work.mkdir()
+    (work / beamprep.OWNER_FILE).write_text("{}")  # as an earlier run of this engine left it
     (work / beamprep.PLAN_FILE).write_text(
         json.dumps(
             {"identity": {"plan_version": 1, "seed": 8, "image_size": 32}, "fingerprint": "sha256:old"}
