@@ -96,14 +96,14 @@ schedule: $(STAMP) ## Schedule this commit's template on Vertex: CRON='0 6 * * 1
 	@$(PY) -m launch.schedules schedule $(ARGS) $(EXPLAIN)
 
 schedules: $(STAMP) ## List the project's pipeline schedules
-	@$(PY) -m launch.schedules schedules $(EXPLAIN)
+	@$(PY) -m launch.schedules schedules $(ARGS) $(EXPLAIN)
 
 schedule-pause schedule-resume schedule-delete: $(STAMP) ## Pause, resume or delete a schedule: NAME=projects/.../schedules/ID
-	@$(PY) -m launch.schedules $(subst schedule-,,$@) $(EXPLAIN)
+	@$(PY) -m launch.schedules $(subst schedule-,,$@) $(ARGS) $(EXPLAIN)
 
 .PHONY: models
-models: $(STAMP) ## List the local registry's models: each version's figures, the dataset it was evaluated on, the gate's decision and the champion
-	@$(PY) -m launch.models
+models: $(STAMP) ## List the local registry's models: each version's figures, the dataset it was evaluated on, the gate's decision and the champion (ARGS="--registry_dir DIR")
+	@$(PY) -m launch.models $(ARGS)
 
 .PHONY: report
 report: $(STAMP) ## Write local_runs/<job id>/summary.json and report.html for a Vertex run: RUN=<job id> or RUN=projects/<p>/locations/<region>/pipelineJobs/<id>

@@ -235,23 +235,31 @@ def trainer_commands(values: Mapping[str, Any]) -> dict[str, list[str]]:
     }
 
 
-def trainer_flag_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """The trainer's own parsers' verdict on the flags this run would hand its jobs, each problem
-    named by the pipeline parameter behind the flag (`python -m trainer.flagcheck`: a process,
-    since the trainer is never imported by the pipeline's layers; no TensorFlow, ~0.1 s)."""
+def trainer_check(module: str, request: Any, timeout: float | None = None) -> Any:
+    """The JSON answer of `python -m <module>` (trainer.flagcheck or trainer.sourcecheck) to the
+    JSON `request` on its stdin: a process, since the trainer is never imported by the pipeline's
+    layers (no TensorFlow; ~0.1 s). The test suite answers in-process instead (tests/conftest.py),
+    and one test per module goes through the process."""
     result = subprocess.run(
-        [sys.executable, "-m", "trainer.flagcheck"],
-        input=json.dumps(trainer_commands(values)),
+        [sys.executable, "-m", module],
+        input=json.dumps(request),
         capture_output=True,
         text=True,
         cwd=ROOT,
         check=False,
+        timeout=timeout,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"python -m trainer.flagcheck failed: {result.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"python -m {module} failed: {result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout)
+
+
+def trainer_flag_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """The trainer's own parsers' verdict on the flags this run would hand its jobs, each problem
+    named by the pipeline parameter behind the flag (`trainer_check`: trainer.flagcheck)."""
     to_parameter = PREPARE_INPUTS  # build_prepare_args's inputs are its flags' names
     problems = []
-    for found in json.loads(result.stdout):
+    for found in trainer_check("trainer.flagcheck", trainer_commands(values)):
         names = [
             flag if found["program"] == "trainer.task" else to_parameter.get(flag, flag)
             for flag in found["flags"]
@@ -263,25 +271,14 @@ def trainer_flag_problems(values: Mapping[str, Any]) -> list[Problem]:
 
 
 def source_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """A local `folder:PATH` source judged by the preparation's own rules (`python -m
-    trainer.sourcecheck`: a process, no TensorFlow, bounded to seconds), and the global batch
+    """A local `folder:PATH` source judged by the preparation's own rules (`trainer_check`:
+    trainer.sourcecheck, bounded to seconds), and the global batch
     against the training split it would prepare: a batch larger than the split cannot make one
     step. Other sources are checked by the preparation job (sourcecheck says so: nothing here)."""
     source = str(values.get("dataset_source", ""))
     if not source.startswith("folder:"):
         return []
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer.sourcecheck"],
-        input=json.dumps({"source": source}),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-        timeout=120,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"python -m trainer.sourcecheck failed: {result.stderr.strip()[-2000:]}")
-    answer = json.loads(result.stdout)
+    answer = trainer_check("trainer.sourcecheck", {"source": source}, timeout=120)
     problems = [Problem(("dataset_source",), f"trainer.prepare says: {p}") for p in answer["problems"]]
     counts = answer.get("counts") or {}
     train = (counts.get("prepared") or {}).get("train")

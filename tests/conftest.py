@@ -51,6 +51,39 @@ def serving_images_judged_on_a_fixed_day(monkeypatch: pytest.MonkeyPatch) -> Non
     )
 
 
+def trainer_check_in_process(module: str, request: Any, timeout: float | None = None) -> Any:
+    """`pipeline.rules.trainer_check` answered in this process: the same module's `main` on the
+    same JSON, without a Python start per check (hundreds of them across the suite)."""
+    import contextlib
+    import importlib
+    import io
+    import json
+    import sys
+
+    out, err = io.StringIO(), io.StringIO()
+    stdin, sys.stdin = sys.stdin, io.StringIO(json.dumps(request))
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main = importlib.import_module(module).main
+            code = main([]) if module == "trainer.sourcecheck" else main()
+    finally:
+        sys.stdin = stdin
+    if code != 0:
+        raise RuntimeError(f"python -m {module} failed: {err.getvalue().strip()[-2000:]}")
+    return json.loads(out.getvalue())
+
+
+@pytest.fixture(autouse=True)
+def trainer_checks_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front door's trainer checks run in-process, except in the tests marked
+    `trainer_check_process`, which prove the process path (`pipeline.rules.trainer_check`)."""
+    if request.node.get_closest_marker("trainer_check_process"):
+        return
+    from pipeline import rules
+
+    monkeypatch.setattr(rules, "trainer_check", trainer_check_in_process)
+
+
 # The pipeline root's bucket of the made-up project the Vertex-side tests use.
 TEST_BUCKET = "p-proj-pipelines"
 

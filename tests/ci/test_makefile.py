@@ -328,3 +328,16 @@ def test_the_tool_variables_keep_their_defaults(tmp_path: Path) -> None:
     setup = dry("-W", "pyproject.toml", "setup").splitlines()
     assert f"{uv} sync --frozen" in setup and "touch .venv/.setup-stamp" in setup, setup
     assert ".venv/bin/python -m pytest" in dry("-o", ".venv/.setup-stamp", "test").splitlines()
+
+
+def test_every_target_that_runs_a_launch_program_passes_args(tmp_path: Path) -> None:
+    """`make models ARGS="--registry_dir DIR"` lists DIR, as `make run ARGS=...` wrote it: every
+    recipe that runs a `launch` program hands ARGS over (the README's examples use it)."""
+    runs = [
+        line for line in MAKEFILE.read_text().splitlines() if line.startswith("\t") and "-m launch." in line
+    ]
+    assert runs and not [line for line in runs if "$(ARGS)" not in line]
+    done = subprocess.run(
+        ["make", "-n", "models", f"ARGS=--registry_dir {tmp_path}"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and f"-m launch.models --registry_dir {tmp_path}" in done.stdout, done.stdout

@@ -226,3 +226,22 @@ def test_the_checked_flags_are_built_by_the_steps_own_functions(capsys: pytest.C
     assert "--shards=32" in checked["trainer.prepare"] and "--overwrite" in checked["trainer.prepare"]
     # A source the step itself refuses is still handed over, for the preparation's parser to name.
     assert "--source=nope" in options.trainer_commands(vertex(dataset_source="nope"))["trainer.prepare"]
+
+
+@pytest.mark.trainer_check_process
+def test_the_trainer_checks_answer_as_processes_what_the_suite_answers_in_process(tmp_path: Any) -> None:
+    """`make run` starts `python -m trainer.flagcheck` and `trainer.sourcecheck` (the pipeline's
+    layers never import the trainer); elsewhere the suite answers in-process (tests/conftest.py):
+    both answers are the same, and a module that fails is named."""
+    from tests.conftest import trainer_check_in_process
+
+    flags = {"trainer.task": ["--epochs=0"], "trainer.prepare": ["--shards=0"]}
+    by_process = options.trainer_check("trainer.flagcheck", flags)
+    assert by_process == trainer_check_in_process("trainer.flagcheck", flags)
+    assert {p["program"] for p in by_process} == {"trainer.task", "trainer.prepare"}
+    source = {"source": f"folder:{tmp_path}"}
+    assert options.trainer_check("trainer.sourcecheck", source) == trainer_check_in_process(
+        "trainer.sourcecheck", source
+    )
+    with pytest.raises(RuntimeError, match=r"trainer\.flagcheck"):
+        options.trainer_check("trainer.flagcheck", {"trainer.unknown": []})
