@@ -231,6 +231,7 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
             if s.status == "RUNNING":  # interrupted: kfp.local never returned its status
                 s.status = "CANCELLED"
         summary, metrics, trials = _summary(args, run_id, run_dir, status, error, steps, wall)
+        summary["warnings"] = [{"step": step, "warning": text} for step, text in tee.warnings]
         if status == "CANCELLED":
             summary["stopped"] = {
                 "signal": stop.signal or "SIGINT",
@@ -251,6 +252,8 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
         screen.write(f"WARNING: report.html was not written ({summary['report_error']}); see summary.json\n")
     status = summary["status"]
     failed = [s for s in steps if s.status not in ("SUCCESS", "CANCELLED")]
+    if tee.warnings:  # again at the end, where they cannot scroll away (a damaged registry...)
+        screen.write("".join(f"WARNING: {step}: {text}\n" for step, text in tee.warnings))
     if verbose:
         screen.write(
             "\n" + "\n".join(f"  {s.name:<28} {s.status:<9} {s.seconds:6.1f}s" for s in steps) + "\n"

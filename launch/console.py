@@ -22,7 +22,9 @@ _REPLICA_SHOWN = re.compile(
 _RUNNER = re.compile(r"^\[(?P<job>[\w.-]+)\] (?P<text>.*)$")
 _RUNNER_SHOWN = re.compile(r"(restarting the whole job|^trial \d+ (started|failed|val_|[a-z_]+=))")
 # A component's own messages.
-_STEP_SHOWN = re.compile(r"^(PROMOTE: |HOLD: |registered |serving image |best trial |making the TensorFlow )")
+_STEP_SHOWN = re.compile(
+    r"^(PROMOTE: |HOLD: |registered |serving image |best trial |making the TensorFlow |WARNING: )"
+)
 
 
 def headline(line: str) -> str | None:

@@ -90,6 +90,9 @@ class StepTee(io.TextIOBase):
         self._buffer = ""
         self._hiding_json = False
         self._hiding_outputs = False
+        # (step, text) of every "WARNING: " line a step's own code printed: shown on the screen,
+        # kept in summary.json and repeated at the run's end (launch.cli).
+        self.warnings: list[tuple[str, str]] = []
 
     def writable(self) -> bool:
         return True
@@ -102,6 +105,8 @@ class StepTee(io.TextIOBase):
         while "\n" in self._buffer:
             line, self._buffer = self._buffer.split("\n", 1)
             shown = self._filter(line)
+            if shown is not None and shown.startswith(f"  {self.step}: WARNING: "):
+                self.warnings.append((self.step, shown.removeprefix(f"  {self.step}: WARNING: ")))
             if shown is not None and not self.verbose:
                 shown = console.headline(shown.removeprefix(f"  {self.step}: "))
             if shown is not None:

@@ -82,8 +82,13 @@ def model_table(registry_dir: str) -> list[tuple[str, list[list[str]]]]:
                     except registry.Damaged as err:
                         rows.append([version, f"damaged: {err.path} {err.problem}", *["-"] * 6])
                         continue
-                    name = str(record.get("model", name))
-                    rows.append(_row(version, record, aliases.get("champion", "")))
+                    try:
+                        name = str(record.get("model", name))
+                        rows.append(_row(version, record, aliases.get("champion", "")))
+                    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+                        # Hand-edited: named in its row, never a traceback for the whole table.
+                        problem = f"{type(err).__name__}: {err}"
+                        rows.append([version, f"damaged: {root}/version.json ({problem})", *["-"] * 6])
                 out.append((name, rows))
             finally:
                 os.close(model_fd)
@@ -104,11 +109,17 @@ HEADER = [
 ]
 
 
+def _shown(text: str) -> str:
+    """`text` with every character a terminal would act on (escape sequences, carriage returns)
+    written as its escape: a registry's files are read as data, never as terminal commands."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def render(models: list[tuple[str, list[list[str]]]]) -> str:
     if not models:
         return "no models yet"
     lines = []
-    for name, rows in models:
+    for name, rows in [(_shown(n), [[_shown(c) for c in r] for r in rs]) for n, rs in models]:
         widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
         lines.append(f"{name}  (* = champion; accuracy and macro F1 on its run's test split)")
         for row in [HEADER, *rows]:

@@ -413,7 +413,7 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
         return Outputs(True, model_dir, model_dir, "", "", [])
     if "unusable" in current:
         print(
-            f"{model_display_name}: {alias} version {current['version']} {current['state']}, so this run has no "
+            f"WARNING: {model_display_name}: {alias} version {current['version']} {current['state']}, so this run has no "
             f"usable {alias} and compares with none: {current['unusable']}; if the gate passes, the new "
             f"model takes {alias} and version {current['version']} stays in the registry; to keep it as "
             f"{alias} instead, {current['fix']}"

@@ -453,6 +453,32 @@ def _runner(args: Sequence[str]) -> str:
 LOCAL_RUNNER = "FnApiRunner"
 
 
+# Memory one DirectRunner worker takes: it is two processes, each with TensorFlow loaded (24
+# workers started 49 processes and reached 17 GB on a 2-CPU machine before the kernel killed them).
+WORKER_BYTES = 1400 * 2**20
+
+
+def local_workers(config: PrepareConfig) -> int:
+    """The DirectRunner's worker processes: `--beam_workers` (0: one per CPU this process may use,
+    fewer if memory holds fewer); raises PrepareError, naming both bounds, for more than there are
+    CPUs or than the available memory (/proc/meminfo MemAvailable) holds."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    available = 0
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo") as f:
+            available = int(next(line for line in f if line.startswith("MemAvailable:")).split()[1]) * 1024
+    by_memory = max(1, available // WORKER_BYTES) if available else cpus
+    if not config.beam_workers:
+        return min(cpus, by_memory)
+    if config.beam_workers > min(cpus, by_memory):
+        raise PrepareError(
+            f"--beam_workers {config.beam_workers}: this machine has {cpus} CPUs and "
+            f"{available / 2**30:.1f} GiB available, room for {min(cpus, by_memory)} workers (each "
+            f"takes about {WORKER_BYTES / 2**30:.1f} GiB); give at most {min(cpus, by_memory)}, or 0"
+        )
+    return config.beam_workers
+
+
 def pipeline_options(config: PrepareConfig) -> Any:
     """Beam's options: `config.beam_args` as given (the runner, Dataflow's project, region,
     worker settings...); when the runner is the DirectRunner (`_runner`), Beam's FnApiRunner
@@ -462,7 +488,7 @@ def pipeline_options(config: PrepareConfig) -> Any:
     args = list(config.beam_args)
     runner = _runner(args)
     if runner == "DirectRunner":
-        workers = config.beam_workers or os.cpu_count() or 1
+        workers = local_workers(config)
         args = ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}", *args]
         # Last, so that it replaces a `--runner DirectRunner` among `args`.
         return PipelineOptions([*args, f"--runner={LOCAL_RUNNER}"])

@@ -172,6 +172,23 @@ def build_parser(
     return p
 
 
+def unknown_beam_options(args: Sequence[str]) -> list[str]:
+    """Those of `args` that no Apache Beam pipeline option takes (Beam itself only logs them and
+    goes on: `--image-size=48` would prepare at the default size); [] without Beam installed
+    (the preparation then refuses --engine beam, naming the fix). Beam's own parser, built as
+    `PipelineOptions.get_all_options` builds it (apache_beam/options/pipeline_options.py)."""
+    import importlib.util
+
+    if importlib.util.find_spec("apache_beam") is None:
+        return []
+    from apache_beam.options import pipeline_options as po
+
+    parser = po._BeamArgumentParser(allow_abbrev=False)
+    for cls in {str(c): c for c in po.PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)
+    return list(parser.parse_known_args(list(args))[1])
+
+
 def parse_args(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
@@ -182,6 +199,12 @@ def parse_args(
     if rest and ns.engine != "beam":
         parser.error(
             f"unrecognized arguments: {' '.join(rest)} (only --engine beam takes Beam's own options)"
+        )
+    unknown = unknown_beam_options(rest) if rest else []
+    if unknown:
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)} (neither this command's flags nor Apache "
+            "Beam's pipeline options)"
         )
     ns.beam_args = tuple(rest)
     ns.output_dir = ns.output_dir or (os.environ if environ is None else environ).get(
@@ -275,10 +298,19 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
             "to replace it"
         )
     if config.engine == "beam":
-        from trainer.beamprep import check_beam_installed, check_runner_paths, check_work_dir, work_dir
+        from trainer.beamprep import (
+            check_beam_installed,
+            check_runner_paths,
+            check_work_dir,
+            is_local_runner,
+            local_workers,
+            work_dir,
+        )
 
         check_beam_installed()  # before the source is listed
         check_runner_paths(config)
+        if is_local_runner(config):
+            local_workers(config)  # bounded by this machine's CPUs and memory
         check_work_dir(work_dir(config.output_dir))  # before anything is listed or removed
     started = time.monotonic()
     with open_source(config, progress) as source:

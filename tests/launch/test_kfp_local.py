@@ -155,3 +155,22 @@ def test_the_silenced_image_warning_is_the_one_kfp_gives() -> None:
             )
             warnings.warn("another warning", stacklevel=1)
     assert [str(w.message) for w in seen] == ["another warning"]
+
+
+def test_a_steps_warnings_reach_the_screen_and_are_kept_for_the_summary() -> None:
+    """A champion nobody can use is said by find-champion in its log; the screen showed only
+    `find-champion success`. Every "WARNING: " line of a step's own code is shown under it and
+    kept (launch.cli puts them in summary.json and repeats them at the end)."""
+    screen = io.StringIO()
+    tee = kfp_local.StepTee(screen, verbose=False)
+    tee.step = "find-champion"
+    tee.write("cassava has no 'champion' version yet\n")
+    tee.write("WARNING: cassava: champion version 7 is damaged, so this run has no usable champion\n")
+    tee.write("[prepare-dataset chief-0] WARNING: a replica's own line\n")
+    assert (
+        screen.getvalue()
+        == "    WARNING: cassava: champion version 7 is damaged, so this run has no usable champion\n"
+    )
+    assert tee.warnings == [
+        ("find-champion", "cassava: champion version 7 is damaged, so this run has no usable champion")
+    ]

@@ -71,3 +71,36 @@ def test_a_damaged_version_is_named_and_no_registry_is_said(
     assert models.main(["--registry_dir", str(registry_dir)]) == 0
     row = capsys.readouterr().out.splitlines()[2]
     assert row.split()[0] == "1" and "damaged:" in row and "version.json is not JSON" in row
+
+
+def test_a_hand_edited_version_is_one_row_and_drives_no_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shared registry: one version.json edited by hand (a figure that is no number, a name
+    carrying escape sequences) is named in its row; the table still lists the others, and no
+    byte of a file reaches the terminal as a control character."""
+    registry_dir = tmp_path / "registry"
+    for n in (1, 2):
+        steps.register_version(
+            saved_model(tmp_path / f"m{n}", 0.9),
+            str(registry_dir),
+            "leaves",
+            n == 1,
+            "ok",
+            details(0.9, None),
+        )
+    two, one = sorted(registry_dir.glob("*/*/version.json"))  # `one` is version 2: the name shown
+    record = json.loads(one.read_text())
+    record["model"] = "leaves\x1b[2J\x1b]0;pwned\x07"
+    one.chmod(0o644)
+    one.write_text(json.dumps(record))
+    record = json.loads(two.read_text())
+    record["evaluation"]["models"] = "not a mapping"
+    two.chmod(0o644)
+    two.write_text(json.dumps(record))
+    assert models.main(["--registry_dir", str(registry_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out, repr(out)
+    assert "\\x1b[2J" in out, repr(out)
+    rows = out.splitlines()[2:]
+    assert rows[0].split()[0] == "1" and "damaged:" in rows[0] and rows[1].split()[0] == "2"

@@ -251,10 +251,10 @@ def test_the_runner_is_the_directrunner_unless_dataflow_is_named_or_implied(
 ) -> None:
     from trainer.prepareconfig import PrepareConfig
 
-    config = PrepareConfig(source="folder:gs://b/i", output_dir="gs://b/o", beam_args=args, beam_workers=3)
+    config = PrepareConfig(source="folder:gs://b/i", output_dir="gs://b/o", beam_args=args, beam_workers=1)
     options = beamprep.pipeline_options(config).get_all_options()
     assert options["runner"] == runner and beamprep.is_local_runner(config) is local
-    assert (options.get("direct_num_workers") == 3) is local
+    assert (options.get("direct_num_workers") == 1) is local
 
 
 def test_the_plan_does_not_depend_on_where_a_tfds_split_was_built() -> None:

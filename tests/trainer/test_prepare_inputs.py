@@ -742,3 +742,29 @@ def test_the_beam_engine_refuses_a_work_folder_it_did_not_make_and_deletes_nothi
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
     kept = work / "keep.txt" if planted == "folder" else (work if planted == "file" else users / "keep.txt")
     assert kept.read_text() == "mine"
+
+
+def test_the_beam_engine_refuses_a_flag_neither_it_nor_beam_knows() -> None:
+    """`--image-size=48` (a hyphen typo) was handed to Beam, which only logs what it does not
+    know: the job engine refuses it, and so does the Beam engine now; Beam's own options pass."""
+    base = ["--source=synthetic", "--output_dir=/tmp/x", "--engine=beam"]
+    with pytest.raises(SystemExit) as exit_:
+        P.parse_args([*base, "--image-size=48"])
+    assert exit_.value.code == 2
+    config = P.parse_args([*base, "--runner", "DirectRunner", "--temp_location=gs://b/t"])
+    assert config.beam_args == ("--runner", "DirectRunner", "--temp_location=gs://b/t")
+
+
+def test_beam_workers_are_bounded_by_this_machines_cpus_and_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """24 workers on 2 CPUs started 49 TensorFlow processes and reached 17 GB before the kernel
+    killed them: more workers than the CPUs or the available memory hold are refused, naming both;
+    0 means as many as both allow."""
+    from trainer import beamprep
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    config = PrepareConfig(source="synthetic", output_dir="/tmp/x", engine="beam", beam_workers=24)
+    with pytest.raises(PrepareError, match="--beam_workers 24") as err:
+        beamprep.local_workers(config)
+    assert "2 CPUs" in str(err.value) and "GiB available" in str(err.value)
+    assert beamprep.local_workers(PrepareConfig(source="synthetic", output_dir="/tmp/x", beam_workers=0)) <= 2
+    assert beamprep.local_workers(PrepareConfig(source="synthetic", output_dir="/tmp/x", beam_workers=1)) == 1
