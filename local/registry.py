@@ -418,6 +418,14 @@ def publish(
     with `mkdir` (fails if anything is there), renamed into place once complete. Call it under
     the lock. Returns (version, its folder)."""
     version = next_version(model_fd, list(aliases.values()))
+    # A staging folder still here was left by a registration that was killed mid-copy: the lock
+    # held now says none is running. Real folders of the registry's own naming only (a link or a
+    # file of that name is left alone); the fd-based rmtree follows no link inside.
+    for name in os.listdir(model_fd):
+        if re.fullmatch(r"\.staging-[0-9a-f]{16}", name) and stat.S_ISDIR(
+            os.lstat(name, dir_fd=model_fd).st_mode
+        ):
+            shutil.rmtree(name, dir_fd=model_fd)
     while True:
         staging = f".staging-{secrets.token_hex(8)}"
         try:

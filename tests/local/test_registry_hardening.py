@@ -280,3 +280,18 @@ def test_a_link_inside_the_model_to_register_is_refused(tmp_path: Path) -> None:
 
 def test_the_validator_checks_the_keys_the_trainer_contract_names() -> None:
     assert registry.METRICS_KEYS == steps.METRICS_READ
+
+
+def test_a_killed_registrations_staging_folder_is_removed_by_the_next(tmp_path: Path) -> None:
+    """A registration killed mid-copy left `.staging-<hex>` (405 MB in the report), which no later
+    run removed and `make models` does not show: the next registration, holding the lock, removes
+    it; a link or a file of that name is not the registry's and stays, as does what it points to."""
+    reg, target = started(tmp_path), victim(tmp_path)
+    model = reg / NAME
+    stale = model / ".staging-0123456789abcdef"
+    (stale / "model").mkdir(parents=True)
+    (stale / "model" / "saved_model.pb").write_bytes(b"x" * 1000)
+    (model / ".staging-fedcba9876543210").symlink_to(target.parent)
+    register(reg, fake_model(tmp_path / "v2", 0.95), evaluated="1")
+    assert not stale.exists()
+    assert (model / ".staging-fedcba9876543210").is_symlink() and target.read_text() == VICTIM
