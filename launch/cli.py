@@ -473,6 +473,47 @@ def _spec_dict(pipeline_func: Any) -> dict[str, Any]:
     return json_format.MessageToDict(pipeline_func.pipeline_spec)
 
 
+def stop_with_make(environ: Mapping[str, str] = os.environ, poll_s: float = 0.5) -> None:
+    """Makes this process get SIGTERM (and so stop the run cleanly, writing its summary) when
+    the `make` that started it goes, whatever was signalled: the recipe's shell (its parent) dying
+    sends it through PR_SET_PDEATHSIG (SIGTERM to make alone reaches the shell: GNU make passes
+    SIGTERM to its recipes' shells, which die of it); and a thread watches `make` itself (the
+    shell's parent, under MAKELEVEL), since SIGKILL to make leaves the shell running. An IDE's
+    stop button or a CI runner signals only the process it started. Linux only; elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
+    if "MAKELEVEL" not in environ:
+        return
+    shell = os.getppid()
+
+    def parent_of(pid: int) -> int:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    try:
+        make = parent_of(shell)
+    except (OSError, ValueError, IndexError):
+        return
+
+    def watch() -> None:
+        # make's end reparents the shell (to init or a subreaper), even while make is unreaped.
+        while True:
+            time.sleep(poll_s)
+            try:
+                if parent_of(shell) == make:
+                    continue
+            except (OSError, ValueError, IndexError):
+                return  # the shell is gone: PR_SET_PDEATHSIG has sent SIGTERM already
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+    threading.Thread(target=watch, name="stop-with-make", daemon=True).start()
+
+
 # --- entry point ------------------------------------------------------------------------------
 
 
@@ -520,6 +561,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             parser.error(f"{problem} (nothing was started)")
         for warning in warnings:
             print(f"WARNING: {warning}", flush=True)
+        stop_with_make(env)
         return run_local(args, Path(ns.runs_dir), verbose=ns.verbose)
     from launch import submit
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -174,3 +175,48 @@ def test_a_report_that_cannot_be_drawn_never_fails_a_successful_run(tmp_path: Pa
     assert summary["status"] == "SUCCEEDED"
     assert summary["report_error"] == "RuntimeError: no picture today" and summary["report"] is None
     _assert_clean(runs, system_tmp, [])
+
+
+CHILD = """
+import os, signal, sys, time
+from launch import cli
+def stopped(signum, frame):
+    open(sys.argv[1], "w").write("SIGTERM")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stopped)
+cli.stop_with_make(poll_s=0.1)
+open(sys.argv[1] + ".ready", "w").close()
+time.sleep(60)
+"""
+MAKE = """
+import subprocess, sys, time
+subprocess.Popen(["bash", "-c", sys.argv[1] + " || true"]).wait()
+"""
+
+
+@pytest.mark.parametrize("victim", ["make", "shell"])
+def test_a_run_stops_when_the_make_that_started_it_is_killed(tmp_path: Path, victim: str) -> None:
+    """An IDE's stop button signals only `make`: SIGKILL to make (or to the recipe's shell) left
+    launch.cli and its steps running. The run now gets SIGTERM, which stops it cleanly."""
+    seen = tmp_path / "seen"
+    child = f"{sys.executable} -c {shlex.quote(CHILD)} {seen}"
+    env = {**os.environ, "MAKELEVEL": "1", "PYTHONPATH": str(ROOT)}
+    make = subprocess.Popen([sys.executable, "-c", MAKE, child], env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not Path(f"{seen}.ready").exists():
+            assert time.monotonic() < deadline and make.poll() is None
+            time.sleep(0.05)
+        if victim == "make":
+            make.kill()
+        else:
+            shell = int(subprocess.check_output(["pgrep", "-P", str(make.pid), "bash"]).split()[0])
+            os.kill(shell, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not seen.exists():
+            assert time.monotonic() < deadline, "the run was not told to stop"
+            time.sleep(0.05)
+        assert seen.read_text() == "SIGTERM"
+    finally:
+        make.kill()
+        make.wait()
