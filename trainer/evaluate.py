@@ -250,14 +250,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trainer import storage
     from trainer._tf import tf
 
+    out = storage.resolve(args.output_dir)
+    if not storage.is_remote(out) and os.path.lexists(out) and not os.path.isdir(out):
+        parser.error(f"--output_dir {args.output_dir} is an existing file, not a folder")  # before any work
     try:
         result = evaluate(args.data_dir, models, split=args.split, log=_log)
-    except (EvaluationError, ValueError, OSError) as err:  # data.DataError is a ValueError
+        tf.io.gfile.makedirs(out)
+        path = storage.join(args.output_dir, EVALUATION_FILE)
+        storage.write_json(path, result)
+    except (EvaluationError, ValueError, OSError, tf.errors.OpError) as err:  # data.DataError: a ValueError
         print(f"python -m trainer.evaluate: error: {err}", file=sys.stderr)  # noqa: T201
         return 1
-    tf.io.gfile.makedirs(storage.resolve(args.output_dir))
-    path = storage.join(args.output_dir, EVALUATION_FILE)
-    storage.write_json(path, result)
     _log(f"evaluation: wrote {path}")
     return 0
 

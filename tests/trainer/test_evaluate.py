@@ -172,3 +172,15 @@ def test_summarize_against_a_hand_computed_matrix() -> None:
     # a: precision 2/3, recall 2/3; b: 0, 0; c: 1, 1 -> macro F1 (2/3 + 0 + 1) / 3
     assert got["macro_f1"] == pytest.approx((2 / 3 + 0 + 1) / 3)
     assert got["per_class"]["b"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1}
+
+
+def test_an_output_dir_that_is_a_file_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It ended in a traceback after the whole evaluation; now exit 2, naming the flag, at once."""
+    taken = tmp_path / "taken"
+    taken.write_text("mine")
+    with pytest.raises(SystemExit) as raised:
+        evaluate.main(["--data_dir=/nonexistent", "--model_dir=/m", f"--output_dir={taken}"])
+    assert raised.value.code == 2 and "--output_dir" in capsys.readouterr().err
+    assert taken.read_text() == "mine"
