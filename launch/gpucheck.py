@@ -291,6 +291,10 @@ def run(
     from google.cloud import aiplatform_v1
 
     out, err = out or sys.stdout, err or sys.stderr
+    if job_client is None:  # Vertex tried once first: out of reach is one line (launch.submit.reach)
+        from launch.submit import reach, vertex_service
+
+        reach([vertex_service(settings)], out=out)
     if ns.image:
         image_uri = ns.image
     else:
@@ -408,7 +412,7 @@ def main(
         return 2
     for warning in warnings:
         sys.stdout.write(f"WARNING: {warning}\n")
-    from launch.submit import credential_errors, no_credentials
+    from launch.submit import GoogleUnreachable, credential_errors, no_credentials
 
     try:
         credentials = injected.pop("credentials", None)
@@ -420,6 +424,9 @@ def main(
     except credential_errors() as problem:
         sys.stderr.write(no_credentials(PROG, problem) + "\n")
         return 2
+    except GoogleUnreachable as problem:
+        sys.stderr.write(f"{PROG}: {problem}\n")
+        return 1
 
 
 if __name__ == "__main__":

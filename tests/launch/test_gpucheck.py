@@ -515,3 +515,19 @@ def test_the_real_client_is_made_for_the_api_endpoint(
         "trainer.gpucheck",
     ]
     assert "submitted projects/p-proj/locations/us-central1/customJobs/77" in capsys.readouterr().out
+
+
+def test_vertex_out_of_reach_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """`make gpu-check` with no network ended in a client library's traceback after its retries:
+    Vertex is tried once first, and out of reach is one line naming it (launch.submit.reach)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends
+    env = settings_env(API_ENDPOINT=f"http://127.0.0.1:{port}")
+    code = gpucheck.main(
+        ["--image=x/y@sha256:" + "0" * 64], env, Path("/nonexistent"), credentials=AnonymousCredentials()
+    )
+    err = capsys.readouterr().err
+    assert code == 1 and f"127.0.0.1:{port}" in err and "Traceback" not in err, err
