@@ -3,6 +3,8 @@ this module inside the KFP runtime, where `kfp.dsl` has no decorators)."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import fnmatch
 import gzip
 import io
@@ -84,6 +86,9 @@ SECRET_NAMES = (
     "client_secret*.json",
     "credentials.db",
     "access_tokens.db",
+    # Azure CLI's token caches
+    "accesstokens.json",
+    "msal_token_cache.*",
     # AWS (`~/.aws/credentials`), Kubernetes, Docker, Postgres, Terraform
     "credentials",
     "kubeconfig",
@@ -161,6 +166,18 @@ _TEXT_RULES: tuple[tuple[str, str, re.Pattern[str], str], ...] = (
         "a secret field",
         "a JSON field holding a secret",
         re.compile(rf"""["']({_FIELDS_RE})["']\s{{0,64}}:\s{{0,64}}(?!{_PLACEHOLDER})["']""", re.IGNORECASE),
+        "all",
+    ),
+    (
+        "a Google API key",
+        "AIza... (Google's API key form)",
+        re.compile(r"(?<![\w-])AIza[0-9A-Za-z_-]{35}(?![\w-])"),
+        "all",
+    ),
+    (
+        "a Google OAuth access token",
+        "ya29. (Google's access token form)",
+        re.compile(r"(?<![\w.-])ya29\.[0-9A-Za-z_-]{20,}"),
         "all",
     ),
     (
@@ -400,7 +417,34 @@ def _secret(name: str, data: bytes) -> str:
     return _secret_content(base, data)
 
 
-def _secret_content(base: str, data: bytes) -> str:
+def _secret_content(base: str, data: bytes, depth: int = 0) -> str:
+    found = _secret_content_as_is(base, data)
+    if found or depth >= 2:
+        return found
+    # A secret gzip'd, or written in base64 (a key pasted into a config, an ADC file compressed):
+    # judged again once decoded, two layers at most and within the scan limit.
+    if data[:2] == b"\x1f\x8b":
+        import zlib
+
+        with contextlib.suppress(OSError, EOFError, zlib.error):
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+                inner = f.read(_TEXT_SCAN_LIMIT)
+            found = _secret_content(base.removesuffix(".gz"), inner, depth + 1)
+            return f"{found} once gunzipped" if found else ""
+    text = _text(data) if len(data) <= _TEXT_SCAN_LIMIT else None
+    for blob in _BASE64.findall(text or ""):
+        with contextlib.suppress(ValueError):
+            found = _secret_content(base, base64.b64decode(blob + "=" * (-len(blob) % 4)), depth + 1)
+            if found:
+                return f"{found} once base64-decoded"
+    return ""
+
+
+# A run of base64 long enough to hold a key or a credential file (a short one is any word).
+_BASE64 = re.compile(r"[A-Za-z0-9+/]{120,}={0,2}")
+
+
+def _secret_content_as_is(base: str, data: bytes) -> str:
     text = _text(data) if len(data) <= _TEXT_SCAN_LIMIT else None
     if text is not None and text.lstrip().startswith(("{", "[")):
         found = _json_secret(text)  # first: a credential file says what it is

@@ -6,6 +6,7 @@ rules are generated from the same Python list."""
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import json
 import re
@@ -134,6 +135,15 @@ SECRETS = [
     ("main.tfstate", "{}", "name rule *.tfstate"),
     ("main.tfstate.backup", "{}", "name rule *.tfstate.*"),
     ("state.json", '{"terraform_version": "1.7.0", "resources": []}', "a Terraform state"),
+    ("maps.py", f'MAPS_KEY = "AIza{"Sy" + "b" * 33}"\n', "a Google API key"),
+    (
+        "explore.ipynb",
+        json.dumps({"cells": [{"outputs": [{"text": [f"Bearer ya29.{'c0AfB_x' * 12}"]}]}]}),
+        "a Google OAuth access token",
+    ),
+    ("accessTokens.json", "[]", "name rule accesstokens.json"),
+    ("settings.yaml", None, "once base64-decoded"),  # a service-account key, base64-encoded
+    ("adc.json.gz", None, "once gunzipped"),  # an ADC file, gzip'd
 ]
 
 
@@ -141,6 +151,10 @@ def write(root: Path, name: str, body: str | None) -> Path:
     path = root / "trainer" / name
     if name == "utf16.json":
         path.write_bytes(SA_KEY.encode("utf-16"))
+    elif name == "settings.yaml":
+        path.write_text(f"gcp:\n  key_b64: {base64.b64encode(SA_KEY.encode()).decode()}\n")
+    elif name == "adc.json.gz":
+        path.write_bytes(gzip.compress(SA_KEY.encode()))
     elif name == "blob.bin":
         path.write_bytes(b"\0\x01\x02" * 100 + PRIVATE.encode() + b"\0" * 10)
     else:
