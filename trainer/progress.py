@@ -69,7 +69,11 @@ class Progress:
 
                 yield advance
         elif self.bars or not lines:
-            yield lambda n=1: self.stop()
+
+            def checked(n: int = 1) -> None:
+                self.stop()
+
+            yield checked
         else:
             start = self.clock()
             every = max(1, math.ceil(total * self.step))
