@@ -669,12 +669,15 @@ def _sigterm_as_interrupt() -> Iterator[None]:
             _SIGTERM.set()
             raise KeyboardInterrupt(f"signal {signum}")
 
+    # Ctrl-C too: Python's own SIGINT handler raises KeyboardInterrupt the same way, and loses it
+    # the same way; recorded, the supervising loop raises it again.
     _SIGTERM.clear()
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, before in previous.items():
+            signal.signal(signum, before)
         _SIGTERM.clear()
 
 
@@ -733,7 +736,7 @@ class _Job:
             done: set[str] = set()
             while True:
                 if _SIGTERM.is_set():
-                    raise KeyboardInterrupt(f"signal {signal.SIGTERM.value}")
+                    raise KeyboardInterrupt("signal (recorded)")
                 if self.cancel is not None and self.cancel.is_set():
                     raise JobCancelled(f"{self.display_name} was cancelled; every replica was stopped")
                 for r in running:

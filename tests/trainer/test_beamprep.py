@@ -247,14 +247,15 @@ def test_without_beam_installed_the_engine_is_refused_naming_the_fix(
     ],
 )
 def test_the_runner_is_the_directrunner_unless_dataflow_is_named_or_implied(
-    args: tuple[str, ...], runner: str, local: bool
+    args: tuple[str, ...], runner: str, local: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from trainer.prepareconfig import PrepareConfig
 
-    config = PrepareConfig(source="folder:gs://b/i", output_dir="gs://b/o", beam_args=args, beam_workers=1)
+    monkeypatch.setattr(beamprep, "local_workers", lambda config: config.beam_workers)  # any machine
+    config = PrepareConfig(source="folder:gs://b/i", output_dir="gs://b/o", beam_args=args, beam_workers=3)
     options = beamprep.pipeline_options(config).get_all_options()
     assert options["runner"] == runner and beamprep.is_local_runner(config) is local
-    assert (options.get("direct_num_workers") == 1) is local
+    assert (options.get("direct_num_workers") == 3) is local
 
 
 def test_the_plan_does_not_depend_on_where_a_tfds_split_was_built() -> None:
