@@ -193,6 +193,16 @@ def undeployable(image_uri: str, today: str = "") -> str:
     )
 
 
+# What a component needs shipped (`additional_funcs`) to call `undeployable`.
+UNDEPLOYABLE_FUNCS = [
+    prebuilt_tf_serving_table,
+    serving_policy,
+    prebuilt_days_left,
+    prebuilt_tf_version,
+    undeployable,
+]
+
+
 def choose_serving_image(
     serving_image: str,
     tf_version: str,
@@ -201,7 +211,7 @@ def choose_serving_image(
     custom_image_uri: str,
     today: str = "",
 ) -> tuple[str, str]:
-    """The Model's serving container and why: `auto` (see `resolve_serving_image`; the build
+    """The Model's serving container and why: `auto` (the build
     step's decision, told by whether it made `custom_image_uri`), `prebuilt` (Vertex's TF image
     of `tf_version`, from the table, while available), `custom` (the serving image the build step
     made, on the trainer's own TF) or an image URI of the user's. Raises ValueError naming what
@@ -353,7 +363,6 @@ def label_value(value: str) -> str:
         prebuilt_tf_serving_versions,
         serving_policy,
         prebuilt_days_left,
-        resolve_serving_image,
         serving_image_warnings,
         serving_container_uri,
         choose_serving_image,
@@ -403,14 +412,7 @@ def upload_settings(
 @dsl.component(
     base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
-    additional_funcs=[
-        check_model_display_name,
-        prebuilt_tf_serving_table,
-        serving_policy,
-        prebuilt_days_left,
-        prebuilt_tf_version,
-        undeployable,
-    ],
+    additional_funcs=[check_model_display_name, *UNDEPLOYABLE_FUNCS],
 )
 def find_champion(
     project: str, location: str, model_display_name: str, alias: str = "champion"

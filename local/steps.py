@@ -23,6 +23,7 @@ from components import stepimage
 from components.buildcontext import context_tag
 from components.plan import apply_hyperparameters, hyperparameters, tunable, typed_hyperparameter
 from components.registry import (
+    UNDEPLOYABLE_FUNCS,
     check_model_display_name,
     prebuilt_days_left,
     prebuilt_tf_serving_table,
@@ -355,11 +356,7 @@ def register_version(
     additional_funcs=[
         check_model_display_name,
         registry_folder,
-        prebuilt_tf_serving_table,
-        serving_policy,
-        prebuilt_days_left,
-        prebuilt_tf_version,
-        undeployable,
+        *UNDEPLOYABLE_FUNCS,
         champion_record,
     ],
 )
@@ -432,11 +429,7 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
     additional_funcs=[
         check_model_display_name,
         registry_folder,
-        prebuilt_tf_serving_table,
-        serving_policy,
-        prebuilt_days_left,
-        prebuilt_tf_version,
-        undeployable,
+        *UNDEPLOYABLE_FUNCS,
         task_mismatch,
         champion_record,
         register_version,
