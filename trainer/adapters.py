@@ -18,11 +18,6 @@ libraries, so an upgrade that changes one fails there, not in a job.
   logs as tensors, not converted to numbers after every step (`take_tensor_logs`). Only speed
   depends on it (an unknown attribute is harmless), so it is checked by the tests only.
 
-cloudml-hypertune is no longer used through its internals: `trainer.hpmetric` writes its metric
-file itself, in the library's format; `check_hypertune` checks that the values copied from the
-library (its default path, the entries it keeps, its default tag, its reporting method's
-parameters) are still the library's.
-
 No TensorFlow at import: the checks import the libraries they check when they run.
 """
 
@@ -98,49 +93,6 @@ def take_tensor_logs(callback: Any) -> None:
     """Makes tf-keras hand `callback` its logs as tensors: otherwise Keras converts them to
     numbers after every step, which makes each step wait for the device."""
     setattr(callback, TENSOR_LOGS_ATTRIBUTE, True)
-
-
-# --- cloudml-hypertune (its format, copied into trainer.hpmetric) ------------------------------
-
-HYPERTUNE_CHECKED_VERSION = "0.1.0.dev6"
-# hypertune/hypertune.py: HyperTune.report_hyperparameter_tuning_metric's parameters.
-HYPERTUNE_REPORT_PARAMS = (
-    "self",
-    "hyperparameter_metric_tag",
-    "metric_value",
-    "global_step",
-    "checkpoint_path",
-)
-
-
-def check_hypertune() -> None:
-    """Raises RuntimeError unless the installed cloudml-hypertune still has the default path, the
-    number of entries kept, the default tag and the reporting parameters `trainer.hpmetric`
-    copies (each difference named)."""
-    from hypertune import HyperTune
-    from hypertune import hypertune as lib
-
-    from trainer import hpmetric
-
-    ours: dict[str, Any] = {
-        "_DEFAULT_METRIC_PATH": hpmetric.DEFAULT_METRIC_FILE,
-        "_MAX_NUM_METRIC_ENTRIES_TO_PRESERVE": hpmetric.KEPT_ENTRIES,
-        "_DEFAULT_HYPERPARAMETER_METRIC_TAG": hpmetric.DEFAULT_METRIC_TAG,
-        "HyperTune.report_hyperparameter_tuning_metric parameters": HYPERTUNE_REPORT_PARAMS,
-    }
-    theirs: dict[str, Any] = {name: getattr(lib, name, "<gone>") for name in list(ours)[:3]}
-    theirs["HyperTune.report_hyperparameter_tuning_metric parameters"] = _params(
-        getattr(HyperTune, "report_hyperparameter_tuning_metric", None)
-    )
-    changed = [
-        f"{name} is {theirs[name]!r}, not {ours[name]!r}" for name in ours if theirs[name] != ours[name]
-    ]
-    if changed:
-        raise RuntimeError(
-            f"cloudml-hypertune {importlib.metadata.version('cloudml-hypertune')}: {'; '.join(changed)} "
-            f"(as in cloudml-hypertune {HYPERTUNE_CHECKED_VERSION}); trainer.hpmetric's metric file "
-            "writer needs updating for this cloudml-hypertune"
-        )
 
 
 # --- tf-keras BackupAndRestore's checkpoint layout ---------------------------------------------

@@ -10,8 +10,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
+
+import hypertune
 
 from trainer import adapters, hpmetric, storage
 from trainer._tf import keras, tf
@@ -81,22 +83,22 @@ _SHOWN = ("loss", "accuracy", "val_loss", "val_accuracy")
 class EpochRecorder(keras.callbacks.Callback):
     """The chief's record of every completed epoch, in `history.json` in the checkpoint folder
     (kept across restarts, keyed by epoch so a replayed epoch replaces its first attempt), and
-    the tuning metric reported with cloudml-hypertune at the end of every epoch.
+    the tuning metric reported with cloudml-hypertune's `HyperTune` at the end of every epoch.
 
-    The metric file is checked when the callback is built, by `hpmetric.open_reporter` (the
-    check `trainer.task` also runs at start): in a tuning trial a file that cannot be written
-    raises `hpmetric.MetricFileError` here, before training; outside a trial it was warned about
-    and the metric is not reported.
+    The metric file is checked when the callback is built (`hpmetric.reporting_file`, the check
+    `trainer.task` also runs at start): in a tuning trial an unwritable file raises
+    `hpmetric.MetricFileError` here, before training; outside one it was warned about and the
+    metric is not reported.
 
     Runs before BackupAndRestore saves the epoch, so an epoch is recorded before it counts as
     done.
     """
 
-    def __init__(self, history_path: str, hp_metric: str, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, history_path: str, hp_metric: str) -> None:
         super().__init__()
         self.path, self.hp_metric = history_path, hp_metric
         self.history = load_history(history_path)
-        self._hypertune = hpmetric.open_reporter(os.environ if environ is None else environ)
+        self._hypertune = hypertune.HyperTune() if hpmetric.reporting_file(os.environ) else None
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = {k: float(v) for k, v in (logs or {}).items()}

@@ -10,14 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainer import adapters, hpmetric
+from trainer import adapters
 from trainer._tf import keras, tf
 
 
 def test_the_installed_libraries_are_the_ones_the_adapters_were_written_for() -> None:
     adapters.check_backup_and_restore()
     adapters.check_tensor_logs()
-    adapters.check_hypertune()
 
 
 # --- tf-keras BackupAndRestore._backup ---------------------------------------------------------------
@@ -136,42 +135,6 @@ def test_a_callback_list_that_no_longer_reads_it_is_named(monkeypatch: pytest.Mo
 
 
 # --- cloudml-hypertune ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [
-        ("_DEFAULT_METRIC_PATH", "/var/hypertune/output.metrics"),
-        ("_MAX_NUM_METRIC_ENTRIES_TO_PRESERVE", 10),
-        ("_DEFAULT_HYPERPARAMETER_METRIC_TAG", "metric"),
-    ],
-)
-def test_a_changed_hypertune_constant_is_named(
-    monkeypatch: pytest.MonkeyPatch, name: str, value: Any
-) -> None:
-    from hypertune import hypertune as lib
-
-    monkeypatch.setattr(lib, name, value)
-    with pytest.raises(RuntimeError, match=f"{name} is {value!r}, not ") as info:
-        adapters.check_hypertune()
-    assert "trainer.hpmetric" in str(info.value)
-
-
-def test_changed_hypertune_reporting_parameters_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hypertune
-
-    monkeypatch.setattr(
-        hypertune.HyperTune,
-        "report_hyperparameter_tuning_metric",
-        lambda self, metric_tag, metric_value: None,
-    )
-    with pytest.raises(RuntimeError, match=r"parameters is \('self', 'metric_tag', 'metric_value'\)"):
-        adapters.check_hypertune()
-
-
-def test_the_metric_writer_uses_no_hypertune_internals() -> None:
-    source = inspect.getsource(hpmetric)
-    assert "__new__" not in source and "import hypertune" not in source
 
 
 def test_the_backup_layout_is_tf_keras_s(monkeypatch: pytest.MonkeyPatch) -> None:

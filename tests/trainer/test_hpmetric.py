@@ -62,156 +62,49 @@ def test_the_default_path_is_hypertunes_own() -> None:
 
 def test_a_writable_path_passes_and_its_folder_is_created(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "output.metrics"
-    assert hpmetric.check_metric_file(env(path)) == str(path)
+    assert hpmetric.reporting_file(env(path, trial="1")) == str(path)
     assert path.parent.is_dir() and path.read_text() == ""
 
 
 def test_an_existing_file_is_not_truncated(tmp_path: Path) -> None:
     path = tmp_path / "output.metrics"
     path.write_text('{"trial": "3", "accuracy": "0.5"}\n')
-    hpmetric.check_metric_file(env(path))
+    hpmetric.reporting_file(env(path, trial="3"))
     assert path.read_text() == '{"trial": "3", "accuracy": "0.5"}\n'
 
 
-def test_an_unwritable_path_fails_naming_the_path_the_uid_and_the_owner(
-    unwritable: tuple[Path, Path],
+@pytest.mark.parametrize("trial", ["0", "4"])
+def test_in_a_trial_an_unwritable_file_is_fatal_naming_the_path_and_the_uid(
+    unwritable: tuple[Path, Path], trial: str
 ) -> None:
-    path, blocker = unwritable
+    path, _ = unwritable
     with pytest.raises(hpmetric.MetricFileError) as info:
-        hpmetric.check_metric_file(env(path))
-    message = str(info.value)
-    assert str(path) in message
-    assert f"uid {os.geteuid()}" in message and f"gid {os.getegid()}" in message
-    assert f"{blocker} is owned by {os.stat(blocker).st_uid}" in message, message
-    remedies = ["Dockerfile", hpmetric.METRIC_FILE_ENV] + ([] if IS_ROOT else ["run the image as root"])
-    assert all(r in message for r in remedies), message
+        hpmetric.reporting_file(env(path, trial=trial))
+    assert str(path) in str(info.value) and f"uid {os.geteuid()}" in str(info.value)
+    assert hpmetric.METRIC_FILE_ENV in str(info.value)
     assert not path.exists()
 
 
-def test_an_empty_variable_is_refused() -> None:
-    with pytest.raises(hpmetric.MetricFileError, match="set but empty"):
-        hpmetric.check_metric_file({hpmetric.METRIC_FILE_ENV: ""})
+def test_an_empty_variable_is_refused_in_a_trial() -> None:
+    with pytest.raises(hpmetric.MetricFileError, match=hpmetric.METRIC_FILE_ENV):
+        hpmetric.reporting_file({hpmetric.METRIC_FILE_ENV: "", hpmetric.TRIAL_ID_ENV: "1"})
 
 
-@pytest.mark.parametrize(("value", "trial"), [("0", True), ("17", True), ("", False), (None, False)])
-def test_a_trial_is_told_by_its_trial_id(value: str | None, trial: bool) -> None:
-    environ = {} if value is None else {hpmetric.TRIAL_ID_ENV: value}
-    assert hpmetric.in_trial(environ) is trial
-
-
-# --- the decision -------------------------------------------------------------------------------
-
-
-def test_in_a_trial_an_unwritable_file_is_fatal(unwritable: tuple[Path, Path]) -> None:
-    path, _ = unwritable
-    with pytest.raises(hpmetric.MetricFileError, match=str(path)):
-        hpmetric.reporting_file(env(path, trial="4"))
-    with pytest.raises(hpmetric.MetricFileError):
-        hpmetric.open_reporter(env(path, trial="4"))
-
-
+@pytest.mark.parametrize("trial", [None, ""])
 def test_outside_a_trial_it_warns_once_and_the_metric_is_not_reported(
-    unwritable: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+    unwritable: tuple[Path, Path], capsys: pytest.CaptureFixture[str], trial: str | None
 ) -> None:
     path, _ = unwritable
-    assert hpmetric.reporting_file(env(path)) is None
+    assert hpmetric.reporting_file(env(path, trial=trial)) is None
     err = capsys.readouterr().err
-    assert str(path) in err and "training goes on" in err, err
-    assert hpmetric.open_reporter(env(path)) is None
+    assert str(path) in err and err.startswith("warning: "), err
+    assert hpmetric.reporting_file(env(path, trial=trial)) is None
     assert capsys.readouterr().err == "", "the same warning twice"
 
 
 def test_a_writable_file_is_reported_to_outside_a_trial_too(tmp_path: Path) -> None:
     path = tmp_path / "output.metrics"
     assert hpmetric.reporting_file(env(path)) == str(path)
-
-
-def _write_both(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trial: str | None, reports: list[dict[str, Any]]
-) -> tuple[str, str]:
-    """(our file, cloudml-hypertune's file) after the same reports at the same clock: the library
-    built through its public constructor, reading the process environment."""
-    import hypertune
-
-    ours, theirs = tmp_path / "ours" / "output.metrics", tmp_path / "theirs" / "output.metrics"
-    reporter = hpmetric.open_reporter(env(ours, trial=trial))
-    assert isinstance(reporter, hpmetric.MetricReporter)
-    monkeypatch.setenv(hpmetric.METRIC_FILE_ENV, str(theirs))
-    if trial is None:
-        monkeypatch.delenv(hpmetric.TRIAL_ID_ENV, raising=False)
-    else:
-        monkeypatch.setenv(hpmetric.TRIAL_ID_ENV, trial)
-    stock = hypertune.HyperTune()
-    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.125)  # the same clock for both
-    for report in reports:
-        for r in (reporter, stock):
-            r.report_hyperparameter_tuning_metric(**report)
-    return ours.read_text(), theirs.read_text()
-
-
-def test_the_reporter_writes_what_hypertune_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    reports = [
-        {"hyperparameter_metric_tag": "val_accuracy", "metric_value": 0.25 * step, "global_step": step}
-        for step in (1, 2)
-    ]
-    ours, theirs = _write_both(tmp_path, monkeypatch, "7", reports)
-    assert ours == theirs
-    assert [{k: v for k, v in json.loads(x).items() if k != "timestamp"} for x in ours.splitlines()][-1] == {
-        "trial": "7",
-        "val_accuracy": "0.5",
-        "global_step": "2",
-        "checkpoint_path": "",
-    }
-
-
-@pytest.mark.parametrize(
-    "report",
-    [
-        {"hyperparameter_metric_tag": "val_accuracy", "metric_value": 0.1, "global_step": 3},
-        {"hyperparameter_metric_tag": "", "metric_value": 1, "global_step": None},  # the default tag
-        {"hyperparameter_metric_tag": "loss", "metric_value": "0.5", "global_step": 0},
-        {
-            "hyperparameter_metric_tag": "loss",
-            "metric_value": 2.5,
-            "global_step": 4.9,
-            "checkpoint_path": "gs://b/c",
-        },
-        {"hyperparameter_metric_tag": "loss", "metric_value": float("nan")},
-    ],
-)
-@pytest.mark.parametrize("trial", ["12", None])
-def test_the_reporters_file_is_hypertunes_byte_for_byte(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report: dict[str, Any], trial: str | None
-) -> None:
-    ours, theirs = _write_both(tmp_path, monkeypatch, trial, [report])
-    assert ours == theirs
-
-
-def test_the_reporter_keeps_as_many_entries_as_hypertune(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    reports = [
-        {"hyperparameter_metric_tag": "val_accuracy", "metric_value": i / 7, "global_step": i}
-        for i in range(1, 106)
-    ]
-    ours, theirs = _write_both(tmp_path, monkeypatch, "3", reports)
-    assert ours == theirs
-    assert len(ours.splitlines()) == hpmetric.KEPT_ENTRIES
-    assert json.loads(ours.splitlines()[0])["global_step"] == "6"
-
-
-def test_the_reporter_does_not_need_the_process_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Unlike `HyperTune()`, it writes where the checked `environ` says, with its trial id."""
-    monkeypatch.setenv(hpmetric.METRIC_FILE_ENV, str(tmp_path / "elsewhere" / "output.metrics"))
-    monkeypatch.setenv(hpmetric.TRIAL_ID_ENV, "99")
-    path = tmp_path / "checked.metrics"
-    reporter = hpmetric.open_reporter(env(path, trial="5"))
-    assert reporter is not None
-    reporter.report_hyperparameter_tuning_metric("val_accuracy", 0.5, 1)
-    assert json.loads(path.read_text())["trial"] == "5"
-    assert not (tmp_path / "elsewhere").exists()
 
 
 # --- trainer.task -------------------------------------------------------------------------------
@@ -288,33 +181,44 @@ def test_workers_do_not_report_so_they_do_not_check(
 # --- EpochRecorder (no training: its epoch-end hook is called directly) -----------------------------
 
 
-def test_epoch_recorder_outside_a_trial_records_history_without_reporting(
-    unwritable: tuple[Path, Path], tmp_path: Path
-) -> None:
+def _recorder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, environ: dict[str, str]) -> Any:
+    """An EpochRecorder built under `environ` (HyperTune reads the process environment)."""
     from trainer.callbacks import EpochRecorder
 
+    monkeypatch.delenv(hpmetric.TRIAL_ID_ENV, raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    return EpochRecorder(str(tmp_path / "history.json"), "val_accuracy")
+
+
+def test_epoch_recorder_outside_a_trial_records_history_without_reporting(
+    unwritable: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path, _ = unwritable
-    recorder = EpochRecorder(str(tmp_path / "history.json"), "val_accuracy", env(path))
+    recorder = _recorder(monkeypatch, tmp_path, env(path))
     recorder.on_epoch_end(0, {"val_accuracy": 0.5, "loss": 1.0})
     assert json.loads((tmp_path / "history.json").read_text()) == {"1": {"val_accuracy": 0.5, "loss": 1.0}}
     assert not path.exists()
 
 
 def test_epoch_recorder_in_a_trial_refuses_an_unwritable_file_before_training(
-    unwritable: tuple[Path, Path], tmp_path: Path
+    unwritable: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.callbacks import EpochRecorder
-
     path, _ = unwritable
     with pytest.raises(hpmetric.MetricFileError):
-        EpochRecorder(str(tmp_path / "history.json"), "val_accuracy", env(path, trial="2"))
+        _recorder(monkeypatch, tmp_path, env(path, trial="2"))
 
 
-def test_epoch_recorder_in_a_trial_reports_to_the_checked_file(tmp_path: Path) -> None:
-    from trainer.callbacks import EpochRecorder
-
+def test_epoch_recorder_in_a_trial_reports_to_the_checked_file_in_hypertunes_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "hypertune" / "output.metrics"
-    recorder = EpochRecorder(str(tmp_path / "history.json"), "val_accuracy", env(path, trial="2"))
-    recorder.on_epoch_end(0, {"val_accuracy": 0.75})
-    [line] = [json.loads(x) for x in path.read_text().splitlines()]
-    assert (line["trial"], line["val_accuracy"], line["global_step"]) == ("2", "0.75", "1")
+    recorder = _recorder(monkeypatch, tmp_path, env(path, trial="2"))
+    for epoch in range(3):
+        recorder.on_epoch_end(epoch, {"val_accuracy": 0.25 * (epoch + 1)})
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(x["trial"], x["val_accuracy"], x["global_step"]) for x in lines] == [
+        ("2", "0.25", "1"),
+        ("2", "0.5", "2"),
+        ("2", "0.75", "3"),
+    ]
