@@ -22,7 +22,7 @@ from local import jobs
 from tests.conftest import FAST_TRAIN_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.serial
 
 
 def cli_command(runs: Path, *flags: str) -> list[str]:

@@ -25,6 +25,8 @@ import pytest
 from launch import cli, schedules, submit
 from pipeline import rules
 
+pytestmark = pytest.mark.hardening  # make test-hardening
+
 SETTINGS = {
     "PROJECT_ID": "p-proj",
     "REGION": "us-central1",
@@ -740,7 +742,7 @@ def test_trainer_serve_refuses(
     assert_refused(int(exit_.value.code or 0), capsys.readouterr().err, words, expected_code=expected)
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_trainer_serve_names_a_missing_model_and_a_bad_image(tmp_path: Path) -> None:
     """Through the process, as Vertex and the local registry run it (imports TensorFlow)."""
     import subprocess

@@ -82,7 +82,7 @@ def test_the_runner_never_imports_tensorflow() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_gpu_without_a_gpu_writes_a_skipped_result(tmp_path: Path) -> None:
     from benchmarks import gpu
     from benchmarks.common import gpu_names

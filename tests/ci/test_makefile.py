@@ -54,7 +54,10 @@ PAYLOADS = {
 TOOL_VARIABLES = ("TF_CPP_MIN_LOG_LEVEL", "UV_PYTHON", "UV", "VENV", "PY", "STAMP", "SOME_SETTING")
 FROM_ENVIRONMENT = ("TF_CPP_MIN_LOG_LEVEL", "UV")
 RECORDED = ("TF_CPP_MIN_LOG_LEVEL", "UV_PYTHON", "SOME_SETTING")  # what the fake python also records
-pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed"),
+]
 
 
 def make_env(home: Path, **extra: str) -> dict[str, str]:
@@ -327,7 +330,9 @@ def test_the_tool_variables_keep_their_defaults(tmp_path: Path) -> None:
 
     setup = dry("-W", "pyproject.toml", "setup").splitlines()
     assert f"{uv} sync --frozen" in setup and "touch .venv/.setup-stamp" in setup, setup
-    assert ".venv/bin/python -m pytest" in dry("-o", ".venv/.setup-stamp", "test").splitlines()
+    recipe = dry("-o", ".venv/.setup-stamp", "test")
+    assert '.venv/bin/python -m pytest -m "not serial" -n auto' in recipe, recipe
+    assert ".venv/bin/python -m pytest -m serial" in recipe, recipe
 
 
 def test_every_target_that_runs_a_launch_program_passes_args(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ from components import buildcontext
 from tests.ci.test_dockerfile import DOCKERIGNORE, dockerignore_patterns, sent
 from tests.components.test_buildcontext import GIT, commit, copy_context, git, refused
 
+pytestmark = pytest.mark.hardening  # make test-hardening
+
 # Values that must never be echoed in a refusal.
 TOKEN = "ya29.a0AfB_byC-Zq9vX3s"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"

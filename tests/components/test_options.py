@@ -228,6 +228,7 @@ def test_the_checked_flags_are_built_by_the_steps_own_functions(capsys: pytest.C
     assert "--source=nope" in options.trainer_commands(vertex(dataset_source="nope"))["trainer.prepare"]
 
 
+@pytest.mark.process
 @pytest.mark.trainer_check_process
 def test_the_trainer_checks_answer_as_processes_what_the_suite_answers_in_process(tmp_path: Any) -> None:
     """`make run` starts `python -m trainer.flagcheck` and `trainer.sourcecheck` (the pipeline's

@@ -76,11 +76,13 @@ def run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
     )
 
 
+@pytest.mark.process
 def test_make_run_with_no_credentials_anywhere_says_how_to_provide_them(tmp_path: Path) -> None:
     result = run(["-m", "launch.cli", "run", "--target", "vertex"], no_adc_env(tmp_path), tmp_path)
     assert_one_line_about_credentials(result, "make run")
 
 
+@pytest.mark.process
 def test_make_schedules_with_a_missing_key_file_names_it(tmp_path: Path) -> None:
     key = tmp_path / "no-such-key.json"
     result = run(

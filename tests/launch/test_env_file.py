@@ -17,6 +17,8 @@ import pytest
 
 from launch import cli, settings, submit
 
+pytestmark = pytest.mark.hardening  # make test-hardening
+
 SETTINGS_TEXT = (
     "export PROJECT_ID=p-proj\n"
     "REGION=us-central1\n"

@@ -445,6 +445,7 @@ def test_the_image_is_the_one_the_pipeline_builds(context: Path, tag: str) -> No
     assert gpucheck.ROOT == ROOT  # the context `make run` uploads (launch.submit.upload_context)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
 def test_make_gpu_check_without_a_project_is_a_settings_error(tmp_path: Path) -> None:
     import os

@@ -18,6 +18,9 @@ from kfp.local import logging_utils, task_dispatcher
 
 from launch import kfp_local
 
+# Deadlines on processes of its own: one at a time, not beside other tests (make test).
+pytestmark = pytest.mark.serial
+
 
 def test_the_wrapped_function_is_where_and_what_the_adapter_expects() -> None:
     module, _, name = kfp_local.PATCHED.rpartition(".")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.serial
 
 # A launcher whose pipeline is one step that says it started, then sleeps (ignoring SIGINT when
 # asked: a step slow to stop). Written to a file: kfp reads a component's source with inspect.

@@ -31,6 +31,9 @@ from launch import schedules, settings, submit
 from tests.conftest import TEST_BUCKET
 from tests.fakes import RestFake
 
+# Deadlines on processes of its own: one at a time, not beside other tests (make test).
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = TEST_BUCKET
 VALID = {
@@ -144,6 +147,7 @@ def the_line(result: subprocess.CompletedProcess[str], prog: str = "make run") -
 # --- `make run`, end to end, in its own process ---------------------------------------------------
 
 
+@pytest.mark.process
 def test_make_run_behind_a_proxy_that_is_not_there_is_one_line_within_seconds(tmp_path: Path) -> None:
     """The real hosts (storage.googleapis.com first), every request through HTTPS_PROXY, which
     refuses: as a machine with credentials and no way out. Before: 120 s of retries, a RetryError
@@ -158,6 +162,7 @@ def test_make_run_behind_a_proxy_that_is_not_there_is_one_line_within_seconds(tm
     assert "(the proxy failed: connection refused); nothing was sent to it." in line, line
 
 
+@pytest.mark.process
 def test_make_run_with_a_storage_host_that_never_answers_gives_up_within_seconds(
     tmp_path: Path, black_hole: str
 ) -> None:

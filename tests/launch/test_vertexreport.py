@@ -821,6 +821,7 @@ def test_launched_jobs_are_read_from_gcp_resources_alone() -> None:
     assert vertexrun.launched_jobs({"Output": "x"}) == []
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
 def test_make_report_hands_run_over_verbatim_and_refuses_a_wrong_form(tmp_path: Path) -> None:
     pwned = tmp_path / "pwned"

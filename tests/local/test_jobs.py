@@ -19,6 +19,9 @@ import pytest
 from components import tuning
 from local import jobs, tuner
 
+# Deadlines on processes of its own: one at a time, not beside other tests (make test).
+pytestmark = pytest.mark.serial
+
 # A replica that records what Vertex would give it, then behaves as its flags say.
 REPLICA = r"""
 import json, os, signal, sys, tempfile, time

@@ -22,6 +22,9 @@ import pytest
 
 from local import jobs
 
+# Deadlines on processes of its own: one at a time, not beside other tests (make test).
+pytestmark = pytest.mark.serial
+
 MIB = 1 << 20
 
 # A replica that holds `megabytes` of memory (touched, so resident) for a second (the runner reads

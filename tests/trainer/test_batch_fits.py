@@ -53,6 +53,7 @@ def test_the_split_is_what_this_test_assumes(synthetic_dir: Path) -> None:
     assert data.read_metadata(str(synthetic_dir)).splits["train"].count == TRAIN_IMAGES
 
 
+@pytest.mark.process
 def test_one_image_more_than_the_split_is_refused_before_anything_is_built(
     synthetic_dir: Path, tmp_path: Path
 ) -> None:
@@ -70,6 +71,7 @@ def test_one_image_more_than_the_split_is_refused_before_anything_is_built(
     assert not (tmp_path / "model").exists() and not (tmp_path / "model_checkpoints").exists()
 
 
+@pytest.mark.process
 def test_a_two_machine_job_is_refused_before_its_strategy_waits_for_the_other(
     synthetic_dir: Path, tmp_path: Path
 ) -> None:
@@ -93,7 +95,7 @@ def test_a_two_machine_job_is_refused_before_its_strategy_waits_for_the_other(
     assert time.monotonic() - started < 120
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_a_global_batch_of_exactly_the_split_trains(synthetic_dir: Path, tmp_path: Path) -> None:
     done = trainer(synthetic_dir, tmp_path, TRAIN_IMAGES)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

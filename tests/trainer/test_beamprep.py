@@ -20,7 +20,7 @@ from tests.processes import ROOT, trainer_env
 from tests.trainer.test_prepare import write_images
 from trainer import beamprep, data
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.serial
 
 
 def run_prepare(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

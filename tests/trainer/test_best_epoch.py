@@ -299,7 +299,7 @@ def started(out: str) -> list[str]:
     return [line.split("] ", 1)[1] for line in out.splitlines() if " started (" in line]
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_early_stopping_then_a_restart_trains_no_more(
     synthetic_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -328,7 +328,7 @@ def test_early_stopping_then_a_restart_trains_no_more(
     }
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_the_best_epoch_survives_a_crash_and_a_restart(
     synthetic_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -365,7 +365,7 @@ def test_the_best_epoch_survives_a_crash_and_a_restart(
         assert out.index("[single] epoch 2 is the best so far") < out.index("epoch 3/3 started")
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_export_epoch_last_exports_the_last_epoch(synthetic_dir: Path, tmp_path: Path) -> None:
     metrics = run_trainer(synthetic_dir, tmp_path, ["--epochs=2", "--export_epoch=last"], [Sabotage({2})])
     assert (metrics["best_epoch"], metrics["export_epoch"], metrics["stopped_early"]) == (2, "last", False)

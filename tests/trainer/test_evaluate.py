@@ -98,6 +98,7 @@ def test_both_models_are_evaluated_as_served_on_this_splits_images(
     assert any("evaluated champion: accuracy" in line and "recorded on its own: accuracy 0.9900" in line for line in lines)  # fmt: skip
 
 
+@pytest.mark.process
 def test_the_command_writes_evaluation_json_into_aip_model_dir(
     synthetic_dir: Path, dataset: dict, tmp_path: Path
 ) -> None:

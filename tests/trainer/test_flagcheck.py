@@ -112,6 +112,7 @@ def test_a_parse_given_the_flag_parser_raises_instead_of_exiting() -> None:
         _parse(["--n=x"])
 
 
+@pytest.mark.process
 def test_the_entry_point_answers_in_json() -> None:
     request = {"trainer.task": ["--epochs=0"], "trainer.prepare": []}
     out = subprocess.run(

@@ -310,7 +310,7 @@ def test_importing_the_check_loads_no_tensorflow() -> None:
 # --- one real trainer process -----------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_a_trainer_asked_for_a_gpu_on_this_machine_exits_3_before_the_runtime_starts() -> None:
     """`python -m trainer.task`'s main, with the pool's request in its environment, on this
     machine (no GPU): status 3, one line, no traceback; TensorFlow's runtime never started

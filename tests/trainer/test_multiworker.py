@@ -12,7 +12,7 @@ from tests.conftest import FAST_TRAIN_FLAGS
 from tests.processes import start_cluster, wait_all
 from tests.trainer.test_best_epoch import checkpoint_weights, published_weights
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.serial
 
 
 def _train_pair(synthetic_dir: Path, tmp_path: Path) -> dict[str, Any]:

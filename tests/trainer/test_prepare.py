@@ -352,6 +352,7 @@ def test_output_dir_defaults_to_aip_model_dir_and_is_required_without_it(
 # --- progress output ------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_piped_cli_prints_plain_progress_lines_and_no_terminal_codes(tmp_path: Path) -> None:
     """As in CI or a pipeline step's log: stdout and stderr are pipes, so no tqdm bars (no
     carriage returns, no cursor-up escapes), but a line per phase and per split, and few lines."""

@@ -37,7 +37,7 @@ import pytest
 from tests.conftest import FAST_TRAIN_FLAGS
 from tests.processes import ROOT, free_port, start, tail, trainer_env, wait_all
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.serial
 
 # Long enough for two replicas of a one-epoch run on a loaded 2-core machine (about 25 s alone);
 # far shorter than the wait without the fix, which does not end.

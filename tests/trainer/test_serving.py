@@ -222,6 +222,7 @@ def empty_env_pins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(servingenv.PINS, "0.0", ())
 
 
+@pytest.mark.serial  # timed: not beside other tests (make test)
 def test_environment_is_made_once_and_then_reused(
     empty_env_pins: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -350,7 +351,7 @@ def check_lines(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_models_exported_here_serve_under_tensorflow_2_15(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -467,7 +468,7 @@ def start_server(port: int, model: Path, log: Path, accelerator: str) -> subproc
         )
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_server_process_serves_on_vertexs_contract(tiny_model: Path, tmp_path: Path) -> None:
     from trainer._tf import tf
 
@@ -532,7 +533,7 @@ def test_server_process_serves_on_vertexs_contract(tiny_model: Path, tmp_path: P
         assert "it runs on /job:localhost/replica:0/task:0/device:CPU:0 (warm-up prediction" in text, text
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_a_gpu_deployment_where_tensorflow_sees_no_gpu_refuses_to_start(
     tiny_model: Path, tmp_path: Path
 ) -> None:

@@ -21,7 +21,7 @@ import pytest
 from local import jobs
 from tests.conftest import FAST_TRAIN_FLAGS
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.serial
 
 # 2 images per replica and step: 75 steps per epoch of the 300 training images, so that a stop
 # requested early in an epoch lands well inside it (the replicas look for one about every second).

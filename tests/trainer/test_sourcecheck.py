@@ -70,6 +70,7 @@ def test_importing_and_running_it_loads_no_tensorflow(tmp_path: Path) -> None:
     assert result["code"] == 0 and result["answer"]["checked"] and result["answer"]["problems"] == []
 
 
+@pytest.mark.process
 def test_the_counts_are_what_preparation_writes(tmp_path: Path) -> None:
     """Validation is carved from train (with the fractions asked), test is the folder's own."""
     root = folder(tmp_path / "src", {"train": {"a": 9, "b": 6, "c": 5}, "test": {"a": 2, "b": 3, "c": 1}})
@@ -163,6 +164,7 @@ def test_its_problems_are_the_ones_preparation_refuses_with(tmp_path: Path, case
     assert str(err.value).splitlines() == sourcecheck.check(source)["problems"]
 
 
+@pytest.mark.serial  # timed: not beside other tests (make test)
 def test_the_file_system_root_and_a_big_tree_answer_in_seconds(tmp_path: Path) -> None:
     start = time.monotonic()
     done = run({"source": "folder:/"})
@@ -188,6 +190,7 @@ def test_sources_that_are_not_local_folders_are_left_to_the_job() -> None:
         assert answer["why"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("request_text", "words"),
     [

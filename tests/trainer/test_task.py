@@ -154,7 +154,7 @@ def test_a_backup_whose_best_epoch_was_chosen_by_another_metric_is_refused(train
     assert not (trained["out"] / "other_model").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 def test_a_run_killed_in_its_second_epoch_resumes_there(synthetic_dir: Path, tmp_path: Path) -> None:
     flags = [
         f"--data_dir={synthetic_dir}",
