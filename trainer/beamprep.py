@@ -537,6 +537,47 @@ def check_runner_paths(config: PrepareConfig) -> None:
         raise PrepareError("\n".join(problems))
 
 
+# Cloud Storage and Dataflow, each tried once within PROBE_SECONDS before a remote runner starts:
+# unchecked, TensorFlow's GCS client retried an unreachable or unauthorised request for about 25 s
+# and ended in a FailedPreconditionError traceback.
+GOOGLE_HOSTS = ("storage.googleapis.com", "dataflow.googleapis.com")
+PROBE_SECONDS = 5.0
+
+
+def check_google_cloud(seconds: float = PROBE_SECONDS) -> None:
+    """On a remote runner, before any work: Google's hosts answer (one HEAD request each, through
+    the proxy `requests` would use; any HTTP answer will do) and credentials are found (google-auth's
+    Application Default Credentials, what Beam's GCP IO uses). Otherwise one PrepareError line."""
+    import concurrent.futures
+
+    import google.auth
+    import requests
+    from google.auth import exceptions
+
+    def head(host: str) -> str | None:
+        try:
+            requests.head(f"https://{host}/", timeout=(seconds, seconds))
+            return None
+        except requests.RequestException as e:
+            return f"{host} ({type(e).__name__})"
+
+    with concurrent.futures.ThreadPoolExecutor(len(GOOGLE_HOSTS)) as pool:
+        failed = [f for f in pool.map(head, GOOGLE_HOSTS) if f]
+    if failed:
+        raise PrepareError(
+            f"--runner DataflowRunner: cannot reach {', '.join(failed)} within {seconds:g} s; nothing "
+            "was started. Check this machine's network, or the proxy it needs (HTTPS_PROXY); or use the DirectRunner"
+        )
+    try:
+        google.auth.default()
+    except exceptions.DefaultCredentialsError:
+        raise PrepareError(
+            "--runner DataflowRunner: no Google Cloud credentials were found; nothing was started. Run "
+            "`gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service "
+            "account key file; or use the DirectRunner"
+        ) from None
+
+
 def write_plan(work: str, plan: dict[str, Any], tasks: dict[str, Any], progress: Progress) -> int:
     """Writes the plan into `work`, keeping what a killed run with the same plan left; returns
     the number of shards already done (checked again by each worker before it is kept)."""

@@ -285,6 +285,21 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
     progress = progress or Progress.auto()
     progress.stop = stop_if_asked  # every image's update: the work loop's stop point
 
+    if config.engine == "beam":  # before the output is looked at: on Dataflow that is a request
+        from trainer.beamprep import (
+            check_beam_installed,
+            check_google_cloud,
+            check_runner_paths,
+            is_local_runner,
+            local_workers,
+        )
+
+        check_beam_installed()
+        check_runner_paths(config)
+        if is_local_runner(config):
+            local_workers(config)  # bounded by this machine's CPUs and memory
+        else:
+            check_google_cloud()  # reached, with credentials: one line within seconds otherwise
     output = storage.resolve(config.output_dir)
     exists = tf.io.gfile.exists(output) if storage.is_remote(output) else os.path.lexists(output)
     if not config.overwrite and exists and not tf.io.gfile.isdir(output):
@@ -298,19 +313,8 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
             "to replace it"
         )
     if config.engine == "beam":
-        from trainer.beamprep import (
-            check_beam_installed,
-            check_runner_paths,
-            check_work_dir,
-            is_local_runner,
-            local_workers,
-            work_dir,
-        )
+        from trainer.beamprep import check_work_dir, work_dir
 
-        check_beam_installed()  # before the source is listed
-        check_runner_paths(config)
-        if is_local_runner(config):
-            local_workers(config)  # bounded by this machine's CPUs and memory
         check_work_dir(work_dir(config.output_dir))  # before anything is listed or removed
     started = time.monotonic()
     with open_source(config, progress) as source:

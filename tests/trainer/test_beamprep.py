@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -216,6 +217,36 @@ def test_engine_flags_are_checked_before_any_work(folder: Path, tmp_path: Path) 
     assert f"--output_dir {tmp_path / 'o'} is not on Cloud Storage" in done.stderr
     assert f"--source folder: {folder} is not on Cloud Storage" in done.stderr
     assert not (tmp_path / "o").exists() and not Path(beamprep.work_dir(str(tmp_path / "o"))).exists()
+
+
+@pytest.mark.parametrize("missing", ["network", "credentials"])
+def test_dataflow_without_google_cloud_is_one_line_before_any_request(
+    missing: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No network, or no credentials: one line within seconds, before the output is looked at
+    (on gs:// a request TensorFlow's client retried for 25 s, then a traceback)."""
+    import google.auth
+    import requests
+    from google.auth import exceptions
+
+    from trainer import prepare, storage
+
+    def head(url: str, timeout: Any) -> None:
+        if missing == "network" and "storage" in url:
+            raise requests.ConnectionError("no route to host")
+
+    def no_credentials() -> None:
+        raise exceptions.DefaultCredentialsError("none")
+
+    monkeypatch.setattr(requests, "head", head)
+    if missing == "credentials":
+        monkeypatch.setattr(google.auth, "default", no_credentials)
+    monkeypatch.setattr(storage, "resolve", lambda path: pytest.fail(f"looked at {path}"))
+    argv = ["--source", "folder:gs://b/i", "--output_dir", "gs://b/o", "--engine", "beam"]
+    assert prepare.main([*argv, "--runner", "DataflowRunner", "--project", "p"]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    named = "storage.googleapis.com" if missing == "network" else "GOOGLE_APPLICATION_CREDENTIALS"
+    assert named in line and "dataflow.googleapis.com" not in line, line
 
 
 def test_without_beam_installed_the_engine_is_refused_naming_the_fix(
