@@ -4,6 +4,7 @@ in multi-process mode, as `make run` does with prepare_engine=beam."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -126,24 +127,33 @@ def test_a_killed_beam_preparation_resumes_with_the_shards_it_wrote(
     out = tmp_path / "dataset"
     work = Path(beamprep.work_dir(str(out)))
     args = ("--source", f"folder:{folder}", "--output_dir", str(out), *FLAGS, "--engine", "beam")
-    # One worker, so shards are written one after another and the kill lands between them.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainer.prepare", *args, "--beam_workers", "1"],
-        cwd=ROOT,
-        env=trainer_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    # One worker, so shards are written one after another and the stop lands between them.
+    err = tmp_path / "stderr"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer.prepare", *args, "--beam_workers", "1"],
+            cwd=ROOT,
+            env=trainer_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 240
         while len(list((work / beamprep.DONE).glob("*.json"))) < 2:
-            assert proc.poll() is None, "the preparation ended before it could be killed"
+            assert proc.poll() is None, "the preparation ended before it could be stopped"
             assert time.monotonic() < deadline, "no shard was written in 240 s"
             time.sleep(0.02)
+        # As the local job runner stops a replica: SIGTERM to the group, the driver and its Beam
+        # workers. A driver of 64 workers once slept 14 minutes here, its threads waiting on them.
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Beam worker processes
+        with contextlib.suppress(ProcessLookupError):  # a Beam worker left behind, or all on a failure
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    assert "Traceback" not in err.read_text(), err.read_text()[-3000:]
+    assert "stopped on SIGTERM" in err.read_text()
     assert not out.exists(), "a killed preparation publishes nothing"
     # The shards the done records vouch for, with their modification times: kept, not rewritten.
     kept = {p.stem: (work / p.stem).stat().st_mtime_ns for p in (work / beamprep.DONE).glob("*.json")}
