@@ -273,25 +273,25 @@ def read_user_text(path: Path, max_bytes: int, expected: str, remedy: str, too_l
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines (`export` allowed, quotes stripped, # comments; a key given twice keeps its
-    last value, as the shell's `source env.sh` would). No file: {}. A file that is not a regular
-    file of UTF-8 text: SettingsError (`read_env_text`)."""
-    values: dict[str, str] = {}
+    """KEY=VALUE lines, read by python-dotenv as `source env.sh` would (`export` allowed, quotes,
+    # comments, a key given twice keeps its last value; no `${VAR}` expansion). Keys that are not
+    upper-case names and lines that are no assignment are ignored. No file: {}. A file that is
+    not a regular file of UTF-8 text: SettingsError (`read_env_text`)."""
+    import io
+    import logging
+
+    import dotenv
+
     text = read_env_text(path)
     if text is None:
-        return values
-    for line in text.splitlines():
-        match = re.match(r"^\s*(?:export\s+)?([A-Z_][A-Z0-9_]*)\s*=\s*(.*)$", line)
-        if not match:
-            continue
-        raw = match.group(2).strip()
-        if raw[:1] in ("'", '"'):
-            quote = raw[0]
-            raw = raw[1:].split(quote, 1)[0]
-        else:
-            raw = raw.split("#", 1)[0].strip()
-        values[match.group(1)] = raw
-    return values
+        return {}
+    quiet = logging.getLogger("dotenv.main")  # it logs a warning for each line that is no assignment
+    level, quiet.level = quiet.level, logging.ERROR
+    try:
+        values = dotenv.dotenv_values(stream=io.StringIO(text), interpolate=False)
+    finally:
+        quiet.setLevel(level)
+    return {k: v or "" for k, v in values.items() if re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)}
 
 
 def load(
