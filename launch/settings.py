@@ -301,6 +301,14 @@ def load(
     values = {**read_env_file(env_file), **{k: v for k, v in environ.items() if k in SETTINGS and v}}
     need = required if required is not None else tuple(k for k, (_, req) in SETTINGS.items() if req)
     problems = [f"{key} is not set: {SETTINGS[key][0]}" for key in need if not values.get(key)]
+    # google-auth opens GOOGLE_APPLICATION_CREDENTIALS as it is (a missing file is its own one-line
+    # DefaultCredentialsError; a folder was an IsADirectoryError traceback, as the first client was made).
+    key_file = environ.get("GOOGLE_APPLICATION_CREDENTIALS", "")
+    if key_file and os.path.exists(key_file) and not os.path.isfile(key_file):
+        problems.append(
+            f"GOOGLE_APPLICATION_CREDENTIALS={key_file!r} is a folder or a device, not a key file: point it "
+            "at a service account key's JSON file, or unset it to use `gcloud auth application-default login`"
+        )
 
     def check(key: str, pattern: re.Pattern[str]) -> re.Match[str] | None:
         value = values.get(key, "")

@@ -42,6 +42,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -191,6 +192,10 @@ def _exists(path: str) -> bool:
 # --- the workers' steps ----------------------------------------------------------------------
 
 
+# How a shard that did not fit on the disk is reported (one line, however many shards met it).
+DISK_FULL = "no space left on the disk of"
+
+
 def shard_done(work: str, name: str) -> dict[str, Any] | None:
     """The done record of shard `name`, if it is there and its file matches it (size, SHA-256)."""
     from trainer import data, storage
@@ -234,6 +239,10 @@ def write_shard(work: str, name: str, config: PrepareConfig) -> dict[str, Any] |
             tf.io.gfile.remove(partial)
         problem = find_bad_image(task["paths"]) if task["kind"] == "files" else None
         return problem or f"bad input in shard {name}: {e.message.splitlines()[0]}"
+    except tf.errors.ResourceExhaustedError:  # the disk is full (ENOSPC is RESOURCE_EXHAUSTED in TF)
+        with contextlib.suppress(tf.errors.OpError):
+            tf.io.gfile.remove(partial)
+        return disk_full(work)
     except BaseException:
         with contextlib.suppress(tf.errors.OpError):
             tf.io.gfile.remove(partial)
@@ -357,7 +366,28 @@ def read_problems(work: str) -> list[str]:
     folder = storage.join(work, ERRORS)
     if not _exists(folder):
         return []
-    return [_read_json(storage.join(folder, f))["problem"] for f in sorted(tf.io.gfile.listdir(folder))]
+    names = sorted(f for f in tf.io.gfile.listdir(folder) if f.endswith(".json"))
+    problems = [_read_json(storage.join(folder, f))["problem"] for f in names]
+    full = [p for p in problems if p.startswith(DISK_FULL)]
+    if full:  # one line for a full disk, however many workers met it
+        problems = [p for p in problems if not p.startswith(DISK_FULL)] + [disk_full(work)]  # counted now
+    return problems
+
+
+def disk_full(work: str) -> str:
+    """The one line for a disk that filled while shards were written into `work`: what the
+    shards left need (the mean size of those written), what is kept, how to resume."""
+    from trainer import storage
+    from trainer._tf import tf
+
+    done = [_read_json(p) for p in tf.io.gfile.glob(storage.join(work, DONE, "*.json"))]
+    left = len(_read_json(storage.join(work, PLAN_FILE))["shards"]) - len(done)
+    need = sum(r["bytes"] for r in done) / len(done) * left / 2**20 if done else None
+    about = f"the {left} shards left need about {need:.1f} MiB" if need is not None else f"{left} shards left"
+    return (
+        f"{DISK_FULL} {work}: {about}; the {len(done)} shards written so far are kept there: free "
+        "space, then run the same command again to resume"
+    )
 
 
 def _beam_steps() -> tuple[Any, Any]:
@@ -489,7 +519,14 @@ def pipeline_options(config: PrepareConfig) -> Any:
     runner = _runner(args)
     if runner == "DirectRunner":
         workers = local_workers(config)
-        args = ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}", *args]
+        # The workers' own logs (their tracebacks on stderr) off: failures reach the driver, which
+        # says them in one line (a user's own --default_sdk_harness_log_level, later, wins).
+        args = [
+            "--direct_running_mode=multi_processing",
+            f"--direct_num_workers={workers}",
+            "--default_sdk_harness_log_level=CRITICAL",
+            *args,
+        ]
         # Last, so that it replaces a `--runner DirectRunner` among `args`.
         return PipelineOptions([*args, f"--runner={LOCAL_RUNNER}"])
     return PipelineOptions([f"--runner={runner}", *args])
@@ -642,6 +679,40 @@ def _progress_lines(work: str, total: int, progress: Progress) -> Iterator[None]
         thread.join()
 
 
+# Where the DirectRunner's workers write on stderr (Beam's worker prints every failure's traceback
+# there itself, whatever the log level): the screen gets one line, this file the details.
+WORKERS_LOG = "beam-workers.log"
+
+
+@contextlib.contextmanager
+def _stderr_to(path: str | None) -> Iterator[None]:
+    """File descriptor 2 (this process's and the worker processes' it starts) into `path`, in the
+    system temp folder, while the block runs; named on stderr when the block fails."""
+    if path is None:
+        yield
+        return
+    import tempfile
+
+    saved, failed, name = os.dup(2), True, ""
+    try:
+        with tempfile.NamedTemporaryFile("wb", prefix="prepare-", suffix=f"-{path}", delete=False) as log:
+            name = log.name
+            try:
+                sys.stderr.flush()
+                os.dup2(log.fileno(), 2)
+                yield
+                failed = False
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+    finally:
+        if failed:
+            sys.stderr.write(f"(the Beam workers' own output is in {name})\n")
+        elif name:
+            os.remove(name)
+
+
 def prepare_beam(
     config: PrepareConfig,
     source: Source,
@@ -662,8 +733,9 @@ def prepare_beam(
 
     from trainer import storage
 
-    # Beam's runner relays each worker's start-up warnings; problems come back as PrepareError.
-    logging.getLogger("apache_beam").setLevel(logging.ERROR)
+    # Beam's runner relays each worker's warnings and errors with their tracebacks; problems and
+    # failures come back here, to be said in one line (PrepareError).
+    logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     plan, tasks = make_plan(source, config, source_info)
     work = work_dir(config.output_dir)
     kept = write_plan(work, plan, tasks, progress)
@@ -689,12 +761,14 @@ def prepare_beam(
         progress.say(f"wrote the Dataflow job's graph to {template}; the job publishes {config.output_dir}")
         return {}
     try:
-        with _progress_lines(work, len(names), progress):
+        with _progress_lines(work, len(names), progress), _stderr_to(WORKERS_LOG if local else None):
             pipeline.run().wait_until_finish()
     except Exception as e:  # noqa: BLE001 - a worker's failure, reported without its traceback
         problems = read_problems(work)  # a remote runner's Finalize fails the job on them
         if problems:
             raise PrepareError("\n".join(problems) + "\n(nothing was published)") from None
+        if "ResourceExhaustedError" in str(e) or "No space left on device" in str(e):
+            raise PrepareError(disk_full(work)) from None
         raise PrepareError(
             f"the Beam preparation failed: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}; "
             f"the shards written so far are kept in {work} for the next run"

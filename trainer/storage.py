@@ -50,10 +50,15 @@ def write_json(path: str, data: Any) -> None:
     """Writes JSON (sorted keys, so equal data gives equal bytes) through a temporary name."""
     path = resolve(path)
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    try:
+        with tf.io.gfile.GFile(tmp, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+        tf.io.gfile.rename(tmp, path, overwrite=True)
+    except BaseException:  # a full disk: no partial file left beside the ones readers list
+        with contextlib.suppress(tf.errors.OpError):
+            tf.io.gfile.remove(tmp)
+        raise
 
 
 def is_nonempty_dir(path: str) -> bool:

@@ -126,6 +126,14 @@ def test_schedule_commands_with_no_credentials_say_how_to_provide_them(
         assert hint in line
 
 
+def test_credentials_pointing_at_a_folder_are_a_settings_problem(tmp_path: Path) -> None:
+    """google-auth opens the path as it is: a folder was an IsADirectoryError traceback."""
+    with pytest.raises(settings.SettingsError) as info:
+        settings.load({**VALID, "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path)}, Path("/nonexistent"))
+    [line] = str(info.value).splitlines()
+    assert line.startswith(f"GOOGLE_APPLICATION_CREDENTIALS={str(tmp_path)!r} is a folder"), line
+
+
 # --- REGION ---------------------------------------------------------------------------------------
 
 

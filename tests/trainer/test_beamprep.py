@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,41 @@ def test_a_killed_beam_preparation_resumes_with_the_shards_it_wrote(
     assert f"({14 - len(kept)} to write)" in done.stdout
     assert {name: (out / name).stat().st_mtime_ns for name in kept} == kept
     same_dataset(job_output, out)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path, job_output: Path) -> Iterator[Path]:
+    """A file system that holds the plan and about half the dataset's shards (a tmpfs: needs root
+    with CAP_SYS_ADMIN, as on this project's CI machines; skipped elsewhere)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    shards = sum(p.stat().st_size for p in job_output.glob("*.tfrecord"))
+    size = 64 * 1024 + shards // 2  # the plan and tasks take a few KiB
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=False
+    ).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root with CAP_SYS_ADMIN)")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_shards_written(folder: Path, small_disk: Path) -> None:
+    out = small_disk / "dataset"
+    args = ("--source", f"folder:{folder}", "--output_dir", str(out), *FLAGS, "--engine", "beam")
+    done = run_prepare(*args, "--beam_workers", "1")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    work = beamprep.work_dir(str(out))
+    assert len(errors) == 1 and errors[0].endswith("run the same command again to resume"), done.stderr[
+        -3000:
+    ]
+    assert f"{beamprep.DISK_FULL} {work}: the " in errors[0] and " MiB; " in errors[0], errors
+    kept = len(list((Path(work) / beamprep.DONE).glob("*.json")))
+    assert 1 <= kept < 5 and f"the {kept} shards written so far are kept" in errors[0], errors
+    assert not out.exists()
 
 
 def test_a_changed_plan_is_not_resumed_and_says_what_changed(folder: Path, tmp_path: Path) -> None:
