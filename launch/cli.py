@@ -240,16 +240,19 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
                 "processes_left": [_describe(pid) for pid in left],
             }
         summary_path = run_dir / "summary.json"
-        _write_json(summary_path, summary)
+        written = _write_json(summary_path, summary, screen)
     # The report last: a picture that cannot be drawn never changes how the run ended.
     try:
+        if not written:
+            raise OSError(f"{run_dir} cannot be written")
         report.write_report(run_dir / "report.html", summary, metrics, trials)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 (recorded in summary.json, shown below)
         with stop.deferred():
             summary["report_error"] = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
             summary["report"] = None
-            _write_json(summary_path, summary)
-        screen.write(f"WARNING: report.html was not written ({summary['report_error']}); see summary.json\n")
+            if written:
+                _write_json(summary_path, summary, screen)
+        screen.write(f"WARNING: report.html was not written ({summary['report_error']})\n")
     status = summary["status"]
     failed = [s for s in steps if s.status not in ("SUCCESS", "CANCELLED")]
     if tee.warnings:  # again at the end, where they cannot scroll away (a damaged registry...)
@@ -267,7 +270,8 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
         )
         screen.write(
             f"SUCCEEDED in {wall:.0f}s: test_accuracy {m.get('test_accuracy', float('nan')):.4f}; {registered}\n"
-            f"summary: {summary_path}\n" + (f"report:  {summary['report']}\n" if summary["report"] else "")
+            + (f"summary: {summary_path}\n" if written else "")
+            + (f"report:  {summary['report']}\n" if summary["report"] else "")
         )
         return 0
     if failed and status == "FAILED":
@@ -278,15 +282,27 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
         screen.write(f"\n{status}: {summary['error']}\n")
         if summary.get("stopped", {}).get("processes_left"):
             screen.write(f"WARNING: processes still running: {summary['stopped']['processes_left']}\n")
-    screen.write(f"summary: {summary_path}\n")
+    if written:
+        screen.write(f"summary: {summary_path}\n")
     return 130 if status == "CANCELLED" else 1
 
 
-def _write_json(path: Path, value: Any) -> None:
-    """Written whole or not at all: a reader never sees half a summary."""
+def _write_json(path: Path, value: Any, screen: TextIO) -> bool:
+    """Written whole or not at all: a reader never sees half a summary. A folder that cannot be
+    written (turned read-only or full mid-run) is one WARNING line on `screen`, and False: how
+    the run ended is still said on the screen and in the exit status."""
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(value, indent=1, default=str))
-    os.replace(partial, path)
+    try:
+        partial.write_text(json.dumps(value, indent=1, default=str))
+        os.replace(partial, path)
+        return True
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        screen.write(
+            f"WARNING: {path} was not written ({err.strerror or err}); the run ended {value['status']}\n"
+        )
+        return False
 
 
 def _summary(

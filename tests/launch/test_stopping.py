@@ -55,6 +55,17 @@ if len(sys.argv) > 3 and sys.argv[3] == "broken-report":
     def broken(*args, **kwargs):
         raise RuntimeError("no picture today")
     report.write_report = broken
+if len(sys.argv) > 3 and sys.argv[3] == "read-only":  # the runs folder turns read-only at the end
+    import os
+
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if str(dst).endswith("summary.json"):
+            raise OSError(30, "Read-only file system")
+        return real_replace(src, dst)
+
+    os.replace = replace
 stubborn = len(sys.argv) > 2 and sys.argv[2] == "stubborn"
 sys.exit(cli.run_local({"registry_dir": "reg", "stubborn": stubborn}, Path(sys.argv[1])))
 """
@@ -174,6 +185,19 @@ def test_a_report_that_cannot_be_drawn_never_fails_a_successful_run(tmp_path: Pa
     summary = _summary(runs)
     assert summary["status"] == "SUCCEEDED"
     assert summary["report_error"] == "RuntimeError: no picture today" and summary["report"] is None
+    _assert_clean(runs, system_tmp, [])
+
+
+def test_a_runs_folder_that_turned_read_only_is_one_line_and_the_status_stays(tmp_path: Path) -> None:
+    proc, runs, system_tmp = _launcher(tmp_path, "gentle", "read-only", sleep=0)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert "Traceback" not in out + err, out + err
+    [warning] = [line for line in out.splitlines() if "summary.json was not written" in line]
+    assert "Read-only file system" in warning and warning.endswith("the run ended SUCCEEDED"), warning
+    assert "SUCCEEDED in " in out and "summary: " not in out
+    assert not (runs / "latest" / "summary.json").exists()
+    assert not list((runs / "latest").glob(".summary.json.partial"))
     _assert_clean(runs, system_tmp, [])
 
 
