@@ -40,19 +40,20 @@ $(STAMP): pyproject.toml uv.lock | $(UV)
 
 setup: $(STAMP) ## Create .venv from uv.lock (installs uv first when missing); quick when nothing changed
 
-# The tiers (tests/conftest.py and docs/layout.md): the tests that need no cores of their own run
-# on every core (pytest-xdist); the `serial` ones (multi-replica training, kills and resumes, the
-# local end-to-end run, deadlines) then one at a time. Both parts always run; either failing fails.
+# The tiers (docs/layout.md): the tests that need no cores of their own run on every core
+# (pytest-xdist; a module's tests on one worker, so its module fixtures are built once); the
+# `serial` ones (multi-replica training, kills and resumes, the local end-to-end runs, deadlines)
+# then one at a time. Both parts always run; either failing fails. Each names its ten slowest.
 test: $(STAMP) ## Run the whole test suite: every tier, on every core, then the serial tier alone
-	@a=0; $(PY) -m pytest -m "not serial" -n auto || a=$$?; \
-	b=0; $(PY) -m pytest -m serial || b=$$?; \
+	@a=0; $(PY) -m pytest -m "not serial" -n auto --dist loadscope --durations=10 || a=$$?; \
+	b=0; $(PY) -m pytest -m serial --durations=10 || b=$$?; \
 	if [ $$a -ne 0 ] || [ $$b -ne 0 ]; then echo "make test: failed (on every core: exit $$a; serial: exit $$b)" >&2; exit 1; fi
 
 test-fast: $(STAMP) ## Run the edit-loop tier: the tests that start no TensorFlow process and no make, on every core
-	$(PY) -m pytest -m "not process and not serial" -n auto
+	$(PY) -m pytest -m "not process and not serial" -n auto --dist loadscope
 
 test-hardening: $(STAMP) ## Run the hardening tier: bad inputs and attacks at every entry point
-	$(PY) -m pytest -m "hardening and not serial" -n auto
+	$(PY) -m pytest -m "hardening and not serial" -n auto --dist loadscope
 
 test-conformance: $(STAMP) ## Run the conformance tier: every option combination through the real GCPC launchers, or refused before any request (docs/conformance.md)
 	$(PY) -m pytest -m conformance tests/conformance
