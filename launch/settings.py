@@ -286,7 +286,8 @@ def read_env_file(path: Path) -> dict[str, str]:
     if text is None:
         return {}
     quiet = logging.getLogger("dotenv.main")  # it logs a warning for each line that is no assignment
-    level, quiet.level = quiet.level, logging.ERROR
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         values = dotenv.dotenv_values(stream=io.StringIO(text), interpolate=False)
     finally:

@@ -519,8 +519,9 @@ def pipeline_options(config: PrepareConfig) -> Any:
     runner = _runner(args)
     if runner == "DirectRunner":
         workers = local_workers(config)
-        # The workers' own logs (their tracebacks on stderr) off: failures reach the driver, which
-        # says them in one line (a user's own --default_sdk_harness_log_level, later, wins).
+        # The workers' own logging off (a user's --default_sdk_harness_log_level, later, wins):
+        # failures reach the driver, which says them in one line. Beam still prints each failure's
+        # traceback on the worker's stderr, which `_stderr_to` keeps off the screen.
         args = [
             "--direct_running_mode=multi_processing",
             f"--direct_num_workers={workers}",

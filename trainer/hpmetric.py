@@ -39,9 +39,9 @@ def reporting_file(environ: Mapping[str, str]) -> str | None:
     file raises `MetricFileError` naming the path, this process's uid and the fix."""
     path = metric_file(environ)
     try:
-        if not path:
-            raise OSError(f"{METRIC_FILE_ENV} is set but empty")
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if not os.path.dirname(path):  # HyperTune() would fail making the folder of "" (os.makedirs)
+            raise OSError(f"{METRIC_FILE_ENV} names no folder (HyperTune needs one): {path!r}")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "a"):
             pass
         return path

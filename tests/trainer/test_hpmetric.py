@@ -85,9 +85,11 @@ def test_in_a_trial_an_unwritable_file_is_fatal_naming_the_path_and_the_uid(
     assert not path.exists()
 
 
-def test_an_empty_variable_is_refused_in_a_trial() -> None:
+@pytest.mark.parametrize("value", ["", "output.metrics"])
+def test_an_empty_variable_or_a_path_with_no_folder_is_refused_in_a_trial(value: str) -> None:
+    """HyperTune() makes the file's folder with os.makedirs, which fails on a path with none."""
     with pytest.raises(hpmetric.MetricFileError, match=hpmetric.METRIC_FILE_ENV):
-        hpmetric.reporting_file({hpmetric.METRIC_FILE_ENV: "", hpmetric.TRIAL_ID_ENV: "1"})
+        hpmetric.reporting_file({hpmetric.METRIC_FILE_ENV: value, hpmetric.TRIAL_ID_ENV: "1"})
 
 
 @pytest.mark.parametrize("trial", [None, ""])
