@@ -686,17 +686,20 @@ WORKERS_LOG = "beam-workers.log"
 
 
 @contextlib.contextmanager
-def _stderr_to(path: str | None) -> Iterator[None]:
-    """File descriptor 2 (this process's and the worker processes' it starts) into `path`, in the
-    system temp folder, while the block runs; named on stderr when the block fails."""
-    if path is None:
+def _stderr_to(name_suffix: str | None) -> Iterator[None]:
+    """File descriptor 2 (this process's and the worker processes' it starts) into a file of the
+    system temp folder ending in `name_suffix`, while the block runs; named on stderr when the
+    block fails, removed when it succeeds."""
+    if name_suffix is None:
         yield
         return
     import tempfile
 
     saved, failed, name = os.dup(2), True, ""
     try:
-        with tempfile.NamedTemporaryFile("wb", prefix="prepare-", suffix=f"-{path}", delete=False) as log:
+        with tempfile.NamedTemporaryFile(
+            "wb", prefix="prepare-", suffix=f"-{name_suffix}", delete=False
+        ) as log:
             name = log.name
             try:
                 sys.stderr.flush()
