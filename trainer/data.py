@@ -758,6 +758,12 @@ def make_dataset(
         policy.FILE if shards_by_file(info, num_workers) else policy.DATA
     )
     options.deterministic = not training or not plan.cache
+    # No autotuning model: the parallel steps run at min(16, cores) (AutotuneOptions'
+    # initial_parallelism), the most a decode pipeline can use, and the prefetch buffers keep
+    # their own tuner. The model's thread made deleting a training iterator wait for its next
+    # optimisation period: measured here, a worker's `model.fit` returned 38-97 s after its last
+    # epoch under MultiWorkerMirroredStrategy, the chief waiting on it (docs/facts.md, fact 37).
+    options.autotune.enabled = False
     return ds.with_options(options)
 
 
