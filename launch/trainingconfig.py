@@ -47,7 +47,7 @@ import yaml
 from components import hardware
 from launch import settings
 
-K80, P100, T4, V100 = "NVIDIA_TESLA_K80", "NVIDIA_TESLA_P100", "NVIDIA_TESLA_T4", "NVIDIA_TESLA_V100"
+K80, P100, T4, V100 = hardware.K80, hardware.P100, hardware.T4, hardware.V100
 
 # AI Platform's legacy machine type -> (Compute Engine machine type, GPU type, GPUs per machine).
 # AI Platform's table, whole: the K80 rows and complex_model_s are refused when read (see above).

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from components import plan, registry, tuning
+from components.hardware import V100
 
 TARGETS = ("vertex", "local")
 # The compiled default of a parameter the submitter must give (no default in the template).
@@ -41,7 +42,6 @@ def _p(
     return Parameter(name, type_, default, help_, local, targets)
 
 
-V100 = "NVIDIA_TESLA_V100"
 PARAMETERS: tuple[Parameter, ...] = (
     # Where: given by the submitter (make run / schedule), never baked into the compiled JSON.
     _p("project", str, REQUIRED, "Google Cloud project of every job and of the model.", "local"),

@@ -9,7 +9,7 @@ import pytest
 
 import pipeline
 from components import plan
-from pipeline import rules as options
+from pipeline import rules
 
 REGION = "us-central1"
 
@@ -20,14 +20,14 @@ def vertex(**given: Any) -> dict[str, Any]:
     return {**values, **given}
 
 
-def refused(values: dict[str, Any], target: str = "vertex") -> options.OptionsError:
-    with pytest.raises(options.OptionsError) as err:
-        options.check(values, target, REGION if target == "vertex" else "")
+def refused(values: dict[str, Any], target: str = "vertex") -> rules.OptionsError:
+    with pytest.raises(rules.OptionsError) as err:
+        rules.check(values, target, REGION if target == "vertex" else "")
     return err.value
 
 
 def test_the_vertex_defaults_pass() -> None:
-    assert options.check(vertex(), "vertex", REGION) == []
+    assert rules.check(vertex(), "vertex", REGION) == []
 
 
 H100_8: dict[str, str | int] = {
@@ -177,18 +177,18 @@ def test_each_rule_names_its_parameter(given: dict[str, Any], parameters: set[st
     ],
 )
 def test_what_vertex_accepts_passes(given: dict[str, Any]) -> None:
-    options.check(vertex(**given), "vertex", REGION)
+    rules.check(vertex(**given), "vertex", REGION)
 
 
 def test_a_dataflow_run_on_a_network_without_a_subnetwork_is_warned() -> None:
     """Dataflow takes a network given alone as an auto-mode network of the job's project."""
     beam = {"prepare_engine": "beam", "dataset_source": "folder:gs://bucket/images"}
     network = {"network": "projects/123/global/networks/vpc"}
-    [warning] = options.check(vertex(**beam, **network), "vertex", REGION)
+    [warning] = rules.check(vertex(**beam, **network), "vertex", REGION)
     assert warning.startswith("prepare_engine=beam with a network and no dataflow_subnetwork")
     shared = "https://www.googleapis.com/compute/v1/projects/host-proj/regions/us-central1/subnetworks/s"
-    assert options.check(vertex(**beam, **network, dataflow_subnetwork=shared), "vertex", REGION) == []
-    assert options.check(vertex(**network), "vertex", REGION) == []  # the job engine: no Dataflow
+    assert rules.check(vertex(**beam, **network, dataflow_subnetwork=shared), "vertex", REGION) == []
+    assert rules.check(vertex(**network), "vertex", REGION) == []  # the job engine: no Dataflow
 
 
 def test_every_problem_is_named_at_once_one_per_line() -> None:
@@ -205,9 +205,9 @@ def test_every_problem_is_named_at_once_one_per_line() -> None:
 
 def test_the_region_override_turns_the_refusal_into_a_warning() -> None:
     given = H100_8 | {"worker_count": 1}
-    with pytest.raises(options.OptionsError, match="set check_gpu_region=false"):
-        options.check(vertex(**given), "vertex", "southamerica-east1")
-    warnings = options.check(vertex(**given, check_gpu_region=False), "vertex", "southamerica-east1")
+    with pytest.raises(rules.OptionsError, match="set check_gpu_region=false"):
+        rules.check(vertex(**given), "vertex", "southamerica-east1")
+    warnings = rules.check(vertex(**given, check_gpu_region=False), "vertex", "southamerica-east1")
     assert len(warnings) == 1 and "not offered in southamerica-east1" in warnings[0]
 
 
@@ -216,7 +216,7 @@ def test_the_checked_flags_are_built_by_the_steps_own_functions(capsys: pytest.C
     `prepare_args` themselves build (no second spelling of the flags), quietly: the step's own
     `print` of its args stays out of `make run`'s screen."""
     values = vertex(fine_tune_fraction=0.5, dataset_source="synthetic")
-    checked = options.trainer_commands(values)
+    checked = rules.trainer_commands(values)
     assert capsys.readouterr().out == ""
     task = checked["trainer.task"]
     assert "--fine_tune_fraction=0.5" in task and "--image_size=300" in task
@@ -225,7 +225,7 @@ def test_the_checked_flags_are_built_by_the_steps_own_functions(capsys: pytest.C
     assert f"--synthetic_per_class={values['synthetic_per_class']}" in checked["trainer.prepare"]
     assert "--shards=32" in checked["trainer.prepare"] and "--overwrite" in checked["trainer.prepare"]
     # A source the step itself refuses is still handed over, for the preparation's parser to name.
-    assert "--source=nope" in options.trainer_commands(vertex(dataset_source="nope"))["trainer.prepare"]
+    assert "--source=nope" in rules.trainer_commands(vertex(dataset_source="nope"))["trainer.prepare"]
 
 
 @pytest.mark.process
@@ -237,12 +237,12 @@ def test_the_trainer_checks_answer_as_processes_what_the_suite_answers_in_proces
     from tests.conftest import trainer_check_in_process
 
     flags = {"trainer.task": ["--epochs=0"], "trainer.prepare": ["--shards=0"]}
-    by_process = options.trainer_check("trainer.flagcheck", flags)
+    by_process = rules.trainer_check("trainer.flagcheck", flags)
     assert by_process == trainer_check_in_process("trainer.flagcheck", flags)
     assert {p["program"] for p in by_process} == {"trainer.task", "trainer.prepare"}
     source = {"source": f"folder:{tmp_path}"}
-    assert options.trainer_check("trainer.sourcecheck", source) == trainer_check_in_process(
+    assert rules.trainer_check("trainer.sourcecheck", source) == trainer_check_in_process(
         "trainer.sourcecheck", source
     )
     with pytest.raises(RuntimeError, match=r"trainer\.flagcheck"):
-        options.trainer_check("trainer.flagcheck", {"trainer.unknown": []})
+        rules.trainer_check("trainer.flagcheck", {"trainer.unknown": []})

@@ -18,7 +18,7 @@ from kfp import compiler
 import pipeline
 from components import plan, tuning
 from launch import flags
-from pipeline import rules as options
+from pipeline import rules
 from tests.model_flags import MODEL_FLAG_VALUES
 from tests.test_pipeline import default_pools, render_payload, root_values, task_inputs, walk
 
@@ -58,11 +58,11 @@ def values_for(target: str, **given: Any) -> dict[str, Any]:
 
 
 def check(target: str = "vertex", **given: Any) -> list[str]:
-    return options.check(values_for(target, **given), target, REGION if target == "vertex" else "")
+    return rules.check(values_for(target, **given), target, REGION if target == "vertex" else "")
 
 
-def refused(target: str = "vertex", **given: Any) -> options.OptionsError:
-    with pytest.raises(options.OptionsError) as err:
+def refused(target: str = "vertex", **given: Any) -> rules.OptionsError:
+    with pytest.raises(rules.OptionsError) as err:
         check(target, **given)
     return err.value
 
@@ -304,7 +304,7 @@ def test_grid_search_needs_an_all_discrete_space() -> None:
 
 
 def test_the_local_space_is_centred_on_the_local_defaults() -> None:
-    """docs/options.md: two trials on the tiny backbone must not land far from the local
+    """docs/rules.md: two trials on the tiny backbone must not land far from the local
     defaults, which already reach the gate; a change of one without the other fails here."""
     local = {q.name: q.default_for("local") for q in pipeline.PARAMETERS}
     by_id = {s.parameter_id: s for s in tuning.parse_search_space(tuning.LOCAL_SEARCH_SPACE)}

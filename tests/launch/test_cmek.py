@@ -14,7 +14,7 @@ import pytest
 
 import pipeline
 from launch import settings
-from pipeline import rules as options
+from pipeline import rules
 
 
 def key(location: str) -> str:
@@ -42,7 +42,7 @@ def settings_verdict(kms_key: str, region: str) -> str:
 
 
 def parameter_verdict(kms_key: str, region: str) -> str:
-    """The encryption_spec_key_name problem of `options.check` for a Vertex run in `region`, or ""."""
+    """The encryption_spec_key_name problem of `rules.check` for a Vertex run in `region`, or ""."""
     values: dict[str, Any] = {q.name: q.default_for("vertex") for q in pipeline.parameters_for("vertex")}
     values.update(
         project="p-proj",
@@ -52,8 +52,8 @@ def parameter_verdict(kms_key: str, region: str) -> str:
         encryption_spec_key_name=kms_key,
     )
     try:
-        options.check(values, "vertex", region)
-    except options.OptionsError as err:
+        rules.check(values, "vertex", region)
+    except rules.OptionsError as err:
         # (the default GPUs may be missing from the region: only the key's problem is compared)
         found = [p.message for p in err.problems if "encryption_spec_key_name" in p.parameters]
         assert len(found) <= 1, found
@@ -80,7 +80,7 @@ def test_the_setting_and_the_parameter_agree(
     kms_key: str, region: str, is_refused: bool, words: tuple[str, ...]
 ) -> None:
     from_settings, from_parameter = settings_verdict(kms_key, region), parameter_verdict(kms_key, region)
-    assert from_settings == from_parameter == options.kms_key_problem(kms_key, region)
+    assert from_settings == from_parameter == rules.kms_key_problem(kms_key, region)
     assert bool(from_settings) is is_refused
     for word in words:
         assert word in from_settings, (word, from_settings)
