@@ -6,7 +6,6 @@ with matplotlib's Agg backend (no display needed)."""
 from __future__ import annotations
 
 import base64
-import html
 import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -291,7 +290,7 @@ def top_confusions(
     return [(labels[i], labels[j], count) for count, i, j in cells[:n]]
 
 
-def comparison_table(comparison: Mapping[str, Any], rule: str) -> str:
+def comparison_blocks(comparison: Mapping[str, Any], rule: str) -> list[Block]:
     """The paired comparison of the two models on the same test images (evaluation.json's
     `comparison`): each metric's difference with its 95% bootstrap interval, and the exact
     McNemar test on the images only one model got right."""
@@ -316,17 +315,23 @@ def comparison_table(comparison: Mapping[str, Any], rule: str) -> str:
         f"p={mcnemar.get('p_value', float('nan')):.3g} (below 0.05: the accuracies differ beyond chance). "
         "An interval that contains 0 means the test split cannot tell the two models apart."
     )
-    return (
-        "<h3>Paired comparison</h3>"
-        + _table(rows, ("metric", "this model", "champion", "difference", "95% interval (paired bootstrap)"))
-        + f"<p>{html.escape(note)}</p>"
-    )
+    header = ("metric", "this model", "champion", "difference", "95% interval (paired bootstrap)")
+    return [{"h3": "Paired comparison"}, _table(rows, header), {"p": note}]
 
 
-def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+# The page's content is data: sections of blocks, each one of {"p": text}, {"h3": text},
+# {"link": url, "text": ..., "after": ...}, {"table": {"header": [...], "rows": [[...]]}} or
+# {"img": base64 PNG, "alt": ...}. report.html (beside this file) is the markup: restyle it there.
+Block = dict[str, Any]
+TEMPLATE = Path(__file__).with_name("report.html")
+
+
+def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> Block:
+    return {"table": {"header": list(header), "rows": [list(row) for row in rows]}}
+
+
+def _image(png: str, alt: str) -> Block:
+    return {"img": png, "alt": alt}
 
 
 def write_report(
@@ -337,157 +342,49 @@ def write_report(
 ) -> Path:
     """Writes the page; returns its path. `metrics` is the trainer's metrics.json (or None when
     training did not finish), `trials` the tuning trials table (or None)."""
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>Run {html.escape(summary['run_id'])}</title>",
-        (
-            "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}"
-            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}img{max-width:100%}</style></head><body>"
-        ),
-        f"<h1>{html.escape(summary['pipeline'])}: {html.escape(summary['status'])}</h1>",
-        (
-            f"<p>Run {html.escape(summary['run_id'])}, target {html.escape(summary['target'])}, "
-            f"{summary['wall_seconds']:.1f} s.</p>"
-        ),
-        "<h2>Steps</h2>",
-        _table(
-            [(s["name"], s["status"], f"{s['seconds']:.1f}") for s in summary["steps"]],
-            ("step", "status", "seconds"),
-        )
-        if not any("queued_seconds" in s for s in summary["steps"])
-        else _table(
-            [
-                (
-                    s["name"] + (" (group)" if s.get("group") else ""),
-                    s["status"],
-                    s.get("created") or "",
-                    _fmt(s.get("queued_seconds")),
-                    _fmt(s.get("run_seconds")),
-                    s.get("error", ""),
-                )
-                for s in summary["steps"]
-            ],
-            ("step", "status", "created", "waited (s)", "ran (s)", "error"),
-        ),
+    import jinja2
+
+    intro: list[Block] = [
+        {"p": f"Run {summary['run_id']}, target {summary['target']}, {summary['wall_seconds']:.1f} s."}
     ]
     if summary.get("error"):
-        parts.insert(-2, f"<p>{html.escape(str(summary['error']))}</p>")
+        intro.append({"p": str(summary["error"])})
     if summary.get("console"):  # a Vertex run (launch.vertexrun); one still running: as of when
-        running = f" Read at {html.escape(str(summary['as_of']))}." if not summary.get("ended") else ""
-        parts.insert(
-            -2,
-            f"<p><a href='{html.escape(str(summary['console']))}'>The run in the Cloud console</a>.{running}</p>",
+        running = f" Read at {summary['as_of']}." if not summary.get("ended") else ""
+        intro.append(
+            {"link": str(summary["console"]), "text": "The run in the Cloud console", "after": running}
         )
+    sections: list[tuple[str, list[Block]]] = [("Steps", [_steps_table(summary["steps"])])]
     bars = timeline_rows(summary)
     if len(bars) >= TIMELINE_MIN_BARS:
-        image = timeline_png(bars)
         caption = TIMELINE_VERTEX if summary.get("target") == "vertex" else TIMELINE_LOCAL
-        parts.append(
-            f"<h2>Timeline</h2><p>{html.escape(caption)}</p>"
-            f"<img alt='step timeline' src='data:image/png;base64,{image}'>"
-        )
+        sections.append(("Timeline", [{"p": caption}, _image(timeline_png(bars), "step timeline")]))
     if summary.get("jobs"):
-        parts += [
-            "<h2>Jobs</h2>",
-            _table(
-                [
-                    (
-                        j["task"],
-                        j["type"],
-                        j["name"],
-                        j["state"],
-                        _fmt(j.get("queued_seconds")),
-                        _fmt(j.get("run_seconds")),
-                        j.get("error", ""),
-                    )
-                    for j in summary["jobs"]
-                ],
-                ("step", "type", "job", "state", "queued (s)", "ran (s)", "error"),
-            ),
+        jobs = [
+            (
+                j["task"],
+                j["type"],
+                j["name"],
+                j["state"],
+                _fmt(j.get("queued_seconds")),
+                _fmt(j.get("run_seconds")),
+                j.get("error", ""),
+            )
+            for j in summary["jobs"]
         ]
+        sections.append(
+            ("Jobs", [_table(jobs, ("step", "type", "job", "state", "queued (s)", "ran (s)", "error"))])
+        )
     if summary.get("model"):
         m = summary["model"]
-        parts += [
-            "<h2>Model</h2>",
-            _table(
-                [(m["name"], m["version"], m["path"], "unknown" if m["champion"] is None else m["champion"])],
-                ("model", "version", "path", "champion"),
-            ),
-        ]
-    gate = summary.get("gate")
-    if gate:
-        champion = gate.get("champion_score")
-        score = gate.get("score")
-        parts += [
-            "<h2>Gate (both models on this run's test split)</h2>",
-            _table(
-                [
-                    (
-                        gate["metric"],
-                        "" if score is None else f"{score:.4f}",
-                        "" if champion is None else "none" if champion < 0 else f"{champion:.4f}",
-                        "promote" if gate["promote"] else "hold",
-                        gate["reason"],
-                    )
-                ],
-                ("metric", "this model", "champion", "decision", "reason"),
-            ),
-        ]
-        if gate.get("description"):
-            parts.append(f"<p>{html.escape(str(gate['description']))}</p>")
-        if gate.get("comparison"):
-            parts.append(comparison_table(gate["comparison"], gate.get("rule", "not_worse")))
+        row = (m["name"], m["version"], m["path"], "unknown" if m["champion"] is None else m["champion"])
+        sections.append(("Model", [_table([row], ("model", "version", "path", "champion"))]))
+    if summary.get("gate"):
+        sections.append(("Gate (both models on this run's test split)", _gate_blocks(summary["gate"])))
     if metrics:
-        rows = [
-            (k, metrics[k])
-            for k in (
-                "test_accuracy",
-                "macro_f1",
-                "test_loss",
-                "val_accuracy",
-                "val_loss",
-                "images_per_second",
-                "best_epoch",
-                "stopped_early",
-            )
-            if k in metrics
-        ]
-        parts += ["<h2>Metrics</h2>", _table(rows, ("metric", "value"))]
-        per_class = metrics.get("per_class") or {}
-        if per_class:
-            class_rows = [
-                (name, f"{c['precision']:.3f}", f"{c['recall']:.3f}", f"{c['f1']:.3f}", c["support"])
-                for name, c in per_class.items()
-            ]
-            parts += [
-                "<h2>Per class (test split)</h2>",
-                _table(class_rows, ("class", "precision", "recall", "F1", "support")),
-            ]
-        history = metrics.get("history") or {}
-        if history:
-            image = curves_png(history, metrics.get("best_epoch"))
-            parts.append(
-                f"<h2>Training curves</h2><img alt='training curves' src='data:image/png;base64,{image}'>"
-            )
-        cm = metrics.get("confusion_matrix")
-        if cm and len(cm["labels"]) <= MAX_DRAWN_CLASSES:
-            image = confusion_png(cm["labels"], cm["matrix"])
-            parts.append(
-                f"<h2>Confusion matrix</h2><img alt='confusion matrix' src='data:image/png;base64,{image}'>"
-            )
-        elif cm:
-            parts += [
-                "<h2>Confusion matrix</h2>",
-                (
-                    f"<p>{len(cm['labels'])} classes: the picture is drawn for at most {MAX_DRAWN_CLASSES}. "
-                    f"The {TOP_CONFUSIONS} largest confusions are below; the whole matrix is "
-                    "<code>confusion_matrix</code> in the model's metrics.json.</p>"
-                ),
-                _table(top_confusions(cm["labels"], cm["matrix"]), ("true", "predicted", "images")),
-            ]
+        sections += _metrics_sections(metrics)
     if trials:
         image = trials_png(trials, summary.get("tuning", {}).get("metric_id", "val_accuracy"))
-        parts.append(f"<h2>Tuning</h2><img alt='tuning trials' src='data:image/png;base64,{image}'>")
         trial_rows = [
             (
                 t["id"],
@@ -497,7 +394,97 @@ def write_report(
             )
             for t in trials
         ]
-        parts.append(_table(trial_rows, ("trial", "state", "parameters", "final measurement")))
-    parts.append("</body></html>")
-    path.write_text("\n".join(parts))
+        table = _table(trial_rows, ("trial", "state", "parameters", "final measurement"))
+        sections.append(("Tuning", [_image(image, "tuning trials"), table]))
+    template = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
+        TEMPLATE.read_text()
+    )
+    page = template.render(
+        run_id=summary["run_id"],
+        title=f"{summary['pipeline']}: {summary['status']}",
+        intro=intro,
+        sections=sections,
+    )
+    path.write_text(page)
     return path
+
+
+def _steps_table(steps: Sequence[Mapping[str, Any]]) -> Block:
+    if not any("queued_seconds" in s for s in steps):  # a local run
+        return _table(
+            [(s["name"], s["status"], f"{s['seconds']:.1f}") for s in steps], ("step", "status", "seconds")
+        )
+    rows = [
+        (
+            s["name"] + (" (group)" if s.get("group") else ""),
+            s["status"],
+            s.get("created") or "",
+            _fmt(s.get("queued_seconds")),
+            _fmt(s.get("run_seconds")),
+            s.get("error", ""),
+        )
+        for s in steps
+    ]
+    return _table(rows, ("step", "status", "created", "waited (s)", "ran (s)", "error"))
+
+
+def _gate_blocks(gate: Mapping[str, Any]) -> list[Block]:
+    champion, score = gate.get("champion_score"), gate.get("score")
+    row = (
+        gate["metric"],
+        "" if score is None else f"{score:.4f}",
+        "" if champion is None else "none" if champion < 0 else f"{champion:.4f}",
+        "promote" if gate["promote"] else "hold",
+        gate["reason"],
+    )
+    blocks = [_table([row], ("metric", "this model", "champion", "decision", "reason"))]
+    if gate.get("description"):
+        blocks.append({"p": str(gate["description"])})
+    if gate.get("comparison"):
+        blocks += comparison_blocks(gate["comparison"], gate.get("rule", "not_worse"))
+    return blocks
+
+
+def _metrics_sections(metrics: Mapping[str, Any]) -> list[tuple[str, list[Block]]]:
+    """The trainer's metrics.json: its figures, per class, the curves and the confusion matrix."""
+    rows = [
+        (k, metrics[k])
+        for k in (
+            "test_accuracy",
+            "macro_f1",
+            "test_loss",
+            "val_accuracy",
+            "val_loss",
+            "images_per_second",
+            "best_epoch",
+            "stopped_early",
+        )
+        if k in metrics
+    ]
+    sections = [("Metrics", [_table(rows, ("metric", "value"))])]
+    per_class = metrics.get("per_class") or {}
+    if per_class:
+        class_rows = [
+            (name, f"{c['precision']:.3f}", f"{c['recall']:.3f}", f"{c['f1']:.3f}", c["support"])
+            for name, c in per_class.items()
+        ]
+        header = ("class", "precision", "recall", "F1", "support")
+        sections.append(("Per class (test split)", [_table(class_rows, header)]))
+    history = metrics.get("history") or {}
+    if history:
+        image = curves_png(history, metrics.get("best_epoch"))
+        sections.append(("Training curves", [_image(image, "training curves")]))
+    cm = metrics.get("confusion_matrix")
+    if cm and len(cm["labels"]) <= MAX_DRAWN_CLASSES:
+        sections.append(
+            ("Confusion matrix", [_image(confusion_png(cm["labels"], cm["matrix"]), "confusion matrix")])
+        )
+    elif cm:
+        note = (
+            f"{len(cm['labels'])} classes: the picture is drawn for at most {MAX_DRAWN_CLASSES}. "
+            f"The {TOP_CONFUSIONS} largest confusions are below; the whole matrix is "
+            "confusion_matrix in the model's metrics.json."
+        )
+        top = _table(top_confusions(cm["labels"], cm["matrix"]), ("true", "predicted", "images"))
+        sections.append(("Confusion matrix", [{"p": note}, top]))
+    return sections

@@ -110,7 +110,7 @@ METRICS_READERS: dict[str, list[Reader]] = {
         ("local/steps.py", "champion_record", {"metrics"}),
         ("local/steps.py", "register_version", {"metrics"}),
     ],
-    "launch.report": [("launch/report.py", "write_report", {"metrics"})],
+    "launch.report": [("launch/report.py", "_metrics_sections", {"metrics"})],
 }
 # Modules that read the keys named in their METRICS_READ through that very list (the run
 # summary of `launch.cli`): the list itself is checked against the trainer's declaration.
