@@ -218,6 +218,8 @@ def build_settings(
     return fields, (pool.group(1) if pool else "") or build_location or location
 
 
+# The poll below is ours, not google-cloud-build's Operation.result(): that says no status
+# change on the way and retries no transient error (api_core's Retry would, without counting them).
 def run_cloud_build(
     session: Any,
     api_root: str,

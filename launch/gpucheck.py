@@ -256,7 +256,8 @@ def describe(result: Mapping[str, Any]) -> list[str]:
 
 
 def wait(job_client: Any, name: str, out: TextIO, poll_seconds: float) -> Any:
-    """Polls the job until it ends, printing each new state; returns the final job."""
+    """Polls the job until it ends, printing each new state; returns the final job. Ours, not
+    the SDK's `CustomJob.wait()`: that one logs through aiplatform's logger and shows no state."""
     last = ""
     started = time.monotonic()
     while True:
