@@ -207,8 +207,15 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
             workspace_root=str(workspace),
             raise_on_error=False,
         )
-        with kfp_local.watch_steps(tee, names, logs, steps), contextlib.redirect_stdout(tee):
+        with (
+            kfp_local.watch_steps(tee, names, logs, steps, lambda: stop.signal),
+            contextlib.redirect_stdout(tee),
+        ):
             pipeline_func(**args)
+        # The handler's KeyboardInterrupt is lost when it lands in a __del__ or a weakref callback
+        # (Python prints it and goes on): the signal it recorded still ends the run as cancelled.
+        if stop.signal:
+            raise KeyboardInterrupt(stop.signal)
     except KeyboardInterrupt:
         how = stop.signal or "SIGINT"
         status, error = "CANCELLED", f"interrupted ({how})"

@@ -30,7 +30,7 @@ import re
 import signal
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -178,8 +178,12 @@ def display_names(spec: Mapping[str, Any]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def watch_steps(tee: StepTee, names: Mapping[str, str], logs: Path, steps: list[Step]) -> Iterator[None]:
-    """Times every kfp.local task, sends its output to logs/<step>.log and shows progress."""
+def watch_steps(
+    tee: StepTee, names: Mapping[str, str], logs: Path, steps: list[Step], stopped: Callable[[], str] = str
+) -> Iterator[None]:
+    """Times every kfp.local task, sends its output to logs/<step>.log and shows progress. No
+    step starts once `stopped()` names a signal (KeyboardInterrupt): the signal handler's own
+    exception may have been lost."""
     from kfp.local import subprocess_task_handler, task_dispatcher
 
     original = task_dispatcher.run_single_task_implementation
@@ -189,6 +193,8 @@ def watch_steps(tee: StepTee, names: Mapping[str, str], logs: Path, steps: list[
         return original_subprocess(full_command=tie_to_launcher(full_command), env_vars=env_vars)
 
     def watched(*args: Any, **kwargs: Any) -> Any:
+        if stopped():
+            raise KeyboardInterrupt(stopped())
         component = kwargs.get("component_name") or args[1]
         name = names.get(component, component.removeprefix("comp-"))
         step = Step(name, log=str(logs / f"{name}.log"))

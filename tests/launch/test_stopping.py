@@ -66,6 +66,21 @@ if len(sys.argv) > 3 and sys.argv[3] == "read-only":  # the runs folder turns re
         return real_replace(src, dst)
 
     os.replace = replace
+if len(sys.argv) > 3 and sys.argv[3] == "lost-signal":  # the handler's exception lost, as in a __del__
+    import os
+    import signal
+    import time
+
+    def losing(**kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            pass
+        return tiny(**kwargs)
+
+    losing.pipeline_spec = tiny.pipeline_spec
+    pipeline.create_pipeline = lambda target: losing
 stubborn = len(sys.argv) > 2 and sys.argv[2] == "stubborn"
 sys.exit(cli.run_local({"registry_dir": "reg", "stubborn": stubborn}, Path(sys.argv[1])))
 """
@@ -156,6 +171,17 @@ def test_sigterm_to_the_launcher_alone_stops_the_step_and_writes_the_summary(tmp
     assert summary["stopped"]["processes_left"] == []
     assert [s["status"] for s in summary["steps"]] == ["CANCELLED"]
     _assert_clean(runs, system_tmp, processes)
+
+
+def test_a_signal_whose_exception_was_lost_still_stops_the_run_before_the_next_step(tmp_path: Path) -> None:
+    """Python loses an exception a signal handler raises inside a __del__ or a weakref callback:
+    the signal the handler recorded still stops the run, and no step starts after it."""
+    proc, runs, _ = _launcher(tmp_path, "gentle", "lost-signal", sleep=20)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    summary = _summary(runs)
+    assert summary["status"] == "CANCELLED" and summary["stopped"]["signal"] == "SIGTERM"
+    assert summary["steps"] == [] and summary["stopped"]["not_started"] == ["sleeper"]
 
 
 def test_a_second_signal_kills_a_slow_step_at_once_and_still_writes_the_summary(tmp_path: Path) -> None:
