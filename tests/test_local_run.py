@@ -112,10 +112,10 @@ def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tm
     assert s["wall_seconds"] > 0 and (runs / "latest").resolve() == Path(s["report"]).parent
 
     # The chief alone (the first run showed two workers) and three epochs (it showed the defaults):
-    # the same tuning, two trials and the training with the best one, in less of make test.
+    # the same tuning, two trials at once and the training with the best one, in less of make test.
     second = cli(
         runs,
-        *("--tune", "true", "--max_trial_count", "2", "--parallel_trial_count", "1"),
+        *("--tune", "true", "--max_trial_count", "2", "--parallel_trial_count", "2"),
         *("--worker_count", "0", "--epochs", "3"),
     )
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-3000:]
