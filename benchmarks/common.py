@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from local import ROOT
+
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 WORK_DIR = Path(os.environ.get("BENCH_WORK_DIR", ROOT / "build" / "bench"))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import local_run_command, make_result, say
+from local import ROOT
 
 NAME = "e2e"
 IMPLEMENTED = True
@@ -26,7 +27,6 @@ GOAL = {
     "description": f"the default local run within {GOAL_SECONDS:.0f} s on 2 cores",
     "max_seconds": GOAL_SECONDS,
 }
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(work: Path, results_dir: Path) -> dict[str, Any]:

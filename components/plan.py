@@ -50,7 +50,7 @@ from components.prepare import (
     prepare_command,
 )
 from components.registry import check_model_display_name, registry_folder
-from components.stepimage import fuse_path
+from components.stepimage import fuse_path, multi_region
 from components.worker_pools import build_worker_pool_specs, hardware_parameters, pool_env
 
 
@@ -251,6 +251,7 @@ def describe_pools(name: str, folder: str, specs: list) -> None:
         hardware.validate_machine,
         pool_env,
         hardware_parameters,
+        multi_region,
         build_worker_pool_specs,
         prepare_command,
         train_command,

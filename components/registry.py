@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from kfp import dsl
 
 from components import stepimage
+from components.stepimage import multi_region
 
 # The keys of the trainer's metrics.json `find_champion` reads (the champion's). The trainer
 # declares what it writes in trainer/contract.py, which components cannot import (they run
@@ -156,10 +157,8 @@ def serving_container_uri(tf_version: str, accelerator: str, location: str, toda
         )
     if accelerator not in ("cpu", "gpu"):
         raise ValueError(f"serving accelerator must be cpu or gpu, got {accelerator!r}")
-    area = location.split("-")[0]
-    prefix = {"europe": "europe", "asia": "asia", "australia": "asia", "me": "asia"}.get(area, "us")
     minor = tf_version.split(".")[1]
-    return f"{prefix}-docker.pkg.dev/vertex-ai/prediction/tf2-{accelerator}.2-{minor}:latest"
+    return f"{multi_region(location)}-docker.pkg.dev/vertex-ai/prediction/tf2-{accelerator}.2-{minor}:latest"
 
 
 def prebuilt_tf_version(image: str) -> str:
@@ -364,6 +363,7 @@ def label_value(value: str) -> str:
         serving_policy,
         prebuilt_days_left,
         serving_image_warnings,
+        multi_region,
         serving_container_uri,
         choose_serving_image,
         label_value,

@@ -23,3 +23,10 @@ def fuse_path(uri: str) -> str:
     """A gs:// URI as the Cloud Storage FUSE path Vertex mounts in every container (/gcs/...);
     anything else (a local path on the local target) unchanged."""
     return "/gcs/" + uri[len("gs://") :] if uri.startswith("gs://") else uri
+
+
+def multi_region(location: str) -> str:
+    """The Artifact Registry multi-region (us, europe or asia) nearest a Vertex location, where
+    Google publishes its images in all three (the prebuilt serving images, the Reduction Server)."""
+    area = location.split("-")[0]
+    return {"europe": "europe", "asia": "asia", "australia": "asia", "me": "asia"}.get(area, "us")

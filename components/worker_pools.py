@@ -28,6 +28,7 @@ v1/hyperparameter_tuning_job/component.py).
 from typing import Any
 
 from components.hardware import validate_machine
+from components.stepimage import multi_region
 
 
 def hardware_parameters() -> tuple:
@@ -199,8 +200,6 @@ def build_worker_pool_specs(
             pool(worker_machine_type, worker_accelerator_type, worker_accelerator_count, worker_count)
         )
     if reduction_server_count:
-        area = (region or "us").split("-")[0]
-        reducer_area = {"europe": "europe", "asia": "asia", "australia": "asia", "me": "asia"}.get(area, "us")
         specs.append(
             {
                 "machine_spec": {"machine_type": reduction_server_machine_type},
@@ -208,7 +207,7 @@ def build_worker_pool_specs(
                 "container_spec": {
                     # Google publishes the reducer in the us, europe and asia multi-regions: "choosing
                     # the multi-region closest to where you are performing training might reduce latency".
-                    "image_uri": f"{reducer_area}-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
+                    "image_uri": f"{multi_region(region or 'us')}-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
                 },
             }
         )

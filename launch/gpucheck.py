@@ -48,8 +48,8 @@ from launch import settings as settings_mod
 from launch.cli import configured_project
 from launch.flags import parse_bool
 from launch.settings import Settings, SettingsError
+from local import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PROG = "make gpu-check"
 COMMAND = ["python", "-m", "trainer.gpucheck"]
 IMAGE_NAME = "trainer"  # components.image.build_trainer_image's image_name

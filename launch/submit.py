@@ -34,8 +34,8 @@ from launch import settings as settings_mod
 from launch import trainingconfig
 from launch.flags import RUNS_DIR
 from launch.settings import Settings, SettingsError
+from local import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 COMPILED = ROOT / "compiled" / "pipeline.json"
 TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 

@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-ROOT = Path(__file__).resolve().parents[1]
+from local import ROOT
+
 CACHE_DIR = ROOT / ".cache"
 
 # TensorFlow version of a serving image -> what its environment installs. The newest patch of the

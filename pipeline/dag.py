@@ -28,12 +28,12 @@ from kfp import compiler, dsl
 
 from components import plan, registry, worker_pools
 from components.plan import plan_jobs
+from local import ROOT
 from pipeline.backends import BACKENDS, dataflow_preparation
 from pipeline.caching import uncached
 from pipeline.parameters import REQUIRED, parameters_for
 
 PIPELINE_NAME = "multiworker-cassava-training"
-ROOT = Path(__file__).resolve().parent.parent
 COMPILED = ROOT / "compiled" / "pipeline.json"
 COMPILED_NOTIFY = ROOT / "compiled" / "pipeline-notify.json"
 # The pipeline parameters the planning step takes under their own names

@@ -69,8 +69,8 @@ from pathlib import Path
 from typing import Any
 
 from components import evaluation, hardware, image, plan, prepare, registry, tuning, worker_pools
+from local import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SCHEDULING_STRATEGIES = ("STANDARD", "SPOT", "FLEX_START")
 FLEX_START_GPUS = (
     "NVIDIA_L4",
