@@ -20,7 +20,7 @@ Each job's folder is an output artifact of this step, used only for its URI: the
 it under the pipeline root (gs:// on Vertex, a local folder on the local target), and it becomes
 the job's `base_output_directory` (Vertex derives AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and
 AIP_TENSORBOARD_LOG_DIR from it: model/, checkpoints/, logs/). This step is never cached
-(`pipeline.caching`): a cached plan would hand a new run the folders of an older one.
+(`pipeline.step`): a cached plan would hand a new run the folders of an older one.
 
 The trainer's command line is spelled here once (`build_trainer_args`):
     python -m trainer.task --data_dir DATASET_URI --backbone B --weights W --image_size N

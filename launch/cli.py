@@ -30,6 +30,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import pipeline.step as step
+from components import tuning
 from launch import kfp_local, report, settings, trainingconfig
 from launch.flags import RUNS_DIR, TARGETS, build_parser
 
@@ -343,14 +345,10 @@ def _summary(
             return None
 
     metrics, trials = None, None
-    plan, trained = by_name.get("plan-jobs"), by_name.get("train-model")
+    plan, trained = by_name.get(step.PLAN), by_name.get(step.TRAIN)
     if plan and trained and trained.status == "SUCCESS":
         metrics = read_json(Path(plan.outputs["model_uri"]) / "metrics.json")
-    trials_path = (
-        _artifact_path(by_name["tune-hyperparameters"].outputs, "trials")
-        if "tune-hyperparameters" in by_name
-        else None
-    )
+    trials_path = _artifact_path(by_name[step.TUNE].outputs, "trials") if step.TUNE in by_name else None
     if trials_path and Path(trials_path).exists():
         trials = read_json(Path(trials_path))
     if not isinstance(metrics, dict):
@@ -374,8 +372,8 @@ def _summary(
     }
     if unreadable:
         summary["unreadable"] = unreadable
-    if "evaluate-model" in by_name and by_name["evaluate-model"].status == "SUCCESS":
-        gate = by_name["evaluate-model"].outputs
+    if step.GATE in by_name and by_name[step.GATE].status == "SUCCESS":
+        gate = by_name[step.GATE].outputs
         summary["gate"] = {
             "promote": gate["promote"],
             "reason": gate["reason"],
@@ -387,7 +385,7 @@ def _summary(
             "rule": args.get("gate_rule"),
             "comparison": gate.get("comparison") or None,
         }
-    upload = by_name.get("upload-model")
+    upload = by_name.get(step.UPLOAD)
     if upload and upload.status == "SUCCESS":
         summary["model"] = {
             "name": args["model_display_name"],
@@ -396,16 +394,16 @@ def _summary(
             "champion": upload.outputs["champion"],
         }
     if trials is not None:
-        best = by_name.get("best-trial")
+        best = by_name.get(step.BEST_TRIAL)
         summary["tuning"] = {
-            "metric_id": "val_accuracy",
+            "metric_id": tuning.METRIC_ID,
             "trials": trials,
             "best": {k: best.outputs[k] for k in ("trial_id", "value", "hyperparameters")}
             if best and best.status == "SUCCESS"
             else None,
         }
     # The final training's tunable values: the best trial's when the run tuned, else the plan's.
-    final = by_name.get("best-trial") or plan
+    final = by_name.get(step.BEST_TRIAL) or plan
     if final and final.status == "SUCCESS":
         summary["training_hyperparameters"] = final.outputs["hyperparameters"]
     return summary, metrics, trials

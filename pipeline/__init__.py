@@ -3,7 +3,7 @@
     parameters.py  every parameter, once (`PARAMETERS`, `parameters_for`)
     rules.py       every rule about their values, for both targets (`check`)
     backends.py    the steps that differ between the targets (`BACKENDS`)
-    caching.py     the steps never served from Vertex's cache (`NEVER_CACHED`)
+    step.py        the steps' names, and those never served from Vertex's cache (`NEVER_CACHED`)
     dag.py         the DAG alone (`create_pipeline`), and its compilation
 
 `import pipeline` is this package (a package wins over the top-level `pipeline.py` beside it,
@@ -12,7 +12,6 @@ is not imported here: the launcher imports it where it checks a run.
 """
 
 from pipeline.backends import BACKENDS, Backend
-from pipeline.caching import NEVER_CACHED
 from pipeline.dag import (
     COMPILED,
     COMPILED_NOTIFY,
@@ -23,6 +22,7 @@ from pipeline.dag import (
     template_for,
 )
 from pipeline.parameters import PARAMETERS, REQUIRED, TARGETS, Parameter, parameters_for
+from pipeline.step import NEVER_CACHED
 
 __all__ = [
     "BACKENDS",

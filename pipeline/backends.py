@@ -9,9 +9,9 @@ from typing import Any
 
 from kfp import dsl
 
+import pipeline.step as step
 from components import evaluation, image, registry, tuning
 from local import steps as local_steps
-from pipeline.caching import uncached
 
 
 def _vertex_image(p: dict[str, Any]) -> dsl.PipelineTask:
@@ -150,7 +150,7 @@ def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared
     other job has."""
     job = tuning.tuning_job()(
         **where,
-        display_name="tune-hyperparameters",
+        display_name=step.TUNE,
         base_output_directory=plan["tuning_dir"],
         worker_pool_specs=plan["tuning_pools"],
         **_study(p),
@@ -161,7 +161,7 @@ def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared
         service_account=p["service_account"],
         network=p["network"],
         timeout=p["timeout"],
-    ).set_display_name("tune-hyperparameters")
+    ).set_display_name(step.TUNE)
     job.after(prepared)
     best = tuning.best_trial(
         **where,
@@ -169,7 +169,7 @@ def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared
         training_pools=plan["training_pools"],
         metric_id=tuning.METRIC_ID,
     )
-    return best.set_display_name("best-trial")
+    return best.set_display_name(step.BEST_TRIAL)
 
 
 def _local_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared: Any) -> dsl.PipelineTask:
@@ -183,12 +183,12 @@ def _local_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared:
         measurement_selection=plan["measurement_selection_type"],
         seed=p["seed"],
         timeout=p["timeout"],
-    ).set_display_name("tune-hyperparameters")
+    ).set_display_name(step.TUNE)
     job.after(prepared)
     best = local_steps.local_best_trial(
         trials=job.outputs["trials"], training_pools=plan["training_pools"], metric_id=tuning.METRIC_ID
     )
-    return best.set_display_name("best-trial")
+    return best.set_display_name(step.BEST_TRIAL)
 
 
 def _vertex_find_champion(where: dict[str, Any], p: dict[str, Any]) -> dsl.PipelineTask:
@@ -248,8 +248,8 @@ def _vertex_registry(
         labels=settings.outputs["labels"],
         encryption_spec_key_name=t["encryption_spec_key_name"],
     )
-    uncached(upload, "upload-model").after(evaluated)
-    uncached(_gate(t, uploaded=upload.outputs["model"], location=t["location"]), "evaluate-model")
+    step.uncached(upload, step.UPLOAD).after(evaluated)
+    step.uncached(_gate(t, uploaded=upload.outputs["model"], location=t["location"]), step.GATE)
 
 
 def _local_registry(
@@ -257,7 +257,7 @@ def _local_registry(
 ) -> None:
     """The gate, then the local upload, which moves the alias by the gate's decision under the
     registry's lock (the local registry has no versions to write on before the decision)."""
-    gate = uncached(_gate(t), "evaluate-model").after(evaluated)
+    gate = step.uncached(_gate(t), step.GATE).after(evaluated)
     upload = local_steps.local_upload_model(
         model=gate.outputs["model"],
         registry_dir=t["registry_dir"],
@@ -270,7 +270,7 @@ def _local_registry(
         evaluated_champion=t["champion"]["champion_version"],
         evaluation_dir=t["plan"]["evaluation_dir"],
     )
-    uncached(upload, "upload-model")
+    step.uncached(upload, step.UPLOAD)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,11 +26,11 @@ from typing import Any
 
 from kfp import compiler, dsl
 
+import pipeline.step as step
 from components import plan, registry, worker_pools
 from components.plan import plan_jobs
 from local import ROOT
 from pipeline.backends import BACKENDS, dataflow_preparation
-from pipeline.caching import uncached
 from pipeline.parameters import REQUIRED, parameters_for
 
 PIPELINE_NAME = "multiworker-cassava-training"
@@ -65,8 +65,8 @@ def _dag(target: str, p: dict[str, Any]) -> None:
     # to the preparation job (a source of another task is refused there, before any
     # conversion), its SavedModel to the evaluation job.
     built = steps.build_image(p)
-    uncached(built, "build-trainer-image")
-    champion = uncached(steps.find_champion(where, p), "find-champion")
+    step.uncached(built, step.BUILD)
+    champion = step.uncached(steps.find_champion(where, p), step.FIND_CHAMPION)
 
     # 2. Every job's worker pools, flags and folder, in one step (`components.plan`).
     plan = plan_jobs(
@@ -81,7 +81,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
         dataflow_image_uri=built.outputs["dataflow_image_uri"],
         **{name: p[name] for name in PLAN_PARAMETERS},
     )
-    uncached(plan, "plan-jobs")
+    step.uncached(plan, step.PLAN)
     out = plan.outputs
 
     # 3. The dataset, prepared by a one-replica CPU job (on the local target with
@@ -101,7 +101,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
 def _prepare_job(target: str, where: dict[str, Any], p: dict[str, Any], out: Any) -> Any:
     """The preparation as a one-replica CPU custom job."""
     return BACKENDS[target].custom_job(
-        "prepare-dataset",
+        step.PREPARE,
         where,
         out["prepare_pools"],
         out["prepare_dir"],
@@ -147,7 +147,7 @@ def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, pre
     where = {"project": t["project"], "location": t["location"]}
     plan = t["plan"]
     train = steps.custom_job(
-        "train-model",
+        step.TRAIN,
         where,
         training_pools,
         plan["training_dir"],
@@ -156,7 +156,7 @@ def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, pre
         tensorboard=t["tensorboard"],
     ).after(prepared)
     evaluated = steps.custom_job(
-        "evaluate-models",
+        step.EVALUATE,
         where,
         plan["evaluation_pools"],
         plan["evaluation_dir"],
@@ -171,7 +171,7 @@ def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, pre
         labels=t["labels"],
         source_commit=t["source_commit"],
         pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-    ).set_display_name("upload-settings")
+    ).set_display_name(step.UPLOAD_SETTINGS)
     steps.registry(where, t, settings, evaluated)
 
 

@@ -68,6 +68,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pipeline.step as step
 from components import evaluation, hardware, image, plan, prepare, registry, tuning, worker_pools
 from local import ROOT
 
@@ -384,7 +385,7 @@ PERSISTENT_RESOURCE_ID = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
 # The jobs that run on it: every CustomTrainingJobOp of the DAG (`pipeline.backends._vertex_custom_job`).
 # Not the tuning trials: GCPC 2.22's HyperparameterTuningJobRunOp has no persistent_resource_id
 # input (v1/hyperparameter_tuning_job/component.py), so they run on machines started for them.
-PERSISTENT_RESOURCE_JOBS = ("prepare-dataset", "train-model", "evaluate-models")
+PERSISTENT_RESOURCE_JOBS = (step.PREPARE, step.TRAIN, step.EVALUATE)
 PERSISTENT_RESOURCE_DOC = "docs/persistent-resource.md"
 
 
@@ -481,7 +482,7 @@ def persistent_resource_jobs(v: Mapping[str, Any], region: str = "") -> dict[str
         boot_disk_size_gb=v["boot_disk_size_gb"],
     )
     training = build(**{k: v[k] for k in worker_pools.HARDWARE_PARAMETERS if k in v})
-    return {"prepare-dataset": cpu, "train-model": training, "evaluate-models": cpu}
+    return {step.PREPARE: cpu, step.TRAIN: training, step.EVALUATE: cpu}
 
 
 def persistent_resource_fit(

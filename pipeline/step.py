@@ -1,8 +1,18 @@
-"""The caching policy: the steps compiled with Vertex's execution cache off (`NEVER_CACHED`)."""
+"""The steps' display names (what the console, the run summary and Vertex's run graph show) and
+the caching policy: the steps compiled with Vertex's execution cache off (`NEVER_CACHED`)."""
 
 from __future__ import annotations
 
 from kfp import dsl
+
+BUILD, FIND_CHAMPION, PLAN = "build-trainer-image", "find-champion", "plan-jobs"
+PREPARE, TUNE, BEST_TRIAL, TRAIN = "prepare-dataset", "tune-hyperparameters", "best-trial", "train-model"
+EVALUATE, GATE, UPLOAD_SETTINGS, UPLOAD = (
+    "evaluate-models",
+    "evaluate-model",
+    "upload-settings",
+    "upload-model",
+)
 
 # Steps that read or write state outside the pipeline (the Artifact Registry, the Model
 # Registry) or that make a run's job folders: never served from Vertex's execution cache. A
@@ -14,13 +24,7 @@ from kfp import dsl
 # ("Configure execution caching", Vertex AI Pipelines docs); `PipelineJob(enable_caching=None)`
 # keeps these compiled per-task options (aiplatform `pipeline_jobs.py`:
 # `_set_enable_caching_value` runs only when it is not None).
-NEVER_CACHED = (
-    "build-trainer-image",
-    "plan-jobs",
-    "find-champion",
-    "upload-model",
-    "evaluate-model",
-)
+NEVER_CACHED = (BUILD, PLAN, FIND_CHAMPION, UPLOAD, GATE)
 
 
 def uncached(task: dsl.PipelineTask, name: str) -> dsl.PipelineTask:
