@@ -2,6 +2,11 @@
 
 Preparation reads each image's size here before anything decodes it: a small image file can hold
 a huge image (a 1.1 MB PNG of 20000 x 20000 pixels decodes to 1.2 GB).
+
+Not Pillow (issue 34 weighed it): the rule is what TensorFlow's decoder will allocate and accept,
+which Pillow's public API does not give without decoding (a GIF's frame sizes: `seek` decodes
+each frame before the next; a BMP's bit depth; a WebP's animation flag), and Pillow reads no
+JPEG XL, which TensorFlow decodes.
 """
 
 from __future__ import annotations
