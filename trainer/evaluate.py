@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainer.contract import EVALUATION_FILE, METRICS_FILE
+from trainer.serve import MAX_INSTANCES
 
 ROLES = ("challenger", "champion")
 
@@ -76,7 +77,7 @@ def predict_split(
     meta: Any,
     split: str,
     *,
-    batch_size: int = 256,
+    batch_size: int = MAX_INSTANCES,  # the most one call of a served signature takes
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Any, Any]:
     """(labels [N], probabilities [N, K]) of `predict` (uint8 image batch -> probabilities) over a

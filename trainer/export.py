@@ -4,6 +4,12 @@ Vertex AI's prebuilt TensorFlow prediction containers pass `{"image_bytes": {"b6
 instances as the decoded bytes of an input whose name ends in `_bytes`. The signature decodes
 JPEG/PNG, resizes exactly as `trainer.prepare` did, and returns the class probabilities, the
 index and the name of the most likely class.
+
+Its guards are in the graph, so that they hold under any server (TensorFlow Serving in Vertex's
+prebuilt images, the custom image's): a request of more than `serve.MAX_INSTANCES` images, an
+image that is not JPEG or PNG, and an image whose header declares more than
+`folders.MAX_IMAGE_PIXELS` pixels are refused (InvalidArgumentError, a 400 from the server)
+before anything is decoded: a 1 MB PNG can declare 20000 x 20000 pixels, 1.2 GB decoded.
 """
 
 from __future__ import annotations
@@ -13,8 +19,43 @@ from typing import Any
 
 from trainer import images
 from trainer._tf import keras, tf
+from trainer.folders import MAX_IMAGE_PIXELS
+from trainer.serve import MAX_INSTANCES
 
 SERVING_INPUT = "image_bytes"
+_JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
+
+
+def header_pixels(encoded: tf.Tensor) -> tf.Tensor:
+    """The pixels a JPEG's frame header (`extract_jpeg_shape`, which decodes nothing) or a PNG's
+    IHDR chunk declares, as int64; -1 for anything else."""
+
+    def png() -> tf.Tensor:
+        ihdr = tf.cast(tf.io.decode_raw(tf.strings.substr(encoded, 16, 8), tf.uint8), tf.int64)
+        width = ((ihdr[0] * 256 + ihdr[1]) * 256 + ihdr[2]) * 256 + ihdr[3]
+        height = ((ihdr[4] * 256 + ihdr[5]) * 256 + ihdr[6]) * 256 + ihdr[7]
+        return width * height
+
+    def jpeg() -> tf.Tensor:
+        shape = tf.io.extract_jpeg_shape(encoded, output_type=tf.int64)
+        return shape[0] * shape[1]
+
+    is_png = tf.logical_and(
+        tf.equal(tf.strings.substr(encoded, 0, 8), _PNG), tf.strings.length(encoded) >= 24
+    )
+    is_jpeg = tf.equal(tf.strings.substr(encoded, 0, 3), _JPEG)
+    return tf.cond(is_png, png, lambda: tf.cond(is_jpeg, jpeg, lambda: tf.constant(-1, tf.int64)))
+
+
+def checked_decode(encoded: tf.Tensor) -> tf.Tensor:
+    """`images.decode`, once the header says JPEG or PNG of at most MAX_IMAGE_PIXELS."""
+    pixels = header_pixels(encoded)
+    checks = [
+        tf.debugging.Assert(pixels >= 0, ["the model serves JPEG or PNG images"]),
+        tf.debugging.Assert(pixels <= MAX_IMAGE_PIXELS, ["image over", MAX_IMAGE_PIXELS, "pixels:", pixels]),
+    ]
+    with tf.control_dependencies(checks):
+        return images.decode(tf.identity(encoded))
 
 
 def serving_function(model: keras.Model, class_names: Sequence[str], image_size: int) -> Any:
@@ -22,8 +63,17 @@ def serving_function(model: keras.Model, class_names: Sequence[str], image_size:
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SERVING_INPUT)])
     def serve(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
+        count = tf.size(image_bytes)
+        with tf.control_dependencies(
+            [
+                tf.debugging.Assert(
+                    count <= MAX_INSTANCES, ["at most", MAX_INSTANCES, "images a request:", count]
+                )
+            ]
+        ):
+            image_bytes = tf.identity(image_bytes)
         pixels = tf.map_fn(
-            lambda b: images.resize(images.decode(b), image_size),
+            lambda b: images.resize(checked_decode(b), image_size),
             image_bytes,
             fn_output_signature=tf.TensorSpec([image_size, image_size, 3], tf.uint8),
         )

@@ -242,29 +242,32 @@ def _instance_bytes(index: int, instance: Any) -> bytes:
 
 def model_predictor(served: Any) -> Predictor:
     """Predictions from a `trainer.serve.load`ed model, a request's images in one batch. A batch
-    that fails because images do not decode is a BadRequest naming them."""
+    the model refuses is a BadRequest: over MAX_INSTANCES images, or naming the images it refuses
+    one by one (not JPEG or PNG, over the pixel limit, undecodable: trainer.export's guards)."""
     from trainer import serve
 
-    tf = serve.import_tf()
-
-    def undecodable(blobs: Sequence[bytes]) -> list[int]:
+    def refused(blobs: Sequence[bytes]) -> list[int]:
         bad = []
         for i, blob in enumerate(blobs):
             try:
-                tf.io.decode_image(blob, channels=3, expand_animations=False)
-            except (tf.errors.OpError, ValueError):
+                serve.answer(served, [blob])
+            except ServingError:
                 bad.append(i)
         return bad
 
     def predict(blobs: list[bytes]) -> list[Prediction]:
+        if len(blobs) > serve.MAX_INSTANCES:
+            raise BadRequest(
+                f"{len(blobs)} instances: the model takes at most {serve.MAX_INSTANCES} a request"
+            )
         try:
             return serve.answer(served, blobs)
         except ServingError:
-            bad = undecodable(blobs)  # only on failure: the happy path decodes once
+            bad = refused(blobs)  # only on failure: the happy path predicts once
             if bad:
                 raise BadRequest(
                     f"instance{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}: "
-                    "not a decodable image (JPEG, PNG, GIF or BMP)"
+                    "not a JPEG or PNG image of at most the model's pixel limit that decodes"
                 ) from None
             raise
 

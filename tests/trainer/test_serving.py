@@ -15,6 +15,7 @@ import ast
 import base64
 import contextlib
 import http.client
+import io
 import json
 import subprocess
 import sys
@@ -344,6 +345,46 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return export_model(TINY, tmp_path_factory.mktemp("serving") / "tiny")
 
 
+def real_png(side: int) -> bytes:
+    """A decodable all-black PNG of side x side pixels, compressed a row at a time."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    z, row = zlib.compressobj(1), b"\0" * (1 + 3 * side)
+    idat = b"".join(z.compress(row) for _ in range(side)) + z.flush()
+    ihdr = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def test_the_signature_refuses_pixel_bombs_other_formats_and_oversized_requests(tiny_model: Path) -> None:
+    """trainer.export's guards, in the graph: they hold under any server."""
+    from PIL import Image
+
+    from trainer._tf import tf
+    from trainer.folders import MAX_IMAGE_PIXELS
+
+    served = serve.load(str(tiny_model))
+    ok = tf.io.encode_jpeg(synthetic.make_image(np.random.default_rng(0), CLASSES[0], 64)).numpy()
+    side = int(MAX_IMAGE_PIXELS**0.5)
+    assert len(serve.answer(served, [ok, real_png(64)])) == 2
+    assert len(serve.answer(served, [ok] * serve.MAX_INSTANCES)) == serve.MAX_INSTANCES
+    gif = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(gif, "GIF")  # which TensorFlow decodes
+    refused = {
+        # Decodable, one pixel row over the limit (201 MB decoded): refused from its IHDR.
+        "png over the limit": [real_png(side + 1)],
+        "not JPEG or PNG": [gif.getvalue()],
+        "too many images": [ok] * (serve.MAX_INSTANCES + 1),
+    }
+    for name, blobs in refused.items():
+        with pytest.raises(serve.ServingError):
+            serve.answer(served, blobs)
+            pytest.fail(name)
+
+
 # --- TensorFlow 2.15 ---------------------------------------------------------------------------
 
 
@@ -367,9 +408,9 @@ def test_models_exported_here_serve_under_tensorflow_2_15(
     )
     assert versions.stdout.split() == ["2.15.1", "False"], versions.stdout  # and no tf_keras there
 
-    def check(path: Path) -> subprocess.Popen[str]:
+    def check(path: Path, *images: Path) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [python, "-m", "trainer.serve", "--model_dir", str(path)],
+            [python, "-m", "trainer.serve", "--model_dir", str(path), *(f"--image={i}" for i in images)],
             cwd=ROOT,
             env=trainer_env(),
             stdout=subprocess.PIPE,
@@ -380,6 +421,9 @@ def test_models_exported_here_serve_under_tensorflow_2_15(
     # Each check runs while the next model is exported (most of a check is importing TensorFlow).
     models = {"tiny": tiny_model, "no-signature": export_without_signature(tmp_path / "no-signature")}
     procs = {name: check(path) for name, path in models.items()}
+    bomb = tmp_path / "over-the-pixel-limit.png"
+    bomb.write_bytes(real_png(8193))  # decodable: only the model's guard refuses it
+    procs["tiny-bomb"] = check(tiny_model, bomb)
     resnet = replace(TINY, backbone="resnet50", dense_units=0)
     for name, policy in (("resnet50-float32", "float32"), ("resnet50-mixed_float16", "mixed_float16")):
         models[name] = export_model(resnet, tmp_path / name, policy)
@@ -394,6 +438,8 @@ def test_models_exported_here_serve_under_tensorflow_2_15(
     results = {name: (*proc.communicate(timeout=300), proc.returncode) for name, proc in procs.items()}
     served = time.monotonic()
 
+    stdout, stderr, code = results.pop("tiny-bomb")
+    assert code == 1 and stdout == "", stdout  # the guards hold under TensorFlow 2.15 too
     stdout, stderr, code = results.pop("no-signature")
     assert code == 1 and stdout == "", stdout
     assert "has no 'serving_default' signature" in stderr, stderr
@@ -507,11 +553,13 @@ def test_server_process_serves_on_vertexs_contract(tiny_model: Path, tmp_path: P
         assert call(port, "POST", PREDICT_ROUTE, body({"parameters": {}}))[0] == 400
         status, answer = call(port, "POST", PREDICT_ROUTE, body({"instances": [{"b64": "@@@"}]}))
         assert status == 400 and "instance 0: b64 is not valid base64" in answer["error"]
-        not_images = {"instances": [{"b64": b64(encoded[0])}, {"b64": b64(b"not an image")}]}
-        assert call(port, "POST", PREDICT_ROUTE, body(not_images)) == (
-            400,
-            {"error": "instance 1: not a decodable image (JPEG, PNG, GIF or BMP)"},
-        )
+        # The model's guards (trainer.export) answer 400, naming the image they refuse.
+        for refused in (b"not an image", real_png(8193)):
+            not_images = {"instances": [{"b64": b64(encoded[0])}, {"b64": b64(refused)}]}
+            status, answer = call(port, "POST", PREDICT_ROUTE, body(not_images))
+            assert status == 400 and answer["error"].startswith("instance 1: "), answer
+        too_many = {"instances": [{"b64": b64(encoded[0])}] * (serve.MAX_INSTANCES + 1)}
+        assert call(port, "POST", PREDICT_ROUTE, body(too_many))[0] == 400
         assert call(port, "GET", "/health")[0] == 404
         assert call(port, "POST", "/predict", body({"instances": instances}))[0] == 404
         assert call(port, "GET", HEALTH_ROUTE) == (200, {})
