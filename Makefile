@@ -43,10 +43,12 @@ setup: $(STAMP) ## Create .venv from uv.lock (installs uv first when missing); q
 # The tiers (docs/layout.md): the tests that need no cores of their own run on every core
 # (pytest-xdist; a module's tests on one worker, so its module fixtures are built once); the
 # `serial` ones (multi-replica training, kills and resumes, the local end-to-end runs, deadlines)
-# then one at a time. Both parts always run; either failing fails. Each names its ten slowest.
-test: $(STAMP) ## Run the whole test suite: every tier, on every core, then the serial tier alone
+# then two at a time: one alone left a core idle (120% CPU on 2 cores) through its imports,
+# steps and collectives; worksteal keeps a long test from holding back the other worker's queue.
+# Both parts always run; either failing fails. Each names its ten slowest.
+test: $(STAMP) ## Run the whole test suite: every tier, on every core, then the serial tier two at a time
 	@a=0; $(PY) -m pytest -m "not serial" -n auto --dist loadscope --durations=10 || a=$$?; \
-	b=0; $(PY) -m pytest -m serial --durations=10 || b=$$?; \
+	b=0; $(PY) -m pytest -m serial -n 2 --dist worksteal --durations=10 || b=$$?; \
 	if [ $$a -ne 0 ] || [ $$b -ne 0 ]; then echo "make test: failed (on every core: exit $$a; serial: exit $$b)" >&2; exit 1; fi
 
 test-fast: $(STAMP) ## Run the edit-loop tier: the tests that start no TensorFlow process and no make, on every core
