@@ -32,7 +32,7 @@ The trainer's command line is spelled here once (`build_trainer_args`):
 `--checkpoint_dir` and `--tensorboard_dir` are left to their defaults, the AIP_CHECKPOINT_DIR and
 AIP_TENSORBOARD_LOG_DIR Vertex derives from the job's base output directory (per trial in a
 tuning job). The best trial's step writes its values into the planned training flags
-(`apply_hyperparameters`); the pre-flight (`pipeline.rules.trainer_commands`) calls
+(`apply_hyperparameters`); the pre-flight (`pipeline.rules.trainer_flags.trainer_commands`) calls
 `build_trainer_args` itself, so the trainer's parsers check the very command line the jobs get.
 A tunable hyperparameter is one row of `hyperparameters()` and one input of `plan_jobs`.
 """

@@ -8,7 +8,7 @@ docs/options.md, "The search space", says why each. `parse_search_space` reads o
 the API type (snake_case or camelCase keys, unknown fields refused) and `canonical_search_space`
 writes it back in the proto JSON form Vertex's launcher takes (snake_case keys, enum names,
 int64 as strings). The rules a space must meet (trainer flags only, each value accepted by the
-trainer's own parser, ranges, scales) are `pipeline.rules._search_space_problems`. The
+trainer's own parser, ranges, scales) are `pipeline.rules.tuning.search_space_problems`. The
 metric (`study_metrics`) is fixed and serialized with GCPC's own `serialize_metrics`; trial
 counts and the search algorithm are pipeline parameters. Each trial receives
 `--<parameter_id>=<value>` flags and reports `val_accuracy` through cloudml-hypertune at the end

@@ -18,7 +18,8 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipeline import rules
+from pipeline.rules import jobs as job_rules
+from pipeline.rules.persistent_resource import persistent_resource_id_problem
 
 # Setting -> (what it is, required). The order is env.sh.example's.
 SETTINGS: dict[str, tuple[str, bool]] = {
@@ -101,9 +102,9 @@ _KFP_REPO = re.compile(
     r"^https://([a-z0-9-]+)-kfp\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z][a-z0-9-]{0,62}$"
 )
 # The same forms as the pipeline parameters they fill (service_account, network; the CMEK key's
-# whole rule is `rules.kms_key_problem`, shared with encryption_spec_key_name): one home,
-# pipeline/rules.py.
-_SERVICE_ACCOUNT, _NETWORK = rules.SERVICE_ACCOUNT, rules.NETWORK
+# whole rule is `kms_key_problem`, shared with encryption_spec_key_name): one home,
+# pipeline/rules/jobs.py.
+_SERVICE_ACCOUNT, _NETWORK = job_rules.SERVICE_ACCOUNT, job_rules.NETWORK
 _LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _ENDPOINT = re.compile(
@@ -342,10 +343,10 @@ def load(
         if match and region and match.group(1) not in (region, region.split("-")[0], "global"):
             problems.append(f"{key}={values[key]!r} is in {match.group(1)}, not in REGION {region}")
     kms_key = values.get("KMS_KEY", "")
-    if kms_key and (problem := rules.kms_key_problem(kms_key, region)):
+    if kms_key and (problem := job_rules.kms_key_problem(kms_key, region)):
         problems.append(f"KMS_KEY={kms_key!r} is not valid: {problem}")
     resource_id = values.get("PERSISTENT_RESOURCE_ID", "")
-    if resource_id and (problem := rules.persistent_resource_id_problem(resource_id)):
+    if resource_id and (problem := persistent_resource_id_problem(resource_id)):
         problems.append(f"PERSISTENT_RESOURCE_ID={resource_id!r} is not valid: {problem}")
     labels: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in values.get("LABELS", "").split(","))):

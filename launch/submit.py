@@ -459,14 +459,15 @@ def check_persistent_resource(
     """Reads the run's persistent resource (`values["persistent_resource_id"]`, the run's
     parameter values: `run_values`) in the run's project and region with the real aiplatform_v1
     `PersistentResourceServiceClient.get_persistent_resource`, before anything of the run is
-    uploaded or created, and judges it by `pipeline.rules.persistent_resource_fit` (state,
-    network, CMEK key, service account, a pool for each job's machines). Nothing to read when
+    uploaded or created, and judges it by `persistent_resource_fit`
+    (`pipeline.rules.persistent_resource`: state, network, CMEK key, service account, a pool for
+    each job's machines). Nothing to read when
     the parameter is empty. Raises PersistentResourceRefused (one line) when it is missing or
     unfit; Vertex out of reach is GoogleUnreachable, a 403 GoogleRefused. Returns the warnings,
     which are printed. `client` replaces the client made for API_ENDPOINT or the region (tests)."""
     from google.api_core import exceptions
 
-    from pipeline import rules
+    from pipeline.rules import persistent_resource
 
     resource_id = str(values.get("persistent_resource_id") or "")
     if not resource_id:
@@ -506,15 +507,15 @@ def check_persistent_resource(
             "lists them; create it (docs/persistent-resource.md), or leave persistent_resource_id empty "
             "(PERSISTENT_RESOURCE_ID unset) to run on demand"
         ) from None
-    problems, warnings = rules.persistent_resource_fit(resource, values, settings.region)
+    problems, warnings = persistent_resource.persistent_resource_fit(resource, values, settings.region)
     if problems:
         raise PersistentResourceRefused(
             f"persistent_resource_id: the persistent resource {resource.name or name} cannot run this run's "
             f"jobs: {'; '.join(problems)}. Change the resource or the run, or leave persistent_resource_id "
-            f"empty (PERSISTENT_RESOURCE_ID unset) to run on demand ({rules.PERSISTENT_RESOURCE_DOC})"
+            f"empty (PERSISTENT_RESOURCE_ID unset) to run on demand ({persistent_resource.PERSISTENT_RESOURCE_DOC})"
         )
     print(
-        f"persistent resource {resource.name or name}: RUNNING; {', '.join(rules.PERSISTENT_RESOURCE_JOBS)} "
+        f"persistent resource {resource.name or name}: RUNNING; {', '.join(persistent_resource.PERSISTENT_RESOURCE_JOBS)} "
         "run on it",
         flush=True,
     )
@@ -711,10 +712,10 @@ def with_template(given: Mapping[str, Any], template: Path) -> tuple[dict[str, A
     """Validates `notification_emails`; picks the notify template for a run that has them (when
     `template` is the default one) and drops the parameter for a run that has none."""
     import pipeline
-    from pipeline import rules
+    from pipeline.rules import notification
 
     values = dict(given)
-    emails = rules.check_notification_emails(values.pop("notification_emails", None))
+    emails = notification.check_notification_emails(values.pop("notification_emails", None))
     if emails:
         values["notification_emails"] = emails
     if template == pipeline.COMPILED:

@@ -1,7 +1,7 @@
 """The pipeline: its parameters, their rules, the per-target table and the DAG.
 
     parameters.py  every parameter, once (`PARAMETERS`, `parameters_for`)
-    rules.py       every rule about their values, for both targets (`check`)
+    rules/         every rule about their values, for both targets, a module per capability (`check`)
     backends.py    the steps that differ between the targets (`BACKENDS`)
     step.py        the steps' names, and those never served from Vertex's cache (`NEVER_CACHED`)
     dag.py         the DAG alone (`create_pipeline`), and its compilation

@@ -39,7 +39,7 @@ COMPILED_NOTIFY = ROOT / "compiled" / "pipeline-notify.json"
 # The pipeline parameters the planning step takes under their own names
 # (`components.plan.plan_jobs`; tests/components/test_steps.py keeps the list equal to its
 # inputs): the preparation's, `plan.MODEL_FLAGS` and the hardware's.
-# `pipeline.rules.trainer_commands` builds the jobs' flags from the same values.
+# `pipeline.rules.trainer_flags.trainer_commands` builds the jobs' flags from the same values.
 PLAN_PARAMETERS = (
     "dataset_source",
     "image_size",

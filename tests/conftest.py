@@ -52,7 +52,7 @@ def serving_images_judged_on_a_fixed_day(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def trainer_check_in_process(module: str, request: Any, timeout: float | None = None) -> Any:
-    """`pipeline.rules.trainer_check` answered in this process: the same module's `main` on the
+    """`pipeline.rules.trainer_flags.trainer_check` answered in this process: the same module's `main` on the
     same JSON, without a Python start per check (hundreds of them across the suite)."""
     import contextlib
     import importlib
@@ -76,12 +76,12 @@ def trainer_check_in_process(module: str, request: Any, timeout: float | None = 
 @pytest.fixture(autouse=True)
 def trainer_checks_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The front door's trainer checks run in-process, except in the tests marked
-    `trainer_check_process`, which prove the process path (`pipeline.rules.trainer_check`)."""
+    `trainer_check_process`, which prove the process path (`pipeline.rules.trainer_flags.trainer_check`)."""
     if request.node.get_closest_marker("trainer_check_process"):
         return
-    from pipeline import rules
+    from pipeline.rules import trainer_flags
 
-    monkeypatch.setattr(rules, "trainer_check", trainer_check_in_process)
+    monkeypatch.setattr(trainer_flags, "trainer_check", trainer_check_in_process)
 
 
 # The pipeline root's bucket of the made-up project the Vertex-side tests use.

@@ -110,4 +110,6 @@ def test_the_pipeline_layer_is_the_package_and_its_compile_script() -> None:
         layer_of(path) for path in sources() if path.parts[len(ROOT.parts)] in ("pipeline", "pipeline.py")
     }
     assert layers == {"pipeline"}
-    assert (ROOT / "pipeline" / "rules.py").is_file() and not (ROOT / "components" / "options.py").exists()
+    assert (ROOT / "pipeline" / "rules" / "__init__.py").is_file() and not (
+        ROOT / "components" / "options.py"
+    ).exists()

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from launch import cli, schedules, submit
-from pipeline import rules
+from pipeline.rules import local as local_rules
 
 pytestmark = pytest.mark.hardening  # make test-hardening
 
@@ -261,7 +261,7 @@ def test_a_tfds_source_that_would_need_a_download_without_the_internet_is_refuse
         probes.append(True)
         return False
 
-    monkeypatch.setattr(rules, "internet_reachable", unreachable)
+    monkeypatch.setattr(local_rules, "internet_reachable", unreachable)
     runs = no_requests / "runs"
     argv = ["run", "--target", "local", "--runs_dir", str(runs), "--dataset_source", "tfds:mnist"]
     code, text = run_cli(argv, {})
@@ -271,7 +271,7 @@ def test_a_tfds_source_that_would_need_a_download_without_the_internet_is_refuse
     (data_dir / "mnist" / "3.0.1").mkdir(parents=True)
     (data_dir / "mnist" / "3.0.1" / "dataset_info.json").write_text("{}")
     probes.clear()
-    assert rules.tfds_source_problem("tfds:mnist", {"TFDS_DATA_DIR": str(data_dir)}) == ""
+    assert local_rules.tfds_source_problem("tfds:mnist", {"TFDS_DATA_DIR": str(data_dir)}) == ""
     assert not probes
 
 

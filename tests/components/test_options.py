@@ -10,6 +10,7 @@ import pytest
 import pipeline
 from components import plan
 from pipeline import rules
+from pipeline.rules import trainer_flags
 
 REGION = "us-central1"
 
@@ -216,7 +217,7 @@ def test_the_checked_flags_are_built_by_the_steps_own_functions(capsys: pytest.C
     `prepare_args` themselves build (no second spelling of the flags), quietly: the step's own
     `print` of its args stays out of `make run`'s screen."""
     values = vertex(fine_tune_fraction=0.5, dataset_source="synthetic")
-    checked = rules.trainer_commands(values)
+    checked = trainer_flags.trainer_commands(values)
     assert capsys.readouterr().out == ""
     task = checked["trainer.task"]
     assert "--fine_tune_fraction=0.5" in task and "--image_size=300" in task
@@ -225,7 +226,7 @@ def test_the_checked_flags_are_built_by_the_steps_own_functions(capsys: pytest.C
     assert f"--synthetic_per_class={values['synthetic_per_class']}" in checked["trainer.prepare"]
     assert "--shards=32" in checked["trainer.prepare"] and "--overwrite" in checked["trainer.prepare"]
     # A source the step itself refuses is still handed over, for the preparation's parser to name.
-    assert "--source=nope" in rules.trainer_commands(vertex(dataset_source="nope"))["trainer.prepare"]
+    assert "--source=nope" in trainer_flags.trainer_commands(vertex(dataset_source="nope"))["trainer.prepare"]
 
 
 @pytest.mark.process
@@ -237,12 +238,12 @@ def test_the_trainer_checks_answer_as_processes_what_the_suite_answers_in_proces
     from tests.conftest import trainer_check_in_process
 
     flags = {"trainer.task": ["--epochs=0"], "trainer.prepare": ["--shards=0"]}
-    by_process = rules.trainer_check("trainer.flagcheck", flags)
+    by_process = trainer_flags.trainer_check("trainer.flagcheck", flags)
     assert by_process == trainer_check_in_process("trainer.flagcheck", flags)
     assert {p["program"] for p in by_process} == {"trainer.task", "trainer.prepare"}
     source = {"source": f"folder:{tmp_path}"}
-    assert rules.trainer_check("trainer.sourcecheck", source) == trainer_check_in_process(
+    assert trainer_flags.trainer_check("trainer.sourcecheck", source) == trainer_check_in_process(
         "trainer.sourcecheck", source
     )
     with pytest.raises(RuntimeError, match=r"trainer\.flagcheck"):
-        rules.trainer_check("trainer.flagcheck", {"trainer.unknown": []})
+        trainer_flags.trainer_check("trainer.flagcheck", {"trainer.unknown": []})

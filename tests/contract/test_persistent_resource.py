@@ -25,6 +25,7 @@ from google.protobuf import json_format
 import pipeline
 from launch import cli, schedules, settings, submit
 from pipeline import rules
+from pipeline.rules import persistent_resource
 from tests.contract.test_submit import BUCKET, JOBS, env, vertex  # noqa: F401 (vertex: a fixture)
 from tests.fakes import Abort, GrpcFake, RestFake, insecure_client
 from tests.test_pipeline import render_payload, root_values
@@ -123,7 +124,7 @@ def vertex_values(**given: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("resource_id", ["warm-pool", "a", "a" * 63, "pool-2"])
 def test_an_id_of_googles_form_passes(resource_id: str) -> None:
     rules.check(vertex_values(persistent_resource_id=resource_id), "vertex", "us-central1")
-    assert rules.persistent_resource_id_problem(resource_id) == ""
+    assert persistent_resource.persistent_resource_id_problem(resource_id) == ""
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """One CMEK rule, two doors: the KMS_KEY setting (`launch.settings.load`) and the pipeline
 parameter `encryption_spec_key_name` (`pipeline.rules.check`, which `make run` and
 `make schedule` apply to the run's values) give the same verdict in the same words, because both
-call `pipeline.rules.kms_key_problem`. Vertex: "The Cloud KMS key must be in the same region
+call `pipeline.rules.jobs.kms_key_problem`. Vertex: "The Cloud KMS key must be in the same region
 as the resource" (aiplatform_v1 `EncryptionSpec`), so `global` and multi-region keys (`us`,
 `europe`) are refused even over a region inside them."""
 
@@ -15,6 +15,7 @@ import pytest
 import pipeline
 from launch import settings
 from pipeline import rules
+from pipeline.rules import jobs as job_rules
 
 
 def key(location: str) -> str:
@@ -80,7 +81,7 @@ def test_the_setting_and_the_parameter_agree(
     kms_key: str, region: str, is_refused: bool, words: tuple[str, ...]
 ) -> None:
     from_settings, from_parameter = settings_verdict(kms_key, region), parameter_verdict(kms_key, region)
-    assert from_settings == from_parameter == rules.kms_key_problem(kms_key, region)
+    assert from_settings == from_parameter == job_rules.kms_key_problem(kms_key, region)
     assert bool(from_settings) is is_refused
     for word in words:
         assert word in from_settings, (word, from_settings)

@@ -1,0 +1,96 @@
+"""Every pipeline parameter's allowed values and every rule between parameters, for both targets:
+one module per capability, one entry.
+
+`check(values, target, region="")` applies them all, before any request and before any local work:
+`make run` on both targets and `make schedule` call it (`launch.cli`, `launch.submit`). It reports
+every bad parameter at once (`OptionsError`, one line per problem, each starting with the
+parameter's name and saying what is allowed) and returns warnings. The parameters themselves
+(names, types, defaults) are `pipeline.parameters.PARAMETERS`. The steps that run on Vertex apply
+the same rules where they can (`worker_pools` calls `hardware.validate_machine`).
+
+    common.py               Problem, OptionsError
+    jobs.py                 machines and GPUs, scheduling, timeout, identity, network, CMEK, labels
+    persistent_resource.py  persistent_resource_id, and the resource's fit (launch.submit)
+    tuning.py               the tuning job and its search space
+    data.py                 the dataset source, Dataflow, shards, weights
+    gate.py                 the model's name, serving image, gate and model root
+    trainer_flags.py        the trainer's own parsers on the jobs' flags and a folder source
+    local.py                the local target's own rules
+    notification.py         notification_emails (called by launch.submit)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.rules.common import OptionsError, Problem
+from pipeline.rules.data import data_problems, dataflow_problems
+from pipeline.rules.gate import registry_problems
+from pipeline.rules.jobs import flex_start_problems, hardware_problems, job_settings_problems
+from pipeline.rules.local import local_problems
+from pipeline.rules.persistent_resource import persistent_resource_problems
+from pipeline.rules.trainer_flags import source_problems, trainer_flag_problems
+from pipeline.rules.tuning import tuning_problems
+
+__all__ = ["OptionsError", "Problem", "check"]
+
+
+def _number_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """NaN or infinity in any number: every rule below compares numbers, and NaN passes them all
+    (`nan < 0` and `nan > 1` are both false), so it would reach the trainer and poison training."""
+    return [
+        Problem((name,), f"must be a finite number, got {value!r}")
+        for name, value in values.items()
+        if isinstance(value, float) and not math.isfinite(value)
+    ]
+
+
+def check(values: Mapping[str, Any], target: str, region: str = "") -> list[str]:
+    """Applies every rule to a run's parameter values (the target's defaults with the user's
+    values over them); `region` is the Vertex region (the local target has none). The local
+    target adds its own rules (`local_problems`). Raises OptionsError naming every bad
+    parameter; returns warnings. The one entry of `make run` (both targets) and `make schedule`."""
+    if target not in ("vertex", "local"):
+        raise ValueError(f"target must be vertex or local, got {target!r}")
+    warnings: list[str] = []
+    problems = _number_problems(values)  # before rules that would compare them
+    if not problems:
+        problems = _parameter_problems(values, target, region, warnings)
+    elif target == "vertex":
+        raise OptionsError(problems)
+    if target == "local":
+        problems += local_problems(values)
+    if problems:
+        raise OptionsError(problems)
+    if values["tune"] and (values["scheduling_strategy"] != "STANDARD" or values["tensorboard"]):
+        # GCPC 2.22's HyperparameterTuningJobRunOp has no scheduling, timeout, labels or
+        # TensorBoard inputs (v1/hyperparameter_tuning_job/component.py); the pipeline's
+        # `tuning.hyperparameter_tuning_job` adds the timeout alone.
+        warnings.append(
+            "tune=true: the tuning job's trials run with standard (on-demand) scheduling and without "
+            "the TensorBoard: GCPC's HyperparameterTuningJobRunOp takes neither; scheduling_strategy "
+            f"{values['scheduling_strategy']} and the TensorBoard apply to the final training job only"
+        )
+    return warnings
+
+
+def _parameter_problems(
+    values: Mapping[str, Any], target: str, region: str, warnings: list[str]
+) -> list[Problem]:
+    """The rules of both targets (every number finite already)."""
+    problems = hardware_problems(values, region, warnings)
+    problems += job_settings_problems(values, region)
+    problems += persistent_resource_problems(values, warnings)
+    if values["scheduling_strategy"] == "FLEX_START":
+        problems += flex_start_problems(values)
+    problems += tuning_problems(values)
+    problems += registry_problems(values, region, warnings)
+    problems += data_problems(values, target)
+    if target == "vertex":
+        problems += dataflow_problems(values, region, warnings)
+    problems += trainer_flag_problems(values)
+    if not any("dataset_source" in p.parameters for p in problems):
+        problems += source_problems(values)
+    return problems

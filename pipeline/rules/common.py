@@ -1,0 +1,42 @@
+"""What every rule module shares: a problem (`Problem`, naming its parameters), the error that
+lists them all (`OptionsError`), and two readings of values."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    parameters: tuple[str, ...]
+    message: str
+
+    def __str__(self) -> str:
+        return f"{', '.join(self.parameters)}: {self.message}"
+
+
+class OptionsError(ValueError):
+    """Every bad parameter, one per line, each line starting with the parameter's name."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(map(str, problems)))
+
+    @property
+    def parameters(self) -> set[str]:
+        return {name for p in self.problems for name in p.parameters}
+
+
+def duration_seconds(text: Any) -> float | None:
+    """A Vertex duration ("3600s", "1.5s": protobuf Duration's JSON form) in seconds, or None."""
+    match = DURATION.match(str(text).strip()) if isinstance(text, str) else None
+    return float(match.group(1) + (match.group(2) or "")) if match else None
+
+
+def whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+DURATION = re.compile(r"^([0-9]{1,12})(\.[0-9]{1,9})?s$")

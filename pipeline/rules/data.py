@@ -1,0 +1,169 @@
+"""The dataset and the starting weights: the source each target can read, the Beam engine on
+Dataflow (an extra) and its subnetwork, the shards per replica, a weights file."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline.rules.common import Problem, whole
+
+# The first bytes of an HDF5 file (the HDF5 format specification, "Format Signature"): the one
+# weights-file format `--weights PATH` loads (tf_keras `load_weights` of a single local file).
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
+    problems = []
+    source = str(v["dataset_source"])
+    if source.startswith("folder:"):
+        path = source.removeprefix("folder:")
+        if target == "vertex" and not path.startswith(("gs://", "/gcs/")):
+            problems.append(
+                Problem(
+                    ("dataset_source",),
+                    f"{source}: the preparation job runs on Vertex, where only Cloud Storage is "
+                    "reachable: give folder:gs://<bucket>/<path> (or folder:/gcs/<bucket>/<path>)",
+                )
+            )
+        elif target == "local" and not Path(path).is_dir():
+            problems.append(Problem(("dataset_source",), f"{source}: no such folder"))
+    if target == "vertex" and v.get("prepare_engine") == "beam" and not source.startswith("folder:"):
+        # The Flex Template's launcher lists the source and plans the shards before Dataflow
+        # starts a worker, and Dataflow bounds the launcher's time ("Timeout in polling result
+        # file", docs/beam.md). A TFDS source would be built there whole: TFDS runs a builder on
+        # Beam only when its _generate_examples returns a Beam transform (tensorflow_datasets/
+        # core/split_builder.py), and cassava's is a generator. The synthetic source is made in a
+        # temporary folder of that launcher, which the workers cannot read.
+        why = (
+            "the synthetic source is made in a temporary folder of the Flex Template's launcher, which "
+            "Dataflow's workers cannot read"
+            if source == "synthetic"
+            else "TFDS builds it in one process before Beam starts (its generator is no Beam transform), "
+            "and on Dataflow that process is the Flex Template's launcher, whose time Dataflow bounds"
+        )
+        problems.append(
+            Problem(
+                ("dataset_source", "prepare_engine"),
+                f"{source}: prepare_engine=beam on Vertex prepares a folder of images on Cloud Storage "
+                f"(folder:gs://<bucket>/<path>): {why}; use prepare_engine=job for this source",
+            )
+        )
+    workers = v.get("dataflow_max_workers")
+    if target == "vertex" and isinstance(workers, int) and whole(workers) and not 1 <= workers <= 1000:
+        # dataflow_v1beta3 FlexTemplateRuntimeEnvironment.max_workers: "from 1 to 1000". GCPC's
+        # launcher drops a 0 from the request (json_util.recursive_remove_empty), so Dataflow
+        # would choose the count.
+        problems.append(Problem(("dataflow_max_workers",), f"must be from 1 to 1000, got {workers}"))
+    problems += _weights_problems(str(v["weights"]), target)
+    fraction = v["fine_tune_fraction"]
+    if isinstance(fraction, int | float) and fraction < 0 and fraction != -1:
+        problems.append(
+            Problem(
+                ("fine_tune_fraction",), f"must be -1 (the trainer's default) or from 0 to 1, got {fraction}"
+            )
+        )
+    replicas = 1 + (v["worker_count"] if whole(v["worker_count"]) else 0)
+    shards = v["dataset_shards"]
+    if whole(shards) and shards < replicas:
+        problems.append(
+            Problem(
+                ("dataset_shards", "worker_count"),
+                f"{shards} shards per split for {replicas} training replicas: each replica reads whole "
+                f"files (FILE auto-sharding), so give at least {replicas}",
+            )
+        )
+    return problems
+
+
+def _weights_problems(weights: str, target: str) -> list[Problem]:
+    """`weights` names a weights file the training job can read: on Vertex a Cloud Storage path
+    (nothing else on this machine is reachable from there), locally a regular HDF5 file."""
+    if weights.lower() in ("imagenet", "none") or not weights.strip():
+        return []  # the trainer's own parser names an empty value (trainer_flag_problems)
+    if weights.startswith(("gs://", "/gcs/")):
+        return (
+            []
+            if target == "vertex" or os.path.isdir("/gcs")
+            else [
+                Problem(
+                    ("weights",),
+                    f"{weights}: Cloud Storage is not reachable from a local run; give a local file",
+                )
+            ]
+        )
+    if target == "vertex":
+        return [
+            Problem(
+                ("weights",),
+                f"{weights}: the training job runs on Vertex, where only Cloud Storage is reachable: "
+                "give gs://<bucket>/<file>.h5 (or /gcs/<bucket>/<file>.h5)",
+            )
+        ]
+    path = Path(weights)
+    if not path.exists():
+        return [Problem(("weights",), f"{weights}: no such file (imagenet, none, or an HDF5 weights file)")]
+    if not path.is_file():
+        return [
+            Problem(("weights",), f"{weights}: not a regular file (imagenet, none, or an HDF5 weights file)")
+        ]
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(len(HDF5_SIGNATURE))
+    except OSError as err:
+        return [Problem(("weights",), f"{weights}: cannot be read ({err.strerror or err})")]
+    if head != HDF5_SIGNATURE:
+        return [
+            Problem(
+                ("weights",),
+                f"{weights}: not an HDF5 weights file (saved by Keras `model.save_weights('x.h5')`); "
+                "a .keras archive or a TF checkpoint is not loaded by --weights",
+            )
+        ]
+    return []
+
+
+# A Dataflow job's subnetwork, as GCPC's DataflowFlexTemplateJobOp documents it
+# (v1/dataflow/flex_template/component.py, `subnetwork`): an abbreviated path, or the complete URL
+# a Shared VPC's subnetwork needs.
+_SUBNETWORK = re.compile(
+    r"(?:https://www\.googleapis\.com/compute/v1/projects/[a-z][-a-z0-9:.]{4,61}[a-z0-9]/)?"
+    r"regions/(?P<region>[a-z]+-[a-z]+[0-9]+)/subnetworks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+)
+
+
+def dataflow_problems(v: Mapping[str, Any], region: str, warnings: list[str]) -> list[Problem]:
+    """prepare_engine=beam on Vertex: the Dataflow workers' subnetwork. Dataflow takes a network
+    given alone as an auto-mode network of the job's project ("Specify a network and subnetwork",
+    https://cloud.google.com/dataflow/docs/guides/specifying-networks); a custom-mode network, or a
+    Shared VPC's, needs the subnetwork, in the job's region."""
+    subnetwork = str(v.get("dataflow_subnetwork") or "")
+    if not subnetwork:
+        if v.get("prepare_engine") == "beam" and v.get("network"):
+            warnings.append(
+                "prepare_engine=beam with a network and no dataflow_subnetwork: Dataflow takes the network "
+                "by name as an auto-mode network of the job's project; for a custom-mode or Shared VPC "
+                "network give dataflow_subnetwork (regions/<region>/subnetworks/<name>)"
+            )
+        return []
+    match = _SUBNETWORK.fullmatch(subnetwork)
+    if not match:
+        return [
+            Problem(
+                ("dataflow_subnetwork",),
+                f"{subnetwork!r} is not regions/REGION/subnetworks/NAME nor "
+                "https://www.googleapis.com/compute/v1/projects/PROJECT/regions/REGION/subnetworks/NAME",
+            )
+        ]
+    if region and match.group("region") != region:
+        return [
+            Problem(
+                ("dataflow_subnetwork",),
+                f"{subnetwork!r} is in {match.group('region')}; the Dataflow job runs in {region}, "
+                "its workers in a subnetwork of that region",
+            )
+        ]
+    return []

@@ -1,0 +1,310 @@
+"""The machines and the job settings: worker pools and GPUs, scheduling, timeout, service
+account, network, CMEK, TensorBoard, labels, the image build's settings.
+
+Google's rules, each with its source:
+- scheduling_strategy is aiplatform_v1 `Scheduling.Strategy`: STANDARD, SPOT or FLEX_START (the
+  deprecated ON_DEMAND and LOW_COST left out). The GCPC launcher looks the name up in the enum, so
+  `spot` fails there with `KeyError: 'spot'`, after the image build and the dataset job.
+- FLEX_START (Dynamic Workload Scheduler) needs L4, A100, H100, H200 or B200 GPUs, a timeout of
+  at most 7 days and "the same machine configuration for all worker pools" ("Schedule training
+  jobs based on resource availability", https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws):
+  a Reduction Server pool (CPU machines) breaks the last rule.
+- A TensorBoard needs a service account: aiplatform's `CustomJob.run` raises "service_account is
+  required with provided tensorboard" (google/cloud/aiplatform/jobs.py), and "the TensorBoard
+  instance must be in the same region as the training job" (Vertex AI docs, "Use Vertex AI
+  TensorBoard with custom training").
+- A CMEK key must be in the job's region, exactly: aiplatform_v1 `EncryptionSpec.kms_key_name`, "The
+  Cloud KMS key must be in the same region as the resource" (REST reference `EncryptionSpec`, and
+  the "Customer-managed encryption keys (CMEK)" guide). Cloud KMS's `global` and multi-region
+  locations (`us`, `europe`, `asia`) are not regions, so their keys are refused too
+  (`kms_key_problem`, the one rule the KMS_KEY setting also goes by).
+- Labels: keys and values at most 63 characters of lowercase letters (international ones
+  included), digits, `_` and `-`, keys starting with a lowercase letter, at most 64 labels on a
+  resource (Google Cloud "Labels" doc; aiplatform_v1 `CustomJob.labels`). Three are added to the
+  model version (pipeline_run, source_commit, and GCPC's vertex-ai-pipelines-run-billing-id).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from components import hardware, image, worker_pools
+from pipeline.rules.common import Problem, duration_seconds
+
+SCHEDULING_STRATEGIES = ("STANDARD", "SPOT", "FLEX_START")
+
+
+FLEX_START_GPUS = (
+    "NVIDIA_L4",
+    "NVIDIA_TESLA_A100",
+    "NVIDIA_A100_80GB",
+    "NVIDIA_H100_80GB",
+    "NVIDIA_H100_MEGA_80GB",
+    "NVIDIA_H200_141GB",
+    "NVIDIA_B200",
+)
+
+
+FLEX_START_MAX_SECONDS = 7 * 24 * 3600
+
+
+# The model version also gets pipeline_run and source_commit (components.registry.upload_settings),
+# gate and dataset (the gate's decision and the dataset fingerprint:
+# components.evaluation.evaluate_model), and every GCPC launcher adds Vertex's system label
+# vertex-ai-pipelines-run-billing-id (GCPC's VERTEX_AI_PIPELINES_RUN_LABELS, merged into each
+# job's and model's labels). The run's own keys are refused as the user's: they would be
+# overwritten without a word.
+RUN_LABELS = ("pipeline_run", "source_commit", "gate", "dataset")
+
+
+MAX_LABELS = 64 - len(RUN_LABELS) - 1
+
+
+SERVICE_ACCOUNT = re.compile(
+    r"^([a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com"
+    r"|[0-9]+-compute@developer\.gserviceaccount\.com)$"
+)
+
+
+NETWORK = re.compile(r"^projects/[0-9]+/global/networks/[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+KMS_KEY = re.compile(r"^projects/[^/]+/locations/([^/]+)/keyRings/[^/]+/cryptoKeys/[^/]+$")
+
+
+TENSORBOARD = re.compile(r"^projects/[^/]+/locations/([^/]+)/tensorboards/[0-9]+$")
+
+
+# The shortest job timeout accepted. Vertex documents no minimum for `Scheduling.timeout` ("The
+# maximum job running time"), but a job cannot do any work in less: its replicas import
+# TensorFlow (about 6 s on a small machine) and read the dataset before the first step, and a
+# Vertex replica's VM and image pull come first. A shorter timeout only buys a failed job.
+MIN_TIMEOUT_SECONDS = 60
+
+
+def kms_key_problem(key: str, region: str) -> str:
+    """What is wrong with `key` as the CMEK key of Vertex AI resources in `region` ("" when
+    nothing is; `region` "" checks the form only). The one rule for both ways a key comes in: the
+    pipeline parameter `encryption_spec_key_name` (`check`) and the KMS_KEY setting
+    (`launch.settings.load`), so both give the same verdict in the same words.
+
+    Vertex: "The Cloud KMS key must be in the same region as the resource. It must have the format
+    projects/{project}/locations/{location}/keyRings/{key_ring}/cryptoKeys/{crypto_key}"
+    (`EncryptionSpec`, https://cloud.google.com/vertex-ai/docs/reference/rest/v1/EncryptionSpec;
+    https://cloud.google.com/vertex-ai/docs/general/cmek). A key ring's location may also be
+    `global` or a multi-region such as `us`, `europe` or `asia`
+    (https://cloud.google.com/kms/docs/locations): neither is the resource's region, so neither
+    is accepted, even over a region inside it (a `us` key for us-central1)."""
+    form = f"projects/<project>/locations/{region or '<region>'}/keyRings/<ring>/cryptoKeys/<key>"
+    match = KMS_KEY.match(key)
+    if not match:
+        return f"must be {form}, got {key!r}"
+    location = match.group(1)
+    if not region or location == region:
+        return ""
+    kind = ""
+    if location == "global":
+        kind = " (a global key)"
+    elif "-" not in location:
+        kind = " (a multi-region)"
+    return (
+        f"the key is in {location}{kind}; Vertex AI needs a CMEK key in the region of its resources, "
+        f"{region}: {form} (global and multi-region keys are refused)"
+    )
+
+
+def label_problems(labels: Any, name: str = "labels") -> list[str]:
+    """Why `labels` cannot label a Vertex resource (module docstring), one message per problem."""
+    if not isinstance(labels, Mapping):
+        return [f"{name} must be a mapping of label keys to values, got {labels!r}"]
+
+    def ok(text: str) -> bool:
+        return all((c.isalpha() and not c.isupper()) or c.isdigit() or c in "_-" for c in text)
+
+    out = []
+    for key, value in labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            out.append(f"label {key!r}: keys and values must be strings, got {value!r}")
+        elif not (1 <= len(key) <= 63 and key[0].isalpha() and not key[0].isupper() and ok(key)):
+            out.append(
+                f"label key {key!r} is not valid: 1 to 63 lowercase letters, digits, _ or -, starting "
+                "with a lowercase letter"
+            )
+        elif not (len(value) <= 63 and ok(value)):
+            out.append(
+                f"label {key}={value!r}: values are at most 63 lowercase letters, digits, _ or - (may be empty)"
+            )
+    taken = sorted(set(labels) & set(RUN_LABELS))
+    if taken:
+        out.append(f"label keys {taken}: the run sets {', '.join(RUN_LABELS)} on the model version itself")
+    if len(labels) > MAX_LABELS:
+        out.append(
+            f"{len(labels)} labels: at most {MAX_LABELS} (Vertex's 64, less the {64 - MAX_LABELS} the run adds: "
+            f"{', '.join(RUN_LABELS)} and vertex-ai-pipelines-run-billing-id)"
+        )
+    return out
+
+
+def hardware_problems(values: Mapping[str, Any], region: str, warnings: list[str]) -> list[Problem]:
+    problems = []
+    try:
+        worker_pools.build_worker_pool_specs(
+            image_uri="check",
+            command=["python"],
+            args=[],
+            **{k: values[k] for k in worker_pools.HARDWARE_PARAMETERS if k in values},
+            region=region,
+            warnings=warnings,
+        )
+    except ValueError as err:
+        for line in str(err).splitlines():
+            name, _, message = line.partition(": ")
+            problems.append(Problem((name,), message))
+    try:
+        hardware.validate_machine(str(values.get("prepare_machine_type", "")), "", 0)
+    except ValueError as err:
+        problems.append(Problem(("prepare_machine_type",), str(err)))
+    return problems
+
+
+def flex_start_problems(v: Mapping[str, Any]) -> list[Problem]:
+    doc = "(Dynamic Workload Scheduler; https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws)"
+    problems = []
+    pools = [("chief", v["chief_machine_type"], v["chief_accelerator_type"], v["chief_accelerator_count"])]
+    if v["worker_count"]:
+        worker = (
+            v["worker_machine_type"] or v["chief_machine_type"],
+            v["worker_accelerator_type"] or v["chief_accelerator_type"],
+            v["worker_accelerator_count"] or v["chief_accelerator_count"],
+        )
+        pools.append(("worker", *worker))
+    for role, _, gpu, _ in pools:
+        if gpu not in FLEX_START_GPUS:
+            problems.append(
+                Problem(
+                    ("scheduling_strategy", f"{role}_accelerator_type"),
+                    f"FLEX_START needs L4, A100, H100, H200 or B200 GPUs {doc}; the {role} pool has "
+                    f"{gpu or 'no GPU'}. Allowed: {', '.join(FLEX_START_GPUS)}; or use STANDARD or SPOT",
+                )
+            )
+    if len(pools) == 2 and pools[0][1:] != pools[1][1:]:
+        problems.append(
+            Problem(
+                ("scheduling_strategy", "worker_machine_type"),
+                f"FLEX_START needs the same machine configuration in every worker pool {doc}; the chief "
+                f"has {pools[0][1]} + {pools[0][3]} x {pools[0][2]}, the workers {pools[1][1]} + "
+                f"{pools[1][3]} x {pools[1][2]}",
+            )
+        )
+    if v["reduction_server_count"]:
+        problems.append(
+            Problem(
+                ("scheduling_strategy", "reduction_server_count"),
+                "FLEX_START needs the same machine configuration in every worker pool, and a Reduction "
+                f"Server pool runs on other (CPU) machines {doc}: set reduction_server_count 0",
+            )
+        )
+    seconds = duration_seconds(v["timeout"])
+    if seconds is not None and seconds > FLEX_START_MAX_SECONDS:
+        problems.append(
+            Problem(
+                ("scheduling_strategy", "timeout"),
+                f"FLEX_START needs a timeout of at most 7 days ({FLEX_START_MAX_SECONDS}s) {doc}, got "
+                f"{v['timeout']}",
+            )
+        )
+    return problems
+
+
+def job_settings_problems(v: Mapping[str, Any], region: str) -> list[Problem]:
+    problems = []
+    build = v.get("build_location", "")
+    if build and build not in image.CLOUD_BUILD_REGIONS:
+        problems.append(
+            Problem(
+                ("build_location",),
+                f"{build!r} is not a Cloud Build location (https://cloud.google.com/build/docs/locations): "
+                f"'' (the job's region), global, or one of {', '.join(image.CLOUD_BUILD_REGIONS[1:])}",
+            )
+        )
+    names = ("build_machine_type", "build_service_account", "build_worker_pool")
+    try:  # the Vertex target's alone
+        if names[0] in v:
+            image.build_settings(v["project"], region, build, *(v[n] for n in names))
+    except ValueError as err:  # it names the parameters it is about
+        problems.append(Problem(tuple(n for n in (*names, "build_location") if n in str(err)), str(err)))
+    strategy = v["scheduling_strategy"]
+    if strategy not in SCHEDULING_STRATEGIES:
+        close = [s for s in SCHEDULING_STRATEGIES if s == str(strategy).upper()]
+        problems.append(
+            Problem(
+                ("scheduling_strategy",),
+                f"must be one of {', '.join(SCHEDULING_STRATEGIES)} (aiplatform_v1 Scheduling.Strategy, "
+                f"upper case), got {strategy!r}" + (f"; did you mean {close[0]}?" if close else ""),
+            )
+        )
+    seconds = duration_seconds(v["timeout"])
+    if seconds is None or seconds <= 0:
+        problems.append(
+            Problem(
+                ("timeout",),
+                f"must be a duration in seconds like '86400s' (protobuf Duration), got {v['timeout']!r}",
+            )
+        )
+    elif seconds < MIN_TIMEOUT_SECONDS:
+        problems.append(
+            Problem(
+                ("timeout",),
+                f"{v['timeout']} is shorter than any job can run (replicas start, import TensorFlow and "
+                f"read the data first): give at least '{MIN_TIMEOUT_SECONDS}s'",
+            )
+        )
+    account = v["service_account"]
+    if account and not SERVICE_ACCOUNT.match(account):
+        problems.append(
+            Problem(
+                ("service_account",),
+                f"{account!r} is not a service account e-mail (<name>@<project>.iam.gserviceaccount.com)",
+            )
+        )
+    if v["network"] and not NETWORK.match(v["network"]):
+        problems.append(
+            Problem(
+                ("network",),
+                f"must be projects/<project number>/global/networks/<name>, got {v['network']!r}",
+            )
+        )
+    key = v["encryption_spec_key_name"]
+    if key and (problem := kms_key_problem(key, region)):
+        problems.append(Problem(("encryption_spec_key_name",), problem))
+    board = v["tensorboard"]
+    if board:
+        match = TENSORBOARD.match(board)
+        if not match:
+            problems.append(
+                Problem(
+                    ("tensorboard",),
+                    f"must be projects/<p>/locations/<region>/tensorboards/<id>, got {board!r}",
+                )
+            )
+        elif region and match.group(1) != region:
+            problems.append(
+                Problem(
+                    ("tensorboard",),
+                    f"the TensorBoard is in {match.group(1)}; it must be in the job's region {region}",
+                )
+            )
+        if not account:
+            problems.append(
+                Problem(
+                    ("tensorboard", "service_account"),
+                    'a TensorBoard needs a service account (aiplatform: "service_account is required '
+                    'with provided tensorboard"): set service_account (or SERVICE_ACCOUNT), with '
+                    "roles/storage.admin and roles/aiplatform.user (docs/iam.md)",
+                )
+            )
+    for message in label_problems(v["labels"]):
+        problems.append(Problem(("labels",), message))
+    return problems

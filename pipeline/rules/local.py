@@ -1,0 +1,167 @@
+"""The local target's own rules: this machine's GPUs and processes, its serving environments, a
+TFDS source it can prepare, a registry folder it can write."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from components import registry
+from pipeline.rules.common import Problem
+
+# The most trainer processes a local run starts at once: one job's chief and 8 workers, or the
+# replicas of all the tuning trials running at the same time.
+MAX_LOCAL_WORKERS = 8
+
+
+MAX_LOCAL_REPLICAS = 1 + MAX_LOCAL_WORKERS
+
+
+def local_problems(args: Mapping[str, Any]) -> list[Problem]:
+    """The local target's own rules: no more GPUs than this machine has, at most 8 workers (and
+    parallel trials within the same bound), a local serving environment for the serving image's
+    TensorFlow, a TFDS source this machine can prepare, a registry folder this run can write."""
+    from local import jobs, servingenv
+
+    problems: list[Problem] = []
+    # GPUs asked of a machine without them: refused before any step, in the line the local job
+    # runner and every replica would give (local.jobs.gpu_shortfall, trainer.distribute's rule).
+    gpus = jobs.local_gpus()
+    pools = [("chief", "chief", 0)] + ([("worker", "worker", 1)] if args["worker_count"] else [])
+    for role, prefix, pool in pools:
+        same = prefix == "worker" and not args["worker_machine_type"]  # copies the chief's
+        source = "chief" if same else prefix
+        asked = args[f"{source}_accelerator_count"]
+        if isinstance(asked, int) and asked > 0:
+            problem = jobs.gpu_shortfall(
+                f"workerpool{pool}",
+                role,
+                str(args[f"{source}_machine_type"]),
+                str(args[f"{source}_accelerator_type"]),
+                asked,
+                gpus,
+                f"this machine ({jobs.GPU_DRIVER_DIR})",
+            )
+            if problem:
+                problems.append(
+                    Problem(
+                        (f"{prefix}_accelerator_count",),
+                        f"{problem}; set it to 0 (and {prefix}_accelerator_type to '') to train on CPU",
+                    )
+                )
+    if isinstance(args["worker_count"], int) and args["worker_count"] > MAX_LOCAL_WORKERS:
+        problems.append(
+            Problem(
+                ("worker_count",),
+                f"{args['worker_count']} is more processes than a local run should start (max {MAX_LOCAL_WORKERS})",
+            )
+        )
+    elif (
+        args["tune"]
+        and isinstance(args["worker_count"], int)
+        and isinstance(args["parallel_trial_count"], int)
+    ):
+        # Each trial is a job of its own with the same pools: parallel trials multiply the
+        # replicas (6 trials of 2 replicas: 14 trainer processes, 5.8 GB on this machine).
+        per_trial = 1 + args["worker_count"]
+        if args["parallel_trial_count"] * per_trial > MAX_LOCAL_REPLICAS:
+            problems.append(
+                Problem(
+                    ("parallel_trial_count", "worker_count"),
+                    f"{args['parallel_trial_count']} trials at once of {per_trial} replicas each is "
+                    f"{args['parallel_trial_count'] * per_trial} trainer processes; a local run starts at most "
+                    f"{MAX_LOCAL_REPLICAS} at once: give parallel_trial_count at most "
+                    f"{max(1, MAX_LOCAL_REPLICAS // per_trial)}",
+                )
+            )
+    try:  # the serving image this run would register with (auto: decided on today's date)
+        prebuilt = (
+            registry.resolve_serving_image(args["serving_image"], args["serving_tf_version"]) == "prebuilt"
+        )
+    except ValueError:
+        prebuilt = False  # an unknown version: named by registry_problems
+    if prebuilt and args["serving_tf_version"] not in servingenv.PINS:
+        # The local registry serves each version under its serving image's TensorFlow.
+        problems.append(
+            Problem(
+                ("serving_tf_version",),
+                f"{args['serving_tf_version']} has no local serving environment; the local target "
+                f"checks models under: {', '.join(sorted(servingenv.PINS))}",
+            )
+        )
+    if problem := tfds_source_problem(str(args["dataset_source"]), os.environ):
+        problems.append(Problem(("dataset_source",), problem))
+    if not str(args["registry_dir"]).strip():
+        problems.append(
+            Problem(
+                ("registry_dir",),
+                "is empty: give the folder of the local registry (default local_runs/registry)",
+            )
+        )
+    elif problem := _registry_dir_problem(Path(args["registry_dir"])):
+        problems.append(Problem(("registry_dir",), problem))
+    return problems
+
+
+# Where TFDS downloads from: its own mirror of prepared datasets in Cloud Storage (gs://tfds-data,
+# tried first) and the sources' sites; a machine that cannot reach this host has no internet.
+INTERNET_PROBE = ("storage.googleapis.com", 443)
+
+
+def internet_reachable(timeout: float = 3.0) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(INTERNET_PROBE, timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def tfds_source_problem(source: str, environ: Mapping[str, str]) -> str:
+    """A `tfds:NAME` source that preparation would have to download on a machine without the
+    internet: refused now, in seconds, instead of after TFDS's retries (221 s for tfds:mnist).
+    TFDS keeps a prepared dataset in `$TFDS_DATA_DIR/<name>/[<config>/]<version>/dataset_info.json`
+    (default data dir ~/tensorflow_datasets: tfds.core.constants.DATA_DIR)."""
+    if not source.startswith("tfds:"):
+        return ""
+    name = source.removeprefix("tfds:").split(":")[0].split("/")[0]
+    data_dir = Path(environ.get("TFDS_DATA_DIR") or Path.home() / "tensorflow_datasets")
+    folder = data_dir / name
+    if folder.is_dir() and any(
+        p.name == "dataset_info.json"
+        for depth in ("*", "*/*")
+        for p in folder.glob(f"{depth}/dataset_info.json")
+    ):
+        return ""
+    if internet_reachable():
+        return ""
+    return (
+        f"{source}: not prepared in {data_dir} (TFDS_DATA_DIR) and this machine cannot reach the internet "
+        f"({INTERNET_PROBE[0]}:{INTERNET_PROBE[1]}), so preparation could not download it: prepare it where "
+        f"there is a network and copy {folder} here, or use folder:PATH or synthetic"
+    )
+
+
+def _registry_dir_problem(registry_dir: Path) -> str:
+    """The registry folder is written only by the last step (upload-model): check now that it is
+    a folder this run can write (or create), not after the whole run."""
+    import tempfile
+
+    if registry_dir.exists() and not registry_dir.is_dir():
+        return f"{registry_dir} exists and is not a folder"
+    existing = registry_dir
+    while not existing.exists():  # a folder to create: its nearest existing parent must be writable
+        existing = existing.absolute().parent
+    if not existing.is_dir():
+        return f"{registry_dir} cannot be created: {existing} is not a folder"
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".write-check-", dir=existing)
+        os.close(handle)
+        os.remove(probe)
+    except OSError as err:
+        what = "is not writable" if existing == registry_dir else f"cannot be created in {existing}"
+        return f"{registry_dir} {what} ({err.strerror or err}): give --registry_dir a folder you can write"
+    return ""

@@ -1,0 +1,118 @@
+"""The trainer's own parsers on the flags a run would hand its jobs (`python -m trainer.flagcheck`)
+and on a local folder source (`python -m trainer.sourcecheck`): the flags are built by the very
+functions the planning step runs (`trainer_commands`), so what the pre-flight checks is what the
+jobs get."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from components import plan, prepare
+from local import ROOT
+from pipeline.rules.common import Problem, whole
+
+# The inputs of `components.prepare.build_prepare_args` (its `trainer.prepare` flags), by the
+# pipeline parameter the planning step hands each (`components.plan.plan_jobs`).
+PREPARE_INPUTS = {
+    "source": "dataset_source",
+    "image_size": "image_size",
+    "shards": "dataset_shards",
+    "seed": "seed",
+    "synthetic_per_class": "synthetic_per_class",
+    "engine": "prepare_engine",
+}
+
+
+def trainer_commands(values: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The flags the run hands `trainer.task` and `trainer.prepare`, built by the very functions
+    the planning step runs (`components.plan.build_trainer_args`,
+    `components.prepare.build_prepare_args`), from the parameters `pipeline.dag` hands it
+    (`dag.PLAN_PARAMETERS`). The folders are left out: the jobs get them from Vertex (flagcheck
+    stands in for them), and so are the champion's class names, read at run time."""
+    flags = {name: values[name] for name in plan.MODEL_FLAGS}
+    task, _ = plan.build_trainer_args("/check/dataset", values["image_size"], flags, plan.TUNABLE)
+    inputs = {arg: values[name] for arg, name in PREPARE_INPUTS.items() if name in values}
+    try:
+        prepare_argv = prepare.build_prepare_args(**inputs)
+    except ValueError:
+        # A source the step refuses (not tfds:, folder: or synthetic): the preparation's own
+        # parser names it, so it is handed over as given, beside the other flags as built.
+        stand_in = "tfds:stand-in"
+        built = prepare.build_prepare_args(**{**inputs, "source": stand_in})
+        prepare_argv = [f"--source={inputs['source']}" if a == f"--source={stand_in}" else a for a in built]
+    return {
+        "trainer.task": [a for a in task if not a.startswith("--data_dir=")],
+        "trainer.prepare": prepare_argv,
+    }
+
+
+def trainer_check(module: str, request: Any, timeout: float | None = None) -> Any:
+    """The JSON answer of `python -m <module>` (trainer.flagcheck or trainer.sourcecheck) to the
+    JSON `request` on its stdin: a process, since the trainer is never imported by the pipeline's
+    layers (no TensorFlow; ~0.1 s). The test suite answers in-process instead (tests/conftest.py),
+    and one test per module goes through the process."""
+    result = subprocess.run(
+        [sys.executable, "-m", module],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"python -m {module} failed: {result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout)
+
+
+def trainer_flag_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """The trainer's own parsers' verdict on the flags this run would hand its jobs, each problem
+    named by the pipeline parameter behind the flag (`trainer_check`: trainer.flagcheck)."""
+    to_parameter = PREPARE_INPUTS  # build_prepare_args's inputs are its flags' names
+    problems = []
+    for found in trainer_check("trainer.flagcheck", trainer_commands(values)):
+        names = [
+            flag if found["program"] == "trainer.task" else to_parameter.get(flag, flag)
+            for flag in found["flags"]
+        ]
+        problems.append(
+            Problem(tuple(names) or (found["program"],), f"{found['program']} says: {found['message']}")
+        )
+    return problems
+
+
+def source_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """A local `folder:PATH` source judged by the preparation's own rules (`trainer_check`:
+    trainer.sourcecheck, bounded to seconds), and the global batch
+    against the training split it would prepare: a batch larger than the split cannot make one
+    step. Other sources are checked by the preparation job (sourcecheck says so: nothing here)."""
+    source = str(values.get("dataset_source", ""))
+    if not source.startswith("folder:"):
+        return []
+    answer = trainer_check("trainer.sourcecheck", {"source": source}, timeout=120)
+    problems = [Problem(("dataset_source",), f"trainer.prepare says: {p}") for p in answer["problems"]]
+    counts = answer.get("counts") or {}
+    train = (counts.get("prepared") or {}).get("train")
+    replicas = 1 + (values["worker_count"] if whole(values.get("worker_count")) else 0)
+    batch = values.get("per_replica_batch_size")
+    if (
+        not problems
+        and counts.get("complete")
+        and isinstance(train, int)
+        and isinstance(batch, int)
+        and whole(batch)
+        and batch * replicas > train
+    ):
+        problems.append(
+            Problem(
+                ("per_replica_batch_size", "worker_count"),
+                f"a global batch of {batch * replicas} ({batch} per replica x {replicas} replicas) is larger "
+                f"than the {train} training images {source} gives: not one step could be made; give "
+                f"per_replica_batch_size at most {max(1, train // replicas)}",
+            )
+        )
+    return problems

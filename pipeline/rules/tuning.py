@@ -1,0 +1,188 @@
+"""The tuning job's settings and its declared search space.
+
+- GRID_SEARCH needs every study parameter INTEGER, CATEGORICAL or DISCRETE (aiplatform_v1
+  `StudySpec.Algorithm.GRID_SEARCH`: "Simple grid search within the feasible space. To use grid
+  search, all parameters must be INTEGER, CATEGORICAL, or DISCRETE."): the declared
+  `search_space`'s.
+- search_space (checked when `tune` is true, the only time it is used): a list of
+  `StudySpec.ParameterSpec` that parses strictly (`tuning.parse_search_space`); a parameter_id is
+  "unique amongst all ParameterSpecs"; UNIT_LOG_SCALE and UNIT_REVERSE_LOG_SCALE need "the entire
+  feasible space ... strictly positive"; scale_type is left "unset for CATEGORICAL parameters";
+  DISCRETE values are "in increasing order and at least 1e-10 apart", at most 1,000 (aiplatform_v1
+  `types/study.py`, `ParameterSpec`). This pipeline's own rules: every id is a trainer flag a
+  tuning job may set (`tuning.TUNABLE_FLAGS`), every range has min < max, no conditional
+  parameter specs, and every value a trial may get is accepted by the trainer's own parser.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+from components import tuning
+from pipeline.rules.common import Problem, whole
+from pipeline.rules.trainer_flags import trainer_flag_problems
+
+
+def tuning_problems(v: Mapping[str, Any]) -> list[Problem]:
+    problems = []
+    algorithm = v["search_algorithm"]
+    if algorithm not in tuning.ALGORITHMS:
+        problems.append(
+            Problem(
+                ("search_algorithm",), f"must be one of {', '.join(tuning.ALGORITHMS)}, got {algorithm!r}"
+            )
+        )
+    counts = {k: v[k] for k in ("max_trial_count", "parallel_trial_count", "max_failed_trial_count")}
+    if not whole(counts["max_trial_count"]) or counts["max_trial_count"] < 1:
+        problems.append(
+            Problem(("max_trial_count",), f"must be a whole number >= 1, got {counts['max_trial_count']!r}")
+        )
+    elif (
+        not whole(counts["parallel_trial_count"])
+        or not 1 <= counts["parallel_trial_count"] <= counts["max_trial_count"]
+    ):
+        problems.append(
+            Problem(
+                ("parallel_trial_count",),
+                f"must be from 1 to max_trial_count ({counts['max_trial_count']}), got {counts['parallel_trial_count']!r}",
+            )
+        )
+    if not whole(counts["max_failed_trial_count"]) or counts["max_failed_trial_count"] < 0:
+        problems.append(
+            Problem(
+                ("max_failed_trial_count",),
+                f"must be a whole number >= 0 (0: Vertex decides), got {counts['max_failed_trial_count']!r}",
+            )
+        )
+    if v["tune"]:
+        space_problems, specs = search_space_problems(v)
+        problems += space_problems
+        continuous = [
+            s.parameter_id for s in specs if tuning.value_spec_kind(s) not in tuning.GRID_VALUE_SPECS
+        ]
+        if algorithm == "GRID_SEARCH" and continuous:
+            problems.append(
+                Problem(
+                    ("search_algorithm", "search_space"),
+                    "GRID_SEARCH needs every study parameter INTEGER, CATEGORICAL or DISCRETE "
+                    f"(aiplatform_v1 StudySpec.Algorithm); the search_space's {', '.join(continuous)} "
+                    "are DOUBLE (double_value_spec). Use ALGORITHM_UNSPECIFIED (Bayesian) or "
+                    "RANDOM_SEARCH, or declare them with integer_value_spec or discrete_value_spec",
+                )
+            )
+    return problems
+
+
+def search_space_problems(v: Mapping[str, Any]) -> tuple[list[Problem], list[Any]]:
+    """The declared search space's problems (module docstring), each naming `search_space` and
+    the parameter; and its parsed specs (none when it does not parse)."""
+
+    def problem(message: str) -> Problem:
+        return Problem(("search_space",), message)
+
+    allowed = ", ".join(tuning.TUNABLE_FLAGS)
+    try:
+        specs = tuning.parse_search_space(v["search_space"])
+    except ValueError as err:
+        return [
+            problem(
+                f"{str(err).rstrip('.')}. Each parameter is a StudySpec.ParameterSpec: parameter_id, "
+                "one of double_value_spec or integer_value_spec {min_value, max_value}, "
+                "discrete_value_spec or categorical_value_spec {values}, and scale_type "
+                "(UNIT_LINEAR_SCALE, UNIT_LOG_SCALE or UNIT_REVERSE_LOG_SCALE)"
+            )
+        ], []
+    if not specs:
+        return [problem(f"declares no parameter: give at least one of {allowed}")], []
+    problems: list[Problem] = []
+    clean = []  # the specs with no problem of their own, whose values go to the trainer's parser
+    seen: set[str] = set()
+    for n, s in enumerate(specs, 1):
+        found = _parameter_spec_problems(n, s, seen)
+        problems += [problem(message) for message in found]
+        if not found:
+            clean.append(s)
+        seen.add(s.parameter_id)
+    return problems + _trial_value_problems(v, clean), specs
+
+
+def _parameter_spec_problems(n: int, s: Any, seen: set[str]) -> list[str]:
+    """One parameter spec's own problems (module docstring), each starting with its id."""
+    allowed = ", ".join(tuning.TUNABLE_FLAGS)
+    pid, kind = s.parameter_id, tuning.value_spec_kind(s)
+    if not pid:
+        return [f"parameter {n} has no parameter_id: give one of {allowed}"]
+    out = []
+    if pid not in tuning.TUNABLE_FLAGS:
+        out.append(f"{pid} is not a trainer flag a tuning job may set; allowed: {allowed}")
+    if pid in seen:
+        out.append(f"{pid} is declared twice: parameter ids must be unique")
+    if not kind:
+        given = "give double_value_spec or integer_value_spec {min_value, max_value}, or "
+        return [
+            *out,
+            f"{pid} has no value spec: {given}discrete_value_spec or categorical_value_spec {{values}}",
+        ]
+    name = f"{pid} ({kind})"
+    if s.conditional_parameter_specs:
+        out.append(
+            f"{name}: conditional_parameter_specs are not supported: declare every flag at the top level"
+        )
+    scale = type(s).ScaleType
+    log = s.scale_type in (scale.UNIT_LOG_SCALE, scale.UNIT_REVERSE_LOG_SCALE)
+    scale_name = scale(s.scale_type).name
+    if kind in ("double_value_spec", "integer_value_spec"):
+        spec = getattr(s, kind)
+        low, high = spec.min_value, spec.max_value
+        if not low < high:
+            out.append(f"{name}: min_value must be below max_value, got {low:g} and {high:g}")
+        if log and low <= 0:
+            out.append(f"{name}: {scale_name} needs min_value > 0 (the whole range positive), got {low:g}")
+    elif kind == "discrete_value_spec":
+        values = [float(x) for x in s.discrete_value_spec.values]
+        if not values:
+            out.append(f"{name}: values is empty: give at least one value")
+        elif any(b - a < tuning.DISCRETE_MIN_GAP for a, b in itertools.pairwise(values)):
+            out.append(f"{name}: values must be in increasing order and at least 1e-10 apart, got {values}")
+        if len(values) > tuning.DISCRETE_MAX_VALUES:
+            out.append(f"{name}: at most {tuning.DISCRETE_MAX_VALUES} values, got {len(values)}")
+        if log and values and min(values) <= 0:
+            out.append(f"{name}: {scale_name} needs every value > 0, got {min(values):g}")
+    else:
+        values = list(s.categorical_value_spec.values)
+        if not values or len(set(values)) != len(values):
+            out.append(f"{name}: values must be distinct and at least one, got {values}")
+        if s.scale_type:
+            out.append(f"{name}: leave scale_type unset for a categorical parameter")
+    return out
+
+
+def _trial_value_problems(v: Mapping[str, Any], specs: list[Any]) -> list[Problem]:
+    """The trainer's own parser on every value a trial may be handed (`tuning.trial_values`:
+    both ends of a range, a fractional value inside a DOUBLE range, every listed value), as
+    Vertex formats them (`--dropout=0.5`, `--dense_units=32.0`). One `trainer_flag_problems`
+    call per round, each round putting one candidate of every parameter into the run's values."""
+    if not specs:
+        return []
+    candidates = {s.parameter_id: tuning.trial_values(s) for s in specs}
+    kinds = {s.parameter_id: tuning.value_spec_kind(s) for s in specs}
+    found: dict[tuple[str, str], str] = {}
+    for k in range(max(len(c) for c in candidates.values())):
+        trial = {pid: c[min(k, len(c) - 1)] for pid, c in candidates.items()}
+        for p in trainer_flag_problems({**v, **trial}):
+            for pid in (n for n in p.parameters if n in trial):
+                found.setdefault((pid, str(trial[pid])), p.message)
+    out = []
+    for (pid, value), message in found.items():
+        hint = ""
+        if kinds[pid] == "double_value_spec" and "whole number" in message:
+            hint = " (a double_value_spec hands trials fractional values: use integer_value_spec or discrete_value_spec)"
+        out.append(
+            Problem(
+                ("search_space",),
+                f"{pid} ({kinds[pid]}): a trial may get --{pid}={value}, which the trainer refuses: {message}{hint}",
+            )
+        )
+    return out
