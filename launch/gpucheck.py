@@ -292,8 +292,8 @@ def run(
     from google.cloud import aiplatform_v1
 
     out, err = out or sys.stdout, err or sys.stderr
-    if job_client is None:  # Vertex tried once first: out of reach is one line (launch.submit.reach)
-        from launch.submit import reach, vertex_service
+    if job_client is None:  # Vertex tried once first: out of reach is one line (launch.cloud.reach)
+        from launch.cloud import reach, vertex_service
 
         reach([vertex_service(settings)], out=out)
     if ns.image:
@@ -413,7 +413,8 @@ def main(
         return 2
     for warning in warnings:
         sys.stdout.write(f"WARNING: {warning}\n")
-    from launch.submit import GoogleUnreachable, credential_errors, no_credentials
+    from launch.cloud import GoogleUnreachable
+    from launch.submit import credential_errors, no_credentials
 
     try:
         credentials = injected.pop("credentials", None)

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch import flags, submit, trainingconfig
+from launch import cloud, flags, submit, trainingconfig
 from launch import settings as settings_mod
 from launch.settings import Settings, SettingsError
 
@@ -312,7 +312,7 @@ def create_schedule(
     submit.init_aiplatform(settings, credentials, transport)
     # As it is today: each run the schedule starts finds it as it is then (docs/persistent-resource.md).
     submit.check_persistent_resource(settings, submit.run_values(checked, compiled), credentials, transport)
-    with submit.refused_as(
+    with cloud.refused_as(
         f"the build context's upload to gs://{settings.bucket}",
         f"roles/storage.objectAdmin on gs://{settings.bucket}",
         settings,
@@ -321,24 +321,24 @@ def create_schedule(
     writer = f"roles/artifactregistry.writer on {settings.template_repository}"
     registry = ("Artifact Registry", registry_host or settings.template_repository, "")
     with (
-        submit.reaching("the template's upload", registry),
-        submit.refused_as(f"the template's upload to {settings.template_repository}", writer, settings),
+        cloud.reaching("the template's upload", registry),
+        cloud.refused_as(f"the template's upload to {settings.template_repository}", writer, settings),
     ):
         template_uri = upload_template(settings, template, commit, registry_auth, registry_host)
     values = submit.pipeline_parameters(given, settings, context_uri, commit)
     with (
-        submit.reaching("reading the template back", registry),
-        submit.refused_as(f"reading the template back from {settings.template_repository}", writer, settings),
+        cloud.reaching("reading the template back", registry),
+        cloud.refused_as(f"reading the template back from {settings.template_repository}", writer, settings),
     ):
         job = submit.build_pipeline_job(settings, values, template, template_uri=template_uri)
     schedule = aiplatform.PipelineJobSchedule(
         pipeline_job=job, display_name=f"multiworker-cassava-training-{commit[:8]}"
     )
-    vertex = submit.vertex_service(settings)
-    submit.reach([vertex])
+    vertex = cloud.vertex_service(settings)
+    cloud.reach([vertex])
     with (
-        submit.reaching("the schedule's creation", vertex, "; the schedule was not created"),
-        submit.refused_as("the schedule", f"roles/aiplatform.user in project {settings.project}", settings),
+        cloud.reaching("the schedule's creation", vertex, "; the schedule was not created"),
+        cloud.refused_as("the schedule", f"roles/aiplatform.user in project {settings.project}", settings),
     ):
         schedule.create(
             cron=f"TZ={options.timezone} {options.cron}" if options.timezone else options.cron,
@@ -390,14 +390,14 @@ def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.enviro
     from google.cloud import aiplatform
     from google.cloud.aiplatform import initializer
 
-    vertex = submit.vertex_service(settings)
+    vertex = cloud.vertex_service(settings)
     try:
         submit.init_aiplatform(settings)
         initializer.global_config.credentials  # noqa: B018 (found now: none is exit 2, before any contact)
-        submit.reach([vertex], out=sys.stderr)  # stdout is the listing
+        cloud.reach([vertex], out=sys.stderr)  # stdout is the listing
         with (
-            submit.reaching(f"{prog}'s request", vertex),
-            submit.refused_as(
+            cloud.reaching(f"{prog}'s request", vertex),
+            cloud.refused_as(
                 f"{prog}'s request", f"roles/aiplatform.user in project {settings.project}", settings
             ),
         ):
@@ -408,7 +408,7 @@ def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.enviro
                 return 0
             schedule = aiplatform.PipelineJobSchedule.get(name)
             getattr(schedule, action)()
-    except submit.GoogleUnreachable as err:
+    except cloud.GoogleUnreachable as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except submit.credential_errors() as err:
@@ -423,7 +423,7 @@ def _settings(prog: str, environ: Mapping[str, str]) -> Settings | None:
         return settings_mod.load(environ)
     except SettingsError as err:
         print(
-            f"{prog}: cannot submit.reach Vertex AI; fix these settings (env or env.sh):\n{err}",
+            f"{prog}: cannot reach Vertex AI; fix these settings (env or env.sh):\n{err}",
             file=sys.stderr,
         )
         return None
@@ -473,7 +473,7 @@ def _schedule(rest: Sequence[str], environ: Mapping[str, str]) -> int:
             start_time=options.start_time,
             end_time=options.end_time,
         )
-    except submit.GoogleUnreachable as err:
+    except cloud.GoogleUnreachable as err:
         print(f"make schedule: {err}", file=sys.stderr)
         return 1
     except submit.credential_errors() as err:

@@ -28,6 +28,7 @@ from typing import Any
 
 from launch import settings as settings_mod
 from launch import submit, vertexrun
+from launch.cloud import GoogleUnreachable, reach, reaching, refused_as, vertex_service
 from launch.flags import RUNS_DIR
 from launch.settings import Settings, SettingsError
 
@@ -87,8 +88,8 @@ def resource_name(run: Run, settings: Settings) -> str:
 
 
 def cloud(settings: Settings) -> vertexrun.Cloud:
-    """launch.submit's way of reaching Google Cloud, for launch.vertexrun's reads."""
-    return vertexrun.Cloud(submit.vertex_service(settings), submit.reach, submit.reaching)
+    """launch.cloud's way of reaching Google Cloud, for launch.vertexrun's reads."""
+    return vertexrun.Cloud(vertex_service(settings), reach, reaching)
 
 
 def write_for_run(
@@ -112,8 +113,8 @@ def write_for_run(
     vertex = reader.cloud.vertex
     reader.ensure(vertex)
     with (
-        submit.reaching("reading the pipeline run", vertex),
-        submit.refused_as(
+        reaching("reading the pipeline run", vertex),
+        refused_as(
             f"reading the pipeline run {name}",
             f"roles/aiplatform.user in project {settings.project}",
             settings,
@@ -175,7 +176,7 @@ def main(
             now=now,
             dataflow_endpoint=dataflow_endpoint,
         )
-    except submit.GoogleUnreachable as err:
+    except GoogleUnreachable as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 1
     except submit.credential_errors() as err:

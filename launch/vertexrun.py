@@ -86,9 +86,9 @@ Service = tuple[str, str, str]
 
 @dataclasses.dataclass(frozen=True)
 class Cloud:
-    """How the reads reach Google Cloud: `launch.submit.reach` (one probe of a service before its
-    first use) and `launch.submit.reaching` (a network failure as GoogleUnreachable: one line),
-    and the Vertex service they name (`launch.submit.vertex_service`)."""
+    """How the reads reach Google Cloud: `launch.cloud.reach` (one probe of a service before its
+    first use) and `launch.cloud.reaching` (a network failure as GoogleUnreachable: one line),
+    and the Vertex service they name (`launch.cloud.vertex_service`)."""
 
     vertex: Service
     reach: Callable[[Sequence[Service]], None]

@@ -17,7 +17,7 @@ from google.auth.credentials import AnonymousCredentials
 
 import pipeline
 from components import buildcontext
-from launch import cli, schedules, settings, submit
+from launch import cli, cloud, schedules, settings, submit
 from tests.conftest import TEST_BUCKET
 from tests.fakes import RestFake
 
@@ -734,8 +734,8 @@ def test_a_bucket_probe_refusal_names_the_bucket_reader_role(vertex: RestFake) -
     config = settings.load(env(vertex), Path("/nonexistent"))
     said = "me@example.com does not have storage.buckets.get access to the Google Cloud Storage bucket."
     assert (
-        submit.missing_role(said, config, "?") == "roles/storage.legacyBucketReader on gs://p-proj-pipelines"
+        cloud.missing_role(said, config, "?") == "roles/storage.legacyBucketReader on gs://p-proj-pipelines"
     )
-    assert submit.missing_role("no permission named", config, "the default") == "the default"
+    assert cloud.missing_role("no permission named", config, "the default") == "the default"
     # A service's host name is not a permission.
-    assert submit.missing_role("POST https://aiplatform.googleapis.com/v1: denied", config, "x") == "x"
+    assert cloud.missing_role("POST https://aiplatform.googleapis.com/v1: denied", config, "x") == "x"

@@ -1,0 +1,301 @@
+"""How this machine talks to Google Cloud: each service named and tried once, within seconds,
+before its first use (`reach`), a network failure of the client libraries afterwards turned into
+one line (`reaching`, `GoogleUnreachable`: what could not be reached, where, why, and the likely
+causes), and a 403 into the role of docs/iam.md that grants what was refused (`refused_as`,
+`GoogleRefused`). Used by `make run` with a project (`launch.submit`), the schedule commands, the
+GPU check and the Vertex report."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from launch.settings import Settings
+
+
+class GoogleRefused(RuntimeError):
+    """Google Cloud answered 403 to one of this machine's requests: names the request, the role
+    of docs/iam.md that grants what was refused, and Google's own words. Raised from the
+    original error, so its traceback is still shown (exit code 1, README "Exit codes")."""
+
+
+# A permission named in Google's 403 (e.g. "Permission 'aiplatform.pipelineJobs.create' denied",
+# "does not have storage.objects.create access", "iam.serviceAccounts.actAs"): the service's
+# host names (aiplatform.googleapis.com) are not permissions.
+_PERMISSION = re.compile(r"\b(aiplatform|storage|iam|artifactregistry)\.(?!googleapis\b)[A-Za-z]+\.[A-Za-z]+")
+
+
+def missing_role(text: str, settings: Settings, default: str) -> str:
+    """The role (with where it is granted) that holds the permission Google's 403 `text` names,
+    as docs/iam.md lists it for the account running make; `default` when it names none."""
+    runs_as = settings.service_account or (
+        "the Compute Engine default service account (<project number>-compute@developer.gserviceaccount.com), "
+        "which the pipeline runs as when SERVICE_ACCOUNT is unset"
+    )
+    found = _PERMISSION.search(text)
+    permission = found.group(0) if found else ""
+    if permission == "iam.serviceAccounts.actAs" or "act as service account" in text.lower():
+        return f"roles/iam.serviceAccountUser on {runs_as}"
+    if permission == "storage.buckets.get":
+        return f"roles/storage.legacyBucketReader on gs://{settings.bucket}"
+    if permission.startswith("storage."):
+        return f"roles/storage.objectAdmin on gs://{settings.bucket}"
+    if permission.startswith("aiplatform."):
+        return f"roles/aiplatform.user in project {settings.project}"
+    if permission.startswith("artifactregistry."):
+        return f"roles/artifactregistry.writer on {settings.template_repository}"
+    return default
+
+
+@contextlib.contextmanager
+def refused_as(request: str, default_role: str, settings: Settings) -> Iterator[None]:
+    """Turns a 403 of Google's client libraries during `request` into GoogleRefused: api_core's
+    Forbidden (PermissionDenied is one; storage and aiplatform raise them), requests' HTTPError
+    (kfp's RegistryClient) and urllib's (aiplatform reading a template from Artifact Registry)."""
+    import urllib.error
+
+    import requests
+    from google.api_core import exceptions
+
+    try:
+        yield
+    except (exceptions.Forbidden, requests.HTTPError, urllib.error.HTTPError) as err:
+        status = getattr(getattr(err, "response", None), "status_code", None) or getattr(err, "code", None)
+        if not isinstance(err, exceptions.Forbidden) and status != 403:
+            raise
+        said = " ".join(str(err).split())
+        said = said if len(said) <= 400 else said[:397] + "..."
+        role = missing_role(str(err), settings, default_role)
+        raise GoogleRefused(
+            f"Google Cloud refused {request} (403): the account running make needs {role}; "
+            f"docs/iam.md lists every role a first run needs. Google said: {said}"
+        ) from err
+
+
+class GoogleUnreachable(RuntimeError):
+    """Google Cloud could not be reached from this machine, or gave no answer: names the service,
+    its host (and region), what went wrong in a few words and the likely causes, in one line that
+    is printed without a traceback (exit code 1, README "Exit codes": a request to Google Cloud
+    failed)."""
+
+
+# How long the first contact with a service may take: its connection, then its answer.
+PROBE_SECONDS = 5.0
+LIKELY_CAUSES = (
+    "Likely causes: no network on this machine; a proxy it needs (set HTTPS_PROXY, and NO_PROXY for "
+    "the hosts it must not handle) or one in the way; a firewall or a VPC Service Controls perimeter "
+    "blocking the host"
+)
+
+
+def vertex_url(settings: Settings) -> str:
+    """The Vertex API this machine's requests go to: API_ENDPOINT, else the region's."""
+    endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
+    return endpoint if endpoint.startswith("http://") else f"https://{endpoint}"
+
+
+def vertex_service(settings: Settings) -> tuple[str, str, str]:
+    """(service, URL, a hint) of the Vertex API, for `reach` and `reaching`."""
+    hint = (
+        f"; or API_ENDPOINT={settings.api_endpoint!r} (env or env.sh) is wrong"
+        if settings.api_endpoint
+        else "; or this network reaches Vertex AI only through a Private Service Connect endpoint: set "
+        "API_ENDPOINT (env.sh.example)"
+    )
+    return f"Vertex AI in {settings.region}", vertex_url(settings), hint
+
+
+def _host(url: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.urlsplit(url).netloc or url
+
+
+def _chain(err: BaseException | None) -> list[BaseException]:
+    """The error and those under it: causes, contexts, api_core's RetryError.cause, urllib3's and
+    urllib's `reason`, requests' wrapped first argument."""
+    chain: list[BaseException] = []
+    while err is not None and len(chain) < 20 and not any(err is seen for seen in chain):
+        chain.append(err)
+        under = getattr(err, "cause", None)  # RetryError
+        if not isinstance(under, BaseException):
+            under = err.__cause__ or err.__context__
+        if under is None and isinstance(getattr(err, "reason", None), BaseException):
+            under = err.reason  # type: ignore[attr-defined]
+        if under is None and err.args and isinstance(err.args[0], BaseException):
+            under = err.args[0]
+        err = under
+    return chain
+
+
+def network_failure(err: BaseException) -> bool:
+    """Whether `err` says Google Cloud was not reached or did not answer, as the client libraries
+    raise it: api_core's RetryError (a retried request ran out of time: storage retries a failed
+    connection for 120 s), ServiceUnavailable (gRPC's UNAVAILABLE, HTTP 503) and DeadlineExceeded,
+    google-auth's TransportError (a token could not be fetched; RefreshError when it comes from
+    one), requests' ConnectionError (DNS, refused, TLS, proxy) and Timeout, urllib's URLError
+    (not an HTTPError: that is an answer), and the OS's own connection errors."""
+    import socket
+    import urllib.error
+
+    import requests
+    from google.api_core import exceptions as api
+    from google.auth import exceptions as auth
+
+    if isinstance(err, urllib.error.HTTPError):
+        return False
+    network = (
+        api.RetryError,
+        api.ServiceUnavailable,
+        api.DeadlineExceeded,
+        auth.TransportError,
+        requests.ConnectionError,
+        requests.Timeout,
+        urllib.error.URLError,
+        ConnectionError,
+        TimeoutError,
+        socket.gaierror,
+    )
+    if isinstance(err, network):
+        return True
+    return isinstance(err, auth.RefreshError) and any(isinstance(e, auth.TransportError) for e in _chain(err))
+
+
+def network_reason(err: BaseException, url: str = "") -> str:
+    """What went wrong, in a few words: the name did not resolve, the connection was refused, no
+    answer came in time, TLS failed, the proxy failed, or Google's own words (a 503); the host when
+    it is another one than the service's at `url` (the token endpoint); how long it was retried."""
+    import urllib.parse
+
+    import requests
+    from google.api_core import exceptions as api
+
+    chain = _chain(err)
+    retried = next((e for e in chain if isinstance(e, api.RetryError)), None)
+    under = [e for e in chain if not isinstance(e, api.RetryError)] or chain
+    text = " ".join(" ".join(str(e).split()) for e in under)
+    host = re.search(r"host='([^']+)', port=(\d+)", text)
+    own = urllib.parse.urlsplit(url).hostname if url else None
+    reason = _plain_reason(under, text)
+    if any(isinstance(e, requests.exceptions.ProxyError) for e in under):
+        reason = f"the proxy failed: {reason}"
+    if host and host.group(1) != own:
+        reason += f" (at {host.group(1)}:{host.group(2)})"
+    seconds = re.search(r"Timeout of ([0-9.]+)s", str(retried)) if retried is not None else None
+    return reason + (f"; retried for {float(seconds.group(1)):g} s" if seconds else "")
+
+
+def _plain_reason(chain: Sequence[BaseException], text: str) -> str:
+    import socket
+
+    import requests
+    from google.api_core import exceptions as api
+
+    if any(isinstance(e, socket.gaierror) for e in chain) or re.search(
+        r"Failed to resolve|Name or service not known|nodename nor servname|name resolution|DNS resolution failed",
+        text,
+    ):
+        return "its name does not resolve (DNS)"
+    if any(isinstance(e, ConnectionRefusedError) for e in chain) or "Connection refused" in text:
+        return "connection refused"
+    for words in ("Network is unreachable", "No route to host"):
+        if words in text:
+            return words.lower()
+    if any(isinstance(e, requests.exceptions.SSLError) for e in chain):
+        said = " ".join(str(chain[-1]).split())[:160]
+        return f"TLS failed (a proxy that intercepts TLS needs its CA in REQUESTS_CA_BUNDLE): {said}"
+    if any(isinstance(e, (requests.Timeout, TimeoutError, socket.timeout)) for e in chain) or re.search(
+        r"timed out|Deadline", text
+    ):
+        return "no answer in time"
+    answer = next((e for e in reversed(chain) if isinstance(e, api.GoogleAPICallError)), None)
+    if answer is not None:  # "503 POST <url>: <Google's words>" over REST: the code and the words
+        words = re.sub(r"^(GET|POST|PUT|PATCH|DELETE|HEAD) \S+: ", "", str(answer.message))
+        said = f"{answer.code or ''} {words}"
+    else:
+        said = str(chain[-1])
+    said = " ".join(said.split()) or type(chain[-1]).__name__
+    return said if len(said) <= 200 else said[:197] + "..."
+
+
+def reach(services: Sequence[tuple[str, str, str]], seconds: float = PROBE_SECONDS, out: Any = None) -> None:
+    """Says which services it contacts, then tries each once, at the same time: one HEAD request to
+    its root (no credentials, nothing of the run), through the proxy requests would use. Any HTTP
+    answer will do; none within `seconds` to connect and `seconds` to answer raises
+    GoogleUnreachable naming each service that gave none. The client libraries would retry a
+    service out of reach for minutes (storage: 120 s) before failing with a RetryError; this
+    takes at most 2 x `seconds` + 1. The "contacting" lines go to `out` (stdout)."""
+    import threading
+
+    import requests
+
+    for service, url, _ in services:
+        print(f"contacting {service} ({_host(url)}) ...", file=out or sys.stdout, flush=True)
+    failures: dict[int, str] = {}
+
+    def one(index: int, url: str) -> None:
+        try:
+            requests.head(url, timeout=(seconds, seconds), allow_redirects=False)
+        except Exception as err:  # noqa: BLE001 (every failure is named in the line)
+            failures[index] = (
+                network_reason(err, url) if network_failure(err) else f"{type(err).__name__}: {err}"
+            )
+
+    threads = [
+        threading.Thread(target=one, args=(i, url), daemon=True, name=f"reach {_host(url)}")
+        for i, (_, url, _) in enumerate(services)
+    ]
+    for thread in threads:
+        thread.start()
+    limit = 2 * seconds + 1
+    deadline = time.monotonic() + limit
+    for index, thread in enumerate(threads):
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():  # e.g. a name server that does not answer (no timeout of its own)
+            failures.setdefault(index, f"no answer within {limit:g} s")
+    if not failures:
+        return
+    parts, hints = [], ""
+    for index in sorted(failures):
+        service, url, hint = services[index]
+        proxy = _proxy_for(url)
+        parts.append(
+            f"{service} at {_host(url)}{f' through the proxy {proxy}' if proxy else ''} ({failures[index]})"
+        )
+        hints += hint
+    raise GoogleUnreachable(
+        f"cannot reach {'; '.join(parts)}; nothing was sent to it. {LIKELY_CAUSES}{hints}"
+    )
+
+
+def _proxy_for(url: str) -> str:
+    """The proxy requests would send `url` through (host:port, without credentials), or ''."""
+    import requests.utils
+
+    proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
+    return _host(proxy).rpartition("@")[2] if proxy else ""
+
+
+@contextlib.contextmanager
+def reaching(request: str, service: tuple[str, str, str], after: str = "") -> Iterator[None]:
+    """Turns a network failure of the client libraries during `request` (`network_failure`) into
+    GoogleUnreachable: one line naming the request, the service and its host, the reason and the
+    likely causes; `after` says what was already done."""
+    name, url, hint = service
+    try:
+        yield
+    except GoogleUnreachable:
+        raise
+    except Exception as err:
+        if not network_failure(err):
+            raise
+        proxy = _proxy_for(url)
+        raise GoogleUnreachable(
+            f"{request} failed: {name} at {_host(url)}{f' through the proxy {proxy}' if proxy else ''} "
+            f"could not be reached or did not answer ({network_reason(err, url)}){after}. "
+            f"{LIKELY_CAUSES}{hint}"
+        ) from err
