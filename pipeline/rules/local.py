@@ -23,26 +23,26 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
     """The local target's own rules: no more GPUs than this machine has, at most 8 workers (and
     parallel trials within the same bound), a local serving environment for the serving image's
     TensorFlow, a TFDS source this machine can prepare, a registry folder this run can write."""
-    from local import jobs, servingenv
+    from local import gpus, servingenv
 
     problems: list[Problem] = []
     # GPUs asked of a machine without them: refused before any step, in the line the local job
-    # runner and every replica would give (local.jobs.gpu_shortfall, trainer.distribute's rule).
-    gpus = jobs.local_gpus()
+    # runner and every replica would give (local.gpus.gpu_shortfall, trainer.distribute's rule).
+    seen = gpus.local_gpus()
     pools = [("chief", "chief", 0)] + ([("worker", "worker", 1)] if args["worker_count"] else [])
     for role, prefix, pool in pools:
         same = prefix == "worker" and not args["worker_machine_type"]  # copies the chief's
         source = "chief" if same else prefix
         asked = args[f"{source}_accelerator_count"]
         if isinstance(asked, int) and asked > 0:
-            problem = jobs.gpu_shortfall(
+            problem = gpus.gpu_shortfall(
                 f"workerpool{pool}",
                 role,
                 str(args[f"{source}_machine_type"]),
                 str(args[f"{source}_accelerator_type"]),
                 asked,
-                gpus,
-                f"this machine ({jobs.GPU_DRIVER_DIR})",
+                seen,
+                f"this machine ({gpus.GPU_DRIVER_DIR})",
             )
             if problem:
                 problems.append(

@@ -1,6 +1,6 @@
 """The local job runner and GPUs: each pool's `container_spec.env` reaches its replicas (names
 Vertex sets itself refused), and a pool asking for GPUs this machine lacks is refused before any
-process starts, with the trainer's one line (`local.jobs.gpu_shortfall` against
+process starts, with the trainer's one line (`local.gpus.gpu_shortfall` against
 `trainer.distribute.gpu_shortfall`). GPUs are found in a fake `/proc/driver/nvidia/gpus`."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from components import tuning, worker_pools
-from local import jobs, tuner
+from local import gpus, jobs, tuner
 from trainer import config, distribute
 from trainer.config import GpuRequest
 
@@ -40,14 +40,14 @@ def driver_dir(tmp_path: Path, *models: str) -> str:
 
 def test_gpus_are_the_drivers_entries_narrowed_by_cuda_visible_devices(tmp_path: Path) -> None:
     root = driver_dir(tmp_path, "Tesla T4", "Tesla V100-SXM2-16GB")
-    assert jobs.local_gpus(root, {}) == ["Tesla T4", "Tesla V100-SXM2-16GB"]
-    assert jobs.local_gpus(root, {"CUDA_VISIBLE_DEVICES": "1"}) == ["Tesla V100-SXM2-16GB"]
-    assert jobs.local_gpus(root, {"CUDA_VISIBLE_DEVICES": ""}) == []
-    assert jobs.local_gpus(root, {"CUDA_VISIBLE_DEVICES": "-1"}) == []
-    assert jobs.local_gpus(root, {"CUDA_VISIBLE_DEVICES": "0,7,1"}) == [
+    assert gpus.local_gpus(root, {}) == ["Tesla T4", "Tesla V100-SXM2-16GB"]
+    assert gpus.local_gpus(root, {"CUDA_VISIBLE_DEVICES": "1"}) == ["Tesla V100-SXM2-16GB"]
+    assert gpus.local_gpus(root, {"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert gpus.local_gpus(root, {"CUDA_VISIBLE_DEVICES": "-1"}) == []
+    assert gpus.local_gpus(root, {"CUDA_VISIBLE_DEVICES": "0,7,1"}) == [
         "Tesla T4"
     ]  # stops at 7, as CUDA does
-    assert jobs.local_gpus(str(tmp_path / "absent"), {}) == []  # no NVIDIA driver: no GPU
+    assert gpus.local_gpus(str(tmp_path / "absent"), {}) == []  # no NVIDIA driver: no GPU
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_the_local_refusal_is_the_trainers_line(
     pool: str, role: str, machine: str, gpu: str, asked: int, devices: list[str]
 ) -> None:
     seen_by = "this machine (/proc/driver/nvidia/gpus)"
-    local = jobs.gpu_shortfall(pool, role, machine, gpu, asked, devices, seen_by)
+    local = gpus.gpu_shortfall(pool, role, machine, gpu, asked, devices, seen_by)
     trainer = distribute.gpu_shortfall(
         pool, role, GpuRequest(machine, gpu, asked), len(devices), devices, seen_by
     )
@@ -109,7 +109,7 @@ def test_a_gpu_pool_on_a_machine_without_gpus_is_refused_before_any_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(jobs, "local_gpus", lambda: [])
-    with pytest.raises(jobs.GpusMissing) as err:
+    with pytest.raises(gpus.GpusMissing) as err:
         run(gpu_specs(tmp_path), tmp_path)
     assert str(err.value) == (
         "GPU check failed: workerpool0 (chief) asked for 1 x NVIDIA_TESLA_V100 on n1-standard-8, but this "
@@ -170,7 +170,7 @@ def test_a_tuning_job_asking_for_missing_gpus_fails_before_any_trial(
     """The trials run the tuning job's pools through the same runner: the refusal ends the job."""
     monkeypatch.setattr(jobs, "local_gpus", lambda: [])
     space = [{"parameter_id": "dropout", "double_value_spec": {"min_value": 0.0, "max_value": 0.3}}]
-    with pytest.raises(jobs.GpusMissing, match="workerpool0 \\(chief\\) asked for 1 x NVIDIA_TESLA_V100"):
+    with pytest.raises(gpus.GpusMissing, match="workerpool0 \\(chief\\) asked for 1 x NVIDIA_TESLA_V100"):
         tuner.run_tuning(
             gpu_specs(tmp_path),
             str(tmp_path / "tune"),

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from local import jobs
+from local import jobs, memory
 
 # Deadlines on processes of its own: one at a time, not beside other tests (make test).
 pytestmark = pytest.mark.serial
@@ -80,7 +80,9 @@ def pools(tmp_path: Path, mode: str, megabytes: int, counter: Path) -> list[dict
     ]
 
 
-def fake_cgroup_v2(tmp_path: Path, limit: int | None, counter: bool = True) -> tuple[jobs.MemoryProbe, Path]:
+def fake_cgroup_v2(
+    tmp_path: Path, limit: int | None, counter: bool = True
+) -> tuple[memory.MemoryProbe, Path]:
     """A cgroup v2 mount with the runner in /job: `memory.events` (oom_kill 0) when `counter`,
     `memory.max` when `limit`, and a MemTotal of 64 GiB."""
     root = tmp_path / "cgroup"
@@ -92,14 +94,14 @@ def fake_cgroup_v2(tmp_path: Path, limit: int | None, counter: bool = True) -> t
         (root / "job" / "memory.max").write_text(f"{limit}\n")
     (tmp_path / "proc_cgroup").write_text("0::/job\n")
     (tmp_path / "meminfo").write_text("MemTotal:       67108864 kB\nMemFree:        1 kB\n")
-    probe = jobs.MemoryProbe(
+    probe = memory.MemoryProbe(
         proc_cgroup=str(tmp_path / "proc_cgroup"), cgroup_root=str(root), meminfo=str(tmp_path / "meminfo")
     )
     return probe, events
 
 
 def run(
-    tmp_path: Path, mode: str, megabytes: int, probe: jobs.MemoryProbe, counter: Path, **kwargs: Any
+    tmp_path: Path, mode: str, megabytes: int, probe: memory.MemoryProbe, counter: Path, **kwargs: Any
 ) -> tuple[jobs.JobResult, str]:
     out = io.StringIO()
     try:
@@ -182,10 +184,10 @@ def test_the_step_error_of_an_oom_kill_is_the_out_of_memory_line(tmp_path: Path)
 
     probe, events = fake_cgroup_v2(tmp_path, limit=256 * MIB)
     step = (
-        "import json, sys\nfrom pathlib import Path\nfrom local import jobs\n"
+        "import json, sys\nfrom pathlib import Path\nfrom local import jobs, memory\n"
         "root = Path(sys.argv[2])\n"
         "jobs.run_job(json.loads(sys.argv[1]), str(root / 'base'), display_name='train-model', "
-        "project='p', log_dir=root / 'logs', memory=jobs.MemoryProbe(**json.loads(sys.argv[3])))\n"
+        "project='p', log_dir=root / 'logs', memory=memory.MemoryProbe(**json.loads(sys.argv[3])))\n"
     )
     log = tmp_path / "train-model.log"
     with log.open("w") as out:
@@ -234,18 +236,20 @@ def test_without_a_counter_a_kill_at_a_small_peak_is_a_preemption(tmp_path: Path
 
 def test_the_decision_rule() -> None:
     kill = -signal.SIGKILL
-    assert jobs.out_of_memory(kill, (2, 3, "memory.events"), 10, 1000) is not None
-    assert jobs.out_of_memory(kill, (3, 3, "memory.events"), 999, 1000) is None  # the counter decides
-    assert jobs.out_of_memory(-signal.SIGTERM, (2, 3, "memory.events"), 999, 1000) is None
-    assert jobs.out_of_memory(1, (2, 3, "memory.events"), 999, 1000) is None
-    assert jobs.out_of_memory(kill, None, 400, 1000) is not None  # OOM_PEAK_FRACTION = 0.4
-    assert jobs.out_of_memory(kill, None, 399, 1000) is None
-    assert jobs.out_of_memory(kill, None, None, 1000) is None
+    assert memory.out_of_memory(kill, (2, 3, "memory.events"), 10, 1000) is not None
+    assert memory.out_of_memory(kill, (3, 3, "memory.events"), 999, 1000) is None  # the counter decides
+    assert memory.out_of_memory(-signal.SIGTERM, (2, 3, "memory.events"), 999, 1000) is None
+    assert memory.out_of_memory(1, (2, 3, "memory.events"), 999, 1000) is None
+    assert memory.out_of_memory(kill, None, 400, 1000) is not None  # OOM_PEAK_FRACTION = 0.4
+    assert memory.out_of_memory(kill, None, 399, 1000) is None
+    assert memory.out_of_memory(kill, None, None, 1000) is None
 
 
 def test_the_probe_reads_v2_v1_and_hybrid_hierarchies(tmp_path: Path) -> None:
     root, proc = tmp_path / "cg", tmp_path / "cgroup"
-    probe = jobs.MemoryProbe(proc_cgroup=str(proc), cgroup_root=str(root), meminfo=str(tmp_path / "meminfo"))
+    probe = memory.MemoryProbe(
+        proc_cgroup=str(proc), cgroup_root=str(root), meminfo=str(tmp_path / "meminfo")
+    )
     (tmp_path / "meminfo").write_text("MemTotal:        8388608 kB\n")  # 8 GiB
 
     # v1 (this sandbox's layout): the memory controller's own path; the lowest limit of the
@@ -276,7 +280,7 @@ def test_the_probe_reads_v2_v1_and_hybrid_hierarchies(tmp_path: Path) -> None:
     assert probe.memory_limit() == (8 << 30, f"the machine's memory, MemTotal in {tmp_path / 'meminfo'}")
 
     # Nothing readable: no counter.
-    empty = jobs.MemoryProbe(proc_cgroup=str(tmp_path / "none"), cgroup_root=str(tmp_path / "none"))
+    empty = memory.MemoryProbe(proc_cgroup=str(tmp_path / "none"), cgroup_root=str(tmp_path / "none"))
     assert empty.oom_kills() is None
 
 
@@ -305,7 +309,7 @@ def _own_memory_cgroup(limit: int) -> Iterator[Path]:
     """A new memory cgroup under this process's, limited to `limit` bytes without swap; skips
     the test where this machine does not let it make one (not root, cgroupfs read-only, the v2
     memory controller not delegated)."""
-    probe = jobs.MemoryProbe()
+    probe = memory.MemoryProbe()
     v2, v1 = probe._paths()
     root = Path(probe.cgroup_root)
     name = f"test-oom-{uuid.uuid4().hex[:8]}"
@@ -354,7 +358,7 @@ from pathlib import Path
 cgroup, pools, root = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
 with open(Path(cgroup) / "cgroup.procs", "w") as f:
     f.write(str(os.getpid()))  # this process: its replicas inherit the cgroup
-from local import jobs
+from local import jobs, memory
 try:
     jobs.run_job(pools, str(root / "base"), display_name="train", project="p", log_dir=root / "logs",
                  restart_job_on_worker_restart=True)
@@ -414,9 +418,9 @@ def test_the_hint_names_the_flags_of_the_command_that_ran_out_of_memory() -> Non
     batch; a preparation or evaluation replica, which holds no batch of the model's, is not."""
     from components import plan
 
-    train = jobs.memory_hint(plan.train_command())
-    prepare = jobs.memory_hint(plan.prepare_command())
-    evaluate = jobs.memory_hint(plan.evaluate_command())
+    train = memory.memory_hint(plan.train_command())
+    prepare = memory.memory_hint(plan.prepare_command())
+    evaluate = memory.memory_hint(plan.evaluate_command())
     assert train == "--per_replica_batch_size, or --image_size"
     assert "--per_replica_batch_size" not in prepare and "prepare_engine=beam" in prepare
     assert "--per_replica_batch_size" not in evaluate and "prepare_machine_type" in evaluate

@@ -315,9 +315,9 @@ def test_a_trainer_asked_for_a_gpu_on_this_machine_exits_3_before_the_runtime_st
     """`python -m trainer.task`'s main, with the pool's request in its environment, on this
     machine (no GPU): status 3, one line, no traceback; TensorFlow's runtime never started
     (threading options can still be set, which fails once it has)."""
-    from local import jobs
+    from local import gpus
 
-    if jobs.local_gpus():
+    if gpus.local_gpus():
         pytest.skip("needs a machine without GPUs")
     code = (
         "import sys\n"

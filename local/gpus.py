@@ -1,0 +1,74 @@
+"""No silent CPU training: a pool that asks for GPUs (`machine_spec.accelerator_count`) on a machine
+that has fewer is refused before any process starts, with the trainer's one line
+(`gpu_shortfall`, worded as `trainer.distribute.gpu_shortfall`; tests/local/test_jobs_gpus.py
+keeps them equal). The GPUs are found without TensorFlow: the entries of
+`/proc/driver/nvidia/gpus` (one per GPU the NVIDIA driver has; `local_gpus`), narrowed by
+`CUDA_VISIBLE_DEVICES` when it is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+class GpusMissing(ValueError):
+    """A pool asks for more GPUs than this machine has; the message is the trainer's one line."""
+
+
+GPU_DRIVER_DIR = "/proc/driver/nvidia/gpus"
+
+
+def local_gpus(driver_dir: str = GPU_DRIVER_DIR, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The GPUs a process started here would see, without TensorFlow: the NVIDIA driver's
+    `/proc/driver/nvidia/gpus/<PCI bus id>/` entries (their `information` file's `Model:`, else the
+    bus id), in bus order, narrowed by `CUDA_VISIBLE_DEVICES` when it is set (its indices, up to
+    the first that is not a non-negative number, as CUDA reads it). Empty without the driver."""
+    env = os.environ if environ is None else environ
+    try:
+        buses = sorted(os.listdir(driver_dir))
+    except OSError:
+        return []
+    names = []
+    for bus in buses:
+        model = bus
+        with contextlib.suppress(OSError):
+            for line in Path(driver_dir, bus, "information").read_text(errors="replace").splitlines():
+                if line.startswith("Model:"):
+                    model = line.partition(":")[2].strip() or bus
+                    break
+        names.append(model)
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return names
+    picked = []
+    for item in visible.split(","):
+        item = item.strip()
+        if not item.isdigit() or int(item) >= len(names):
+            break
+        picked.append(names[int(item)])
+    return picked
+
+
+def gpu_shortfall(
+    pool: str,
+    role: str,
+    machine_type: str,
+    accelerator_type: str,
+    asked: int,
+    devices: Sequence[str],
+    seen_by: str,
+) -> str | None:
+    """`trainer.distribute.gpu_shortfall`'s rule and words, for this layer (which does not import
+    the trainer; tests/local/test_jobs_gpus.py checks both give the same line)."""
+    gpus = len(devices)
+    if gpus >= asked:
+        return None
+    seen = ", ".join(devices) or "none"
+    return (
+        f"GPU check failed: {pool} ({role}) asked for {asked} x {accelerator_type} on "
+        f"{machine_type}, but {seen_by} sees {gpus} GPU{'' if gpus == 1 else 's'} "
+        f"(devices: {seen}); refusing to train on CPU (docs/gpus.md)"
+    )
