@@ -19,7 +19,7 @@ from kfp import dsl
 
 from components import stepimage
 from components.buildcontext import context_tag, tarball_members
-from components.registry import (
+from components.servingimage import (
     prebuilt_days_left,
     prebuilt_tf_serving_table,
     resolve_serving_image,
@@ -409,7 +409,7 @@ def build_trainer_image(
     Dataflow's Flex Template launcher) when `prepare_engine` is `beam`, and
     `<image_name>-serving:<tag>` (Dockerfile.serving) when `serving_image` is `custom`,
     or `auto` and the prebuilt image of `serving_tf_version` ends within the serving policy's
-    margin on this run's date (`registry.resolve_serving_image`: the run's one decision). Only
+    margin on this run's date (`servingimage.resolve_serving_image`: the run's one decision). Only
     the images whose tags are absent are built, in one build.
 
     Args:

@@ -24,226 +24,25 @@ from typing import Any, NamedTuple
 from kfp import dsl
 
 from components import stepimage
+from components.servingimage import (
+    DEFAULT_SERVING_TF_VERSION,
+    UNDEPLOYABLE_FUNCS,
+    check_serving_parameters,
+    choose_serving_image,
+    prebuilt_days_left,
+    prebuilt_tf_serving_table,
+    prebuilt_tf_serving_versions,
+    serving_container_uri,
+    serving_image_warnings,
+    serving_policy,
+    undeployable,
+)
 from components.stepimage import multi_region
 
 # The keys of the trainer's metrics.json `find_champion` reads (the champion's). The trainer
 # declares what it writes in trainer/contract.py, which components cannot import (they run
 # without the trainer); tests/test_contracts.py checks this list against it and the code below.
 METRICS_READ = ("test_accuracy", "class_names")
-
-
-# Vertex AI's prebuilt TensorFlow 2 prediction images that exist, newest first, with each one's
-# end of availability: Google's "Prebuilt containers for inference and explanation" page
-# (https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers, its TensorFlow table,
-# "End of availability" column, read 2026-11), the same date for the CPU and the GPU image of a
-# version. Past that date Vertex no longer serves the image, and a model that names it cannot be
-# deployed (the support policy: https://cloud.google.com/vertex-ai/docs/framework-support-policy).
-# The page gives one year after the end of patch and support for every row read: 2.15 and 2.14
-# 2027-01-14, 2.13 2025-11-28, 2.12 2025-06-30, 2.11 and 2.10 2024-11-15; 2.9's end of support is
-# 2023-11-15, so 2024-11-15 by that rule, and the older rows (2.1-2.8, still in aiplatform's list)
-# ended no later (their end of support came before 2.9's). The versions are
-# google-cloud-aiplatform's own list (`google/cloud/aiplatform/constants/prediction.py`,
-# TF_CONTAINER_URIS; a test keeps them equal). A serving version is only ever chosen from here,
-# never derived from the trainer's TensorFlow: `tf2-cpu.2-21` does not exist.
-def prebuilt_tf_serving_table() -> dict[str, str]:
-    """{TF version: end of availability (ISO date)}, newest first (a function, so the Vertex
-    components carry it with `additional_funcs`)."""
-    older = dict.fromkeys(("2.9", "2.8", "2.7", "2.6", "2.5", "2.4", "2.3", "2.2", "2.1"), "2024-11-15")
-    return {
-        "2.15": "2027-01-14",
-        "2.14": "2027-01-14",
-        "2.13": "2025-11-28",
-        "2.12": "2025-06-30",
-        "2.11": "2024-11-15",
-        "2.10": "2024-11-15",
-        **older,
-    }
-
-
-def prebuilt_tf_serving_versions() -> tuple[str, ...]:
-    """The table's versions, newest first."""
-    return tuple(prebuilt_tf_serving_table())
-
-
-PREBUILT_TF_SERVING_VERSIONS = prebuilt_tf_serving_versions()
-DEFAULT_SERVING_TF_VERSION = PREBUILT_TF_SERVING_VERSIONS[0]
-SERVING_IMAGE_MODES = ("auto", "prebuilt", "custom")
-
-
-def serving_policy() -> dict[str, int]:
-    """The serving-image policy's margins, in days before a prebuilt image's end of availability:
-    `serving_image=auto` stops choosing it `safe_days` before (a version registered then still
-    has a month to be deployed and replaced), and `make run`, `make schedule` and the upload step
-    warn from `warn_days` before."""
-    return {"safe_days": 30, "warn_days": 90}
-
-
-def prebuilt_days_left(tf_version: str, today: str = "") -> tuple[str, int]:
-    """(end of availability, whole days from `today` to it; 0 or less: no longer available) of
-    Vertex's prebuilt TF serving image of `tf_version`. `today` is an ISO date ("": today, UTC).
-    Raises ValueError for a version with no prebuilt image."""
-    import datetime
-
-    table = prebuilt_tf_serving_table()
-    if tf_version not in table:
-        raise ValueError(
-            f"serving_tf_version {tf_version!r} has no prebuilt Vertex AI TensorFlow serving image; "
-            f"prebuilt versions: {', '.join(table)} (or use serving_image=auto or custom)"
-        )
-    day = datetime.date.fromisoformat(today) if today else datetime.datetime.now(datetime.UTC).date()
-    end = table[tf_version]
-    return end, (datetime.date.fromisoformat(end) - day).days
-
-
-def resolve_serving_image(serving_image: str, tf_version: str, today: str = "") -> str:
-    """`serving_image` with `auto` decided for a run on `today`: `prebuilt` while Vertex's prebuilt
-    image of `tf_version` is available for more than the policy's `safe_days`, else `custom` (the
-    serving image built from Dockerfile.serving, on the trainer's own TensorFlow). Other values are
-    returned as given. The build step decides once per run (it builds the custom image only then)."""
-    if serving_image != "auto":
-        return serving_image
-    _, days = prebuilt_days_left(tf_version, today)
-    return "prebuilt" if days > serving_policy()["safe_days"] else "custom"
-
-
-def serving_image_warnings(serving_image: str, tf_version: str, today: str = "") -> list[str]:
-    """What a run on `today` (or a schedule created then) should be told about the prebuilt
-    image's end of availability: nothing unless it is within the policy's `warn_days`."""
-    import datetime
-
-    if serving_image not in ("auto", "prebuilt") or tf_version not in prebuilt_tf_serving_table():
-        return []
-    end, days = prebuilt_days_left(tf_version, today)
-    policy = serving_policy()
-    if days > policy["warn_days"] or days <= 0:
-        return []  # far off, or past: then `prebuilt` is refused and `auto` already builds its own
-    page = "https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers"
-    head = f"Vertex's prebuilt TensorFlow {tf_version} serving images end on {end} ({days} days from now; {page})"
-    if serving_image == "prebuilt":
-        return [
-            (
-                f"{head}: a model version registered with one cannot be deployed after that date, and "
-                "runs with serving_image=prebuilt are refused from then on; serving_image=auto (the "
-                "default) switches to the custom serving image (Dockerfile.serving) in time"
-            )
-        ]
-    switch = datetime.date.fromisoformat(end) - datetime.timedelta(days=policy["safe_days"])
-    if days > policy["safe_days"]:
-        return [
-            (
-                f"{head}: serving_image=auto registers with it until {switch.isoformat()}, then with the "
-                "custom serving image built from Dockerfile.serving (scheduled runs switch by themselves)"
-            )
-        ]
-    return [
-        f"{head}: serving_image=auto registers with the custom serving image built from Dockerfile.serving"
-    ]
-
-
-def serving_container_uri(tf_version: str, accelerator: str, location: str, today: str = "") -> str:
-    """Vertex's prebuilt TensorFlow serving image for a TF version of the table ("2.15"), "cpu"
-    or "gpu", from the Artifact Registry multi-region nearest `location` (us, europe or asia:
-    the only ones Google publishes them in; aiplatform's `get_prebuilt_prediction_container_uri`
-    takes the region's first word the same way). Refused once the image's end of availability
-    has come (on `today`, "": today)."""
-    end, days = prebuilt_days_left(tf_version, today)
-    if days <= 0:
-        newest = prebuilt_tf_serving_versions()[0]
-        raise ValueError(
-            f"serving_tf_version {tf_version}: Vertex's prebuilt TensorFlow {tf_version} serving images "
-            f"ended on {end} (https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers): "
-            "a model registered with one cannot be deployed. Use serving_image=auto or custom (the "
-            f"serving image built from Dockerfile.serving), or a newer prebuilt version (newest: {newest})"
-        )
-    if accelerator not in ("cpu", "gpu"):
-        raise ValueError(f"serving accelerator must be cpu or gpu, got {accelerator!r}")
-    minor = tf_version.split(".")[1]
-    return f"{multi_region(location)}-docker.pkg.dev/vertex-ai/prediction/tf2-{accelerator}.2-{minor}:latest"
-
-
-def prebuilt_tf_version(image: str) -> str:
-    """The TF version ("2.15") of a prebuilt Vertex TF2 serving image URI; "" for any other image."""
-    import re
-
-    match = re.match(r"^[a-z]+-docker\.pkg\.dev/vertex-ai/prediction/tf2-(?:cpu|gpu)\.2-(\d+):", image)
-    return f"2.{match.group(1)}" if match else ""
-
-
-def undeployable(image_uri: str, today: str = "") -> str:
-    """Why a model version whose serving container is `image_uri` can no longer hold the champion
-    alias on `today` ("": today): Vertex's prebuilt TF serving image past its end of availability
-    (Vertex no longer serves it: the version cannot be deployed), or within the policy's
-    `safe_days` of it (the margin `serving_image=auto` switches at). "" for any other image
-    (the custom serving image, a user's)."""
-    version = prebuilt_tf_version(image_uri)
-    if version not in prebuilt_tf_serving_table():
-        return ""
-    end, days = prebuilt_days_left(version, today)
-    safe = serving_policy()["safe_days"]
-    if days > safe:
-        return ""
-    when = (
-        f"ended on {end}" if days <= 0 else f"ends on {end}, in {days} days (the policy's margin is {safe})"
-    )
-    return (
-        f"its serving image {image_uri} is Vertex's prebuilt TensorFlow {version} image, which {when}: "
-        "it cannot be deployed after that date (https://cloud.google.com/vertex-ai/docs/predictions/"
-        "pre-built-containers)"
-    )
-
-
-# What a component needs shipped (`additional_funcs`) to call `undeployable`.
-UNDEPLOYABLE_FUNCS = [
-    prebuilt_tf_serving_table,
-    serving_policy,
-    prebuilt_days_left,
-    prebuilt_tf_version,
-    undeployable,
-]
-
-
-def choose_serving_image(
-    serving_image: str,
-    tf_version: str,
-    accelerator: str,
-    location: str,
-    custom_image_uri: str,
-    today: str = "",
-) -> tuple[str, str]:
-    """The Model's serving container and why: `auto` (the build
-    step's decision, told by whether it made `custom_image_uri`), `prebuilt` (Vertex's TF image
-    of `tf_version`, from the table, while available), `custom` (the serving image the build step
-    made, on the trainer's own TF) or an image URI of the user's. Raises ValueError naming what
-    is allowed."""
-    import re
-
-    # `auto` was decided once, by the build step on its date: it built the custom image only when
-    # auto chose it. Deciding again here, on this step's date, would raise after the whole GPU run
-    # for a run that straddles the switch (a schedule near midnight UTC).
-    mode = ("custom" if custom_image_uri else "prebuilt") if serving_image == "auto" else serving_image
-    if accelerator not in ("cpu", "gpu"):
-        raise ValueError(f"serving accelerator must be cpu or gpu, got {accelerator!r}")
-    if mode == "prebuilt":
-        image = serving_container_uri(tf_version, accelerator, location, today)
-        why = f"Vertex's prebuilt TensorFlow {tf_version} {accelerator.upper()} serving image"
-        if tf_version == prebuilt_tf_serving_versions()[0]:
-            why += " (the newest prebuilt one; the trainer's models are tested to serve under it)"
-        return image, why + (" (serving_image=auto)" if serving_image == "auto" else "")
-    if mode == "custom":
-        if not custom_image_uri:
-            raise ValueError("serving_image=custom but the build step made no serving image")
-        why = "the custom serving image built from Dockerfile.serving (the trainer's TF"
-        why += ", on GPU when the deployment has one)" if accelerator == "gpu" else ")"
-        if serving_image == "auto":
-            end, _ = prebuilt_days_left(tf_version, today)
-            why += f" (serving_image=auto: the prebuilt TensorFlow {tf_version} image ends on {end})"
-        return custom_image_uri, why
-    if not re.match(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$", serving_image):
-        raise ValueError(
-            f"serving_image must be auto, prebuilt, custom or an image URI (<host>/<path>:<tag> or "
-            f"<host>/<path>@sha256:<digest>), got {serving_image!r}"
-        )
-    return serving_image, "the serving image given by serving_image"
 
 
 def check_model_display_name(name: str) -> str:
@@ -263,24 +62,6 @@ def check_model_display_name(name: str) -> str:
             'double quotes (display_name="..."); use any other characters (Vertex allows any UTF-8)'
         )
     return name
-
-
-def check_serving_parameters(
-    serving_image: str, tf_version: str, accelerator: str, location: str, today: str = ""
-) -> list[str]:
-    """The serving parameters checked before any work (both targets), as the upload step will
-    check them on `today` ("": today): raises ValueError naming what is wrong and what is allowed
-    (an unknown mode or version, a prebuilt image past its end of availability); returns the
-    warnings of `serving_image_warnings`."""
-    if serving_image == "auto" or serving_image == "prebuilt":
-        prebuilt_days_left(tf_version, today)  # a version with no prebuilt image: named here
-    built = (
-        "<built by the pipeline>"
-        if resolve_serving_image(serving_image, tf_version, today) == "custom"
-        else ""
-    )
-    choose_serving_image(serving_image, tf_version, accelerator, location, built, today)
-    return serving_image_warnings(serving_image, tf_version, today)
 
 
 def check_registry_parameters(values: Mapping[str, Any], today: str = "") -> list[str]:

@@ -23,15 +23,17 @@ from components import stepimage
 from components.buildcontext import context_tag
 from components.plan import apply_hyperparameters, hyperparameters, tunable, typed_hyperparameter
 from components.registry import (
-    UNDEPLOYABLE_FUNCS,
     check_model_display_name,
+    registry_folder,
+    task_mismatch,
+)
+from components.servingimage import (
+    UNDEPLOYABLE_FUNCS,
     prebuilt_days_left,
     prebuilt_tf_serving_table,
     prebuilt_tf_version,
-    registry_folder,
     resolve_serving_image,
     serving_policy,
-    task_mismatch,
     undeployable,
 )
 from components.tuning import pick_best_trial

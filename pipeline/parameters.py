@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from components import plan, registry, tuning
+from components import plan, servingimage, tuning
 from components.hardware import V100
 
 TARGETS = ("vertex", "local")
@@ -298,8 +298,8 @@ PARAMETERS: tuple[Parameter, ...] = (
     _p(
         "serving_tf_version",
         str,
-        registry.DEFAULT_SERVING_TF_VERSION,
-        f"TF version of the prebuilt serving image: {', '.join(registry.PREBUILT_TF_SERVING_VERSIONS)}.",
+        servingimage.DEFAULT_SERVING_TF_VERSION,
+        f"TF version of the prebuilt serving image: {', '.join(servingimage.PREBUILT_TF_SERVING_VERSIONS)}.",
     ),
     _p(
         "serving_accelerator",

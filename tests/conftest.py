@@ -43,11 +43,11 @@ SERVING_TEST_DAY = "2026-06-28"
 
 @pytest.fixture(autouse=True)
 def serving_images_judged_on_a_fixed_day(monkeypatch: pytest.MonkeyPatch) -> None:
-    from components import registry
+    from components import servingimage
 
-    real = registry.prebuilt_days_left
+    real = servingimage.prebuilt_days_left
     monkeypatch.setattr(
-        registry, "prebuilt_days_left", lambda version, today="": real(version, today or SERVING_TEST_DAY)
+        servingimage, "prebuilt_days_left", lambda version, today="": real(version, today or SERVING_TEST_DAY)
     )
 
 

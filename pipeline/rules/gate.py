@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from components import evaluation, registry
+from components import evaluation, registry, servingimage
 from pipeline.rules.common import Problem
 
 # A Cloud Storage folder (bucket names: 3 to 63 characters of lowercase letters, digits, - _ .).
@@ -23,7 +23,7 @@ def registry_problems(v: Mapping[str, Any], region: str, warnings: list[str]) ->
     try:
         # As the upload step will judge it today: a prebuilt image past its end of availability
         # is refused, one within 90 days of it warned about (make run and make schedule).
-        warnings += registry.check_serving_parameters(
+        warnings += servingimage.check_serving_parameters(
             str(v["serving_image"]), str(v["serving_tf_version"]), str(v["serving_accelerator"]), region
         )
     except ValueError as err:

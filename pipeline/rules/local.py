@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from components import registry
+from components import servingimage
 from pipeline.rules.common import Problem
 
 # The most trainer processes a local run starts at once: one job's chief and 8 workers, or the
@@ -78,7 +78,8 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
             )
     try:  # the serving image this run would register with (auto: decided on today's date)
         prebuilt = (
-            registry.resolve_serving_image(args["serving_image"], args["serving_tf_version"]) == "prebuilt"
+            servingimage.resolve_serving_image(args["serving_image"], args["serving_tf_version"])
+            == "prebuilt"
         )
     except ValueError:
         prebuilt = False  # an unknown version: named by registry_problems

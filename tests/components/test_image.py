@@ -609,9 +609,11 @@ def test_auto_builds_the_serving_image_when_the_prebuilt_one_is_ending(
     """serving_image=auto decides on the run's day, once: the serving image is built (and then
     registered) from 30 days before the prebuilt image's end of availability."""
     monkeypatch.setattr(image, "prebuilt_days_left", lambda version, today="": ("2027-01-14", days_left))
-    from components import registry
+    from components import servingimage
 
-    monkeypatch.setattr(registry, "prebuilt_days_left", lambda version, today="": ("2027-01-14", days_left))
+    monkeypatch.setattr(
+        servingimage, "prebuilt_days_left", lambda version, today="": ("2027-01-14", days_left)
+    )
     fake = CloudBuildFake()
     out = run_build(cloud, fake, serving_image="auto", serving_tf_version="2.15")
     assert bool(out.serving_image_uri) is serving_built

@@ -16,7 +16,7 @@ from google.cloud import aiplatform_v1
 from google.cloud.aiplatform_v1.services.model_service.transports.grpc import ModelServiceGrpcTransport
 from google.protobuf import json_format
 
-from components import registry
+from components import registry, servingimage
 from local import steps
 from tests.fakes import Abort, GrpcFake, insecure_client, storage_emulator
 
@@ -36,10 +36,10 @@ def aiplatform_tf2_versions() -> set[str]:
 
 
 def test_the_prebuilt_table_is_the_images_that_exist() -> None:
-    assert set(registry.PREBUILT_TF_SERVING_VERSIONS) == aiplatform_tf2_versions()
+    assert set(servingimage.PREBUILT_TF_SERVING_VERSIONS) == aiplatform_tf2_versions()
     assert (
-        max(registry.PREBUILT_TF_SERVING_VERSIONS, key=lambda v: int(v.split(".")[1]))
-        == registry.DEFAULT_SERVING_TF_VERSION
+        max(servingimage.PREBUILT_TF_SERVING_VERSIONS, key=lambda v: int(v.split(".")[1]))
+        == servingimage.DEFAULT_SERVING_TF_VERSION
     )
 
 
@@ -49,31 +49,31 @@ def test_a_serving_version_without_a_prebuilt_image_is_refused(version: str) -> 
     with pytest.raises(
         ValueError, match=r"has no prebuilt Vertex AI TensorFlow serving image; prebuilt versions: 2\.15"
     ):
-        registry.serving_container_uri(version, "cpu", "us-central1")
+        servingimage.serving_container_uri(version, "cpu", "us-central1")
 
 
 def test_every_uri_chosen_is_one_aiplatform_lists() -> None:
     from google.cloud.aiplatform.constants import prediction
 
-    for version in registry.PREBUILT_TF_SERVING_VERSIONS:
+    for version in servingimage.PREBUILT_TF_SERVING_VERSIONS:
         for accelerator in ("cpu", "gpu"):
             for location in ("us-central1", "europe-west4", "asia-northeast1", "australia-southeast1"):
                 # On a day when every version was still available.
-                uri = registry.serving_container_uri(version, accelerator, location, today="2020-01-01")
+                uri = servingimage.serving_container_uri(version, accelerator, location, today="2020-01-01")
                 assert uri in prediction.TF_CONTAINER_URIS, uri
-                assert registry.prebuilt_tf_version(uri) == version
-    assert registry.prebuilt_tf_version("us-docker.pkg.dev/p/r/trainer-serving@sha256:" + "0" * 64) == ""
+                assert servingimage.prebuilt_tf_version(uri) == version
+    assert servingimage.prebuilt_tf_version("us-docker.pkg.dev/p/r/trainer-serving@sha256:" + "0" * 64) == ""
 
 
 def test_serving_image_choice_and_labels(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A day 2.15 is safely available (the component judges on the run's date).
-    monkeypatch.setattr(registry, "prebuilt_days_left", lambda v, today="": ("2027-01-14", 200))
+    monkeypatch.setattr(servingimage, "prebuilt_days_left", lambda v, today="": ("2027-01-14", 200))
     out = registry.upload_settings.python_func(
         location="europe-west4",
         serving_image="prebuilt",
-        tf_version=registry.DEFAULT_SERVING_TF_VERSION,
+        tf_version=servingimage.DEFAULT_SERVING_TF_VERSION,
         serving_accelerator="gpu",
         custom_image_uri="",
         labels={"Team": "ML Ops"},
@@ -115,11 +115,13 @@ def test_serving_image_choice_and_labels(
 )
 def test_bad_serving_choices_are_named(mode: str, custom_uri: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        registry.choose_serving_image(mode, "2.15", "cpu", "us-central1", custom_uri)
+        servingimage.choose_serving_image(mode, "2.15", "cpu", "us-central1", custom_uri)
 
 
 def test_an_image_uri_of_the_users_is_taken_as_given() -> None:
-    image, why = registry.choose_serving_image("eu.gcr.io/p/serving:1.2", "2.15", "cpu", "europe-west1", "")
+    image, why = servingimage.choose_serving_image(
+        "eu.gcr.io/p/serving:1.2", "2.15", "cpu", "europe-west1", ""
+    )
     assert image == "eu.gcr.io/p/serving:1.2" and "given by serving_image" in why
 
 
@@ -536,7 +538,7 @@ def test_a_champion_on_a_prebuilt_image_past_or_near_its_end_counts_as_none(
 ) -> None:
     """A champion nobody can deploy (its prebuilt serving image past its end of availability,
     or within the policy's margin) must not keep the alias: no usable champion, as with files gone."""
-    monkeypatch.setattr(registry, "prebuilt_days_left", lambda v, today="": ("2027-01-14", days_left))
+    monkeypatch.setattr(servingimage, "prebuilt_days_left", lambda v, today="": ("2027-01-14", days_left))
     model_service["models"]["cassava"] = [aiplatform_v1.Model(name=PARENT)]
     image = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"
     model_service["aliases"][f"{PARENT}@champion"] = aiplatform_v1.Model(
@@ -549,10 +551,10 @@ def test_a_champion_on_a_prebuilt_image_past_or_near_its_end_counts_as_none(
     model_service["bucket"].blob("runs/7/train/model/metrics.json").upload_from_string(json.dumps(metrics))
     out = find()
     assert (out.champion_version, out.champion_uri, out.class_names) == (f"{PARENT}@3", "", [])
-    monkeypatch.setattr(registry, "prebuilt_days_left", lambda v, today="": ("2027-01-14", 31))
+    monkeypatch.setattr(servingimage, "prebuilt_days_left", lambda v, today="": ("2027-01-14", 31))
     assert find().class_names == CASSAVA  # still deployable past the margin: the champion
     custom = "europe-west4-docker.pkg.dev/p/r/trainer-serving@sha256:" + "0" * 64
-    assert registry.undeployable(custom) == ""  # the custom serving image has no end date
+    assert servingimage.undeployable(custom) == ""  # the custom serving image has no end date
 
 
 @pytest.mark.parametrize("name", ['cassava "v2"', "cassava\\v2", "line\nbreak"])

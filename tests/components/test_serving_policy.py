@@ -10,7 +10,7 @@ import datetime
 
 import pytest
 
-from components import registry
+from components import registry, servingimage
 from pipeline import parameters_for
 from pipeline.rules import OptionsError, check
 
@@ -22,8 +22,8 @@ def day(offset: int, end: str = END_215) -> str:
 
 
 def test_every_version_carries_the_pages_end_of_availability() -> None:
-    table = registry.prebuilt_tf_serving_table()
-    assert list(table) == list(registry.PREBUILT_TF_SERVING_VERSIONS)
+    table = servingimage.prebuilt_tf_serving_table()
+    assert list(table) == list(servingimage.PREBUILT_TF_SERVING_VERSIONS)
     # The page's rows read (https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers).
     assert {v: table[v] for v in ("2.15", "2.14", "2.13", "2.12", "2.11", "2.10")} == {
         "2.15": "2027-01-14",
@@ -52,21 +52,21 @@ def test_every_version_carries_the_pages_end_of_availability() -> None:
     ],
 )
 def test_auto_switches_to_the_custom_image_30_days_before_the_end(today: str, resolved: str) -> None:
-    assert registry.resolve_serving_image("auto", "2.15", today) == resolved
+    assert servingimage.resolve_serving_image("auto", "2.15", today) == resolved
     # Other choices are the user's, taken as given.
-    assert registry.resolve_serving_image("prebuilt", "2.15", today) == "prebuilt"
-    assert registry.resolve_serving_image("custom", "2.15", today) == "custom"
+    assert servingimage.resolve_serving_image("prebuilt", "2.15", today) == "prebuilt"
+    assert servingimage.resolve_serving_image("custom", "2.15", today) == "custom"
 
 
 def test_a_prebuilt_image_past_its_end_is_refused_with_the_date() -> None:
     with pytest.raises(
         ValueError, match=r"TensorFlow 2\.15 serving images ended on 2027-01-14.*serving_image=auto or custom"
     ):
-        registry.serving_container_uri("2.15", "cpu", "us-central1", today=END_215)
+        servingimage.serving_container_uri("2.15", "cpu", "us-central1", today=END_215)
     with pytest.raises(ValueError, match=r"ended on 2025-11-28"):
-        registry.choose_serving_image("prebuilt", "2.13", "cpu", "us-central1", "", today="2026-11-24")
+        servingimage.choose_serving_image("prebuilt", "2.13", "cpu", "us-central1", "", today="2026-11-24")
     # The day before, it is still served.
-    uri = registry.serving_container_uri("2.15", "gpu", "europe-west4", today=day(-1))
+    uri = servingimage.serving_container_uri("2.15", "gpu", "europe-west4", today=day(-1))
     assert uri == "europe-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-15:latest"
 
 
@@ -84,7 +84,7 @@ def test_a_prebuilt_image_past_its_end_is_refused_with_the_date() -> None:
     ],
 )
 def test_warnings_within_90_days(mode: str, today: str, expected: list[str]) -> None:
-    warnings = registry.serving_image_warnings(mode, "2.15", today)
+    warnings = servingimage.serving_image_warnings(mode, "2.15", today)
     assert len(warnings) == (1 if expected else 0), warnings
     for text in expected:
         assert text in warnings[0], warnings
@@ -96,13 +96,15 @@ def test_auto_follows_the_build_steps_decision() -> None:
     """The build step decides once per run (it builds the custom image only then): the upload
     takes the image it built, and otherwise the prebuilt one, even a day later."""
     built = "us-central1-docker.pkg.dev/p/r/trainer-serving@sha256:" + "2" * 64
-    image, why = registry.choose_serving_image("auto", "2.15", "gpu", "us-central1", built, today=day(-100))
+    image, why = servingimage.choose_serving_image(
+        "auto", "2.15", "gpu", "us-central1", built, today=day(-100)
+    )
     assert image == built and "ends on 2027-01-14" in why and "on GPU when the deployment has one" in why
-    image, why = registry.choose_serving_image("auto", "2.15", "cpu", "us-central1", "", today=day(-100))
+    image, why = servingimage.choose_serving_image("auto", "2.15", "cpu", "us-central1", "", today=day(-100))
     assert image.endswith("/tf2-cpu.2-15:latest") and "(serving_image=auto)" in why
     # A run whose build decided `prebuilt` before the switch and uploads after it (a schedule near
     # midnight UTC) registers what its build decided, never decides again after the GPU run.
-    image, _ = registry.choose_serving_image("auto", "2.15", "cpu", "us-central1", "", today=day(-5))
+    image, _ = servingimage.choose_serving_image("auto", "2.15", "cpu", "us-central1", "", today=day(-5))
     assert image.endswith("/tf2-cpu.2-15:latest")
 
 
@@ -111,7 +113,7 @@ def test_upload_settings_registers_what_the_build_decided_across_the_switch(
 ) -> None:
     """The build step ran 31 days before the prebuilt image's end (prebuilt: it built no serving
     image), upload-settings runs 29 days before it: the run's one decision stands."""
-    monkeypatch.setattr(registry, "prebuilt_days_left", lambda v, today="": (END_215, 29))
+    monkeypatch.setattr(servingimage, "prebuilt_days_left", lambda v, today="": (END_215, 29))
     out = registry.upload_settings.python_func(
         location="us-central1",
         serving_image="auto",
@@ -129,7 +131,7 @@ def test_the_build_step_and_its_local_form_decide_alike() -> None:
     from local import steps
 
     for today, custom in ((day(-100), False), (day(-5), True)):
-        assert (registry.resolve_serving_image("auto", "2.15", today) == "custom") is custom
+        assert (servingimage.resolve_serving_image("auto", "2.15", today) == "custom") is custom
     out = steps.check_build_context.python_func(
         context_dir=".", repository="us-docker.pkg.dev/p/r", serving_image="custom", reduction_server_count=2
     )
@@ -154,13 +156,13 @@ def values(target: str, **overrides: object) -> dict:
 def test_the_preflight_refuses_and_warns_as_the_upload_would(monkeypatch: pytest.MonkeyPatch) -> None:
     """`make run` and `make schedule` check the options on their day: monkeypatched here to a
     day 51 days before 2.15's end (as on 2026-11-24), then to the day after it."""
-    real = registry.prebuilt_days_left
-    monkeypatch.setattr(registry, "prebuilt_days_left", lambda v, today="": real(v, day(-51)))
+    real = servingimage.prebuilt_days_left
+    monkeypatch.setattr(servingimage, "prebuilt_days_left", lambda v, today="": real(v, day(-51)))
     warnings = check(values("local"), "local")
     assert any("registers with it until 2026-12-15" in w for w in warnings), warnings
     warnings = check(values("local", serving_image="prebuilt"), "local")
     assert any("cannot be deployed after that date" in w for w in warnings), warnings
-    monkeypatch.setattr(registry, "prebuilt_days_left", lambda v, today="": real(v, day(1)))
+    monkeypatch.setattr(servingimage, "prebuilt_days_left", lambda v, today="": real(v, day(1)))
     assert not [w for w in check(values("local"), "local") if "serving" in w]  # auto: custom, quietly
     with pytest.raises(OptionsError, match=r"serving_tf_version.*ended on 2027-01-14"):
         check(values("local", serving_image="prebuilt"), "local")
