@@ -80,19 +80,23 @@ def staged_output(final: str, *, overwrite: bool = True) -> Iterator[str]:
     final = resolve(final)
     if not overwrite and is_nonempty_dir(final):
         raise FileExistsError(f"{final} already exists and is not empty")
-    if is_remote(final):
-        staging = tempfile.mkdtemp(prefix="staging-")
-    else:
-        parent = os.path.dirname(os.path.abspath(final))
-        os.makedirs(parent, exist_ok=True)
-        remove_leftovers(final)
-        staging = os.path.join(parent, f".{os.path.basename(final)}.staging-{uuid.uuid4().hex[:8]}")
-        os.makedirs(staging)
+    staging = ""
     try:
+        # Made inside the `try`: an exception raised between making it and the `try` (a signal
+        # handler's, as `trainer.prepare`'s SIGTERM one, runs between any two bytecodes) would
+        # leave it behind, as a SIGTERM sent the moment it appeared did in a loaded `make test`.
+        if is_remote(final):
+            staging = tempfile.mkdtemp(prefix="staging-")
+        else:
+            parent = os.path.dirname(os.path.abspath(final))
+            os.makedirs(parent, exist_ok=True)
+            remove_leftovers(final)
+            staging = os.path.join(parent, f".{os.path.basename(final)}.staging-{uuid.uuid4().hex[:8]}")
+            os.makedirs(staging)
         yield staging
         publish(staging, final)
     finally:
-        if os.path.isdir(staging):
+        if staging and os.path.isdir(staging):
             shutil.rmtree(staging, ignore_errors=True)
 
 

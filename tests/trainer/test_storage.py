@@ -34,6 +34,28 @@ def test_a_failure_leaves_the_previous_output_untouched(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging folder left
 
 
+class Stopped(BaseException):
+    """What a signal handler raises (trainer.prepare's Terminated is one)."""
+
+
+def test_a_signal_the_moment_the_staging_folder_exists_leaves_no_staging_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handler runs between any two bytecodes: here right after the staging folder is made,
+    before anything is written in it (a loaded `make test` sent SIGTERM just then)."""
+    made = storage.os.makedirs
+
+    def makedirs_then_stopped(path: str, *args: object, **kwargs: object) -> None:
+        made(path, *args, **kwargs)  # type: ignore[arg-type]
+        if ".staging-" in str(path):
+            raise Stopped
+
+    monkeypatch.setattr(storage.os, "makedirs", makedirs_then_stopped)
+    with pytest.raises(Stopped), storage.staged_output(str(tmp_path / "out")):
+        pytest.fail("the block must not run")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_success_replaces_the_previous_output(tmp_path: Path) -> None:
     final = tmp_path / "out"
     final.mkdir()
