@@ -18,7 +18,7 @@ from kfp.local import logging_utils, task_dispatcher
 
 from launch import kfp_local
 
-# Deadlines on processes of its own: one at a time, not beside other tests (make test).
+# Deadlines on processes of its own: in the serial tier, beside one other serial test at most (make test).
 pytestmark = pytest.mark.serial
 
 

@@ -31,7 +31,7 @@ from launch import schedules, settings, submit
 from tests.conftest import TEST_BUCKET
 from tests.fakes import RestFake
 
-# Deadlines on processes of its own: one at a time, not beside other tests (make test).
+# Deadlines on processes of its own: in the serial tier, beside one other serial test at most (make test).
 pytestmark = pytest.mark.serial
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import pytest
 from components import tuning
 from local import jobs, tuner
 
-# Deadlines on processes of its own: one at a time, not beside other tests (make test).
+# Deadlines on processes of its own: in the serial tier, beside one other serial test at most (make test).
 pytestmark = pytest.mark.serial
 
 # A replica that records what Vertex would give it, then behaves as its flags say.

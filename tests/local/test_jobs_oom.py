@@ -22,7 +22,7 @@ import pytest
 
 from local import jobs, memory
 
-# Deadlines on processes of its own: one at a time, not beside other tests (make test).
+# Deadlines on processes of its own: in the serial tier, beside one other serial test at most (make test).
 pytestmark = pytest.mark.serial
 
 MIB = 1 << 20

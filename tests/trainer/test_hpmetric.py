@@ -112,7 +112,7 @@ def test_a_writable_file_is_reported_to_outside_a_trial_too(tmp_path: Path) -> N
 # --- trainer.task -------------------------------------------------------------------------------
 
 
-@pytest.mark.serial  # timed: not beside other tests (make test)
+@pytest.mark.serial  # timed: beside one other serial test at most (make test)
 def test_a_trial_that_cannot_write_its_metric_stops_at_once_before_tensorflow(
     unwritable: tuple[Path, Path],
 ) -> None:

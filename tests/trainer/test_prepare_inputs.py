@@ -612,7 +612,7 @@ def test_listing_is_bounded_by_entries_and_by_time(tmp_path: Path) -> None:
     assert sum(len(paths) for paths, _ in listing.splits.values()) == 300
 
 
-@pytest.mark.serial  # timed: not beside other tests (make test)
+@pytest.mark.serial  # timed: beside one other serial test at most (make test)
 def test_the_file_system_root_and_files_are_refused_at_once(tmp_path: Path) -> None:
     start = time.monotonic()
     assert folders.list_folder("/").problems == [
@@ -646,7 +646,7 @@ def test_many_unknown_top_folders_are_one_problem(tmp_path: Path) -> None:
 # --- SIGTERM ----------------------------------------------------------------------------------
 
 
-@pytest.mark.serial  # timed: not beside other tests (make test)
+@pytest.mark.serial  # timed: beside one other serial test at most (make test)
 def test_sigterm_during_preparation_exits_143_and_leaves_no_staging_folder(tmp_path: Path) -> None:
     """The local job runner stops a replica with SIGTERM (then SIGKILL after a grace period).
     Python's default for SIGTERM ends the process without any `finally`: the staging folder was

@@ -223,7 +223,7 @@ def empty_env_pins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(servingenv.PINS, "0.0", ())
 
 
-@pytest.mark.serial  # timed: not beside other tests (make test)
+@pytest.mark.serial  # timed: beside one other serial test at most (make test)
 def test_environment_is_made_once_and_then_reused(
     empty_env_pins: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -164,7 +164,7 @@ def test_its_problems_are_the_ones_preparation_refuses_with(tmp_path: Path, case
     assert str(err.value).splitlines() == sourcecheck.check(source)["problems"]
 
 
-@pytest.mark.serial  # timed: not beside other tests (make test)
+@pytest.mark.serial  # timed: beside one other serial test at most (make test)
 def test_the_file_system_root_and_a_big_tree_answer_in_seconds(tmp_path: Path) -> None:
     start = time.monotonic()
     done = run({"source": "folder:/"})
