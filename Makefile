@@ -127,7 +127,7 @@ gpu-check: $(STAMP) ## One Vertex job on this checkout's trainer image: the GPUs
 e2e: $(STAMP) ## A real run on Vertex AI (needs a project in env.sh): submit, wait, check the model version
 	$(PY) -m pytest -m e2e tests/e2e
 
-bench: $(STAMP) ## Run the benchmarks (all, or BENCH=input|train|gpu|prepare|memory|e2e|tuning|folder|serve); writes benchmarks/results/ and the BENCHMARKS.md table
+bench: $(STAMP) ## Run the benchmarks (all, or BENCH=input|train|gpu|prepare|memory|e2e|tuning|folder); writes benchmarks/results/ and the BENCHMARKS.md table
 	$(PY) -m benchmarks run $${BENCH:+--bench="$$BENCH"}
 
 lint: $(STAMP) ## Check formatting, lint rules and types (ruff format --check, ruff, mypy)

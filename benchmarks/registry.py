@@ -14,7 +14,6 @@ BENCHMARKS: dict[str, str] = {
     "memory": "benchmarks.memory",
     "tuning": "benchmarks.tuning",
     "folder": "benchmarks.folder",
-    "serve": "benchmarks.serve",
 }
 TITLES: dict[str, str] = {
     "input": "input pipeline img/s, ours vs codelab",
@@ -25,7 +24,6 @@ TITLES: dict[str, str] = {
     "memory": "input pipeline peak memory, streamed past the cache budget vs cached",
     "tuning": "tuned `make run` vs untuned, accuracy on the same test split",
     "folder": "local `make run` on image folders: the defaults vs 60 epochs, test accuracy",
-    "serve": "the serving image's server vs the SavedModel in-process, requests/s and latency",
 }
 
 

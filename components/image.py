@@ -4,7 +4,8 @@ The image tag is a content hash of the context (`context_tag`), so an unchanged 
 never rebuilt: when `<repository>/<image>:<tag>` already exists the build is skipped. The
 output is always the image pinned by digest (`...@sha256:...`), so every job of one run uses
 exactly the same bits. On request the same build also makes the custom serving image,
-`<repository>/<image>-serving:<tag>`, from `Dockerfile.serving` in the same context.
+`<repository>/<image>-serving:<tag>` (`-serving-gpu` for a GPU deployment), from
+`Dockerfile.serving` in the same context.
 
 Vertex form: `build_trainer_image` speaks Cloud Build's REST API and the registry's manifest
 API through google-auth's `AuthorizedSession`, so it runs on the GCPC image as it is and
@@ -382,6 +383,7 @@ def build_trainer_image(
     image_name: str = "trainer",
     serving_image: str = "auto",
     serving_tf_version: str = "2.15",
+    serving_accelerator: str = "cpu",
     reduction_server_count: int = 0,
     prepare_engine: str = "job",
     timeout_seconds: int = 3600,
@@ -407,8 +409,8 @@ def build_trainer_image(
     `reduction-server` stage: the trainer plus Google's NCCL plugin) when `reduction_server_count`
     > 0, `<image_name>-dataflow:<tag>` (the `dataflow` stage: the trainer plus Apache Beam and
     Dataflow's Flex Template launcher) when `prepare_engine` is `beam`, and
-    `<image_name>-serving:<tag>` (Dockerfile.serving) when `serving_image` is `custom`,
-    or `auto` and the prebuilt image of `serving_tf_version` ends within the serving policy's
+    `<image_name>-serving:<tag>` (Dockerfile.serving's `cpu` stage; `-serving-gpu` and its
+    `gpu` stage when `serving_accelerator` is gpu) when `serving_image` is `custom`, or `auto` and the prebuilt image of `serving_tf_version` ends within the serving policy's
     margin on this run's date (`servingimage.resolve_serving_image`: the run's one decision). Only
     the images whose tags are absent are built, in one build.
 
@@ -492,7 +494,8 @@ def build_trainer_image(
     if prepare_engine == "beam":
         wanted.append((f"{repository}/{image_name}-dataflow", "Dockerfile", "dataflow"))
     if build_serving_image:
-        wanted.append((f"{repository}/{image_name}-serving", "Dockerfile.serving", ""))
+        suffix = "-serving-gpu" if serving_accelerator == "gpu" else "-serving"
+        wanted.append((f"{repository}/{image_name}{suffix}", "Dockerfile.serving", serving_accelerator))
 
     credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     session = google.auth.transport.requests.AuthorizedSession(credentials)
@@ -523,7 +526,8 @@ def build_trainer_image(
                         "build",
                         "--file",
                         dockerfile,
-                        *(["--target", stage] if stage else []),
+                        "--target",
+                        stage,
                         "--tag",
                         f"{image}:{tag}",
                         ".",
@@ -559,7 +563,10 @@ def build_trainer_image(
     else:
         print("every image exists; build skipped")
 
-    pinned = {stage or "serving": f"{image}@{digests[image]}" for image, _, stage in wanted}
+    pinned = {
+        stage if dockerfile == "Dockerfile" else "serving": f"{image}@{digests[image]}"
+        for image, dockerfile, stage in wanted
+    }
     return Outputs(
         pinned["trainer"],
         tag,

@@ -28,7 +28,7 @@ The trainer's command line is spelled here once (`build_trainer_args`):
         --mixed_precision BOOL --xla BOOL --seed N --augment POLICY --lr_schedule S
         --warmup_epochs F --lr_reference_batch_size N --label_smoothing F --class_weights W
         --export_epoch best|last --early_stopping_patience N [--fine_tune_fraction F]
-        [--model_dir MODEL_URI (the final training on Vertex: `stable_model_uri`)]
+        --model_dir MODEL_URI (the final training only: `stable_model_uri`)
 `--checkpoint_dir` and `--tensorboard_dir` are left to their defaults, the AIP_CHECKPOINT_DIR and
 AIP_TENSORBOARD_LOG_DIR Vertex derives from the job's base output directory (per trial in a
 tuning job). The best trial's step writes its values into the planned training flags
@@ -50,6 +50,7 @@ from components.prepare import (
     prepare_command,
 )
 from components.registry import check_model_display_name, registry_folder
+from components.servingimage import servable_folder
 from components.stepimage import fuse_path, multi_region
 from components.worker_pools import build_worker_pool_specs, hardware_parameters, pool_env
 
@@ -224,13 +225,15 @@ def stable_model_uri(model_root: str, training_folder: str, model_display_name: 
     pointing at its `artifact_uri` (aiplatform_v1 `Model.artifact_uri`), and a redeploy or the next
     run's `find-champion` reads it. So on Vertex the model goes to `<model_root>/<model's
     folder>/<run>`, `model_root` defaulting to `gs://<the training folder's bucket>/models`;
-    elsewhere (the local target, whose registry keeps its own copy) to the job's `model/`."""
+    elsewhere (the local target, whose registry keeps its own copy) to the job's `model/`. In
+    either, into its version folder `1/` (`servingimage.servable_folder`: TensorFlow Serving's
+    layout, which the prebuilt images also take)."""
     if not model_root and not training_folder.startswith("gs://"):
-        return training_folder.rstrip("/") + "/model"
+        return servable_folder(training_folder.rstrip("/") + "/model")
     root = (
         model_root.rstrip("/") or "gs://" + training_folder.removeprefix("gs://").split("/", 1)[0] + "/models"
     )
-    return f"{root}/{registry_folder(model_display_name)}/{run}"
+    return servable_folder(f"{root}/{registry_folder(model_display_name)}/{run}")
 
 
 def describe_pools(name: str, folder: str, specs: list) -> None:
@@ -269,6 +272,7 @@ def describe_pools(name: str, folder: str, specs: list) -> None:
         measurement_selection,
         check_model_display_name,
         registry_folder,
+        servable_folder,
         stable_model_uri,
     ],
 )
@@ -399,8 +403,7 @@ def plan_jobs(
         **{**hardware_flags, "reduction_server_count": 0},
     )
     training_args, carried = build_trainer_args(dataset_uri, image_size, flags, kinds)
-    if model_uri != folders["training"] + "/model":
-        training_args.append(f"--model_dir={model_uri}")
+    training_args.append(f"--model_dir={model_uri}")
     training_pools = build_worker_pool_specs(
         image_uri=training_image_uri,
         command=train_command(),

@@ -32,9 +32,13 @@ from components.servingimage import (
     prebuilt_days_left,
     prebuilt_tf_serving_table,
     prebuilt_tf_serving_versions,
+    registered_artifact,
+    saved_model_folder,
+    servable_folder,
     serving_container_uri,
     serving_image_warnings,
     serving_policy,
+    tf_serving_routes,
     undeployable,
 )
 from components.stepimage import multi_region
@@ -147,6 +151,8 @@ def label_value(value: str) -> str:
         multi_region,
         serving_container_uri,
         choose_serving_image,
+        tf_serving_routes,
+        registered_artifact,
         label_value,
     ],
 )
@@ -156,13 +162,18 @@ def upload_settings(
     tf_version: str,
     serving_accelerator: str,
     custom_image_uri: str,
+    model_uri: str,
     labels: dict,
     source_commit: str,
     pipeline_run: str,
-) -> NamedTuple("Outputs", serving_image=str, labels=dict):
+) -> NamedTuple(
+    "Outputs", serving_image=str, artifact_uri=str, predict_route=str, health_route=str, labels=dict
+):
     """The Model's serving image (see `choose_serving_image`: `auto` follows the build step's
-    decision) and the model version's labels: `labels` plus the pipeline run and the commit. Warns when the prebuilt image chosen ends
-    within the policy's `warn_days` (`serving_image_warnings`)."""
+    decision), what it is given of the model in `model_uri` (`registered_artifact`: the custom
+    image, TensorFlow Serving, its version folders' base and its routes) and the model version's
+    labels: `labels` plus the pipeline run and the commit. Warns when the prebuilt image chosen
+    ends within the policy's `warn_days` (`serving_image_warnings`)."""
     import collections
 
     # `auto` as the build step decided it (see `choose_serving_image`); only a prebuilt image warns.
@@ -173,6 +184,7 @@ def upload_settings(
     image, why = choose_serving_image(
         serving_image, tf_version, serving_accelerator, location, custom_image_uri
     )
+    artifact = registered_artifact(decided == "custom", model_uri)
     merged = {label_value(k): label_value(str(v)) for k, v in labels.items()}
     merged["pipeline_run"] = label_value(pipeline_run)
     if source_commit:
@@ -185,15 +197,29 @@ def upload_settings(
     if len(merged) > 64:
         raise ValueError(f"{len(merged)} labels: Vertex allows at most 64 on a model version")
     print(f"serving image {image}: {why}")
+    print(
+        f"the model: {artifact['artifact_uri']}"
+        + (f", routes {artifact['predict_route']}" if artifact["predict_route"] else "")
+    )
     print(f"labels {merged}")
-    Outputs = collections.namedtuple("Outputs", ["serving_image", "labels"])
-    return Outputs(image, merged)
+    Outputs = collections.namedtuple(
+        "Outputs", ["serving_image", "artifact_uri", "predict_route", "health_route", "labels"]
+    )
+    return Outputs(
+        image, artifact["artifact_uri"], artifact["predict_route"], artifact["health_route"], merged
+    )
 
 
 @dsl.component(
     base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
-    additional_funcs=[check_model_display_name, *UNDEPLOYABLE_FUNCS],
+    additional_funcs=[
+        check_model_display_name,
+        *UNDEPLOYABLE_FUNCS,
+        tf_serving_routes,
+        servable_folder,
+        saved_model_folder,
+    ],
 )
 def find_champion(
     project: str, location: str, model_display_name: str, alias: str = "champion"
@@ -254,7 +280,10 @@ def find_champion(
     except exceptions.NotFound:
         print(f"{parent} has no {alias!r} version yet")
         return Outputs(True, parent, uri, "", "", [])
-    match = re.match(r"^gs://([^/]+)/(.*?)/?$", champion.artifact_uri)
+    # The SavedModel and its metrics.json: the artifact_uri, or its version folder when the
+    # version is served by TensorFlow Serving (the custom serving image).
+    folder = saved_model_folder(champion.artifact_uri, champion.container_spec.predict_route)
+    match = re.match(r"^gs://([^/]+)/(.*?)/?$", folder)
     if not match:
         raise RuntimeError(f"champion {champion.name}@{champion.version_id} has no gs:// artifact_uri")
     version = f"{parent}@{champion.version_id}"
@@ -276,7 +305,7 @@ def find_champion(
         # (`local.steps.champion_record`), it counts as none: the new model is judged on the
         # floor alone and, if it passes, takes the alias (still where it was: `version`).
         print(
-            f"WARNING: {alias} {version}'s files are gone: {champion.artifact_uri.rstrip('/')}/metrics.json "
+            f"WARNING: {alias} {version}'s files are gone: {folder}/metrics.json "
             "does not exist (deleted, e.g. by a lifecycle rule on the bucket or a clean-up of old runs). "
             f"That version can no longer be served or redeployed, nor compared with: this run compares "
             f"the new model with no {alias}, and the new model takes the alias if it passes the gate. "
@@ -286,7 +315,7 @@ def find_champion(
     class_names = [str(c) for c in champion_metrics["class_names"]]
     recorded = float(champion_metrics["test_accuracy"])
     print(
-        f"{parent}: {alias} is version {champion.version_id} ({champion.artifact_uri}), "
+        f"{parent}: {alias} is version {champion.version_id} ({folder}), "
         f"recorded test_accuracy {recorded:.4f} on its own test split, classes {class_names}"
     )
     return Outputs(True, parent, uri, version, f"gs://{match.group(1)}/{match.group(2)}", class_names)

@@ -42,6 +42,55 @@ def prebuilt_tf_serving_versions() -> tuple[str, ...]:
     return tuple(prebuilt_tf_serving_table())
 
 
+# The custom serving image (Dockerfile.serving) is TensorFlow Serving, the server Vertex's prebuilt
+# TensorFlow images run and Google's custom-container page names, at this release: its
+# `tensorflow/serving:<version>.0` CPU and GPU images (tests/ci keeps Dockerfile.serving's tags
+# equal). The local target checks a model under this TensorFlow before registering it with the
+# custom image (`local.servingenv`).
+CUSTOM_SERVING_TF_VERSION = "2.20"
+
+
+def tf_serving_routes() -> dict[str, str]:
+    """The Model's containerSpec routes for TensorFlow Serving's REST API and the model its
+    entrypoint (Dockerfile.serving) names `model` (https://www.tensorflow.org/tfx/serving/api_rest;
+    a function, so the components carry it with `additional_funcs`)."""
+    return {"predict_route": "/v1/models/model:predict", "health_route": "/v1/models/model"}
+
+
+def servable_folder(base: str) -> str:
+    """Where the trainer publishes a model to be registered: version folder `1` of `base`.
+    TensorFlow Serving loads a model from numbered version folders under its base path
+    (`<base>/<n>/saved_model.pb`); Vertex's prebuilt TensorFlow images take the SavedModel's own
+    folder (saved_model.pb at its top: Google's "Export model artifacts for prediction"). With
+    the SavedModel in `<base>/1`, both find it: see `registered_artifact`."""
+    return base.rstrip("/") + "/1"
+
+
+def registered_artifact(custom: bool, model_uri: str) -> dict[str, str]:
+    """What the Model's upload names for the SavedModel the trainer published in `model_uri`
+    (a `servable_folder`): the artifact_uri Vertex copies to AIP_STORAGE_URI and the
+    containerSpec routes. The custom serving image (TensorFlow Serving) gets the base above the
+    version folder and TF Serving's routes; the prebuilt image, or a user's, gets the
+    SavedModel's folder and the image's own routes ("": Vertex's defaults)."""
+    if not custom:
+        return {"artifact_uri": model_uri, "predict_route": "", "health_route": ""}
+    base, _, version = model_uri.rstrip("/").rpartition("/")
+    if not version.isdigit():
+        raise ValueError(
+            f"the model {model_uri} is not in a numbered version folder TensorFlow Serving can load"
+        )
+    return {"artifact_uri": base, **tf_serving_routes()}
+
+
+def saved_model_folder(artifact_uri: str, predict_route: str) -> str:
+    """The SavedModel's folder (with its metrics.json) of a registered version: the artifact_uri,
+    or its version folder when the version is served by TensorFlow Serving (`registered_artifact`).
+    Versions registered before the version folder existed have the SavedModel at the top."""
+    if predict_route == tf_serving_routes()["predict_route"]:
+        return servable_folder(artifact_uri)
+    return artifact_uri.rstrip("/")
+
+
 PREBUILT_TF_SERVING_VERSIONS = prebuilt_tf_serving_versions()
 DEFAULT_SERVING_TF_VERSION = PREBUILT_TF_SERVING_VERSIONS[0]
 SERVING_IMAGE_MODES = ("auto", "prebuilt", "custom")
@@ -75,7 +124,7 @@ def prebuilt_days_left(tf_version: str, today: str = "") -> tuple[str, int]:
 def resolve_serving_image(serving_image: str, tf_version: str, today: str = "") -> str:
     """`serving_image` with `auto` decided for a run on `today`: `prebuilt` while Vertex's prebuilt
     image of `tf_version` is available for more than the policy's `safe_days`, else `custom` (the
-    serving image built from Dockerfile.serving, on the trainer's own TensorFlow). Other values are
+    serving image built from Dockerfile.serving: TensorFlow Serving). Other values are
     returned as given. The build step decides once per run (it builds the custom image only then)."""
     if serving_image != "auto":
         return serving_image
@@ -190,7 +239,7 @@ def choose_serving_image(
     """The Model's serving container and why: `auto` (the build
     step's decision, told by whether it made `custom_image_uri`), `prebuilt` (Vertex's TF image
     of `tf_version`, from the table, while available), `custom` (the serving image the build step
-    made, on the trainer's own TF) or an image URI of the user's. Raises ValueError naming what
+    made: TensorFlow Serving) or an image URI of the user's. Raises ValueError naming what
     is allowed."""
     import re
 
@@ -209,8 +258,7 @@ def choose_serving_image(
     if mode == "custom":
         if not custom_image_uri:
             raise ValueError("serving_image=custom but the build step made no serving image")
-        why = "the custom serving image built from Dockerfile.serving (the trainer's TF"
-        why += ", on GPU when the deployment has one)" if accelerator == "gpu" else ")"
+        why = f"the custom serving image built from Dockerfile.serving (TensorFlow Serving, its {accelerator} stage)"
         if serving_image == "auto":
             end, _ = prebuilt_days_left(tf_version, today)
             why += f" (serving_image=auto: the prebuilt TensorFlow {tf_version} image ends on {end})"

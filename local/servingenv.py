@@ -38,6 +38,7 @@ CACHE_DIR = ROOT / ".cache"
 # anywhere, and the prebuilt image's GPU variant runs the same graph.
 PINS: dict[str, tuple[str, ...]] = {
     "2.15": ("tensorflow-cpu==2.15.1", "numpy==1.26.4"),
+    "2.20": ("tensorflow-cpu==2.20.0", "numpy==2.4.6"),
 }
 # The Python of those wheels (TensorFlow 2.15 has none for 3.12 and later), the project's own.
 PYTHON = "3.11"

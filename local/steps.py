@@ -75,6 +75,7 @@ def check_build_context(
     image_name: str = "trainer",
     serving_image: str = "auto",
     serving_tf_version: str = "2.15",
+    serving_accelerator: str = "cpu",
     reduction_server_count: int = 0,
     prepare_engine: str = "job",
 ) -> NamedTuple(
@@ -115,7 +116,8 @@ def check_build_context(
     )
     print(f"build context {context_dir}: tag {tag} (local runs use the checkout, nothing built)")
     custom = resolve_serving_image(serving_image, serving_tf_version) == "custom"
-    serving = f"{repository}/{image_name}-serving:{tag}" if custom else ""
+    suffix = "-serving-gpu" if serving_accelerator == "gpu" else "-serving"
+    serving = f"{repository}/{image_name}{suffix}:{tag}" if custom else ""
     trainer = f"{repository}/{image_name}:{tag}"
     training = f"{repository}/{image_name}-reduction-server:{tag}" if reduction_server_count > 0 else trainer
     dataflow = f"{repository}/{image_name}-dataflow:{tag}" if prepare_engine == "beam" else ""
@@ -442,6 +444,8 @@ def local_upload_model(
     registry_dir: str,
     model_display_name: str,
     serving_image: str,
+    artifact_uri: str,
+    predict_route: str,
     labels: dict,
     promote: bool,
     gate_reason: str,
@@ -450,22 +454,39 @@ def local_upload_model(
     evaluation_dir: str,
 ) -> NamedTuple("Outputs", version=str, path=str, champion=bool):
     """Local form of `ModelUploadOp` and the gate's alias move (`registry.record_on_version`): checks that the SavedModel serves
-    (`python -m trainer.serve`, its `serving_default` on test images), then registers it as the
+    (`python -m trainer.serve`, its `serving_default` on test images, under the serving image's
+    TensorFlow; for TensorFlow Serving, also that `artifact_uri` would serve this very model),
+    then registers it as the
     next version of `model_display_name`, with the gate's `description` and figures (the
     evaluation job's `evaluation_dir`), and moves the champion alias when `promote` and, under
     the registry's lock, the alias is still on `evaluated_champion` (`register_version`)."""
     import collections
     import json
+    import os
     import signal
     import subprocess
     import sys
 
+    from components import servingimage
     from local import servingenv
 
     # Serve it the way the serving image would: under the TensorFlow of Vertex's prebuilt image
     # (2.15 by default, not the trainer's 2.21: a model that loads only under a newer TF would
-    # upload to Vertex and then fail to deploy), in an environment of its own.
-    tf_version = prebuilt_tf_version(serving_image)
+    # upload to Vertex and then fail to deploy) or of the custom one, TensorFlow Serving, in an
+    # environment of its own; a user's image, under the trainer's TensorFlow.
+    tf_serving = predict_route == servingimage.tf_serving_routes()["predict_route"]
+    tf_version = servingimage.CUSTOM_SERVING_TF_VERSION if tf_serving else prebuilt_tf_version(serving_image)
+    if tf_serving:
+        # TensorFlow Serving is given `artifact_uri` and serves its highest numbered folder.
+        numbered = (
+            [int(n) for n in os.listdir(artifact_uri) if n.isdigit()] if os.path.isdir(artifact_uri) else []
+        )
+        served = os.path.join(artifact_uri, str(max(numbered))) if numbered else ""
+        if not served or os.path.realpath(served) != os.path.realpath(model.path):
+            raise RuntimeError(
+                f"TensorFlow Serving given {artifact_uri} would serve {served or 'nothing'}, not the model "
+                f"in {model.path}: nothing was registered"
+            )
     python = str(servingenv.python_for(tf_version)) if tf_version else sys.executable
     under = f"TensorFlow {tf_version} (its serving image's)" if tf_version else "the trainer's TensorFlow"
     check = subprocess.run(
@@ -494,13 +515,14 @@ def local_upload_model(
         f"e.g. {answers[0]['image']} -> {answers[0]['class_name']}"
     )
 
-    import os
-
     with open(os.path.join(evaluation_dir, "model", "evaluation.json")) as f:
         evaluated = json.load(f)
     details = {
         "source_uri": model.uri,
         "serving_image": serving_image,
+        # What the Model's upload names on Vertex: the folder it copies to AIP_STORAGE_URI, routes.
+        "artifact_uri": artifact_uri,
+        "predict_route": predict_route,
         "labels": labels,
         "description": description,
         "evaluation": {

@@ -22,6 +22,7 @@ def _vertex_image(p: dict[str, Any]) -> dsl.PipelineTask:
         repository=p["artifact_repository"],
         serving_image=p["serving_image"],
         serving_tf_version=p["serving_tf_version"],
+        serving_accelerator=p["serving_accelerator"],
         reduction_server_count=p["reduction_server_count"],
         prepare_engine=p["prepare_engine"],
         build_location=p["build_location"],
@@ -37,6 +38,7 @@ def _local_image(p: dict[str, Any]) -> dsl.PipelineTask:
         repository=p["artifact_repository"],
         serving_image=p["serving_image"],
         serving_tf_version=p["serving_tf_version"],
+        serving_accelerator=p["serving_accelerator"],
         reduction_server_count=p["reduction_server_count"],
         prepare_engine=p["prepare_engine"],
     )
@@ -230,10 +232,18 @@ def _vertex_registry(
     from google_cloud_pipeline_components.types.artifact_types import UnmanagedContainerModel, VertexModel
     from google_cloud_pipeline_components.v1.model import ModelUploadOp
 
+    # The image and what it is given of the model (`servingimage.registered_artifact`): routes
+    # left "" are unset in the Model (proto3), so the image's own defaults hold.
     unmanaged = dsl.importer(
-        artifact_uri=t["plan"]["model_uri"],
+        artifact_uri=settings.outputs["artifact_uri"],
         artifact_class=UnmanagedContainerModel,
-        metadata={"containerSpec": {"imageUri": settings.outputs["serving_image"]}},
+        metadata={
+            "containerSpec": {
+                "imageUri": settings.outputs["serving_image"],
+                "predictRoute": settings.outputs["predict_route"],
+                "healthRoute": settings.outputs["health_route"],
+            }
+        },
     ).set_display_name("serving-container")
     parent = dsl.importer(
         artifact_uri=t["champion"]["resource_uri"],
@@ -263,6 +273,8 @@ def _local_registry(
         registry_dir=t["registry_dir"],
         model_display_name=t["model_display_name"],
         serving_image=settings.outputs["serving_image"],
+        artifact_uri=settings.outputs["artifact_uri"],
+        predict_route=settings.outputs["predict_route"],
         labels=settings.outputs["labels"],
         promote=gate.outputs["promote"],
         gate_reason=gate.outputs["reason"],

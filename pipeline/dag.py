@@ -168,6 +168,7 @@ def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, pre
         tf_version=t["serving_tf_version"],
         serving_accelerator=t["serving_accelerator"],
         custom_image_uri=t["built"]["serving_image_uri"],
+        model_uri=t["plan"]["model_uri"],
         labels=t["labels"],
         source_commit=t["source_commit"],
         pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,

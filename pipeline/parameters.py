@@ -292,8 +292,8 @@ PARAMETERS: tuple[Parameter, ...] = (
         "auto",
         "auto (Vertex's prebuilt TensorFlow image of serving_tf_version while it is available for "
         "more than 30 more days on the run's date, else the custom image; docs/serving.md), prebuilt, "
-        "custom (an image built from Dockerfile.serving beside the trainer's, on the trainer's "
-        "TensorFlow, CPU or GPU) or an image URI.",
+        "custom (TensorFlow Serving, built from Dockerfile.serving beside the trainer's image) "
+        "or an image URI.",
     ),
     _p(
         "serving_tf_version",
@@ -305,7 +305,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         "serving_accelerator",
         str,
         "cpu",
-        "cpu or gpu: which prebuilt TensorFlow serving image (the custom image serves on either).",
+        "cpu or gpu: which variant of the prebuilt or the custom serving image.",
     ),
     _p(
         "notification_emails",

@@ -576,7 +576,7 @@ def test_the_default_upload_names_a_serving_image_that_exists(spec: dict[str, An
     inputs = task_inputs(
         spec,
         "upload-settings",
-        {("build-trainer-image", "serving_image_uri"): ""},
+        {("build-trainer-image", "serving_image_uri"): "", ("plan-jobs", "model_uri"): "gs://b/m/run/1"},
         root_values(spec, project="p", location="europe-west4"),
     )
     image = registry.upload_settings.python_func(**inputs).serving_image
@@ -626,7 +626,7 @@ def test_only_the_final_training_job_gets_reduction_server_and_its_image(spec: d
         },
     )
     assert [p["replica_count"] for p in out.training_pools] == [1, 1, 2]
-    assert out.model_uri == "gs://models-bucket/kept/cassava-classifier/run-1"
+    assert out.model_uri == "gs://models-bucket/kept/cassava-classifier/run-1/1"
     assert out.training_pools[0]["container_spec"]["image_uri"].startswith("reducer@")
     assert len(out.tuning_pools) == 2 and out.tuning_pools[0]["container_spec"]["image_uri"].startswith(
         "trainer@"

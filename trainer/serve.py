@@ -9,9 +9,9 @@ load or answer, with the reason.
 It needs TensorFlow and numpy only: no tf_keras, nothing of the trainer that imports it. Vertex's
 prebuilt TensorFlow prediction container is TensorFlow Serving, which loads the SavedModel's
 graph and nothing of Keras, and its newest TensorFlow (2.15) is older than the trainer's; so the
-check is meant to run under that older TensorFlow too, from the environment that
-`local.servingenv.python_for("2.15")` makes. `trainer.server` (the custom serving image)
-serves through `load` and `answer` below.
+check is meant to run under that older TensorFlow too, and under the release of TensorFlow
+Serving the custom serving image runs (Dockerfile.serving), from the environments that
+`local.servingenv.python_for(version)` makes.
 """
 
 from __future__ import annotations

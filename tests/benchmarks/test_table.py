@@ -57,7 +57,6 @@ def test_one_row_per_benchmark_in_order_with_what_each_result_says() -> None:
         "memory",
         "tuning",
         "folder",
-        "serve",
         "extra",
     ]
     assert "ours 7,986 img/s vs codelab 762 img/s" in by_name["input"]

@@ -148,11 +148,6 @@ def test_base_is_plain_python_of_the_locked_version(stage: list[Instruction]) ->
     )
 
 
-def test_the_serving_image_has_the_same_base(stage: list[Instruction]) -> None:
-    serving = final_stage(instructions((ROOT / "Dockerfile.serving").read_text()))
-    assert serving[0].args.split()[0] == stage[0].args.split()[0]
-
-
 def test_only_the_drivers_folders_are_on_the_library_path(stage: list[Instruction]) -> None:
     """The host's driver (libcuda.so.1) is mounted under /usr/local/nvidia on Vertex's and GKE's
     GPU machines; a CUDA toolkit folder on LD_LIBRARY_PATH would win over TF's RUNPATHs (the

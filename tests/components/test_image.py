@@ -320,13 +320,35 @@ def test_the_serving_image_is_built_in_the_same_build_when_asked(cloud: dict[str
     assert [list(s.args) for s in fake.build.steps] == [
         ["build", "--file", "Dockerfile", "--target", "trainer", "--tag", trainer, "."],
         ["build", "--file", "Dockerfile", "--target", "cpu", "--tag", cpu, "."],
-        ["build", "--file", "Dockerfile.serving", "--tag", serving, "."],
+        ["build", "--file", "Dockerfile.serving", "--target", "cpu", "--tag", serving, "."],
     ]
     assert cloud["registry"].requests == [
         f"HEAD /v2/p/repo/trainer/manifests/{cloud['tag']}",
         f"HEAD /v2/p/repo/trainer-cpu/manifests/{cloud['tag']}",
         f"HEAD /v2/p/repo/trainer-serving/manifests/{cloud['tag']}",
     ]
+
+
+def test_a_gpu_deployment_gets_the_gpu_stage_of_the_serving_image(cloud: dict[str, Any]) -> None:
+    fake = CloudBuildFake()
+    out = run_build(cloud, fake, serving_image="custom", serving_accelerator="gpu")
+    serving = f"{cloud['repository']}/trainer-serving-gpu:{cloud['tag']}"
+    assert out.serving_image_uri == f"{cloud['repository']}/trainer-serving-gpu@{digest_of(serving)}"
+    assert fake.build is not None
+    assert list(fake.build.steps[-1].args) == [
+        "build",
+        "--file",
+        "Dockerfile.serving",
+        "--target",
+        "gpu",
+        "--tag",
+        serving,
+        ".",
+    ]
+    local = steps.check_build_context.python_func(
+        context_dir=str(ROOT), repository="r", serving_image="custom", serving_accelerator="gpu"
+    )
+    assert local.serving_image_uri == f"r/trainer-serving-gpu:{local.tag}"
 
 
 def test_a_missing_serving_image_is_built_even_when_the_trainer_exists(cloud: dict[str, Any]) -> None:

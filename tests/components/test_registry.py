@@ -76,6 +76,7 @@ def test_serving_image_choice_and_labels(
         tf_version=servingimage.DEFAULT_SERVING_TF_VERSION,
         serving_accelerator="gpu",
         custom_image_uri="",
+        model_uri="gs://b/m/1",
         labels={"Team": "ML Ops"},
         source_commit="ABC123",
         pipeline_run="multiworker-cassava-training-20261121",
@@ -97,12 +98,37 @@ def test_serving_image_choice_and_labels(
         tf_version="2.15",
         serving_accelerator="cpu",
         custom_image_uri=built,
+        model_uri="gs://b/m/1",
         labels={},
         source_commit="",
         pipeline_run="r",
     )
     assert custom.serving_image == built and "source_commit" not in custom.labels
     assert "the custom serving image built from Dockerfile.serving" in capsys.readouterr().out
+
+
+def test_each_image_is_given_the_model_where_it_looks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer publishes into `<model>/1`: the custom image (TensorFlow Serving) is given
+    `<model>` and its routes, any other image the SavedModel's folder and its own routes."""
+    monkeypatch.setattr(servingimage, "prebuilt_days_left", lambda v, today="": ("2027-01-14", 200))
+    model = "gs://b/models/cassava/run-9/1"
+    built = "us-central1-docker.pkg.dev/p/r/trainer-serving@sha256:" + "1" * 64
+    common = {"location": "us-central1", "tf_version": "2.15", "serving_accelerator": "cpu", "labels": {}}
+    common |= {"source_commit": "", "pipeline_run": "r", "model_uri": model}
+    for mode, uri, artifact, routes in (
+        ("custom", built, "gs://b/models/cassava/run-9", servingimage.tf_serving_routes()),
+        ("auto", built, "gs://b/models/cassava/run-9", servingimage.tf_serving_routes()),
+        ("auto", "", model, {"predict_route": "", "health_route": ""}),
+        ("prebuilt", "", model, {"predict_route": "", "health_route": ""}),
+        ("eu.gcr.io/p/serving:1", "", model, {"predict_route": "", "health_route": ""}),
+    ):
+        out = registry.upload_settings.python_func(serving_image=mode, custom_image_uri=uri, **common)
+        assert out.artifact_uri == artifact, mode
+        assert {"predict_route": out.predict_route, "health_route": out.health_route} == routes, mode
+        # find-champion reads the version back where the trainer published it.
+        assert servingimage.saved_model_folder(out.artifact_uri, out.predict_route) == model, mode
+    with pytest.raises(ValueError, match="numbered version folder"):
+        servingimage.registered_artifact(True, "gs://b/models/cassava/run-9")
 
 
 @pytest.mark.parametrize(
@@ -140,6 +166,7 @@ def test_labels_vertex_would_refuse_are_refused(labels: dict[str, str], match: s
             tf_version="2.15",
             serving_accelerator="cpu",
             custom_image_uri="us-docker.pkg.dev/p/r/trainer-serving:t",
+            model_uri="gs://b/m/1",
             labels=labels,
             source_commit="abc",
             pipeline_run="r",
@@ -344,6 +371,29 @@ def test_find_champion_returns_the_champions_version_folder_and_class_names(
     # trailing slash) the evaluation job reads the champion's SavedModel from.
     assert (out.champion_version, out.champion_uri) == (f"{PARENT}@3", f"gs://{BUCKET}/runs/7/train/model")
     assert out.resource_uri == f"https://us-central1-aiplatform.googleapis.com/v1/{PARENT}"
+
+
+def test_a_champion_served_by_tensorflow_serving_is_read_in_its_version_folder(
+    model_service: dict[str, Any],
+) -> None:
+    """Registered with the custom image, a version's artifact_uri is the base above `1/`
+    (`servingimage.registered_artifact`); its SavedModel and metrics.json are in `1/`."""
+    model_service["models"]["cassava"] = [aiplatform_v1.Model(name=PARENT)]
+    model_service["aliases"][f"{PARENT}@champion"] = aiplatform_v1.Model(
+        name=PARENT,
+        version_id="4",
+        artifact_uri=f"gs://{BUCKET}/models/cassava/run-8",
+        container_spec=aiplatform_v1.ModelContainerSpec(
+            image_uri="us-docker.pkg.dev/p/r/trainer-serving@sha256:" + "2" * 64,
+            **servingimage.tf_serving_routes(),
+        ),
+    )
+    metrics = {"test_accuracy": 0.93, "class_names": CASSAVA}
+    model_service["bucket"].blob("models/cassava/run-8/1/metrics.json").upload_from_string(
+        json.dumps(metrics)
+    )
+    out = find()
+    assert (out.champion_uri, out.class_names) == (f"gs://{BUCKET}/models/cassava/run-8/1", CASSAVA)
 
 
 def test_a_champion_whose_files_are_gone_is_named_and_counts_as_none(

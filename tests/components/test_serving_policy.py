@@ -99,7 +99,7 @@ def test_auto_follows_the_build_steps_decision() -> None:
     image, why = servingimage.choose_serving_image(
         "auto", "2.15", "gpu", "us-central1", built, today=day(-100)
     )
-    assert image == built and "ends on 2027-01-14" in why and "on GPU when the deployment has one" in why
+    assert image == built and "ends on 2027-01-14" in why and "gpu stage" in why
     image, why = servingimage.choose_serving_image("auto", "2.15", "cpu", "us-central1", "", today=day(-100))
     assert image.endswith("/tf2-cpu.2-15:latest") and "(serving_image=auto)" in why
     # A run whose build decided `prebuilt` before the switch and uploads after it (a schedule near
@@ -120,6 +120,7 @@ def test_upload_settings_registers_what_the_build_decided_across_the_switch(
         tf_version="2.15",
         serving_accelerator="cpu",
         custom_image_uri="",
+        model_uri="gs://b/m/1",
         labels={},
         source_commit="",
         pipeline_run="run-1",

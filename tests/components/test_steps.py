@@ -470,8 +470,9 @@ def test_the_plan_builds_every_job_in_this_runs_folders(tmp_path: Path) -> None:
         **jobs,
     )
     assert out.dataset_uri == "gs://b/root/run/plan-jobs/prepare_job/model"
-    # The model outside the run's folders (which a lifecycle rule may delete): <bucket>/models.
-    assert out.model_uri == "gs://b/models/cassava-classifier/run-20261125"
+    # The model outside the run's folders (which a lifecycle rule may delete): <bucket>/models,
+    # in TensorFlow Serving's version folder.
+    assert out.model_uri == "gs://b/models/cassava-classifier/run-20261125/1"
     prep = out.prepare_pools[0]["container_spec"]
     assert prep["command"] == prepare.PREPARE_COMMAND and '--champion_class_names=["a", "b"]' in prep["args"]
     train = out.training_pools[0]["container_spec"]
@@ -501,13 +502,13 @@ def test_the_plan_builds_every_job_in_this_runs_folders(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("root", "folder", "name", "expected"),
     [
-        ("", "gs://b/root/123/run-1/plan-jobs/training_job", "cassava", "gs://b/models/cassava/run-1"),
-        ("gs://kept/models/", "gs://b/root/x", "a b/c", "gs://kept/models/a%20b%2Fc/run-1"),
+        ("", "gs://b/root/123/run-1/plan-jobs/training_job", "cassava", "gs://b/models/cassava/run-1/1"),
+        ("gs://kept/models/", "gs://b/root/x", "a b/c", "gs://kept/models/a%20b%2Fc/run-1/1"),
         (
             "",
             "/work/local_runs/r/plan-jobs/training_job",
             "cassava",
-            "/work/local_runs/r/plan-jobs/training_job/model",
+            "/work/local_runs/r/plan-jobs/training_job/model/1",
         ),
     ],
 )
@@ -515,7 +516,8 @@ def test_the_model_is_kept_outside_the_runs_folders_on_vertex(
     root: str, folder: str, name: str, expected: str
 ) -> None:
     """A display name cannot leave its folder (`registry_folder`), and the local target, whose
-    registry copies the model, keeps it in the job's folder."""
+    registry copies the model, keeps it in the job's folder; either, in TensorFlow Serving's
+    version folder `1`."""
     from components import plan
 
     assert plan.stable_model_uri(root, folder, name, "run-1") == expected

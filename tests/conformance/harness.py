@@ -44,6 +44,7 @@ IMAGE = "us-central1-docker.pkg.dev/p-proj/training/trainer@sha256:" + "1" * 64
 REDUCTION_IMAGE = "us-central1-docker.pkg.dev/p-proj/training/trainer-reduction-server@sha256:" + "3" * 64
 DATAFLOW_IMAGE = IMAGE.replace("/trainer@", "/trainer-dataflow@")
 CPU_IMAGE = IMAGE.replace("/trainer@", "/trainer-cpu@")
+SERVING_IMAGE = IMAGE.replace("/trainer@", "/trainer-serving@")
 PIPELINE_JOB_NAME = "multiworker-cassava-training-20261201060000"
 PIPELINE_JOB_UUID = "123"  # what render_payload substitutes for {{$.pipeline_job_uuid}}
 RUN_ROOT = f"gs://p-proj-pipelines/root/123456789/{PIPELINE_JOB_NAME}"
@@ -262,7 +263,10 @@ def plan(spec: dict[str, Any], root: dict[str, Any], fuse_root: Path | None = No
     tasks = walk(run.spec)
     run.upstream[("build-trainer-image", "image_uri")] = IMAGE
     run.upstream[("build-trainer-image", "cpu_image_uri")] = CPU_IMAGE
-    run.upstream[("build-trainer-image", "serving_image_uri")] = ""
+    # The build step makes the custom serving image when the run's serving_image asks for it.
+    run.upstream[("build-trainer-image", "serving_image_uri")] = (
+        SERVING_IMAGE if root["serving_image"] == "custom" else ""
+    )
     run.upstream[("build-trainer-image", "dataflow_image_uri")] = DATAFLOW_IMAGE if engine == "beam" else ""
     # What components.image.build_trainer_image outputs: the training job's chief and workers run
     # the reduction-server stage's image when reducers are asked for, else the trainer image.
@@ -286,8 +290,8 @@ def plan(spec: dict[str, Any], root: dict[str, Any], fuse_root: Path | None = No
         run.upstream[("best-trial", "worker_pool_specs")] = go_numbers(pools)
         run.upstream[("best-trial", "hyperparameters")] = values
     settings = call_body(run, "upload-settings", registry.upload_settings.python_func)
-    run.upstream[("upload-settings", "serving_image")] = settings.serving_image
-    run.upstream[("upload-settings", "labels")] = settings.labels
+    for output in ("serving_image", "artifact_uri", "predict_route", "health_route", "labels"):
+        run.upstream[("upload-settings", output)] = getattr(settings, output)
     for importer in ("serving-container", "parent-model"):
         run.artifacts[f"{tasks[importer]['key']}-artifact"] = imported(run, importer)
     return run

@@ -30,6 +30,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform_v1
 
 import pipeline
+from components import servingimage
 from launch import cli, schedules, settings, submit
 from tests.conformance import harness
 from tests.conformance.harness import SYSTEM_LABELS, Run, as_dict, lookup
@@ -261,6 +262,17 @@ ROWS: tuple[Row, ...] = (
         {f"{TRAIN}.scheduling.strategy": "SPOT", f"{TUNE}.trial_job_spec.scheduling": {"timeout": "86400s"}},
     ),
     Row("workers-0", {"worker_count": 0}, {f"{TRAIN}.worker_pool_specs#": 1}),
+    Row(
+        "custom serving image (TensorFlow Serving)",
+        {"serving_image": "custom"},
+        {
+            "upload-model model.container_spec": {
+                "image_uri": harness.SERVING_IMAGE,
+                "predict_route": "/v1/models/model:predict",
+                "health_route": "/v1/models/model",
+            },
+        },
+    ),
     Row(
         "workers-4",
         {"worker_count": 4},
@@ -677,8 +689,21 @@ def check_upload(run: Run, task: str) -> None:
     data = as_dict(request)
     model = data["model"]
     assert model["display_name"] == run.root["model_display_name"]
-    assert model["artifact_uri"] == run.upstream[("plan-jobs", "model_uri")]
-    assert model["container_spec"] == {"image_uri": run.upstream[("upload-settings", "serving_image")]}
+    settings = {
+        name: run.upstream[("upload-settings", name)]
+        for name in ("artifact_uri", "predict_route", "health_route")
+    }
+    assert model["artifact_uri"] == settings["artifact_uri"]
+    # The SavedModel the training job published, where the serving image looks for it.
+    assert (
+        servingimage.saved_model_folder(model["artifact_uri"], settings["predict_route"])
+        == (run.upstream[("plan-jobs", "model_uri")])
+    )
+    routes = {k: v for k, v in settings.items() if k != "artifact_uri" and v}  # "": unset, the image's own
+    assert model["container_spec"] == {
+        "image_uri": run.upstream[("upload-settings", "serving_image")],
+        **routes,
+    }
     assert model.get("encryption_spec", {}).get("kms_key_name", "") == run.root["encryption_spec_key_name"]
     assert model["labels"] == {**SYSTEM_LABELS, **run.upstream[("upload-settings", "labels")]}
     assert "description" not in model  # the gate writes the version's own description afterwards

@@ -446,6 +446,8 @@ def test_a_killed_serving_check_is_reported_as_killed_not_as_a_model_that_does_n
             registry_dir=str(tmp_path / "registry"),
             model_display_name="m",
             serving_image="us-docker.pkg.dev/p/r/trainer-serving@sha256:" + "0" * 64,  # this interpreter
+            artifact_uri=str(tmp_path / "model"),
+            predict_route="",
             labels={},
             promote=True,
             gate_reason="",

@@ -190,13 +190,18 @@ def serving_check_passes(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return calls
 
 
-def upload(registry: Path, model: Path, promote: bool) -> Any:
+def upload(registry: Path, model: Path, promote: bool, **serving: str) -> Any:
     return steps.local_upload_model.python_func(
         model=dsl.Model(uri=str(model)),
         registry_dir=str(registry),
         model_display_name=NAME,
-        # Not a prebuilt image: checked under this interpreter (stubbed here), no serving env.
-        serving_image="us-docker.pkg.dev/p/r/trainer-serving@sha256:" + "0" * 64,
+        **{
+            # A user's image: checked under this interpreter (stubbed here), no serving env.
+            "serving_image": "us-docker.pkg.dev/p/r/my-server@sha256:" + "0" * 64,
+            "artifact_uri": str(model),
+            "predict_route": "",
+            **serving,
+        },
         labels={"team": "ml"},
         promote=promote,
         gate_reason="passed against the champion read at the start of the run",
@@ -232,6 +237,32 @@ def test_the_upload_step_does_not_take_the_alias_on_a_stale_gate(
     assert record["evaluation"]["models"]["challenger"]["macro_f1"] == 0.88
     assert record["description"].startswith("Promoted on accuracy")
     assert [c[0] for c in serving_check_passes] == [sys.executable, sys.executable]
+
+
+def test_tensorflow_serving_must_be_given_the_folder_whose_newest_version_is_the_model(
+    tmp_path: Path, serving_check_passes: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The custom image serves the highest numbered folder of its artifact (`registered_artifact`):
+    the model is checked under TensorFlow Serving's TensorFlow, and registered only when that
+    folder is the model."""
+    from components import servingimage
+    from local import servingenv
+
+    asked: list[str] = []
+    monkeypatch.setattr(servingenv, "python_for", lambda v: asked.append(v) or sys.executable)
+    custom = {"serving_image": "r/trainer-serving:t", **servingimage.tf_serving_routes()}
+    del custom["health_route"]
+    registry = tmp_path / "registry"
+    model = fake_model(tmp_path / "run" / "1", 0.9)
+    (tmp_path / "run" / "0").mkdir()  # an older version below it is not served
+    assert upload(registry, model, promote=True, artifact_uri=str(tmp_path / "run"), **custom).version == "1"
+    assert asked == [servingimage.CUSTOM_SERVING_TF_VERSION]
+    assert version_record(registry, "1")["artifact_uri"] == str(tmp_path / "run")
+    (tmp_path / "run" / "2").mkdir()  # TensorFlow Serving would serve this one instead
+    for artifact in (tmp_path / "run", model, tmp_path / "elsewhere"):
+        with pytest.raises(RuntimeError, match="TensorFlow Serving"):
+            upload(registry, model, promote=True, artifact_uri=str(artifact), **custom)
+    assert aliases(registry) == {"default": "1", "champion": "1"}  # nothing more was registered
 
 
 def test_a_champion_nobody_can_deploy_counts_as_none_and_loses_the_alias(tmp_path: Path) -> None:
