@@ -81,7 +81,7 @@ def _base_python() -> str:
 
 
 def _stamp_text(pins: tuple[str, ...]) -> str:
-    return json.dumps({"python": PYTHON, "requirements": list(pins)}, indent=1) + "\n"
+    return json.dumps({"python": PYTHON, "requirements": list(pins), "bytecode": True}, indent=1) + "\n"
 
 
 def _ready(folder: Path, stamp: str) -> bool:
@@ -146,7 +146,17 @@ def python_for(tf_version: str, out: TextIO = sys.stdout, *, cache_dir: Path | N
             if pins:
                 _run(
                     uv,
-                    ["pip", "install", "--quiet", "--python", str(staging / "bin" / "python"), *pins],
+                    # Compiled once here: where PYTHONDONTWRITEBYTECODE=1 each check would
+                    # compile TensorFlow again (the Makefile says what that costs).
+                    [
+                        "pip",
+                        "install",
+                        "--quiet",
+                        "--compile-bytecode",
+                        "--python",
+                        str(staging / "bin" / "python"),
+                        *pins,
+                    ],
                     f"installing {' '.join(pins)} with {uv}",
                 )
             (staging / STAMP).write_text(stamp)

@@ -100,7 +100,7 @@ def test_changed_pins_rebuild_the_environment(
     python = servingenv.python_for("0.0", out=sys.stdout, cache_dir=tmp_path)
     (python.parent.parent / "marker").write_text("old")
     stamp = json.loads((python.parent.parent / servingenv.STAMP).read_text())
-    assert stamp == {"python": servingenv.PYTHON, "requirements": []}
+    assert stamp == {"python": servingenv.PYTHON, "requirements": [], "bytecode": True}
     # Same pins, another stamp (as after a change of PINS): the folder is made anew.
     (python.parent.parent / servingenv.STAMP).write_text("{}")
     capsys.readouterr()
