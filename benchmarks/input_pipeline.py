@@ -133,10 +133,10 @@ def measure_codelab(data_dir: str, image_size: int, batch_size: int, epochs: int
 
 
 def measure_ours(data_dir: str, batch_size: int, epochs: int) -> dict[str, Any]:
-    from trainer import data
+    from trainer import data, datasetinfo
 
     rss_before = rss_self_mib()
-    meta = data.load_metadata(data_dir)
+    meta = datasetinfo.load_metadata(data_dir)
     ds = data.make_dataset(data_dir, meta, "train", batch_size=batch_size, training=True)
     figures = _consume(ds, epochs, steps=data.steps_per_epoch(meta, batch_size))
     return {**figures, "rss_after_import_mib": rss_before}

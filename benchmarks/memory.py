@@ -178,7 +178,7 @@ def synthesize(output_dir: str, train_images: int, image_size: int) -> dict[str,
 
     import numpy as np
 
-    from trainer import contract, data, images, storage
+    from trainer import contract, datasetinfo, images, storage
     from trainer._tf import tf
     from trainer.shards import ShardWriter, example_record
 
@@ -213,17 +213,17 @@ def synthesize(output_dir: str, train_images: int, image_size: int) -> dict[str,
         "seed": 2024,
         "splits": splits,
     }
-    metadata["fingerprint"] = data.manifest_fingerprint(metadata)
+    metadata["fingerprint"] = datasetinfo.manifest_fingerprint(metadata)
     storage.write_json(os.path.join(output_dir, contract.METADATA_FILE), metadata)
     return {"train_images": train_images, "seconds": round(time.perf_counter() - started, 3)}
 
 
 def measure(data_dir: str, budget_bytes: int, batch_size: int, batches: int) -> dict[str, Any]:
-    from trainer import data
+    from trainer import data, datasetinfo
     from trainer._tf import tf
 
     rss_after_import = rss_self_mib()
-    meta = data.load_metadata(data_dir)
+    meta = datasetinfo.load_metadata(data_dir)
     lines: list[str] = []
     budget = data.CacheBudget(budget_bytes, "benchmark")
     ds = data.make_dataset(

@@ -61,7 +61,7 @@ def op_breakdown(logdir: str, top: int = 25) -> list[tuple[str, float, int]]:
 def profile_train(side: str, image_size: int, batch_size: int, mixed_precision: bool, steps: int) -> None:
     from benchmarks import codelab
     from benchmarks.common import resnet50_config
-    from trainer import data, distribute
+    from trainer import data, datasetinfo, distribute
     from trainer import model as model_lib
     from trainer._tf import keras, tf
 
@@ -74,7 +74,7 @@ def profile_train(side: str, image_size: int, batch_size: int, mixed_precision: 
             model = codelab.create_model(classes)
     else:
         data_dir = str(fixtures.prepared(source, image_size, WORK_DIR))
-        meta = data.load_metadata(data_dir)
+        meta = datasetinfo.load_metadata(data_dir)
         strategy = distribute.create_strategy(distribute.ClusterInfo())
         keras.mixed_precision.set_global_policy("mixed_bfloat16" if mixed_precision else "float32")
         config = resnet50_config(data_dir, image_size, batch_size, mixed_precision, xla=False)

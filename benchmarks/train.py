@@ -160,14 +160,14 @@ def measure_ours(
     data_dir: str, image_size: int, batch_size: int, warmup_steps: int, mixed_precision: bool, xla: bool
 ) -> dict[str, Any]:
     from benchmarks.common import resnet50_config, rss_self_mib
-    from trainer import data, distribute, task
+    from trainer import data, datasetinfo, distribute, task
     from trainer import model as model_lib
     from trainer._tf import keras, tf
 
     rss_before = rss_self_mib()
     strategy = distribute.create_strategy(distribute.ClusterInfo())
     config = resnet50_config(data_dir, image_size, batch_size, mixed_precision, xla)
-    meta = data.load_metadata(data_dir)
+    meta = datasetinfo.load_metadata(data_dir)
     precision = task._precision_policy(mixed_precision, bool(tf.config.list_physical_devices("GPU")))
     keras.mixed_precision.set_global_policy(precision)
     global_batch = batch_size * strategy.num_replicas_in_sync

@@ -373,10 +373,10 @@ def write_run_report(job: Any, settings: Settings, runs_dir: Path, credentials: 
     """`make run WAIT=1` at the run's end: its summary.json and report.html, as `make report`
     writes them (launch.vertexrun), from the PipelineJob the wait last read. A report that cannot
     be written is a warning: it never changes how the run ended, and `make report` writes it later."""
-    from launch import vertexrun
+    from launch import vertexreader, vertexrun
 
-    reader = vertexrun.Reader(
-        settings.project, vertexrun.Cloud(vertex_service(settings), reach, reaching), credentials
+    reader = vertexreader.Reader(
+        settings.project, vertexreader.Cloud(vertex_service(settings), reach, reaching), credentials
     )
     try:
         run_dir, summary = vertexrun.write(

@@ -15,20 +15,8 @@ servers and evaluators (no role under the trainer's MultiWorkerMirroredStrategy)
 STANDARD_1 / PREMIUM_1 tiers (fixed clusters with parameter servers), unknown fields. TrainingInput
 fields that are not hardware (region, args, ...) are ignored, each with a note naming the flag.
 
-Sources (AI Platform Training is shut down; its pages are archived):
-- TrainingInput and ReplicaConfig, the fields and the legacy machine types with the GPUs each
-  includes ("A machine equivalent to standard that also includes a single NVIDIA Tesla K80 GPU",
-  ...): https://cloud.google.com/ai-platform/training/docs/reference/rest/v1/projects.jobs#TrainingInput
-- The scale tiers (ScaleTier: BASIC "a single worker instance", STANDARD_1 "many workers and a few
-  parameter servers", PREMIUM_1 "a large number of workers with many parameter servers", BASIC_GPU
-  "a single worker instance with a K80 GPU", BASIC_TPU, CUSTOM), same page; and "Specifying
-  machine types or scale tiers": https://cloud.google.com/ai-platform/training/docs/machine-types
-- The GPU-enabled legacy machine types: https://cloud.google.com/ai-platform/training/docs/using-gpus
-- The Compute Engine machine of each legacy type (`LEGACY_MACHINE_TYPES`), as AI Platform priced
-  them: the pricing page lists every legacy type at the price of its Compute Engine equivalent
-  (BASIC = standard = n1-standard-4 = $0.19/h; large_model = n1-highmem-8; standard_gpu = $0.83 =
-  n1-standard-8 + one K80; complex_model_m_gpu = $2.56 = n1-standard-16 + four K80s ...):
-  https://cloud.google.com/ml-engine/docs/pricing (the 2019 version, archived).
+AI Platform's fields and legacy machine types, and the nearest choice that works for what has
+no Vertex equivalent: `launch.aiplatformjob`.
 """
 
 from __future__ import annotations
@@ -36,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,89 +32,27 @@ from typing import Any, TextIO
 import yaml
 
 from components import hardware
-from launch import settings
+from launch import aiplatformjob, settings
+from launch.aiplatformjob import (
+    ACCELERATOR_FIELDS,
+    BASIC_MACHINE,
+    DISK_FIELDS,
+    EVALUATORS_WHY,
+    IGNORED_FIELDS,
+    JOB_FIELDS,
+    K80,
+    K80_WHY,
+    LEGACY_MACHINE_TYPES,
+    MAPPED_FIELDS,
+    OWN_IMAGE,
+    PARAMETER_SERVERS_WHY,
+    SCALE_TIERS,
+    T4,
+    TPU_WHY,
+    V100,
+)
 
-K80, P100, T4, V100 = hardware.K80, hardware.P100, hardware.T4, hardware.V100
-
-# AI Platform's legacy machine type -> (Compute Engine machine type, GPU type, GPUs per machine).
-# AI Platform's table, whole: the K80 rows and complex_model_s are refused when read (see above).
-LEGACY_MACHINE_TYPES: dict[str, tuple[str, str, int]] = {
-    "standard": ("n1-standard-4", "", 0),
-    "large_model": ("n1-highmem-8", "", 0),
-    "complex_model_s": ("n1-highcpu-8", "", 0),
-    "complex_model_m": ("n1-highcpu-16", "", 0),
-    "complex_model_l": ("n1-highcpu-32", "", 0),
-    "standard_gpu": ("n1-standard-8", K80, 1),
-    "complex_model_m_gpu": ("n1-standard-16", K80, 4),
-    "complex_model_l_gpu": ("n1-standard-32", K80, 8),
-    "standard_p100": ("n1-standard-8", P100, 1),
-    "complex_model_m_p100": ("n1-standard-16", P100, 4),
-    "standard_v100": ("n1-standard-8", V100, 1),
-    "large_model_v100": ("n1-highmem-8", V100, 1),
-    "complex_model_m_v100": ("n1-standard-16", V100, 4),
-    "complex_model_l_v100": ("n1-standard-32", V100, 8),
-}
 TRAINING_CONFIG_MAX_BYTES = 1 << 20  # a config of a few dozen lines; anything larger is not one
-SCALE_TIERS = ("BASIC", "STANDARD_1", "PREMIUM_1", "BASIC_GPU", "BASIC_TPU", "CUSTOM")
-BASIC_MACHINE = "n1-standard-4"  # BASIC: one machine, priced as `standard`
-
-# The fields this module reads: the mapped ones, and those ignored with a note (not hardware: the
-# pipeline has its own flag, or builds its own trainer image).
-MAPPED_FIELDS = (
-    "scaleTier",
-    "masterType",
-    "masterConfig",
-    "workerType",
-    "workerConfig",
-    "workerCount",
-    "parameterServerType",
-    "parameterServerConfig",
-    "parameterServerCount",
-    "evaluatorType",
-    "evaluatorConfig",
-    "evaluatorCount",
-)
-_OWN_IMAGE = "the pipeline builds and runs its own trainer image"
-IGNORED_FIELDS = {
-    "region": "give --location",
-    "serviceAccount": "give --service_account",
-    "network": "give --network",
-    "encryptionConfig": "give --encryption_spec_key_name",
-    "scheduling": "give --timeout (maxRunningTime) and --scheduling_strategy",
-    "hyperparameters": "give --tune true (the pipeline's own study)",
-    "args": _OWN_IMAGE,
-    "packageUris": _OWN_IMAGE,
-    "pythonModule": _OWN_IMAGE,
-    "runtimeVersion": _OWN_IMAGE,
-    "pythonVersion": _OWN_IMAGE,
-    "jobDir": "the pipeline gives every job its own base output directory",
-    "useChiefInTfConfig": "Vertex AI's TF_CONFIG names pool 0 chief",
-    "enableWebAccess": "the pipeline does not open interactive shells",
-}
-JOB_FIELDS = {"jobId": "the pipeline names its jobs", "labels": "give --labels"}
-ACCELERATOR_FIELDS = ("count", "type")
-DISK_FIELDS = ("bootDiskType", "bootDiskSizeGb")
-
-K80_WHY = (
-    f"{K80} is end of support on Vertex AI (aiplatform_v1 AcceleratorType marks it deprecated) and "
-    "TensorFlow 2.21 ships CUDA kernels for compute capability 6.0 and newer only (the K80 is 3.7)"
-)
-TPU_WHY = "the trainer runs MultiWorkerMirroredStrategy on CPUs and NVIDIA GPUs and the pipeline takes no TPU"
-
-PARAMETER_SERVERS_WHY = (
-    "parameter servers have no role under MultiWorkerMirroredStrategy, which this trainer uses (the "
-    "workers all-reduce the gradients among themselves); nearest: drop parameterServerCount and "
-    "parameterServerType (all-reduce needs none), or offload the all-reduce with "
-    "--reduction_server_count N (Reduction Server; needs GPU workers)"
-)
-EVALUATORS_WHY = (
-    "this trainer has no evaluator task (the chief evaluates on the test split after training); "
-    "nearest: drop evaluatorCount and evaluatorType"
-)
-
-
-def _v100_nearest(type_key: str = "masterType") -> str:
-    return f"{type_key}: standard_v100 (n1-standard-8 + 1 x {V100})"
 
 
 class TrainingConfigError(ValueError):
@@ -169,48 +94,10 @@ def _mapping(loader: _Loader, node: Any, deep: bool = False) -> Any:
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
-def _shape(machine: str, gpu: str, count: int) -> str:
-    return f"{machine} + {count} x {gpu}" if gpu and count else f"{machine}, no GPU"
-
-
 def _close(key: str, known: list[str]) -> str:
     by_lower = {k.lower(): k for k in known}
     match = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.6)
     return f"did you mean {by_lower[match[0]]}? " if match else ""
-
-
-def _n1_nearest(machine: str) -> str | None:
-    """For an N1 name outside the N1 table, the nearest N1 machines of the table; None when the
-    name is not an N1 one."""
-    found = re.fullmatch(r"n1-(standard|highmem|highcpu)-(\d+)", machine)
-    if not found or machine in hardware.N1_GPU_COUNTS:
-        return None
-    family, vcpus = found.group(1), int(found.group(2))
-    sizes = sorted(int(m.rsplit("-", 1)[1]) for m in hardware.N1_GPU_COUNTS if m.startswith(f"n1-{family}-"))
-    bigger = [s for s in sizes if s >= vcpus]
-    options = [f"n1-{family}-{bigger[0] if bigger else sizes[-1]}"]
-    if f"n1-standard-{vcpus}" in hardware.N1_GPU_COUNTS and family != "standard":
-        options.append(f"n1-standard-{vcpus} ({vcpus} vCPUs, more memory)")
-    return " or ".join(options)
-
-
-def _k80_nearest(machine: str, count: int, type_key: str, config_key: str, legacy: bool) -> str:
-    """The V100 / T4 choices on the same machine that the N1 table allows (K80's count, or the
-    closest allowed); `legacy`: the K80 came from a legacy machine type, so name the machine too."""
-    options = [
-        f"{type_key}: {name} ({_shape(m, g, c)})"
-        for name, (m, g, c) in LEGACY_MACHINE_TYPES.items()
-        if legacy and (m, g, c) == (machine, V100, count)
-    ]
-    has_legacy_v100 = bool(options)
-    for gpu in (T4, V100):
-        counts = hardware.allowed_counts(machine, gpu)
-        if not counts or (gpu == V100 and has_legacy_v100):
-            continue
-        n = count if count in counts else max((c for c in counts if c <= count), default=min(counts))
-        accelerator = f"{config_key}.acceleratorConfig {{count: {n}, type: {gpu}}}"
-        options.append(f"{type_key}: {machine} with {accelerator}" if legacy else accelerator)
-    return " or ".join(options) or _v100_nearest(type_key)
 
 
 class _Reader:
@@ -363,31 +250,31 @@ class _Reader:
         accelerator_field = self.field(config_key, "acceleratorConfig")
         if raw == "cloud_tpu":
             self.problems.append(
-                f"{field}: cloud_tpu is a Cloud TPU; {TPU_WHY}; nearest: {_v100_nearest(type_key)}"
+                f"{field}: cloud_tpu is a Cloud TPU; {TPU_WHY}; nearest: {aiplatformjob.v100_nearest(type_key)}"
             )
             return
         if raw in LEGACY_MACHINE_TYPES:
             machine, gpu, count = LEGACY_MACHINE_TYPES[raw]
             if accelerator is not None:
                 self.problems.append(
-                    f"{accelerator_field}: given with the legacy machine type {raw} ({_shape(machine, gpu, count)}), "
+                    f"{accelerator_field}: given with the legacy machine type {raw} ({aiplatformjob.shape(machine, gpu, count)}), "
                     f"whose GPUs are fixed; drop it, or set {field} to a Compute Engine machine type"
                 )
                 return
             if gpu == K80:
                 self.problems.append(
-                    f"{field}: {raw} is {_shape(machine, gpu, count)} (AI Platform's legacy machine type); "
-                    f"{K80_WHY}; nearest: {_k80_nearest(machine, count, type_key, config_key, legacy=True)}"
+                    f"{field}: {raw} is {aiplatformjob.shape(machine, gpu, count)} (AI Platform's legacy machine type); "
+                    f"{K80_WHY}; nearest: {aiplatformjob.k80_nearest(machine, count, type_key, config_key, legacy=True)}"
                 )
                 return
-            nearest = _n1_nearest(machine)
+            nearest = aiplatformjob.n1_nearest(machine)
             if nearest:
                 self.problems.append(
                     f"{field}: {raw} is {machine}, which is not one of the N1 machine types AI Platform "
                     f"and Vertex AI list for training; nearest: {nearest}"
                 )
                 return
-            self.notes.append(f"{field} {raw} -> {_shape(machine, gpu, count)}")
+            self.notes.append(f"{field} {raw} -> {aiplatformjob.shape(machine, gpu, count)}")
             shown = (f"{raw} -> {machine}", f"{raw} -> {gpu or 'no GPU'}", f"{raw} -> {count}")
             fields = (field, field, field)
         else:
@@ -396,10 +283,10 @@ class _Reader:
             if gpu == K80:
                 self.problems.append(
                     f"{accelerator_field}.type: {K80} ({count} on {machine}); {K80_WHY}; nearest: "
-                    f"{_k80_nearest(machine, count, type_key, config_key, legacy=False)}"
+                    f"{aiplatformjob.k80_nearest(machine, count, type_key, config_key, legacy=False)}"
                 )
                 return
-            nearest = _n1_nearest(machine)
+            nearest = aiplatformjob.n1_nearest(machine)
             if nearest:
                 self.problems.append(
                     f"{field}: {machine} is not one of the N1 machine types AI Platform and Vertex AI "
@@ -453,15 +340,15 @@ class _Reader:
             self.problems.append(f"{where}: expected a mapping, got {config!r}")
             return None
         ignored = {
-            "imageUri": _OWN_IMAGE,
-            "containerCommand": _OWN_IMAGE,
-            "containerArgs": _OWN_IMAGE,
+            "imageUri": OWN_IMAGE,
+            "containerCommand": OWN_IMAGE,
+            "containerArgs": OWN_IMAGE,
         }
         self.keys(config, where + ".", ("acceleratorConfig", "diskConfig", "tpuTfVersion"), ignored)
         if "tpuTfVersion" in config:
             self.problems.append(
                 f"{where}.tpuTfVersion: set for a Cloud TPU; {TPU_WHY}; nearest: drop it, and "
-                f"{_v100_nearest(key.replace('Config', 'Type'))}"
+                f"{aiplatformjob.v100_nearest(key.replace('Config', 'Type'))}"
             )
         if "diskConfig" in config:
             self.disk(config["diskConfig"], where + ".diskConfig")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from launch import settings as settings_mod
-from launch import submit, vertexrun
+from launch import submit, vertexreader, vertexrun
 from launch.cloud import GoogleUnreachable, reach, reaching, refused_as, vertex_service
 from launch.flags import RUNS_DIR
 from launch.settings import Settings, SettingsError
@@ -87,9 +87,9 @@ def resource_name(run: Run, settings: Settings) -> str:
     return f"projects/{settings.project}/locations/{settings.region}/pipelineJobs/{run.job_id}"
 
 
-def cloud(settings: Settings) -> vertexrun.Cloud:
+def cloud(settings: Settings) -> vertexreader.Cloud:
     """launch.cloud's way of reaching Google Cloud, for launch.vertexrun's reads."""
-    return vertexrun.Cloud(vertex_service(settings), reach, reaching)
+    return vertexreader.Cloud(vertex_service(settings), reach, reaching)
 
 
 def write_for_run(
@@ -101,7 +101,7 @@ def write_for_run(
     transport: str | None = None,
     now: datetime.datetime | None = None,
     out: Any = None,
-    dataflow_endpoint: str = vertexrun.DATAFLOW_ENDPOINT,
+    dataflow_endpoint: str = vertexreader.DATAFLOW_ENDPOINT,
 ) -> dict[str, Any]:
     """Reads the run `name` and writes its folder; returns the summary."""
     from google.cloud import aiplatform
@@ -109,7 +109,7 @@ def write_for_run(
 
     submit.init_aiplatform(settings, credentials, transport)
     initializer.global_config.credentials  # noqa: B018 (found now: none is exit 2, before any contact)
-    reader = vertexrun.Reader(settings.project, cloud(settings), credentials, dataflow_endpoint)
+    reader = vertexreader.Reader(settings.project, cloud(settings), credentials, dataflow_endpoint)
     vertex = reader.cloud.vertex
     reader.ensure(vertex)
     with (
@@ -137,7 +137,7 @@ def main(
     credentials: Any = None,
     transport: str | None = None,
     now: datetime.datetime | None = None,
-    dataflow_endpoint: str = vertexrun.DATAFLOW_ENDPOINT,
+    dataflow_endpoint: str = vertexreader.DATAFLOW_ENDPOINT,
 ) -> int:
     env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog=f"{PROG} RUN=...", description=__doc__.split("\n\n")[0])
@@ -183,7 +183,9 @@ def main(
         print(submit.no_credentials(PROG, err), file=sys.stderr)
         return 2
     except exceptions.NotFound as err:
-        print(f"{PROG}: Vertex AI has no pipeline run {name} (404: {vertexrun.said(err)})", file=sys.stderr)
+        print(
+            f"{PROG}: Vertex AI has no pipeline run {name} (404: {vertexreader.said(err)})", file=sys.stderr
+        )
         return 1
     return 0
 

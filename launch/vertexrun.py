@@ -34,23 +34,22 @@ Everything comes from the run's records, read through the real client libraries:
 Tasks are read generically, by their state, times, outputs and `gcp_resources`, never by their
 names: the DAG's task names are free to change.
 
-The reads reach Google Cloud through `launch.submit`'s `reach` and `reaching` (one line when it
-is out of reach), which the callers hand over (`Cloud`): launch.submit imports this module.
+The reads go through `launch.vertexreader.Reader` (one line when Google Cloud is out of reach;
+what is missing or refused recorded, not raised).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import datetime
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from launch import report
+from launch.vertexreader import Reader
 
 # The keys of the trainer's metrics.json the summary shows: the local run's (launch.cli), so both
 # targets' summaries carry the same `metrics` (tests/launch/test_vertexreport.py checks them
@@ -69,8 +68,6 @@ _DATAFLOW_URI = re.compile(
     r"^https://dataflow\.googleapis\.com/v1b3/(projects/[^/]+/locations/[^/]+/jobs/[^/?#]+)$"
 )
 DATAFLOW_JOB = "DataflowJob"
-DATAFLOW_ENDPOINT = "dataflow.googleapis.com"
-DATAFLOW_MESSAGES = 50  # the first messages a summary keeps of a Dataflow job
 # Dataflow's terminal job states (dataflow_v1beta3 JobState: "a terminal job state").
 DATAFLOW_TERMINAL = (
     "JOB_STATE_DONE",
@@ -79,146 +76,6 @@ DATAFLOW_TERMINAL = (
     "JOB_STATE_UPDATED",
     "JOB_STATE_DRAINED",
 )
-
-# (name, URL, hint) of a Google service, as launch.submit names them.
-Service = tuple[str, str, str]
-
-
-@dataclasses.dataclass(frozen=True)
-class Cloud:
-    """How the reads reach Google Cloud: `launch.cloud.reach` (one probe of a service before its
-    first use) and `launch.cloud.reaching` (a network failure as GoogleUnreachable: one line),
-    and the Vertex service they name (`launch.cloud.vertex_service`)."""
-
-    vertex: Service
-    reach: Callable[[Sequence[Service]], None]
-    reaching: Callable[[str, Service], contextlib.AbstractContextManager[None]]
-
-
-# --- reading the run ----------------------------------------------------------------------------
-
-
-class Reader:
-    """The jobs and files a report reads, through aiplatform (initialized by the caller:
-    `launch.submit.init_aiplatform`) and google-cloud-storage. A network failure is the caller's
-    one line (`Cloud.reaching`); a job or file that is missing or refused is recorded in
-    `unreadable` and the report goes on without it."""
-
-    def __init__(
-        self, project: str, cloud: Cloud, credentials: Any = None, dataflow_endpoint: str = DATAFLOW_ENDPOINT
-    ) -> None:
-        self.project = project
-        self.cloud = cloud
-        self.credentials = credentials
-        # Where Dataflow's API is (a test's fake: http://host:port, spoken over REST).
-        self.dataflow_endpoint = dataflow_endpoint
-        self.unreadable: list[str] = []
-        self._storage: Any = None
-        self._reached: set[str] = set()
-
-    def ensure(self, service: Service) -> None:
-        """Tries `service` once (`Cloud.reach`) before its first use by this reader: out of reach is
-        one line within seconds, not a request retried for minutes."""
-        if service[1] not in self._reached:
-            self.cloud.reach([service])
-            self._reached.add(service[1])
-
-    def job(self, name: str) -> Any:
-        """The CustomJob or HyperparameterTuningJob `name` (aiplatform_v1 types), or None."""
-        from google.api_core import exceptions
-        from google.cloud import aiplatform
-
-        kind = aiplatform.CustomJob if "/customJobs/" in name else aiplatform.HyperparameterTuningJob
-        self.ensure(self.cloud.vertex)
-        try:
-            with self.cloud.reaching(f"reading the job {name}", self.cloud.vertex):
-                return kind.get(resource_name=name).gca_resource
-        except exceptions.GoogleAPICallError as err:
-            self.unreadable.append(f"{name}: {said(err)}")
-            return None
-
-    def model_version(self, name: str) -> Any:
-        """The model version `name` (`projects/.../models/<id>@<version>`, aiplatform_v1 Model:
-        its `version_aliases` and `container_spec`), or None (recorded)."""
-        from google.api_core import exceptions
-        from google.cloud import aiplatform
-
-        self.ensure(self.cloud.vertex)
-        try:
-            with self.cloud.reaching(f"reading the model version {name}", self.cloud.vertex):
-                return aiplatform.Model(model_name=name).gca_resource
-        except exceptions.GoogleAPICallError as err:
-            self.unreadable.append(f"{name}: {said(err)}")
-            return None
-
-    def dataflow_job(self, name: str) -> tuple[Any, list[Any]] | None:
-        """The Dataflow job `name` (projects/<p>/locations/<l>/jobs/<id>) and its first messages
-        of importance JOB_MESSAGE_BASIC and above (dataflow_v1beta3 types), or None (recorded)."""
-        from google.api_core import exceptions
-        from google.cloud import dataflow_v1beta3 as dataflow
-
-        _, project, _, location, _, job_id = name.split("/")
-        where = {"project_id": project, "location": location, "job_id": job_id}
-        endpoint = self.dataflow_endpoint
-        options = {
-            "credentials": self.credentials,
-            "client_options": {"api_endpoint": endpoint},
-            # Only the REST transport speaks to a URL (a test's fake).
-            **({"transport": "rest"} if endpoint.startswith("http://") else {}),
-        }
-        service: Service = (
-            "Dataflow",
-            endpoint if endpoint.startswith("http") else f"https://{endpoint}",
-            "",
-        )
-        self.ensure(service)
-        try:
-            with self.cloud.reaching(f"reading the Dataflow job {name}", service):
-                job = dataflow.JobsV1Beta3Client(**options).get_job(
-                    request={**where, "view": dataflow.JobView.JOB_VIEW_SUMMARY}
-                )
-                pages = dataflow.MessagesV1Beta3Client(**options).list_job_messages(
-                    request={
-                        **where,
-                        "minimum_importance": dataflow.JobMessageImportance.JOB_MESSAGE_BASIC,
-                        "page_size": DATAFLOW_MESSAGES,
-                    }
-                )
-                messages = list(next(iter(pages.pages)).job_messages)[:DATAFLOW_MESSAGES]
-        except exceptions.GoogleAPICallError as err:
-            self.unreadable.append(f"{name}: {said(err)}")
-            return None
-        return job, messages
-
-    def text(self, uri: str) -> str | None:
-        """The text of the gs:// object `uri`, or None (recorded) when it cannot be read."""
-        from google.api_core import exceptions
-
-        match = re.fullmatch(r"gs://([^/]+)/(.+)", uri)
-        if not match:
-            self.unreadable.append(f"{uri}: not a gs:// object")
-            return None
-        bucket, name = match.groups()
-        if self._storage is None:
-            import google.cloud.storage as storage
-
-            self._storage = storage.Client(project=self.project, credentials=self.credentials)
-        self.ensure(self._service(bucket))
-        try:
-            with self.cloud.reaching(f"reading {uri}", self._service(bucket)):
-                return str(self._storage.bucket(bucket).blob(name).download_as_text())
-        except exceptions.GoogleAPICallError as err:
-            self.unreadable.append(f"{uri}: {said(err)}")
-            return None
-
-    def _service(self, bucket: str) -> tuple[str, str, str]:
-        return f"Cloud Storage for gs://{bucket}", str(self._storage.api_endpoint), ""
-
-
-def said(err: Exception) -> str:
-    """Google's words, on one line, at most 300 characters."""
-    text = " ".join(str(err).split())
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _plain(message: Any, field: str) -> Any:

@@ -42,8 +42,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
-import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -51,7 +49,6 @@ from typing import Any
 from trainer.carving import carve_plan
 from trainer.config import SPLITS
 from trainer.prepareconfig import PrepareConfig
-from trainer.progress import Progress
 from trainer.shards import placement, shard_items, shard_names
 from trainer.source import PrepareError, Source, check_classes
 
@@ -86,9 +83,9 @@ def check_work_dir(work: str) -> None:
 
     what = ""
     if storage.is_remote(work):
-        if _exists(work.rstrip("/")) and not tf.io.gfile.isdir(work):
+        if exists(work.rstrip("/")) and not tf.io.gfile.isdir(work):
             what = "an object, not a folder"
-        elif tf.io.gfile.isdir(work) and not _exists(storage.join(work, OWNER_FILE)):
+        elif tf.io.gfile.isdir(work) and not exists(storage.join(work, OWNER_FILE)):
             what = f"a folder this engine did not make (no {OWNER_FILE} in it)"
     elif os.path.islink(work):
         what = f"a symbolic link (to {os.readlink(work)})"
@@ -168,13 +165,13 @@ def plan_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
-def _read_json(path: str) -> Any:
+def read_json(path: str) -> Any:
     from trainer import storage
 
     return storage.read_json(path)
 
 
-def _write_json(path: str, data: Any) -> None:
+def write_json(path: str, data: Any) -> None:
     """storage.write_json, its folder made first."""
     from trainer import storage
     from trainer._tf import tf
@@ -183,7 +180,7 @@ def _write_json(path: str, data: Any) -> None:
     storage.write_json(path, data)
 
 
-def _exists(path: str) -> bool:
+def exists(path: str) -> bool:
     from trainer._tf import tf
 
     return bool(tf.io.gfile.exists(path))
@@ -198,16 +195,16 @@ DISK_FULL = "no space left on the disk of"
 
 def shard_done(work: str, name: str) -> dict[str, Any] | None:
     """The done record of shard `name`, if it is there and its file matches it (size, SHA-256)."""
-    from trainer import data, storage
+    from trainer import datasetinfo, storage
 
     record_path = storage.join(work, DONE, f"{name}.json")
-    if not _exists(record_path):
+    if not exists(record_path):
         return None
-    record = _read_json(record_path)
+    record = read_json(record_path)
     path = storage.join(work, name)
-    if not _exists(path):
+    if not exists(path):
         return None
-    sha, size = data.shard_digest(path)
+    sha, size = datasetinfo.shard_digest(path)
     if size != record.get("bytes") or sha != record.get("sha256"):
         return None
     return dict(record)
@@ -216,14 +213,14 @@ def shard_done(work: str, name: str) -> dict[str, Any] | None:
 def write_shard(work: str, name: str, config: PrepareConfig) -> dict[str, Any] | str:
     """Writes shard `name` of the plan in `work` from its task; returns its done record, or the
     problem (one line naming the image) when an image of it cannot be converted."""
-    from trainer import data, storage
+    from trainer import datasetinfo, storage
     from trainer._tf import tf
     from trainer.folders import find_bad_image
     from trainer.shards import example_record, record_encoder
     from trainer.sources import split_subset
 
-    task = _read_json(storage.join(work, TASKS, f"{name}.json"))
-    class_names = _read_json(storage.join(work, PLAN_FILE))["class_names"]
+    task = read_json(storage.join(work, TASKS, f"{name}.json"))
+    class_names = read_json(storage.join(work, PLAN_FILE))["class_names"]
     per_class = [0] * len(class_names)
     partial = storage.join(work, f"{name}.partial-{uuid.uuid4().hex[:8]}")
     ds = split_subset(task, task["indices"]).map(record_encoder(config), num_parallel_calls=tf.data.AUTOTUNE)
@@ -249,9 +246,9 @@ def write_shard(work: str, name: str, config: PrepareConfig) -> dict[str, Any] |
         raise
     final = storage.join(work, name)
     tf.io.gfile.rename(partial, final, overwrite=True)
-    sha, size = data.shard_digest(final)
+    sha, size = datasetinfo.shard_digest(final)
     record = {"name": name, "bytes": size, "records": records, "sha256": sha, "class_counts": per_class}
-    _write_json(storage.join(work, DONE, f"{name}.json"), record)
+    write_json(storage.join(work, DONE, f"{name}.json"), record)
     return record
 
 
@@ -261,10 +258,10 @@ def published(output_dir: str, records: Sequence[dict[str, Any]]) -> dict[str, A
     from trainer import data, storage
 
     path = storage.join(storage.resolve(output_dir), data.METADATA_FILE)
-    if not _exists(path):
+    if not exists(path):
         return None
     try:
-        meta = _read_json(path)
+        meta = read_json(path)
         listed = {s["name"]: s["sha256"] for split in meta["splits"].values() for s in split["shards"]}
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -287,7 +284,7 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
     problems = read_problems(work)
     if problems:
         raise PrepareError("\n".join(problems))
-    if not _exists(storage.join(work, PLAN_FILE)):
+    if not exists(storage.join(work, PLAN_FILE)):
         done = published(output_dir, records)
         if done is not None:
             return done
@@ -295,7 +292,7 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
             f"the work folder {work} has no {PLAN_FILE} and {output_dir} holds no dataset of these "
             "shards: it was removed while the preparation ran; prepare again"
         )
-    plan = _read_json(storage.join(work, PLAN_FILE))
+    plan = read_json(storage.join(work, PLAN_FILE))
     by_name = {r["name"]: r for r in records}
     missing = [s["name"] for s in plan["shards"] if s["name"] not in by_name]
     if missing:
@@ -350,7 +347,7 @@ def _publish_remote(work: str, final: str, names: list[str], metadata: dict[str,
     from trainer.shards import write_metadata
 
     stale = storage.join(final, data.METADATA_FILE)
-    if _exists(stale):
+    if exists(stale):
         tf.io.gfile.remove(stale)
     tf.io.gfile.makedirs(final)
     for name in names:
@@ -364,10 +361,10 @@ def read_problems(work: str) -> list[str]:
     from trainer._tf import tf
 
     folder = storage.join(work, ERRORS)
-    if not _exists(folder):
+    if not exists(folder):
         return []
     names = sorted(f for f in tf.io.gfile.listdir(folder) if f.endswith(".json"))
-    problems = [_read_json(storage.join(folder, f))["problem"] for f in names]
+    problems = [read_json(storage.join(folder, f))["problem"] for f in names]
     full = [p for p in problems if p.startswith(DISK_FULL)]
     if full:  # one line for a full disk, however many workers met it
         problems = [p for p in problems if not p.startswith(DISK_FULL)] + [disk_full(work)]  # counted now
@@ -380,8 +377,8 @@ def disk_full(work: str) -> str:
     from trainer import storage
     from trainer._tf import tf
 
-    done = [_read_json(p) for p in tf.io.gfile.glob(storage.join(work, DONE, "*.json"))]
-    left = len(_read_json(storage.join(work, PLAN_FILE))["shards"]) - len(done)
+    done = [read_json(p) for p in tf.io.gfile.glob(storage.join(work, DONE, "*.json"))]
+    left = len(read_json(storage.join(work, PLAN_FILE))["shards"]) - len(done)
     need = sum(r["bytes"] for r in done) / len(done) * left / 2**20 if done else None
     about = f"the {left} shards left need about {need:.1f} MiB" if need is not None else f"{left} shards left"
     return (
@@ -402,7 +399,7 @@ def _beam_steps() -> tuple[Any, Any]:
         def setup(self) -> None:
             from trainer import storage
 
-            plan = _read_json(storage.join(self.work, PLAN_FILE))
+            plan = read_json(storage.join(self.work, PLAN_FILE))
             self.config = PrepareConfig(output_dir="", **plan["config"])
 
         def process(self, name: str) -> Iterator[dict[str, Any]]:
@@ -416,7 +413,7 @@ def _beam_steps() -> tuple[Any, Any]:
             assert self.config is not None
             result = write_shard(self.work, name, self.config)
             if isinstance(result, str):
-                _write_json(
+                write_json(
                     storage.join(self.work, ERRORS, f"{name}.json"), {"shard": name, "problem": result}
                 )
                 return
@@ -457,329 +454,3 @@ def build_pipeline(
         | "AllShards" >> beam.combiners.ToList()
         | "Finalize" >> beam.ParDo(Finalize(work, output_dir, fail_on_problems=not local))
     )
-
-
-# --- the driver ------------------------------------------------------------------------------
-
-
-def _runner(args: Sequence[str]) -> str:
-    """The runner `args` name: DataflowRunner when they carry a `--template_location` (a Flex
-    Template's launcher: Beam then writes the job's graph for Dataflow) and name none, else the
-    DirectRunner when they name none."""
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    found = PipelineOptions(list(args)).get_all_options()
-    if found.get("runner"):
-        return str(found["runner"])
-    return "DataflowRunner" if found.get("template_location") else "DirectRunner"
-
-
-# The local runner. Beam's "DirectRunner" (2.77: SwitchingDirectRunner, runners/direct/
-# direct_runner.py) first tries its Prism runner: a Go binary it downloads from GitHub at run time
-# into ~/.apache_beam/cache/prism, which runs every step in one process, ignoring
-# direct_running_mode and direct_num_workers, and only falls back (a log line at INFO) when that
-# fails, as it does offline. The FnApiRunner is what it falls back to for this pipeline: named
-# directly, a run downloads nothing and always has the worker processes it is given.
-LOCAL_RUNNER = "FnApiRunner"
-
-
-# Memory one DirectRunner worker takes: it is two processes, each with TensorFlow loaded (24
-# workers started 49 processes and reached 17 GB on a 2-CPU machine before the kernel killed them).
-WORKER_BYTES = 1400 * 2**20
-
-
-def local_workers(config: PrepareConfig) -> int:
-    """The DirectRunner's worker processes: `--beam_workers` (0: one per CPU this process may use,
-    fewer if memory holds fewer); raises PrepareError, naming both bounds, for more than there are
-    CPUs or than the available memory (/proc/meminfo MemAvailable) holds."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    available = 0
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/meminfo") as f:
-            available = int(next(line for line in f if line.startswith("MemAvailable:")).split()[1]) * 1024
-    by_memory = max(1, available // WORKER_BYTES) if available else cpus
-    if not config.beam_workers:
-        return min(cpus, by_memory)
-    if config.beam_workers > min(cpus, by_memory):
-        raise PrepareError(
-            f"--beam_workers {config.beam_workers}: this machine has {cpus} CPUs and "
-            f"{available / 2**30:.1f} GiB available, room for {min(cpus, by_memory)} workers (each "
-            f"takes about {WORKER_BYTES / 2**30:.1f} GiB); give at most {min(cpus, by_memory)}, or 0"
-        )
-    return config.beam_workers
-
-
-def pipeline_options(config: PrepareConfig) -> Any:
-    """Beam's options: `config.beam_args` as given (the runner, Dataflow's project, region,
-    worker settings...); when the runner is the DirectRunner (`_runner`), Beam's FnApiRunner
-    (`LOCAL_RUNNER`) in multi-process mode with `config.beam_workers` processes."""
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    args = list(config.beam_args)
-    runner = _runner(args)
-    if runner == "DirectRunner":
-        workers = local_workers(config)
-        # The workers' own logging off (a user's --default_sdk_harness_log_level, later, wins):
-        # failures reach the driver, which says them in one line. Beam still prints each failure's
-        # traceback on the worker's stderr, which `_stderr_to` keeps off the screen.
-        args = [
-            "--direct_running_mode=multi_processing",
-            f"--direct_num_workers={workers}",
-            "--default_sdk_harness_log_level=CRITICAL",
-            *args,
-        ]
-        # Last, so that it replaces a `--runner DirectRunner` among `args`.
-        return PipelineOptions([*args, f"--runner={LOCAL_RUNNER}"])
-    return PipelineOptions([f"--runner={runner}", *args])
-
-
-def is_local_runner(config: PrepareConfig) -> bool:
-    return _runner(config.beam_args) == "DirectRunner"
-
-
-def check_beam_installed() -> None:
-    """Refuses, naming the fix, when Apache Beam is not installed here (the trainer and serving
-    images leave the lock's `beam` group out)."""
-    import importlib.util
-
-    if importlib.util.find_spec("apache_beam") is None:
-        raise PrepareError(
-            "--engine beam needs Apache Beam, which this environment lacks: install the lock's beam "
-            "group (uv sync --group beam), or use --engine job"
-        )
-
-
-def check_runner_paths(config: PrepareConfig) -> None:
-    """On a remote runner (Dataflow) every path a worker reads or writes must be gs://: the
-    output, a folder source, the TFDS data folder; the synthetic source (made in a temporary
-    folder here) cannot be used."""
-    if is_local_runner(config):
-        return
-    problems = []
-    if config.source == "synthetic":
-        problems.append(
-            "--source synthetic is made in a temporary folder on this machine, which Dataflow's workers cannot read; use --engine job, or the DirectRunner"
-        )
-    kind, _, path = config.source.partition(":")
-    named = {"--output_dir": config.output_dir}
-    if kind == "folder":
-        named["--source folder:"] = path
-    if kind == "tfds":
-        named["--tfds_data_dir"] = config.tfds_data_dir or ""
-    for flag, value in named.items():
-        if not value.startswith(("gs://", "/gcs/")):
-            problems.append(
-                f"{flag} {value or '(TFDS default, on this machine)'} is not on Cloud Storage: Dataflow's workers read and write gs:// paths only"
-            )
-    if problems:
-        raise PrepareError("\n".join(problems))
-
-
-# Cloud Storage and Dataflow, each tried once within PROBE_SECONDS before a remote runner starts:
-# unchecked, TensorFlow's GCS client retried an unreachable or unauthorised request for about 25 s
-# and ended in a FailedPreconditionError traceback.
-GOOGLE_HOSTS = ("storage.googleapis.com", "dataflow.googleapis.com")
-PROBE_SECONDS = 5.0
-
-
-def check_google_cloud(seconds: float = PROBE_SECONDS) -> None:
-    """On a remote runner, before any work: Google's hosts answer (one HEAD request each, through
-    the proxy `requests` would use; any HTTP answer will do) and credentials are found (google-auth's
-    Application Default Credentials, what Beam's GCP IO uses). Otherwise one PrepareError line."""
-    import concurrent.futures
-
-    import google.auth
-    import requests
-    from google.auth import exceptions
-
-    def head(host: str) -> str | None:
-        try:
-            requests.head(f"https://{host}/", timeout=(seconds, seconds))
-            return None
-        except requests.RequestException as e:
-            return f"{host} ({type(e).__name__})"
-
-    with concurrent.futures.ThreadPoolExecutor(len(GOOGLE_HOSTS)) as pool:
-        failed = [f for f in pool.map(head, GOOGLE_HOSTS) if f]
-    if failed:
-        raise PrepareError(
-            f"--runner DataflowRunner: cannot reach {', '.join(failed)} within {seconds:g} s; nothing "
-            "was started. Check this machine's network, or the proxy it needs (HTTPS_PROXY); or use the DirectRunner"
-        )
-    try:
-        google.auth.default()
-    except exceptions.DefaultCredentialsError:
-        raise PrepareError(
-            "--runner DataflowRunner: no Google Cloud credentials were found; nothing was started. Run "
-            "`gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service "
-            "account key file; or use the DirectRunner"
-        ) from None
-
-
-def write_plan(work: str, plan: dict[str, Any], tasks: dict[str, Any], progress: Progress) -> int:
-    """Writes the plan into `work`, keeping what a killed run with the same plan left; returns
-    the number of shards already done (checked again by each worker before it is kept)."""
-    from trainer import storage
-    from trainer._tf import tf
-
-    plan_path = storage.join(work, PLAN_FILE)
-    if _exists(plan_path):
-        old = _read_json(plan_path)
-        if old.get("fingerprint") == plan["fingerprint"]:
-            done = len(tf.io.gfile.glob(storage.join(work, DONE, "*.json")))
-            progress.say(
-                f"resuming the Beam preparation in {work}: {done} of {len(plan['shards'])} "
-                "shards were written by an earlier run and are kept once checked (size and SHA-256)"
-            )
-            if _exists(storage.join(work, ERRORS)):
-                tf.io.gfile.rmtree(storage.join(work, ERRORS))
-            # The same images, perhaps from another folder (a TFDS split built anew): the shards
-            # still to write read this run's.
-            for name, task in tasks.items():
-                _write_json(storage.join(work, TASKS, f"{name}.json"), task)
-            return done
-        changed = ", ".join(plan_changes(old, plan)) or "the plan's format"
-        progress.say(
-            f"cannot resume the earlier Beam preparation in {work}: its {changed} "
-            "differ from this run's; starting over"
-        )
-    if _exists(work):
-        check_work_dir(work)  # never removed through a link, nor a folder of the user's
-        tf.io.gfile.rmtree(work)
-    _write_json(storage.join(work, OWNER_FILE), {"output_dir": work.removesuffix(WORK_SUFFIX)})
-    for name, task in tasks.items():
-        _write_json(storage.join(work, TASKS, f"{name}.json"), task)
-    tf.io.gfile.makedirs(storage.join(work, DONE))
-    _write_json(plan_path, plan)  # last: a plan.json means every task is there
-    return 0
-
-
-@contextlib.contextmanager
-def _progress_lines(work: str, total: int, progress: Progress) -> Iterator[None]:
-    """Counts the done records every PROGRESS_EVERY_S while the pipeline runs."""
-    from trainer import storage
-    from trainer._tf import tf
-
-    stop = threading.Event()
-
-    def poll() -> None:
-        last = -1
-        while not stop.wait(PROGRESS_EVERY_S):
-            with contextlib.suppress(tf.errors.OpError):
-                done = len(tf.io.gfile.glob(storage.join(work, DONE, "*.json")))
-                if done > last:  # the work folder goes once published
-                    progress.say(f"{done} of {total} shards written")
-                    last = done
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-# Where the DirectRunner's workers write on stderr (Beam's worker prints every failure's traceback
-# there itself, whatever the log level): the screen gets one line, this file the details.
-WORKERS_LOG = "beam-workers.log"
-
-
-@contextlib.contextmanager
-def _stderr_to(name_suffix: str | None) -> Iterator[None]:
-    """File descriptor 2 (this process's and the worker processes' it starts) into a file of the
-    system temp folder ending in `name_suffix`, while the block runs; named on stderr when the
-    block fails, removed when it succeeds."""
-    if name_suffix is None:
-        yield
-        return
-    import tempfile
-
-    saved, failed, name = os.dup(2), True, ""
-    try:
-        with tempfile.NamedTemporaryFile(
-            "wb", prefix="prepare-", suffix=f"-{name_suffix}", delete=False
-        ) as log:
-            name = log.name
-            try:
-                sys.stderr.flush()
-                os.dup2(log.fileno(), 2)
-                yield
-                failed = False
-            finally:
-                sys.stderr.flush()
-                os.dup2(saved, 2)
-                os.close(saved)
-    finally:
-        if failed:
-            sys.stderr.write(f"(the Beam workers' own output is in {name})\n")
-        elif name:
-            os.remove(name)
-
-
-def prepare_beam(
-    config: PrepareConfig,
-    source: Source,
-    source_info: dict[str, Any],
-    progress: Progress,
-    started: float | None = None,
-) -> dict[str, Any]:
-    """Runs the Beam preparation of the opened `source` and waits for it (on Dataflow too: the
-    job publishes when it ends, and this reads what it published); returns the metadata. Under
-    a Flex Template's launcher (`--template_location` among Beam's options) it only writes the
-    job's graph and returns {}: Dataflow starts the job when the launcher ends. `started`
-    (time.monotonic() before the source was listed) times the listing and planning: under a
-    Flex Template's launcher that is what Dataflow's launch timeout bounds (docs/beam.md)."""
-    import logging
-    import time
-
-    import apache_beam as beam
-
-    from trainer import storage
-
-    # Beam's runner relays each worker's warnings and errors with their tracebacks; problems and
-    # failures come back here, to be said in one line (PrepareError).
-    logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-    plan, tasks = make_plan(source, config, source_info)
-    work = work_dir(config.output_dir)
-    kept = write_plan(work, plan, tasks, progress)
-    names = [s["name"] for s in plan["shards"]]
-    options = pipeline_options(config)
-    local = is_local_runner(config)
-    if local:
-        # The DirectRunner's worker processes import trainer/ as this process does.
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    planned = f", listed and planned in {time.monotonic() - started:.1f} s" if started is not None else ""
-    progress.say(
-        f"Beam {'DirectRunner' if local else options.get_all_options()['runner']}: {len(names)} shards "
-        f"({len(names) - kept} to write) from {sum(s.count for s in source.splits.values())} images{planned}"
-    )
-    pipeline = beam.Pipeline(options=options)
-    build_pipeline(pipeline, work, config.output_dir, names, local=local)
-    template = options.get_all_options().get("template_location")
-    if template:
-        # A Flex Template's launcher: Beam writes the job's graph to `template_location` and
-        # Dataflow runs it once this process ends; the job publishes when it is done.
-        pipeline.run()
-        progress.say(f"wrote the Dataflow job's graph to {template}; the job publishes {config.output_dir}")
-        return {}
-    try:
-        with _progress_lines(work, len(names), progress), _stderr_to(WORKERS_LOG if local else None):
-            pipeline.run().wait_until_finish()
-    except Exception as e:  # noqa: BLE001 - a worker's failure, reported without its traceback
-        problems = read_problems(work)  # a remote runner's Finalize fails the job on them
-        if problems:
-            raise PrepareError("\n".join(problems) + "\n(nothing was published)") from None
-        if "ResourceExhaustedError" in str(e) or "No space left on device" in str(e):
-            raise PrepareError(disk_full(work)) from None
-        raise PrepareError(
-            f"the Beam preparation failed: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}; "
-            f"the shards written so far are kept in {work} for the next run"
-        ) from None
-    from trainer import data
-
-    problems = read_problems(work)
-    if problems:
-        raise PrepareError("\n".join(problems) + "\n(nothing was published)")
-    return dict(storage.read_json(storage.join(storage.resolve(config.output_dir), data.METADATA_FILE)))

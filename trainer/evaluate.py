@@ -84,7 +84,7 @@ def predict_split(
     whole split, in the stored order."""
     import numpy as np
 
-    from trainer import data
+    from trainer import data, datasetinfo
     from trainer._tf import tf
 
     ds = data.make_dataset(data_dir, meta, split, batch_size=batch_size, training=False)
@@ -98,7 +98,7 @@ def predict_split(
             if progress is not None:
                 progress(done, total)
     except tf.errors.DataLossError as err:  # a corrupt record: name the split's shards
-        raise data.explain_read_error(err, data_dir, meta, split) from None
+        raise datasetinfo.explain_read_error(err, data_dir, meta, split) from None
     if not labels:
         return np.zeros((0,), dtype=np.int64), np.zeros((0, meta.num_classes))
     return np.concatenate(labels), np.concatenate(probs)
@@ -149,9 +149,9 @@ def evaluate(
     """evaluation.json's content for `models` ({role: SavedModel folder}) on `split`."""
     import numpy as np
 
-    from trainer import data, pairedstats
+    from trainer import datasetinfo, pairedstats
 
-    meta = data.load_metadata(data_dir)
+    meta = datasetinfo.load_metadata(data_dir)
     if meta.splits[split].count == 0:
         raise EvaluationError(f"{data_dir}: the {split} split has no images")
     # Every check before any image is read.
@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tf.io.gfile.makedirs(out)
         path = storage.join(args.output_dir, EVALUATION_FILE)
         storage.write_json(path, result)
-    except (EvaluationError, ValueError, OSError, tf.errors.OpError) as err:  # data.DataError: a ValueError
+    except (EvaluationError, ValueError, OSError, tf.errors.OpError) as err:  # DataError: a ValueError
         print(f"python -m trainer.evaluate: error: {err}", file=sys.stderr)  # noqa: T201
         return 1
     _log(f"evaluation: wrote {path}")

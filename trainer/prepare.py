@@ -293,7 +293,7 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
     progress.stop = stop_if_asked  # every image's update: the work loop's stop point
 
     if config.engine == "beam":  # before the output is looked at: on Dataflow that is a request
-        from trainer.beamprep import (
+        from trainer.beamrun import (
             check_beam_installed,
             check_google_cloud,
             check_runner_paths,
@@ -329,7 +329,7 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
         if mismatch:
             raise PrepareError(mismatch)
         if config.engine == "beam":
-            from trainer.beamprep import prepare_beam
+            from trainer.beamrun import prepare_beam
             from trainer.shards import source_identity
 
             info = {**source.info, **source_identity(source, config)}

@@ -2,7 +2,7 @@
 TFRecord shards per split (`ShardWriter`), then `metadata.json`: the source's identity
 (`source_identity`), the counts per split and class, the manifest of every shard (name, exact
 size, records, SHA-256 of its bytes) and the dataset's fingerprint over them
-(`trainer.data.manifest_fingerprint`). TensorFlow is imported lazily."""
+(`trainer.datasetinfo.manifest_fingerprint`). TensorFlow is imported lazily."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 from trainer.carving import carve_plan
 from trainer.config import SPLITS
+from trainer.contract import METADATA_FORMAT_VERSION
 from trainer.prepareconfig import PrepareConfig
 from trainer.progress import Progress
 from trainer.source import PrepareError, Source, check_classes
@@ -91,13 +92,13 @@ class ShardWriter:
         """Closes the shards and hashes them as written: returns {name: SHA-256 hex of the file's
         bytes}, and sets `manifest`, metadata.json's `shards` for them (contract
         METADATA_SHARD_KEYS: each file's name, size, records and SHA-256)."""
-        from trainer import data
+        from trainer import datasetinfo
 
         for w in self._writers:
             w.close()
         paths = [os.path.join(self.folder, name) for name in self.names]
-        with concurrent.futures.ThreadPoolExecutor(data.HASH_THREADS) as pool:
-            digests = list(pool.map(data.shard_digest, paths))
+        with concurrent.futures.ThreadPoolExecutor(datasetinfo.HASH_THREADS) as pool:
+            digests = list(pool.map(datasetinfo.shard_digest, paths))
         self.manifest = [
             {"name": name, "bytes": size, "records": records, "sha256": sha}
             for name, records, (sha, size) in zip(self.names, self.records, digests, strict=True)
@@ -174,7 +175,7 @@ def dataset_metadata(
 ) -> dict[str, Any]:
     """metadata.json of a prepared dataset: `splits` maps each output split to (its shards'
     manifest, in shard order, and its image count per class). Both engines build it here."""
-    from trainer import data
+    from trainer import datasetinfo
 
     out = {}
     for split in SPLITS:
@@ -186,7 +187,7 @@ def dataset_metadata(
             **({"carved_from": carved[split]} if split in carved else {}),
         }
     metadata = {
-        "format_version": data.FORMAT_VERSION,
+        "format_version": METADATA_FORMAT_VERSION,
         "source": config.source,
         "source_info": dict(source_info),
         "class_names": list(class_names),
@@ -197,7 +198,7 @@ def dataset_metadata(
         "seed": config.seed,
         "splits": out,
     }
-    metadata["fingerprint"] = data.manifest_fingerprint(metadata)
+    metadata["fingerprint"] = datasetinfo.manifest_fingerprint(metadata)
     return metadata
 
 

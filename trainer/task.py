@@ -62,14 +62,14 @@ def run(
     written).
     """
     from trainer import callbacks as cb
-    from trainer import data, distribute
+    from trainer import data, datasetinfo, distribute
 
     cluster = cluster or ClusterInfo()
     if strategy is None:
         # The global batch against the training split, from metadata.json alone, before the
         # strategy (a multi-worker one waits for every replica) and the model are built: every
         # replica reads the same file with the same flags, so all stop here together.
-        meta = data.read_metadata(config.data_dir)
+        meta = datasetinfo.read_metadata(config.data_dir)
         data.check_global_batch(
             meta, config.per_replica_batch_size, _replicas_expected(cluster), config.data_dir
         )
@@ -86,7 +86,7 @@ class _Plan:
     """What the phases of `_run` share, fixed once the data is read and checked."""
 
     config: TrainConfig  # with `--augment auto` resolved
-    meta: Any  # data.DatasetMeta of config.data_dir
+    meta: Any  # datasetinfo.DatasetMetadata of config.data_dir
     replicas: int  # the strategy's replicas in sync
     global_batch: int
     steps: int  # per epoch
@@ -129,10 +129,10 @@ def _run(
 def _plan(config: TrainConfig, cluster: ClusterInfo, strategy: Any) -> _Plan:
     """Reads metadata.json and checks the global batch against it, resolves `--augment auto`,
     seeds, sets the precision policy and checks that a backup being resumed is this run's."""
-    from trainer import data
+    from trainer import data, datasetinfo
     from trainer._tf import keras, tf
 
-    meta = data.load_metadata(config.data_dir)
+    meta = datasetinfo.load_metadata(config.data_dir)
     replicas = strategy.num_replicas_in_sync
     # `main` checked this before the strategy, with the replicas it expected; this is the strategy's
     # own count (and `run`'s other callers), before anything is written.
@@ -204,7 +204,7 @@ def _train(
     best epoch's tracker (`callbacks.BestEpoch`) and whether `fit` ran. Raises
     `callbacks.Terminated` when another replica received SIGTERM."""
     from trainer import callbacks as cb
-    from trainer import data, storage
+    from trainer import datasetinfo, storage
     from trainer._tf import keras, tf
 
     config, prefix, steps = plan.config, plan.prefix, plan.steps
@@ -247,7 +247,9 @@ def _train(
                 verbose=0,
             )
         except tf.errors.DataLossError as err:  # a corrupt record (its CRC): name the shards
-            raise data.explain_read_error(err, config.data_dir, plan.meta, ("train", "validation")) from None
+            raise datasetinfo.explain_read_error(
+                err, config.data_dir, plan.meta, ("train", "validation")
+            ) from None
     # SIGTERM after the last epoch's check: the export (collective) never starts. Every epoch is
     # backed up, so a restart goes straight to the export.
     if stop.agreed():
@@ -458,7 +460,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
             print(f"python -m trainer.task: error: {e}", file=sys.stderr, flush=True)
             return GPUS_MISSING_EXIT_CODE
     from trainer import callbacks as cb
-    from trainer import data
+    from trainer import data, datasetinfo
 
     try:
         run(config, cluster=cluster, callbacks=callbacks)
@@ -467,7 +469,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
     except data.BatchTooLarge as e:  # a bad flag for this data: one line, the status of a bad flag
         print(f"python -m trainer.task: error: {e}", file=sys.stderr, flush=True)
         return 2
-    except data.DataError as e:  # the prepared data is damaged: named, without a traceback
+    except datasetinfo.DataError as e:  # the prepared data is damaged: named, without a traceback
         print(f"python -m trainer.task: error: {e}", file=sys.stderr)
         return 1
     return 0

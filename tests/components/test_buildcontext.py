@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from components import buildcontext
+from components import buildcontext, contextsecrets
 from local import steps
 from tests.ci.test_dockerfile import DOCKERIGNORE, dockerignore_patterns, sent
 
@@ -402,7 +402,7 @@ def test_nothing_is_uploaded_when_the_context_is_refused(repo: Path, monkeypatch
 
 def test_dockerignore_keeps_the_same_secret_names_out() -> None:
     rules = dockerignore_patterns(DOCKERIGNORE.read_text())
-    for pattern in buildcontext.SECRET_NAMES:
+    for pattern in contextsecrets.SECRET_NAMES:
         example = pattern.replace("*", "x")
         for path in (f"trainer/{example}", f"trainer/sub/{example}"):
             assert not sent(path, rules), f".dockerignore sends {path} ({pattern})"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from components import buildcontext
+from components import buildcontext, contextsecrets
 from tests.ci.test_dockerfile import DOCKERIGNORE, dockerignore_patterns, sent
 from tests.components.test_buildcontext import GIT, commit, copy_context, git, refused
 
@@ -222,7 +222,7 @@ def test_the_real_trainer_sources_pass_the_content_rules() -> None:
     files = [root / n for n in buildcontext.CONTEXT_FILES]
     files += [p for p in (root / "trainer").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
     assert len(files) > 10
-    found = {p.name: buildcontext._secret_content(p.name.lower(), p.read_bytes()) for p in files}
+    found = {p.name: contextsecrets.why_secret_content(p.name.lower(), p.read_bytes()) for p in files}
     assert {k: v for k, v in found.items() if v} == {}
 
 
@@ -248,13 +248,13 @@ def test_a_private_key_in_a_pub_file_is_still_refused(tmp_path: Path) -> None:
 
 def test_content_scanning_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the text limit only private-key headers are looked for (over the whole file)."""
-    monkeypatch.setattr(buildcontext, "_TEXT_SCAN_LIMIT", 1000)
+    monkeypatch.setattr(contextsecrets, "TEXT_SCAN_LIMIT", 1000)
     ctx = copy_context(tmp_path / "ctx")
     (ctx / "trainer" / "big.json").write_text(AUTHORIZED_USER + " " * 1000)
     assert "trainer/big.json" in dict(buildcontext.context_members(ctx))
     (ctx / "trainer" / "big.txt").write_text("x" * 5000 + PRIVATE)
     refused(ctx, "trainer/big.txt: its content looks like a PEM private key")
-    monkeypatch.setattr(buildcontext, "_TEXT_SCAN_LIMIT", 1 << 20)
+    monkeypatch.setattr(contextsecrets, "TEXT_SCAN_LIMIT", 1 << 20)
     (ctx / "trainer" / "big.txt").unlink()
     refused(ctx, "trainer/big.json", '"type": "authorized_user"')
 
@@ -294,11 +294,11 @@ def example(pattern: str) -> str:
     return pattern.replace("*", "x")
 
 
-@pytest.mark.parametrize("pattern", buildcontext.SECRET_NAMES)
+@pytest.mark.parametrize("pattern", contextsecrets.SECRET_NAMES)
 def test_dockerignore_and_the_context_refuse_the_same_names(pattern: str) -> None:
     rules = dockerignore_patterns(DOCKERIGNORE.read_text())
     for name in (example(pattern), example(pattern).upper()):
-        refusal = buildcontext._secret(f"trainer/{name}", b"harmless\n")
+        refusal = contextsecrets.why_secret(f"trainer/{name}", b"harmless\n")
         assert refusal.startswith("its name looks like a secret"), (name, refusal)
         for path in (f"trainer/{name}", f"trainer/sub/{name}"):
             assert not sent(path, rules), f".dockerignore sends {path} ({pattern})"
@@ -310,7 +310,7 @@ def test_dockerignore_and_the_context_refuse_the_same_names(pattern: str) -> Non
 def test_dockerignore_and_the_context_accept_the_same_names(name: str) -> None:
     rules = dockerignore_patterns(DOCKERIGNORE.read_text())
     assert sent(f"trainer/{name}", rules)
-    assert buildcontext._secret(f"trainer/{name}", b"ssh-rsa AAAAB3 a\n") == ""
+    assert contextsecrets.why_secret(f"trainer/{name}", b"ssh-rsa AAAAB3 a\n") == ""
 
 
 def test_public_keys_come_back_only_inside_the_context() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import pipeline
-from launch import trainingconfig
+from launch import aiplatformjob, trainingconfig
 from launch.flags import build_parser
 from launch.trainingconfig import (
     TrainingConfigError,
@@ -121,7 +121,7 @@ def refusal(path: Path) -> str:
 
 
 def test_the_legacy_table_is_ai_platforms_whole() -> None:
-    assert trainingconfig.LEGACY_MACHINE_TYPES == AI_PLATFORM_LEGACY
+    assert aiplatformjob.LEGACY_MACHINE_TYPES == AI_PLATFORM_LEGACY
     assert set(EXPECTED_LEGACY) == set(AI_PLATFORM_LEGACY)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import FAST_TRAIN_FLAGS
 from tests.processes import ROOT, trainer_env, vertex_cluster
-from trainer import data
+from trainer import data, datasetinfo
 
 TRAIN_IMAGES = 300  # SYNTHETIC_ARGS: 5 classes x 60, the cassava builder's train split
 
@@ -50,7 +50,7 @@ def error_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
 
 
 def test_the_split_is_what_this_test_assumes(synthetic_dir: Path) -> None:
-    assert data.read_metadata(str(synthetic_dir)).splits["train"].count == TRAIN_IMAGES
+    assert datasetinfo.read_metadata(str(synthetic_dir)).splits["train"].count == TRAIN_IMAGES
 
 
 @pytest.mark.process
@@ -116,7 +116,7 @@ def test_a_global_batch_of_exactly_the_split_trains(synthetic_dir: Path, tmp_pat
     ],
 )
 def test_the_rule(synthetic_dir: Path, per_replica: int, replicas: int, fits: bool, words: str) -> None:
-    meta = data.read_metadata(str(synthetic_dir))
+    meta = datasetinfo.read_metadata(str(synthetic_dir))
     if fits:
         data.check_global_batch(meta, per_replica, replicas, "d")
         return

@@ -21,7 +21,7 @@ import pytest
 
 from tests.processes import ROOT, trainer_env
 from tests.trainer.test_prepare import write_images
-from trainer import beamprep, data
+from trainer import beamprep, beamrun, data
 
 pytestmark = pytest.mark.serial
 
@@ -328,10 +328,10 @@ def test_the_runner_is_the_directrunner_unless_dataflow_is_named_or_implied(
 ) -> None:
     from trainer.prepareconfig import PrepareConfig
 
-    monkeypatch.setattr(beamprep, "local_workers", lambda config: config.beam_workers)  # any machine
+    monkeypatch.setattr(beamrun, "local_workers", lambda config: config.beam_workers)  # any machine
     config = PrepareConfig(source="folder:gs://b/i", output_dir="gs://b/o", beam_args=args, beam_workers=3)
-    options = beamprep.pipeline_options(config).get_all_options()
-    assert options["runner"] == runner and beamprep.is_local_runner(config) is local
+    options = beamrun.pipeline_options(config).get_all_options()
+    assert options["runner"] == runner and beamrun.is_local_runner(config) is local
     assert (options.get("direct_num_workers") == 3) is local
 
 

@@ -6,17 +6,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer import contract, data
+from trainer import contract, data, datasetinfo
 from trainer._tf import tf
 
 
 @pytest.fixture(scope="module")
-def meta(synthetic_dir: Path) -> data.DatasetMetadata:
-    return data.load_metadata(str(synthetic_dir))
+def meta(synthetic_dir: Path) -> datasetinfo.DatasetMetadata:
+    return datasetinfo.load_metadata(str(synthetic_dir))
 
 
 def test_training_batches_are_uint8_global_batches_that_repeat(
-    synthetic_dir: Path, meta: data.DatasetMetadata
+    synthetic_dir: Path, meta: datasetinfo.DatasetMetadata
 ) -> None:
     ds = data.make_dataset(str(synthetic_dir), meta, "train", batch_size=32, training=True)
     steps = data.steps_per_epoch(meta, 32)
@@ -32,7 +32,7 @@ def test_training_batches_are_uint8_global_batches_that_repeat(
 
 
 def test_evaluation_sees_every_example_once_in_a_fixed_order(
-    synthetic_dir: Path, meta: data.DatasetMetadata
+    synthetic_dir: Path, meta: datasetinfo.DatasetMetadata
 ) -> None:
     def labels() -> list[int]:
         ds = data.make_dataset(str(synthetic_dir), meta, "validation", batch_size=7, training=False)
@@ -45,7 +45,7 @@ def test_evaluation_sees_every_example_once_in_a_fixed_order(
 
 
 def test_shards_by_file_only_when_every_worker_gets_a_file(
-    synthetic_dir: Path, meta: data.DatasetMetadata
+    synthetic_dir: Path, meta: datasetinfo.DatasetMetadata
 ) -> None:
     policy = tf.data.experimental.AutoShardPolicy
     shards = len(meta.splits["test"].shards)
@@ -57,14 +57,17 @@ def test_shards_by_file_only_when_every_worker_gets_a_file(
 
 
 def test_file_sharding_gives_workers_disjoint_examples(
-    synthetic_dir: Path, meta: data.DatasetMetadata
+    synthetic_dir: Path, meta: datasetinfo.DatasetMetadata
 ) -> None:
     """What FILE auto-sharding does for 2 workers: each reads half of the files."""
     files = meta.splits["test"].shards
     seen = []
     for worker in range(2):
-        sub = data.DatasetMetadata(
-            **{**meta.__dict__, "splits": {**meta.splits, "test": data.SplitInfo(0, files[worker::2], {})}}
+        sub = datasetinfo.DatasetMetadata(
+            **{
+                **meta.__dict__,
+                "splits": {**meta.splits, "test": datasetinfo.SplitInfo(0, files[worker::2], {})},
+            }
         )
         ds = data.make_dataset(str(synthetic_dir), sub, "test", batch_size=100, training=False)
         seen.append({bytes(x.numpy().tobytes()) for batch, _ in ds for x in batch})
@@ -74,7 +77,7 @@ def test_file_sharding_gives_workers_disjoint_examples(
 
 def test_missing_metadata_names_the_folder_and_the_fix(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"must be a folder written by `python -m trainer\.prepare`"):
-        data.load_metadata(str(tmp_path))
+        datasetinfo.load_metadata(str(tmp_path))
 
 
 def test_prepared_metadata_has_exactly_the_declared_keys(synthetic_dir: Path) -> None:
@@ -82,13 +85,13 @@ def test_prepared_metadata_has_exactly_the_declared_keys(synthetic_dir: Path) ->
     checks every reader against)."""
     written = json.loads((synthetic_dir / contract.METADATA_FILE).read_text())
     assert sorted(written) == sorted(contract.METADATA_KEYS)
-    assert written["format_version"] == contract.METADATA_FORMAT_VERSION == data.FORMAT_VERSION
+    assert written["format_version"] == contract.METADATA_FORMAT_VERSION == datasetinfo.FORMAT_VERSION
     for split in ("train", "validation", "test"):
         assert sorted(set(written["splits"][split]) - {"carved_from"}) == sorted(contract.METADATA_SPLIT_KEYS)
         for shard in written["splits"][split]["shards"]:
             assert sorted(shard) == sorted(contract.METADATA_SHARD_KEYS)
     assert sorted(written["source_info"]) == sorted(contract.METADATA_SOURCE_INFO_KEYS["synthetic"])
-    assert written["fingerprint"] == data.manifest_fingerprint(written)
+    assert written["fingerprint"] == datasetinfo.manifest_fingerprint(written)
 
 
 def test_the_manifest_records_each_shard_exactly(synthetic_dir: Path) -> None:
@@ -120,32 +123,32 @@ def copied(synthetic_dir: Path, tmp_path: Path) -> Path:
 
 def test_an_intact_dataset_passes_both_checks(copied: Path) -> None:
     for verify in ("size", "full"):
-        meta = data.load_metadata(str(copied), verify=verify)
+        meta = datasetinfo.load_metadata(str(copied), verify=verify)
         assert meta.splits["train"].count == 300
 
 
 def test_an_unknown_verify_mode_is_refused(synthetic_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"verify='quick'.*\('size', 'full'\)"):
-        data.load_metadata(str(synthetic_dir), verify="quick")
+        datasetinfo.load_metadata(str(synthetic_dir), verify="quick")
 
 
 def test_a_read_error_on_intact_files_says_the_read_failed_not_the_data(
-    copied: Path, meta: data.DatasetMetadata
+    copied: Path, meta: datasetinfo.DatasetMetadata
 ) -> None:
     """Every shard still hashes to its entry: the read itself failed (storage), run again."""
     error = tf.errors.DataLossError(None, None, "corrupted record at 234859")
-    message = str(data.explain_read_error(error, str(copied), meta, "train"))
+    message = str(datasetinfo.explain_read_error(error, str(copied), meta, "train"))
     assert message.startswith(f"reading split 'train' in {copied} failed (corrupted record at 234859)")
     assert "still has the size and SHA-256 metadata.json records" in message
     assert "the files are intact and the read itself failed; run again" in message
 
 
 def test_a_read_error_beyond_the_audit_budget_lists_the_shards(
-    copied: Path, meta: data.DatasetMetadata, monkeypatch: pytest.MonkeyPatch
+    copied: Path, meta: datasetinfo.DatasetMetadata, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(data, "AUDIT_MAX_BYTES", 1000)
+    monkeypatch.setattr(datasetinfo, "AUDIT_MAX_BYTES", 1000)
     error = tf.errors.DataLossError(None, None, "corrupted record at 234859")
-    message = str(data.explain_read_error(error, str(copied), meta, "train"))
+    message = str(datasetinfo.explain_read_error(error, str(copied), meta, "train"))
     assert "too many to hash now" in message and "train-00007-of-00008.tfrecord" in message
     assert "TRAINER_VERIFY_DATA=full" in message and "prepare the dataset again" in message
 
@@ -159,13 +162,13 @@ def test_a_corrupt_record_met_while_training_or_evaluating_names_the_shard(
     from tests.conftest import FAST_TRAIN_FLAGS
     from trainer import evaluate, task
 
-    meta = data.load_metadata(str(copied))
+    meta = datasetinfo.load_metadata(str(copied))
     for split in ("train", "test"):
         shard = copied / meta.splits[split].shards[0]
         raw = bytearray(shard.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         shard.write_bytes(bytes(raw))
-    with pytest.raises(data.DataError) as caught:
+    with pytest.raises(datasetinfo.DataError) as caught:
         evaluate.predict_split(lambda x: x, str(copied), meta, "test")
     message = str(caught.value)
     assert message.startswith(f"reading split 'test' in {copied} failed (")

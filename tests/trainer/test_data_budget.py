@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer import contract, data
+from trainer import contract, data, datasetinfo
 from trainer._tf import tf
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -112,13 +112,13 @@ def test_the_budget_reads_the_process_environment(monkeypatch: pytest.MonkeyPatc
 # --- the decision, from metadata.json alone ----------------------------------------------------
 
 
-def metadata(image_size: int, counts: dict[str, int], shards: int = 32) -> data.DatasetMetadata:
+def metadata(image_size: int, counts: dict[str, int], shards: int = 32) -> datasetinfo.DatasetMetadata:
     splits = {}
     for split, count in counts.items():
         n = max(1, min(shards, count))
         names = tuple(f"{split}-{i:05d}-of-{n:05d}.tfrecord" for i in range(n))
-        splits[split] = data.SplitInfo(count, names, {})
-    return data.DatasetMetadata(("a", "b"), image_size, "raw", splits, "sha256:0", "test")
+        splits[split] = datasetinfo.SplitInfo(count, names, {})
+    return datasetinfo.DatasetMetadata(("a", "b"), image_size, "raw", splits, "sha256:0", "test")
 
 
 IMAGE_300 = 300 * 300 * 3 + data.EXAMPLE_OVERHEAD_BYTES
@@ -140,7 +140,7 @@ def test_a_folder_of_200000_images_streams_training_and_caches_what_fits() -> No
 
 def test_small_data_is_cached_as_before(synthetic_dir: Path, tmp_path: Path, physical: int) -> None:
     """On a modest machine (8 GiB, no container limit) with the defaults."""
-    meta = data.load_metadata(str(synthetic_dir))
+    meta = datasetinfo.load_metadata(str(synthetic_dir))
     where = fake_cgroup(tmp_path, "0::/", {"memory.max": str(8 * GIB)})
     plans = data.plan_cache(meta, data.cache_budget({}, **where), shuffle_buffer=2048)
     assert all(p.cache for p in plans.values())
@@ -190,8 +190,8 @@ TINY = data.CacheBudget(MIB, "test: forced tiny")
 
 
 @pytest.fixture(scope="module")
-def meta(synthetic_dir: Path) -> data.DatasetMetadata:
-    return data.load_metadata(str(synthetic_dir))
+def meta(synthetic_dir: Path) -> datasetinfo.DatasetMetadata:
+    return datasetinfo.load_metadata(str(synthetic_dir))
 
 
 def image_ids(ds: tf.data.Dataset, n: int | None = None) -> list[str]:
@@ -200,7 +200,7 @@ def image_ids(ds: tf.data.Dataset, n: int | None = None) -> list[str]:
 
 
 def training(
-    synthetic_dir: Path, meta: data.DatasetMetadata, seed: int, num_workers: int = 1
+    synthetic_dir: Path, meta: datasetinfo.DatasetMetadata, seed: int, num_workers: int = 1
 ) -> tf.data.Dataset:
     """The streamed training split, batches of 20 (15 to an epoch)."""
     return data.make_dataset(
@@ -217,7 +217,7 @@ def training(
 
 
 def test_the_log_says_which_way_a_split_went_and_why(
-    synthetic_dir: Path, meta: data.DatasetMetadata, capsys: pytest.CaptureFixture[str]
+    synthetic_dir: Path, meta: datasetinfo.DatasetMetadata, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data.make_dataset(str(synthetic_dir), meta, "validation", batch_size=8, training=False, budget=TINY)
     out = capsys.readouterr().out.splitlines()
@@ -239,7 +239,7 @@ def test_the_log_says_which_way_a_split_went_and_why(
 
 
 def test_a_streamed_training_split_yields_every_example_once_per_epoch(
-    synthetic_dir: Path, meta: data.DatasetMetadata
+    synthetic_dir: Path, meta: datasetinfo.DatasetMetadata
 ) -> None:
     ds = training(synthetic_dir, meta, seed=1)
     assert ds.element_spec[0].shape.as_list() == [20, 64, 64, 3]  # drop_remainder: static batches
@@ -255,7 +255,7 @@ def test_a_streamed_training_split_yields_every_example_once_per_epoch(
 
 
 def test_a_streamed_training_order_is_a_function_of_the_seed(
-    synthetic_dir: Path, meta: data.DatasetMetadata
+    synthetic_dir: Path, meta: datasetinfo.DatasetMetadata
 ) -> None:
     first = image_ids(training(synthetic_dir, meta, seed=1), 600)
     assert image_ids(training(synthetic_dir, meta, seed=1), 600) == first
@@ -269,11 +269,13 @@ def test_a_streamed_training_order_is_a_function_of_the_seed(
     assert first[:300] != in_files  # shuffled, not the shards' order
 
 
-def test_a_streamed_epoch_is_shuffled_within_a_shard(synthetic_dir: Path, meta: data.DatasetMetadata) -> None:
+def test_a_streamed_epoch_is_shuffled_within_a_shard(
+    synthetic_dir: Path, meta: datasetinfo.DatasetMetadata
+) -> None:
     """One shard: no shard order to shuffle, so only the shuffle buffer can reorder its records
     beyond the rotation every shard is read with."""
-    one = data.SplitInfo(38, meta.splits["train"].shards[:1], {})
-    sub = data.DatasetMetadata(**{**meta.__dict__, "splits": {**meta.splits, "train": one}})
+    one = datasetinfo.SplitInfo(38, meta.splits["train"].shards[:1], {})
+    sub = datasetinfo.DatasetMetadata(**{**meta.__dict__, "splits": {**meta.splits, "train": one}})
     budget = data.CacheBudget(12 * data.STREAM_BUFFER_FACTOR * data.example_bytes(meta), "t")
     plan = data.plan_cache(sub, budget)["train"]
     assert not plan.cache and plan.shuffle_buffer == 12
@@ -292,7 +294,7 @@ def test_a_streamed_epoch_is_shuffled_within_a_shard(synthetic_dir: Path, meta: 
 
 
 def test_streamed_evaluation_is_what_cached_evaluation_is(
-    synthetic_dir: Path, meta: data.DatasetMetadata
+    synthetic_dir: Path, meta: datasetinfo.DatasetMetadata
 ) -> None:
     def batches(budget: data.CacheBudget) -> list[tuple[bytes, list[int]]]:
         ds = data.make_dataset(
@@ -307,7 +309,7 @@ def test_streamed_evaluation_is_what_cached_evaluation_is(
 
 
 def test_file_sharding_splits_a_streamed_epoch_between_workers(
-    synthetic_dir: Path, meta: data.DatasetMetadata
+    synthetic_dir: Path, meta: datasetinfo.DatasetMetadata
 ) -> None:
     """tf.distribute's FILE auto-sharding, applied as MultiWorkerMirroredStrategy applies it."""
     from tensorflow.python.data.experimental.ops.distribute import _AutoShardDataset
@@ -355,7 +357,7 @@ def class_sorted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "seed": 0,
         "splits": splits,
     }
-    meta["fingerprint"] = data.manifest_fingerprint(meta)
+    meta["fingerprint"] = datasetinfo.manifest_fingerprint(meta)
     (out / contract.METADATA_FILE).write_text(json.dumps(meta))
     return out
 
@@ -363,7 +365,7 @@ def class_sorted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_streaming_class_sorted_shards_still_mixes_classes(class_sorted_dir: Path) -> None:
     """Shards read from their starts in lockstep would give batches of one class (0.97 of a batch
     measured); reading each from its own offset mixes them, even through a 16-example buffer."""
-    meta = data.load_metadata(str(class_sorted_dir))
+    meta = datasetinfo.load_metadata(str(class_sorted_dir))
     budget = data.CacheBudget(16 * data.example_bytes(meta) * data.STREAM_BUFFER_FACTOR, "t")
     ds = data.make_dataset(
         str(class_sorted_dir), meta, "train", batch_size=32, training=True, seed=1, budget=budget, log=None

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from trainer import contract, data
+from trainer import contract, datasetinfo
 from trainer._tf import tf
 
 AGAIN = "prepare the dataset again (`python -m trainer.prepare --source synthetic --output_dir "
@@ -51,13 +51,13 @@ def edit_manifest(
     meta = manifest(folder)
     change(meta)
     if refingerprint:
-        meta["fingerprint"] = data.manifest_fingerprint(meta)
+        meta["fingerprint"] = datasetinfo.manifest_fingerprint(meta)
     (folder / contract.METADATA_FILE).write_text(json.dumps(meta))
 
 
 def refused(folder: Path, verify: str = "size") -> str:
-    with pytest.raises(data.DataError) as caught:
-        data.load_metadata(str(folder), verify=verify)
+    with pytest.raises(datasetinfo.DataError) as caught:
+        datasetinfo.load_metadata(str(folder), verify=verify)
     message = str(caught.value)
     assert "\n" not in message, message  # one line
     assert message.endswith(f"{AGAIN}{folder} --overwrite`, with the other flags it was prepared with)"), (
@@ -167,7 +167,7 @@ def test_a_flipped_byte_passes_the_size_check_and_is_named_by_the_full_check(cop
     shard = copied / "test-00006-of-00008.tfrecord"
     want = expected(copied, shard.name)
     flip_byte(shard)
-    data.load_metadata(str(copied))  # the same size: the cheap check cannot see it
+    datasetinfo.load_metadata(str(copied))  # the same size: the cheap check cannot see it
     message = refused(copied, verify="full")
     assert f"shard test-00006-of-00008.tfrecord of split 'test': {want}; " in message
     assert f"found {shard.stat().st_size:,} bytes (the same size), SHA-256 {sha(shard)[:16]}" in message
@@ -178,12 +178,12 @@ def test_the_full_check_is_what_trainer_verify_data_full_asks_for(
     copied: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     flip_byte(copied / "train-00002-of-00008.tfrecord", at=0.9)
-    data.load_metadata(str(copied))
-    monkeypatch.setenv(data.VERIFY_ENV, "full")
+    datasetinfo.load_metadata(str(copied))
+    monkeypatch.setenv(datasetinfo.VERIFY_ENV, "full")
     with pytest.raises(
-        data.DataError, match=r"shard train-00002-of-00008\.tfrecord of split 'train': expected "
+        datasetinfo.DataError, match=r"shard train-00002-of-00008\.tfrecord of split 'train': expected "
     ):
-        data.load_metadata(str(copied))
+        datasetinfo.load_metadata(str(copied))
 
 
 def test_shards_of_equal_size_exchanged_are_named_by_the_full_check(copied: Path) -> None:
@@ -193,7 +193,7 @@ def test_shards_of_equal_size_exchanged_are_named_by_the_full_check(copied: Path
     assert len(a) == len(b)
     validation.write_bytes(b)
     test.write_bytes(a)
-    data.load_metadata(str(copied))
+    datasetinfo.load_metadata(str(copied))
     message = refused(copied, verify="full")
     assert (
         "shard validation-00000-of-00008.tfrecord of split 'validation': "
@@ -210,7 +210,7 @@ def test_shards_of_equal_size_exchanged_are_named_by_the_full_check(copied: Path
 def test_a_shard_copied_over_another_of_its_split_is_named_by_the_full_check(copied: Path) -> None:
     """train shards 4-7 hold 37 records each: a copy of shard 4 over shard 5 keeps the size."""
     shutil.copy(copied / "train-00004-of-00008.tfrecord", copied / "train-00005-of-00008.tfrecord")
-    data.load_metadata(str(copied))
+    datasetinfo.load_metadata(str(copied))
     message = refused(copied, verify="full")
     assert (
         f"shard train-00005-of-00008.tfrecord of split 'train': {expected(copied, 'train-00005-of-00008.tfrecord')}; "
@@ -330,8 +330,8 @@ def test_metadata_listing_a_shard_of_another_split_is_refused(copied: Path) -> N
 
 def test_a_malformed_shard_entry_is_refused_naming_it(copied: Path) -> None:
     edit_manifest(copied, lambda meta: meta["splits"]["validation"]["shards"][3].update(sha256="abc"))
-    with pytest.raises(data.DataError) as caught:
-        data.load_metadata(str(copied))
+    with pytest.raises(datasetinfo.DataError) as caught:
+        datasetinfo.load_metadata(str(copied))
     message = str(caught.value)
     assert message.startswith(
         f"{copied}/metadata.json is malformed (shard 3 of split 'validation': expected "
@@ -351,7 +351,7 @@ def test_a_fully_forged_manifest_is_the_limit_of_what_metadata_json_can_tell(cop
         meta["splits"]["test"]["shards"][5].update(bytes=shard.stat().st_size, sha256=sha(shard))
 
     edit_manifest(copied, forge, refingerprint=True)
-    assert data.load_metadata(str(copied), verify="full").fingerprint != before
+    assert datasetinfo.load_metadata(str(copied), verify="full").fingerprint != before
 
 
 # --- metadata.json of another format ----------------------------------------------------------
@@ -366,8 +366,8 @@ def test_metadata_of_the_previous_format_says_to_prepare_again(copied: Path) -> 
             info["shards"] = [s["name"] for s in info["shards"]]
 
     edit_manifest(copied, downgrade)
-    with pytest.raises(data.DataError) as caught:
-        data.load_metadata(str(copied))
+    with pytest.raises(datasetinfo.DataError) as caught:
+        datasetinfo.load_metadata(str(copied))
     assert str(caught.value) == (
         f"{copied}/metadata.json has format_version 1, written by an older trainer.prepare, whose "
         "metadata.json records no size, record count or SHA-256 per shard to check the shards "
@@ -379,15 +379,16 @@ def test_metadata_of_the_previous_format_says_to_prepare_again(copied: Path) -> 
 def test_metadata_of_a_newer_format_says_which_trainer_reads_it(copied: Path) -> None:
     edit_manifest(copied, lambda meta: meta.update(format_version=contract.METADATA_FORMAT_VERSION + 1))
     with pytest.raises(
-        data.DataError, match=r"written by a newer trainer\.prepare; .*use the trainer that prepared it"
+        datasetinfo.DataError,
+        match=r"written by a newer trainer\.prepare; .*use the trainer that prepared it",
     ):
-        data.load_metadata(str(copied))
+        datasetinfo.load_metadata(str(copied))
 
 
 def test_metadata_that_is_not_json_is_refused_naming_it(copied: Path) -> None:
     (copied / contract.METADATA_FILE).write_text('{"format_version": 2, ')
-    with pytest.raises(data.DataError, match=rf"^{copied}/metadata\.json is not JSON \("):
-        data.load_metadata(str(copied))
+    with pytest.raises(datasetinfo.DataError, match=rf"^{copied}/metadata\.json is not JSON \("):
+        datasetinfo.load_metadata(str(copied))
 
 
 def test_the_trainer_exits_1_with_one_line_on_a_damaged_dataset(

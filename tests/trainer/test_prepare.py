@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.processes import ROOT, trainer_env
-from trainer import data
+from trainer import data, datasetinfo
 from trainer.folders import IMAGE_EXTENSIONS
 from trainer.prepare import prepare
 from trainer.prepareconfig import PrepareConfig
@@ -48,7 +48,7 @@ def image_folder(tmp_path: Path) -> Path:
 
 
 def read_split(out: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
-    meta = data.load_metadata(str(out))
+    meta = datasetinfo.load_metadata(str(out))
     ds = data.make_dataset(str(out), meta, split, batch_size=1000, training=False)
     images, labels = zip(*[(x.numpy(), y.numpy()) for x, y in ds], strict=True)
     return np.concatenate(images), np.concatenate(labels)

@@ -434,9 +434,9 @@ def test_a_good_header_on_corrupt_data_is_still_named_when_decoding_fails(tmp_pa
 
 
 def read_all(out: Path) -> list[np.ndarray]:
-    from trainer import data
+    from trainer import data, datasetinfo
 
-    meta = data.load_metadata(str(out))
+    meta = datasetinfo.load_metadata(str(out))
     found = []
     for split in ("train", "validation", "test"):
         for x, _ in data.make_dataset(str(out), meta, split, batch_size=1, training=False):
@@ -763,12 +763,12 @@ def test_beam_workers_are_bounded_by_this_machines_cpus_and_memory(monkeypatch: 
     """24 workers on 2 CPUs started 49 TensorFlow processes and reached 17 GB before the kernel
     killed them: more workers than the CPUs or the available memory hold are refused, naming both;
     0 means as many as both allow."""
-    from trainer import beamprep
+    from trainer import beamrun
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     config = PrepareConfig(source="synthetic", output_dir="/tmp/x", engine="beam", beam_workers=24)
     with pytest.raises(PrepareError, match="--beam_workers 24") as err:
-        beamprep.local_workers(config)
+        beamrun.local_workers(config)
     assert "2 CPUs" in str(err.value) and "GiB available" in str(err.value)
-    assert beamprep.local_workers(PrepareConfig(source="synthetic", output_dir="/tmp/x", beam_workers=0)) <= 2
-    assert beamprep.local_workers(PrepareConfig(source="synthetic", output_dir="/tmp/x", beam_workers=1)) == 1
+    assert beamrun.local_workers(PrepareConfig(source="synthetic", output_dir="/tmp/x", beam_workers=0)) <= 2
+    assert beamrun.local_workers(PrepareConfig(source="synthetic", output_dir="/tmp/x", beam_workers=1)) == 1

@@ -1,0 +1,480 @@
+"""What a prepared dataset's metadata.json says (`load_metadata`, `DatasetMetadata`), and its
+shards checked against it.
+
+The shards are checked against metadata.json's manifest (each shard's name, exact size, record
+count and SHA-256) whenever a dataset is loaded (`verify_shards`): sizes on every load (one
+listing and a stat per shard), the SHA-256 of every shard with $TRAINER_VERIFY_DATA=full, and of
+the shards that need explaining whenever something does not match. A record found corrupt later,
+while training or evaluating, is explained the same way (`explain_read_error`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from trainer import storage
+from trainer._tf import tf
+from trainer.config import SPLITS
+from trainer.contract import METADATA_FILE, METADATA_SHARD_KEYS
+from trainer.contract import METADATA_FORMAT_VERSION as FORMAT_VERSION
+
+
+class DataError(ValueError):
+    """A prepared dataset's files do not match its metadata.json, or metadata.json is not one this
+    trainer reads: the message names the file, what was expected and found, and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """One shard as metadata.json records it (trainer.contract.METADATA_SHARD_KEYS)."""
+
+    name: str
+    bytes: int
+    records: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitInfo:
+    count: int
+    shards: tuple[str, ...]
+    class_counts: Mapping[str, int]
+    files: tuple[ShardInfo, ...] = ()
+    """metadata.json's manifest entry of each shard, in the order of `shards`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetMetadata:
+    """What `metadata.json` says about a prepared dataset."""
+
+    class_names: tuple[str, ...]
+    image_size: int
+    encoding: str
+    splits: Mapping[str, SplitInfo]
+    fingerprint: str
+    source: str
+    manifest_fingerprint: str = ""
+    """The fingerprint computed again from metadata.json's own entries (`manifest_fingerprint`):
+    not `fingerprint` when metadata.json was edited after preparation ("": not computed)."""
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], data_dir: str = ".") -> DatasetMetadata:
+        """Raises DataError, naming `data_dir`'s metadata.json and what to do, when it is of
+        another format_version or malformed."""
+        where = storage.join(data_dir, METADATA_FILE)
+        if not isinstance(data, Mapping):
+            raise DataError(f"{where} is not a JSON object: {reprepare('SOURCE', data_dir)}")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise DataError(_version_problem(version, where, str(data.get("source", "SOURCE")), data_dir))
+        try:
+            splits = {name: _split_info(name, s) for name, s in data["splits"].items()}
+            meta = cls(
+                class_names=tuple(str(c) for c in data["class_names"]),
+                image_size=int(data["image_size"]),
+                encoding=str(data["encoding"]),
+                splits=splits,
+                fingerprint=str(data["fingerprint"]),
+                source=str(data["source"]),
+                manifest_fingerprint=manifest_fingerprint(data),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            what = f"lacks {e}" if isinstance(e, KeyError) else str(e)
+            raise DataError(
+                f"{where} is malformed ({what}): {reprepare(str(data.get('source', 'SOURCE')), data_dir)}"
+            ) from None
+        missing = [s for s in SPLITS if s not in splits]
+        if missing:
+            raise DataError(f"{where} lacks the split(s) {missing}: {reprepare(meta.source, data_dir)}")
+        return meta
+
+
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _split_info(split: str, s: Mapping[str, Any]) -> SplitInfo:
+    files = []
+    for i, entry in enumerate(s["shards"]):
+        if not isinstance(entry, Mapping) or sorted(entry) != sorted(METADATA_SHARD_KEYS):
+            raise ValueError(
+                f"shard {i} of split {split!r} is {json.dumps(entry)[:80]}, expected an object of "
+                f"exactly {list(METADATA_SHARD_KEYS)}"
+            )
+        name, size, records, sha = (entry[k] for k in METADATA_SHARD_KEYS)
+        whole = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (size, records))
+        if not (isinstance(name, str) and whole and isinstance(sha, str) and SHA256_HEX.fullmatch(sha)):
+            raise ValueError(
+                f"shard {i} of split {split!r}: expected a file name, whole non-negative bytes and "
+                f"records, and a SHA-256 of 64 hex digits, found {json.dumps(entry)}"
+            )
+        files.append(ShardInfo(name, size, records, sha))
+    return SplitInfo(
+        count=int(s["count"]),
+        shards=tuple(f.name for f in files),
+        class_counts={str(k): int(v) for k, v in s["class_counts"].items()},
+        files=tuple(files),
+    )
+
+
+def manifest_fingerprint(metadata: Mapping[str, Any]) -> str:
+    """The dataset's fingerprint, "sha256:<hex>": SHA-256 of the canonical JSON (sorted keys, no
+    spaces) of {class_names, image_size, encoding, splits: {split: {count, class_counts, shards:
+    [[name, bytes, records, sha256], ...]}}} taken from metadata.json's own entries. Every shard's
+    SHA-256 is in it, so it is a fingerprint of the content; recomputed by every reader, it
+    changes when any of those entries is edited without the fingerprint."""
+    doc = {
+        "class_names": list(metadata["class_names"]),
+        "image_size": metadata["image_size"],
+        "encoding": metadata["encoding"],
+        "splits": {
+            split: {
+                "count": s["count"],
+                "class_counts": s["class_counts"],
+                "shards": [[entry[k] for k in METADATA_SHARD_KEYS] for entry in s["shards"]],
+            }
+            for split, s in metadata["splits"].items()
+        },
+    }
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return f"sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+
+
+def reprepare(source: str, data_dir: str) -> str:
+    return (
+        f"prepare the dataset again (`python -m trainer.prepare --source {source} --output_dir "
+        f"{data_dir} --overwrite`, with the other flags it was prepared with)"
+    )
+
+
+def _version_problem(version: Any, where: str, source: str, data_dir: str) -> str:
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        return (
+            f"{where} has format_version {version}, written by a newer trainer.prepare; this trainer "
+            f"reads format_version {FORMAT_VERSION}: use the trainer that prepared it, or "
+            f"{reprepare(source, data_dir)}"
+        )
+    return (
+        f"{where} has format_version {version!r}, written by an older trainer.prepare, whose "
+        "metadata.json records no size, record count or SHA-256 per shard to check the shards "
+        f"against; this trainer reads format_version {FORMAT_VERSION}: {reprepare(source, data_dir)}"
+    )
+
+
+VERIFY_ENV = "TRAINER_VERIFY_DATA"
+VERIFY_MODES = ("size", "full")
+HASH_THREADS = 8
+"""Shards hashed at once (reading is the cost: a gs:// shard is a request of its own)."""
+HASH_BLOCK = 8 << 20
+AUDIT_MAX_BYTES = 16 << 30
+"""A read error met while training or evaluating hashes the shards of the splits being read, to
+name the one that changed, when they hold at most this many bytes (16 GiB: a minute or two);
+above it the error lists the shards and says how to check them."""
+SHOWN_PROBLEMS = 5
+
+
+def read_metadata(data_dir: str) -> DatasetMetadata:
+    """`metadata.json` alone, no shard checked (`load_metadata` checks them): cheap, and reads no
+    record, so it may run before the distribution strategy is built."""
+    path = storage.join(data_dir, METADATA_FILE)
+    if not tf.io.gfile.exists(storage.resolve(path)):
+        raise FileNotFoundError(
+            f"{path} not found: --data_dir must be a folder written by `python -m trainer.prepare`"
+        )
+    try:
+        content = storage.read_json(path)
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise DataError(f"{path} is not JSON ({e}): {reprepare('SOURCE', data_dir)}") from None
+    return DatasetMetadata.from_json(content, data_dir)
+
+
+def load_metadata(data_dir: str, verify: str | None = None) -> DatasetMetadata:
+    """Reads `metadata.json` and checks the shards it lists (see `verify_shards`).
+
+    `verify`: "size" (cheap: every shard listed is there under its name with its exact size, and
+    no other shard is) or "full" (also the SHA-256 of every shard); None takes
+    $TRAINER_VERIFY_DATA, else "size"."""
+    meta = read_metadata(data_dir)
+    verify_shards(data_dir, meta, verify)
+    return meta
+
+
+def expected_records(count: int, shards: int, index: int) -> int:
+    """Records in shard `index` of a split: `trainer.prepare` writes round-robin."""
+    return count // shards + (1 if index < count % shards else 0)
+
+
+def verify_shards(data_dir: str, meta: DatasetMetadata, verify: str | None = None) -> None:
+    """Checks the prepared files against metadata.json's manifest; raises DataError naming each
+    shard that differs, its split, what was expected and what was found, and what to do.
+
+    Always (no shard read): the manifest is self-consistent (names, record counts as written
+    round-robin, class counts adding up, the fingerprint computed again from the entries); the
+    folder lists every shard and no other `.tfrecord`; each shard has its exact size. "full":
+    also the SHA-256 of every shard. A shard of the wrong size, and every shard when the
+    fingerprint shows metadata.json was edited, is hashed to say what it holds (another shard's
+    content: swapped or copied; or how many of its records read intact)."""
+    mode = verify or os.environ.get(VERIFY_ENV) or "size"
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"verify={mode!r} (or ${VERIFY_ENV}): expected one of {VERIFY_MODES}")
+    _check_manifest(data_dir, meta)
+    problems = _check_files(data_dir, meta)
+    if problems:
+        raise _mismatch(data_dir, meta, problems)
+    edited = bool(meta.manifest_fingerprint) and meta.manifest_fingerprint != meta.fingerprint
+    if not edited and mode != "full":
+        return
+    problems = _audit(data_dir, meta, SPLITS)
+    if edited and not problems:
+        problems = _read_all(data_dir, meta)
+    if edited:
+        problems.insert(
+            0,
+            f"metadata.json's entries no longer give its fingerprint (it records {meta.fingerprint}; "
+            f"its classes, counts and shard entries give {meta.manifest_fingerprint}): it was edited "
+            "after preparation"
+            + (
+                ", and every shard matches the edited entries and reads intact, so which files "
+                "were prepared is unknown"
+                if not problems
+                else ""
+            ),
+        )
+    if problems:
+        raise _mismatch(data_dir, meta, problems)
+
+
+def _mismatch(data_dir: str, meta: DatasetMetadata, problems: list[str]) -> DataError:
+    shown = problems[:SHOWN_PROBLEMS]
+    more = len(problems) - len(shown)
+    return DataError(
+        f"prepared dataset {data_dir} does not match its {METADATA_FILE}: {'; '.join(shown)}"
+        + (f"; and {more} more" if more else "")
+        + f": {reprepare(meta.source, data_dir)}"
+    )
+
+
+def _where(split: str, shard: str) -> str:
+    return f"shard {shard} of split {split!r}"
+
+
+def _check_manifest(data_dir: str, meta: DatasetMetadata) -> None:
+    """metadata.json against itself and trainer.prepare's rules: no file is read."""
+    problems = []
+    for split in SPLITS:
+        info = meta.splits[split]
+        n = len(info.files)
+        if sum(info.class_counts.values()) != info.count:
+            problems.append(
+                f"split {split!r}: its class_counts add up to {sum(info.class_counts.values())}, its "
+                f"count is {info.count}"
+            )
+        for i, entry in enumerate(info.files):
+            expected_name = f"{split}-{i:05d}-of-{n:05d}.tfrecord"
+            if entry.name != expected_name:
+                problems.append(
+                    f"{_where(split, entry.name)}: metadata.json lists it as shard {i} of {n} of split "
+                    f"{split!r}, which trainer.prepare names {expected_name}; found {entry.name}"
+                )
+                continue
+            records = expected_records(info.count, n, i)
+            if entry.records != records:
+                problems.append(
+                    f"{_where(split, entry.name)}: metadata.json says it holds {entry.records} records; "
+                    f"{info.count} records written round-robin into {n} shards put {records} there"
+                )
+    if problems:
+        raise _mismatch(data_dir, meta, problems)
+
+
+def _listed(meta: DatasetMetadata, splits: Iterable[str] = SPLITS) -> list[tuple[str, ShardInfo]]:
+    return [(split, entry) for split in splits for entry in meta.splits[split].files]
+
+
+def _path(data_dir: str, name: str) -> str:
+    return storage.resolve(storage.join(data_dir, name))
+
+
+def _check_files(data_dir: str, meta: DatasetMetadata) -> list[str]:
+    """One listing of the folder and a stat per shard: missing, extra and resized shards (a
+    resized one hashed, to say what it holds)."""
+    folder = storage.resolve(data_dir)
+    present = {name.rstrip("/") for name in tf.io.gfile.listdir(folder)}
+    listed = _listed(meta)
+    names = {entry.name for _, entry in listed}
+    problems, resized = [], []
+    for split, entry in listed:
+        if entry.name not in present:
+            problems.append(
+                f"{_where(split, entry.name)}: expected the file ({entry.bytes:,} bytes, "
+                f"{entry.records} records), found none"
+            )
+            continue
+        size = tf.io.gfile.stat(_path(data_dir, entry.name)).length
+        if size != entry.bytes:
+            resized.append((split, entry))
+    for name in sorted(present - names):
+        if name.endswith(".tfrecord"):
+            problems.append(
+                f"{name} is in the folder but not in metadata.json, which lists "
+                f"{len(names)} shards (a shard of another preparation, or a copy); remove it"
+            )
+    if resized:
+        found = _hash_all(data_dir, resized)
+        problems[:0] = [
+            _content_problem(meta, split, entry, *found[entry.name], data_dir) for split, entry in resized
+        ]
+    return problems
+
+
+def shard_digest(path: str) -> tuple[str, int]:
+    """(SHA-256 hex, bytes) of the file at `path` (local, gs:// or /gcs/), read in blocks."""
+    h, n = hashlib.sha256(), 0
+    path = storage.resolve(path)
+    opener: Any = open if not storage.is_remote(path) else tf.io.gfile.GFile
+    with opener(path, "rb") as f:
+        while block := f.read(HASH_BLOCK):
+            h.update(block)
+            n += len(block)
+    return h.hexdigest(), n
+
+
+def _hash_all(data_dir: str, listed: list[tuple[str, ShardInfo]]) -> dict[str, tuple[str | None, int]]:
+    """{shard name: (SHA-256 hex, bytes)} of each listed shard, HASH_THREADS at once; (None, 0)
+    for one that is gone."""
+
+    def one(entry: ShardInfo) -> tuple[str | None, int]:
+        try:
+            return shard_digest(_path(data_dir, entry.name))
+        except (FileNotFoundError, tf.errors.NotFoundError):
+            return None, 0
+
+    with concurrent.futures.ThreadPoolExecutor(HASH_THREADS) as pool:
+        digests = list(pool.map(one, [entry for _, entry in listed]))
+    return {entry.name: digest for (_, entry), digest in zip(listed, digests, strict=True)}
+
+
+def _audit(data_dir: str, meta: DatasetMetadata, splits: Iterable[str]) -> list[str]:
+    """The shards of `splits` whose bytes are not those metadata.json records, each hashed."""
+    listed = _listed(meta, splits)
+    found = _hash_all(data_dir, listed)
+    return [
+        _content_problem(meta, split, entry, *found[entry.name], data_dir)
+        for split, entry in listed
+        if found[entry.name][0] != entry.sha256
+    ]
+
+
+def _content_problem(
+    meta: DatasetMetadata, split: str, entry: ShardInfo, sha: str | None, size: int, data_dir: str
+) -> str:
+    """What a shard whose bytes differ from its entry holds instead, in one clause."""
+    where = _where(split, entry.name)
+    if sha is None:
+        return f"{where}: expected the file ({entry.bytes:,} bytes, {entry.records} records), found none"
+    expected = f"expected {entry.bytes:,} bytes, {entry.records} records, SHA-256 {entry.sha256[:16]}"
+    found = f"found {size:,} bytes{' (the same size)' if size == entry.bytes else ''}, SHA-256 {sha[:16]}"
+    if sha == entry.sha256:
+        return f"{where}: {expected}; {found}: the SHA-256 recorded, so the shard is intact and its entry in metadata.json was edited"
+    twin = next(((s, e) for s, e in _listed(meta) if e.sha256 == sha and e.name != entry.name), None)
+    if twin is not None:
+        what = f"it holds the content of {_where(twin[0], twin[1].name)}: swapped or copied over"
+    else:
+        intact, error = _read_records(_path(data_dir, entry.name))
+        if error:
+            what = f"{_records(intact)} read intact, then {error}"
+        elif intact != entry.records:
+            what = f"it holds {_records(intact)}, all intact: truncated or replaced by other records"
+        else:
+            what = f"its {_records(intact)} read intact, but are not the records prepared"
+    return f"{where}: {expected}; {found}: {what}"
+
+
+def _records(n: int) -> str:
+    return f"{n:,} record{'' if n == 1 else 's'}"
+
+
+def _read_all(data_dir: str, meta: DatasetMetadata) -> list[str]:
+    """Every shard's records read (their CRCs) and counted against metadata.json: what names a
+    shard whose entry was edited to its new size and SHA-256 (only the fingerprint tells)."""
+    listed = _listed(meta)
+    with concurrent.futures.ThreadPoolExecutor(HASH_THREADS) as pool:
+        found = list(pool.map(lambda item: _read_records(_path(data_dir, item[1].name)), listed))
+    problems = []
+    for (split, entry), (intact, error) in zip(listed, found, strict=True):
+        if error or intact != entry.records:
+            what = (
+                f"{_records(intact)} read intact, then {error}" if error else f"it holds {_records(intact)}"
+            )
+            problems.append(
+                f"{_where(split, entry.name)}: its size and SHA-256 match its entry in metadata.json, "
+                f"which says it holds {_records(entry.records)}; {what}"
+            )
+    return problems
+
+
+def _read_records(path: str) -> tuple[int, str | None]:
+    """Records of a TFRecord file that read intact (their CRCs pass), and the error that stopped
+    the reading (None: the file read to its end)."""
+    intact = 0
+    try:
+        for _ in tf.data.TFRecordDataset(path).as_numpy_iterator():
+            intact += 1
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+        return intact, _first_cause(e)
+    return intact, None
+
+
+def _first_cause(error: tf.errors.OpError) -> str:
+    """The line of a TensorFlow error that says what is wrong (from inside a graph the message
+    starts "Graph execution error:" and buries the cause among the op trace), without the op's
+    name around it (`{{function_node ...}} corrupted record at 74166 [Op:IteratorGetNext]`)."""
+    lines = [line.strip() for line in (error.message or "").splitlines() if line.strip()]
+    keep = ("corrupt", "truncat")
+    line = next((line for line in lines if any(k in line.lower() for k in keep)), lines[0] if lines else "")
+    line = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", line)
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", line).strip()
+
+
+def explain_read_error(
+    error: tf.errors.OpError, data_dir: str, meta: DatasetMetadata, split: str | tuple[str, ...]
+) -> DataError:
+    """A DataError for a read error raised while iterating `split` (or each split read at once,
+    as `fit` reads train and validation): TensorFlow's `corrupted record at N` names no file, so
+    the shards of those splits are hashed against metadata.json (up to AUDIT_MAX_BYTES) to name
+    the one that changed; with none changed, the read itself failed."""
+    splits = (split,) if isinstance(split, str) else split
+    which = f"split {splits[0]!r}" if len(splits) == 1 else "splits " + " and ".join(repr(s) for s in splits)
+    head = f"reading {which} in {data_dir} failed ({_first_cause(error)})"
+    listed = _listed(meta, splits)
+    total = sum(entry.bytes for _, entry in listed)
+    if listed and total <= AUDIT_MAX_BYTES:
+        problems = _audit(data_dir, meta, splits)
+        if problems:
+            return DataError(
+                f"{head}: {'; '.join(problems[:SHOWN_PROBLEMS])}"
+                + (f"; and {len(problems) - SHOWN_PROBLEMS} more" if len(problems) > SHOWN_PROBLEMS else "")
+                + f": {reprepare(meta.source, data_dir)}"
+            )
+        return DataError(
+            f"{head}, yet every shard of {'it' if len(splits) == 1 else 'them'} still has the size "
+            "and SHA-256 metadata.json records (hashed just now): the files are intact and the read "
+            "itself failed; run again, and if it recurs check the storage the data is read from"
+        )
+    files = ", ".join(shard for s in splits for shard in meta.splits[s].shards)
+    why = f"{total:,} bytes, too many to hash now" if listed else "no manifest to check them against"
+    return DataError(
+        f"{head}; {'its' if len(splits) == 1 else 'their'} shards ({why}): {files}. Find the bad one "
+        f'with `{VERIFY_ENV}=full` (or load_metadata(..., verify="full")), then '
+        f"{reprepare(meta.source, data_dir)}"
+    )
