@@ -189,7 +189,7 @@ def test_dependencies_come_from_the_lock_before_the_code(stage: list[Instruction
     assert runs and copy_lock < runs[0][0] and runs[-1][0] < copy_code, "COPY lock, install, COPY trainer/"
     for _, run_args in runs:
         assert "uv export" in run_args and "--frozen" in run_args, run_args
-        assert "--require-hashes -r /tmp/requirements.txt" in run_args, run_args
+        assert "--require-hashes --compile-bytecode -r /tmp/requirements.txt" in run_args, run_args
     gpu = [a for _, a in runs if "--only-group trainer --only-group gpu" in a]
     assert gpu, "the GPU jobs' image installs the gpu group"
     # The build fails, not the first GPU job, when TF is not a CUDA build.
