@@ -118,7 +118,7 @@ METRICS_LISTS_ONLY = ("launch.cli",)
 METADATA_READERS: dict[str, list[Reader]] = {
     "components.prepare": [("components/prepare.py", "dataset_record", {"meta"})]
 }
-TRAINER_METADATA_READERS: list[Reader] = [("trainer/data.py", "from_json", {"data"})]
+TRAINER_METADATA_READERS: list[Reader] = [("trainer/datasetinfo.py", "from_json", {"data"})]
 
 
 def test_the_key_reader_finds_every_form_of_read() -> None:
