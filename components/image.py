@@ -410,7 +410,8 @@ def build_trainer_image(
     > 0, `<image_name>-dataflow:<tag>` (the `dataflow` stage: the trainer plus Apache Beam and
     Dataflow's Flex Template launcher) when `prepare_engine` is `beam`, and
     `<image_name>-serving:<tag>` (Dockerfile.serving's `cpu` stage; `-serving-gpu` and its
-    `gpu` stage when `serving_accelerator` is gpu) when `serving_image` is `custom`, or `auto` and the prebuilt image of `serving_tf_version` ends within the serving policy's
+    `gpu` stage when `serving_accelerator` is gpu) when `serving_image` is `custom`, or `auto`
+    and the prebuilt image of `serving_tf_version` ends within the serving policy's
     margin on this run's date (`servingimage.resolve_serving_image`: the run's one decision). Only
     the images whose tags are absent are built, in one build.
 

@@ -453,13 +453,13 @@ def local_upload_model(
     evaluated_champion: str,
     evaluation_dir: str,
 ) -> NamedTuple("Outputs", version=str, path=str, champion=bool):
-    """Local form of `ModelUploadOp` and the gate's alias move (`registry.record_on_version`): checks that the SavedModel serves
-    (`python -m trainer.serve`, its `serving_default` on test images, under the serving image's
-    TensorFlow; for TensorFlow Serving, also that `artifact_uri` would serve this very model),
-    then registers it as the
-    next version of `model_display_name`, with the gate's `description` and figures (the
-    evaluation job's `evaluation_dir`), and moves the champion alias when `promote` and, under
-    the registry's lock, the alias is still on `evaluated_champion` (`register_version`)."""
+    """Local form of `ModelUploadOp` and the gate's alias move (`registry.record_on_version`):
+    checks that the SavedModel serves (`python -m trainer.serve`, its `serving_default` on test
+    images, under the serving image's TensorFlow; for TensorFlow Serving, also that `artifact_uri`
+    would serve this very model), then registers it as the next version of `model_display_name`,
+    with the gate's `description` and figures (the evaluation job's `evaluation_dir`), and moves
+    the champion alias when `promote` and, under the registry's lock, the alias is still on
+    `evaluated_champion` (`register_version`)."""
     import collections
     import json
     import os
