@@ -232,8 +232,11 @@ def _vertex_registry(
     from google_cloud_pipeline_components.types.artifact_types import UnmanagedContainerModel, VertexModel
     from google_cloud_pipeline_components.v1.model import ModelUploadOp
 
-    # The image and what it is given of the model (`servingimage.registered_artifact`): routes
-    # left "" are unset in the Model (proto3), so the image's own defaults hold.
+    # The image and what it is given of the model (`servingimage.registered_artifact`). A route
+    # left "" is unset in the Model (proto3), and an unset route takes Vertex's default,
+    # /v1/endpoints/ENDPOINT/deployedModels/DEPLOYED_MODEL:predict (aiplatform_v1
+    # `ModelContainerSpec.predict_route` and `health_route`: "If you don't specify this field, it
+    # defaults to ..."), which is what the prebuilt images answer on.
     unmanaged = dsl.importer(
         artifact_uri=settings.outputs["artifact_uri"],
         artifact_class=UnmanagedContainerModel,
