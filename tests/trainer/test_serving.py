@@ -242,6 +242,20 @@ def test_the_signature_refuses_pixel_bombs_other_formats_and_oversized_requests(
 SERVING_TFS = {DEFAULT_SERVING_TF_VERSION: "2.15.1", CUSTOM_SERVING_TF_VERSION: "2.20.0"}
 
 
+# Runs trainer.serve's main for each case in turn, as stdin sends them (a JSON line: [case, argv]),
+# in the serving environment's interpreter; one JSON line per case: its exit code and output.
+SERVE_EACH = """
+import contextlib, io, json, sys
+from trainer import serve
+for line in sys.stdin:
+    case, argv = json.loads(line)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = serve.main(argv)
+    print(json.dumps({"case": case, "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}), flush=True)
+"""
+
+
 def check_lines(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
@@ -254,7 +268,7 @@ def test_each_serving_image_has_its_environment() -> None:
 
 @pytest.mark.serial
 def test_models_exported_here_serve_under_each_serving_images_tensorflow(
-    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
 ) -> None:
     started = time.monotonic()
     pythons = {version: servingenv.python_for(version) for version in SERVING_TFS}
@@ -264,41 +278,46 @@ def test_models_exported_here_serve_under_each_serving_images_tensorflow(
         versions = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True)
         assert versions.stdout.split() == [SERVING_TFS[version], "False"], versions.stdout  # no tf_keras
 
-    def check(version: str, path: Path, *images: Path) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [
-                pythons[version],
-                "-m",
-                "trainer.serve",
-                "--model_dir",
-                str(path),
-                *(f"--image={i}" for i in images),
-            ],
-            cwd=ROOT,
-            env=trainer_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    # One process per TensorFlow: `python -m trainer.serve`'s main for each model in turn as it is
+    # exported, each one's exit code and output kept apart (importing TensorFlow is most of a
+    # check; nine processes, one per check, took 195 s of make test's serial tier).
+    def check(version: str) -> subprocess.Popen[str]:
+        with (tmp_path / f"tensorflow-{version}.log").open("w") as log:  # read on failure
+            return subprocess.Popen(
+                [pythons[version], "-c", SERVE_EACH],
+                cwd=ROOT,
+                env=trainer_env(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
 
     # Under the custom image's TensorFlow, a minor release from the trainer's, the mixed-precision
     # ResNet50 and the guards; everything under the prebuilt image's, the check's own refusal too.
     def checked(v: str, name: str) -> bool:
         return v == DEFAULT_SERVING_TF_VERSION or name in ("tiny", "tiny-bomb", "resnet50-mixed_float16")
 
-    # Each check runs while the next model is exported (most of a check is importing TensorFlow).
+    procs = {v: check(v) for v in SERVING_TFS}
+    request.addfinalizer(lambda: [proc.kill() for proc in procs.values() if proc.poll() is None])
+
+    def send(name: str, *argv: str) -> None:
+        for v, proc in procs.items():
+            if checked(v, name):
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps([name, list(argv)]) + "\n")
+                proc.stdin.flush()
+
     models = {"tiny": tiny_model, "no-signature": export_without_signature(tmp_path / "no-signature")}
-    procs = {(v, n): check(v, path) for n, path in models.items() for v in SERVING_TFS if checked(v, n)}
     bomb = tmp_path / "over-the-pixel-limit.png"
     bomb.write_bytes(real_png(8193))  # decodable: only the model's guard refuses it
-    for v in SERVING_TFS:
-        procs[(v, "tiny-bomb")] = check(v, tiny_model, bomb)
+    send("tiny-bomb", "--model_dir", str(tiny_model), f"--image={bomb}")
+    for name in ("tiny", "no-signature"):
+        send(name, "--model_dir", str(models[name]))
     resnet = replace(TINY, backbone="resnet50", dense_units=0)
     for name, policy in (("resnet50-float32", "float32"), ("resnet50-mixed_float16", "mixed_float16")):
         models[name] = export_model(resnet, tmp_path / name, policy)
-        for v in SERVING_TFS:
-            if checked(v, name):
-                procs[(v, name)] = check(v, models[name])
+        send(name, "--model_dir", str(models[name]))
     exported = time.monotonic()
     # The same SavedModels under the trainer's TensorFlow, through the same check, meanwhile.
     references = {}
@@ -306,7 +325,14 @@ def test_models_exported_here_serve_under_each_serving_images_tensorflow(
         capsys.readouterr()
         assert serve.main(["--model_dir", str(models[name])]) == 0
         references[name] = check_lines(capsys.readouterr().out)
-    results = {key: (*proc.communicate(timeout=300), proc.returncode) for key, proc in procs.items()}
+    results = {}
+    for v, proc in procs.items():
+        stdout, _ = proc.communicate(timeout=600)  # closes its stdin: no more cases
+        assert proc.returncode == 0, (tmp_path / f"tensorflow-{v}.log").read_text()[-3000:]
+        for line in stdout.splitlines():
+            if line.startswith('{"case"'):
+                case = json.loads(line)
+                results[(v, case["case"])] = (case["stdout"], case["stderr"], case["code"])
     served = time.monotonic()
 
     for v in SERVING_TFS:
@@ -342,6 +368,6 @@ def test_models_exported_here_serve_under_each_serving_images_tensorflow(
         if "mixed" not in name:
             assert [a["class_name"] for a in answers] == [a["class_name"] for a in reference], (v, name)
     print(
-        f"\nserving envs {env_seconds:.1f} s, exports (checks started) {exported - started - env_seconds:.1f} s, "
-        f"references and the rest of the checks {served - exported:.1f} s"
+        f"\nserving envs {env_seconds:.1f} s, exports {exported - started - env_seconds:.1f} s, "
+        f"references and the checks {served - exported:.1f} s"
     )
