@@ -51,6 +51,44 @@ def serving_images_judged_on_a_fixed_day(monkeypatch: pytest.MonkeyPatch) -> Non
     )
 
 
+# aiplatform's PipelineJob reads its template with the pure-Python YAML parser: a second for the
+# compiled 620 KB JSON, on every submission (py-spy: three quarters of a test_submit test). The
+# tests submit the same few templates hundreds of times, compiled afresh into their own folders
+# or served by a fake registry, so each process parses a content once and hands out copies of
+# what that parse returned: the library's answer either way. aiplatform reads every template
+# (local file, https or gs://) through yaml_utils._maybe_import_yaml().safe_load; installed once
+# aiplatform is imported (tests import it inside themselves).
+_PARSED_TEMPLATES: dict[bytes, Any] = {}
+
+
+class _TemplatesParsedOnce:
+    def __init__(self, yaml: Any) -> None:
+        self.yaml = yaml
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.yaml, name)
+
+    def safe_load(self, stream: Any) -> Any:
+        import copy
+        import hashlib
+
+        text = stream.read() if hasattr(stream, "read") else stream
+        key = hashlib.sha256(text.encode() if isinstance(text, str) else text).digest()
+        if key not in _PARSED_TEMPLATES:
+            _PARSED_TEMPLATES[key] = self.yaml.safe_load(text)
+        return copy.deepcopy(_PARSED_TEMPLATES[key])
+
+
+@pytest.fixture(autouse=True)
+def templates_parsed_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    yaml_utils = sys.modules.get("google.cloud.aiplatform.utils.yaml_utils")
+    if yaml_utils is not None:
+        shim = _TemplatesParsedOnce(yaml_utils._maybe_import_yaml())
+        monkeypatch.setattr(yaml_utils, "_maybe_import_yaml", lambda: shim)
+
+
 def trainer_check_in_process(module: str, request: Any, timeout: float | None = None) -> Any:
     """`pipeline.rules.trainer_flags.trainer_check` answered in this process: the same module's `main` on the
     same JSON, without a Python start per check (hundreds of them across the suite)."""
