@@ -11,7 +11,7 @@
 #   dataflow          cpu plus Apache Beam, the Dataflow Flex Template launcher and Beam's
 #                     worker boot: a Beam preparation on Dataflow (prepare_engine=beam) alone
 # cpu and trainer share base's layers (a registry stores and a machine pulls them once); what the
-# gpu group adds, in compressed wheel bytes, is in docs/gpus.md ("The trainer image").
+# gpu group adds, in compressed wheel bytes, is in docs/vertex.md#the-trainer-image.
 #
 # Build context (see .dockerignore): this file, trainer/, pyproject.toml and uv.lock, nothing else.
 #   docker build --target trainer -t trainer .
@@ -95,7 +95,7 @@ USER 0:0
 # containerSpec.args become trainer.task's flags.
 ENTRYPOINT ["python", "-m", "trainer.task"]
 
-# The CPU jobs' image: no CUDA libraries (docs/gpus.md, "The trainer image", says how much less).
+# The CPU jobs' image: no CUDA libraries (docs/vertex.md#the-trainer-image says how much less).
 FROM base AS cpu
 COPY trainer/ /app/trainer/
 
@@ -111,11 +111,11 @@ RUN uv export --quiet --frozen --only-group trainer --only-group gpu --no-emit-p
     && TF_CPP_MIN_LOG_LEVEL=2 python -c "import tensorflow as tf; info = tf.sysconfig.get_build_info(); assert info['is_cuda_build'], info; print('tensorflow', tf.__version__, 'CUDA', info['cuda_version'], 'cuDNN', info['cudnn_version'])"
 COPY trainer/ /app/trainer/
 
-# Reduction Server (docs/reduction-server.md): for a job with a Reduction Server pool (worker
-# pool 2) to use its reducers, the chief's and the workers' image needs Google's NCCL transport
-# plugin. Vertex AI's "Distributed training" page, Reduction Server prerequisites: "A custom
-# container with NCCL 2.7 or later and the `google-reduction-server` package installed", from
-# the apt repository `google-fast-socket` at packages.cloud.google.com, signed by the key at
+# Reduction Server (docs/architecture.md#reduction-server): for a job with a Reduction Server pool
+# (worker pool 2) to use its reducers, the chief's and the workers' image needs Google's NCCL
+# transport plugin. Vertex AI's "Distributed training" page, Reduction Server prerequisites: "A
+# custom container with NCCL 2.7 or later and the `google-reduction-server` package installed",
+# from the apt repository `google-fast-socket` at packages.cloud.google.com, signed by the key at
 # packages.cloud.google.com/apt/doc/apt-key.gpg:
 # https://cloud.google.com/vertex-ai/docs/training/distributed-training#reduce_training_time_with_reduction_server
 # Same repository, key and package as Google's line; only the key goes to a keyring that this
@@ -142,10 +142,10 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && dpkg -L google-reduction-server | grep '\.so'
 
-# Dataflow (docs/beam.md): the image of a Beam preparation on Dataflow (`prepare_engine=beam` on
-# Vertex), both as the Flex Template's launcher and as the workers' SDK container, so that the
-# job installs nothing at run time. On the cpu stage (Dataflow's workers have no GPU here); its
-# own stage, so that no other image carries Beam:
+# Dataflow (docs/training.md#preparing-on-apache-beam): the image of a Beam preparation on
+# Dataflow (`prepare_engine=beam` on Vertex), both as the Flex Template's launcher and as the
+# workers' SDK container, so that the job installs nothing at run time. On the cpu stage
+# (Dataflow's workers have no GPU here); its own stage, so that no other image carries Beam:
 # - the lock's `beam` group (apache-beam[gcp], the version the local DirectRunner runs);
 # - Beam's worker boot program, from Beam's SDK image of the same Beam and Python versions: a
 #   custom SDK container's entrypoint must be /opt/apache/beam/boot (Dataflow, "Build custom

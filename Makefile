@@ -44,30 +44,36 @@ $(STAMP): pyproject.toml uv.lock Makefile | $(UV)
 
 setup: $(STAMP) ## Create .venv from uv.lock (installs uv first when missing); quick when nothing changed
 
-# The tiers (docs/layout.md): the tests that need no cores of their own run on every core
-# (pytest-xdist; a module's tests on one worker, so its module fixtures are built once); the
-# `serial` ones (multi-replica training, kills and resumes, the local end-to-end runs, deadlines)
-# then two at a time: one alone left a core idle (120% CPU on 2 cores) through its imports,
-# steps and collectives; worksteal keeps a long test from holding back the other worker's queue.
+# The tiers (docs/architecture.md#development): the tests that need no cores of their own run on
+# every core (pytest-xdist; a module's tests on one worker, so its module fixtures are built
+# once); the `serial` ones (multi-replica training, kills and resumes, the local end-to-end runs,
+# deadlines) then two at a time: one alone left a core idle (120% CPU on 2 cores) through its
+# imports, steps and collectives; worksteal keeps a long test from holding back the other worker's
+# queue.
+# The first part runs one worker more than there are cores: its tests wait on subprocesses, files
+# and sockets for a third of their time (131% CPU with 2 workers on 2 cores; make test-fast took
+# 3:36 with 2 workers, 3:16 with 3, 3:14 with 4), and the modules that train a model go first
+# (tests/conftest.py, HEAVIEST_MODULES) so that none ends the run alone.
 # Both parts always run; either failing fails. Each names its ten slowest.
 # The tests write bytecode whatever the environment says: pytest caches its rewritten test modules
 # only then, and every process of the suite would otherwise compile the project's modules again
 # (__pycache__ is gitignored). Collecting the fast tier took 35 s, 14 s with .venv compiled, 10 s
 # with this too.
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
+ON_EVERY_CORE := -n $(shell echo $$(( $$(nproc) + 1 ))) --dist loadscope --no-loadscope-reorder
 
 test: $(STAMP) ## Run the whole test suite: every tier, on every core, then the serial tier two at a time
-	@a=0; $(PYTEST) -m "not serial" -n auto --dist loadscope --durations=10 || a=$$?; \
+	@a=0; $(PYTEST) -m "not serial" $(ON_EVERY_CORE) --durations=10 || a=$$?; \
 	b=0; $(PYTEST) -m serial -n 2 --dist worksteal --durations=10 || b=$$?; \
 	if [ $$a -ne 0 ] || [ $$b -ne 0 ]; then echo "make test: failed (on every core: exit $$a; serial: exit $$b)" >&2; exit 1; fi
 
 test-fast: $(STAMP) ## Run the edit-loop tier: the tests that start no TensorFlow process and no make, on every core
-	$(PYTEST) -m "not process and not serial" -n auto --dist loadscope
+	$(PYTEST) -m "not process and not serial" $(ON_EVERY_CORE)
 
 test-hardening: $(STAMP) ## Run the hardening tier: bad inputs and attacks at every entry point
-	$(PYTEST) -m "hardening and not serial" -n auto --dist loadscope
+	$(PYTEST) -m "hardening and not serial" $(ON_EVERY_CORE)
 
-test-conformance: $(STAMP) ## Run the conformance tier: every option combination through the real GCPC launchers, or refused before any request (docs/conformance.md)
+test-conformance: $(STAMP) ## Run the conformance tier: every option combination through the real GCPC launchers, or refused before any request (docs/guarantees.md#conformance-the-real-launchers-every-option)
 	$(PYTEST) -m conformance tests/conformance
 
 compile: $(STAMP) ## Compile pipeline.py to compiled/pipeline.json and pipeline-notify.json (byte-identical on every run)

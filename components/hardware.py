@@ -4,7 +4,8 @@ Validated before anything is submitted, so a bad worker pool fails in millisecon
 message naming what is allowed, not minutes later in the Vertex console.
 
 `N1_GPU_COUNTS` is the table of GPUs per N1 machine type from Google's guide "Using GPUs for
-training models in the cloud", cell by cell (copied, with its source, in docs/gpus.md;
+training models in the cloud", cell by cell (copied, with its source, in
+docs/vertex.md#gpus-for-training-what-google-allows-and-what-this-project-checks;
 `tests/components/test_hardware.py` checks every cell). `FIXED_GPU_MACHINES` are the current
 GPU machine families, whose GPUs come with the machine (A100 on a2, L4 on g2, H100/H200 on a3).
 `REGION_GPUS` is a snapshot of Vertex AI's "accelerators by region" page, NOT yet checked against

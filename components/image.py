@@ -76,7 +76,7 @@ def registry_digest(session: Any, image: str, tag: str) -> str:
             f"{repository}: the registry answered {head.status_code} to HEAD {url}: {body!r}. "
             "Grant it roles/artifactregistry.reader on the repository (the build itself pushes "
             "with Cloud Build's service account, which needs roles/artifactregistry.writer there); "
-            "docs/iam.md lists every role a first run needs."
+            "docs/vertex.md#the-iam-roles-a-first-run-needs lists every role a first run needs."
         )
     if head.status_code == 200:
         raise RuntimeError(f"the registry answered 200 without a Docker-Content-Digest for {image}:{tag}")
@@ -293,12 +293,12 @@ def run_cloud_build(
                 " (the pipeline's service account submits the build and must be allowed to act as "
                 "Cloud Build's service account: grant it roles/iam.serviceAccountUser on that account, "
                 f"which in projects that first built after May 2024 is the Compute Engine default one, "
-                f"<project number>-compute@developer.gserviceaccount.com of {project}; see docs/iam.md)"
+                f"<project number>-compute@developer.gserviceaccount.com of {project}; see docs/vertex.md#the-iam-roles-a-first-run-needs)"
             )
         elif created.status_code in (401, 403):
             hint = (
                 " (the pipeline's service account needs roles/cloudbuild.builds.editor, which holds "
-                f"cloudbuild.builds.create, in project {project}; see docs/iam.md)"
+                f"cloudbuild.builds.create, in project {project}; see docs/vertex.md#the-iam-roles-a-first-run-needs)"
             )
         elif region_refused(created):
             hint = (

@@ -14,8 +14,8 @@ target, the local job runner (`local.jobs`).
 
 Each trainer pool's container gets its own request in its environment (`pool_env`:
 `TRAINER_POOL_MACHINE_TYPE`, `TRAINER_POOL_ACCELERATOR_TYPE`, `TRAINER_POOL_ACCELERATOR_COUNT`),
-so every replica can check at start that it sees the GPUs it was given (`trainer.task`; docs/gpus.md,
-"No silent CPU training"). `container_spec.env` is aiplatform_v1 `ContainerSpec.env`, a list of
+so every replica can check at start that it sees the GPUs it was given (`trainer.task`;
+docs/vertex.md#no-silent-cpu-training). `container_spec.env` is aiplatform_v1 `ContainerSpec.env`, a list of
 `EnvVar{name, value}` ("Environment variables to be passed to the container. Maximum limit is
 100."), set per pool ("If you are performing distributed training, you can use different settings
 for each worker pool": "Configure container settings for custom training",

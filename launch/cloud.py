@@ -1,7 +1,8 @@
 """How this machine talks to Google Cloud: each service named and tried once, within seconds,
 before its first use (`reach`), a network failure of the client libraries afterwards turned into
 one line (`reaching`, `GoogleUnreachable`: what could not be reached, where, why, and the likely
-causes), and a 403 into the role of docs/iam.md that grants what was refused (`refused_as`,
+causes), and a 403 into the role of
+docs/vertex.md#the-iam-roles-a-first-run-needs that grants what was refused (`refused_as`,
 `GoogleRefused`). Used by `make run` with a project (`launch.submit`), the schedule commands, the
 GPU check and the Vertex report."""
 
@@ -19,8 +20,9 @@ from launch.settings import Settings
 
 class GoogleRefused(RuntimeError):
     """Google Cloud answered 403 to one of this machine's requests: names the request, the role
-    of docs/iam.md that grants what was refused, and Google's own words. Raised from the
-    original error, so its traceback is still shown (exit code 1, README "Exit codes")."""
+    of docs/vertex.md#the-iam-roles-a-first-run-needs that grants what was refused, and Google's
+    own words. Raised from the original error, so its traceback is still shown (exit code 1,
+    README "Exit codes")."""
 
 
 # A permission named in Google's 403 (e.g. "Permission 'aiplatform.pipelineJobs.create' denied",
@@ -31,7 +33,8 @@ _PERMISSION = re.compile(r"\b(aiplatform|storage|iam|artifactregistry)\.(?!googl
 
 def missing_role(text: str, settings: Settings, default: str) -> str:
     """The role (with where it is granted) that holds the permission Google's 403 `text` names,
-    as docs/iam.md lists it for the account running make; `default` when it names none."""
+    as docs/vertex.md#the-iam-roles-a-first-run-needs lists it for the account running make;
+    `default` when it names none."""
     runs_as = settings.service_account or (
         "the Compute Engine default service account (<project number>-compute@developer.gserviceaccount.com), "
         "which the pipeline runs as when SERVICE_ACCOUNT is unset"
@@ -72,7 +75,8 @@ def refused_as(request: str, default_role: str, settings: Settings) -> Iterator[
         role = missing_role(str(err), settings, default_role)
         raise GoogleRefused(
             f"Google Cloud refused {request} (403): the account running make needs {role}; "
-            f"docs/iam.md lists every role a first run needs. Google said: {said}"
+            "docs/vertex.md#the-iam-roles-a-first-run-needs lists every role a first run needs. "
+            f"Google said: {said}"
         ) from err
 
 

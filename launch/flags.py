@@ -110,7 +110,7 @@ def build_parser(parameters: Sequence[Any]) -> argparse.ArgumentParser:
         default=None,
         help="An AI Platform Training config.yaml (trainingInput: scaleTier, masterType, workerType, "
         "workerCount, acceleratorConfig): its machines and GPUs set the hardware parameters; flags "
-        "given explicitly win (docs/training-config.md).",
+        "given explicitly win (docs/vertex.md#moving-from-ai-platform-training---training_config-file).",
     )
     group = p.add_argument_group("pipeline parameters")
     for q in parameters:

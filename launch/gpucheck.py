@@ -5,7 +5,7 @@
         [--timeout 1800s] [--no_wait]
 
 Submits one Vertex AI CustomJob of one replica that runs `python -m trainer.gpucheck` on the
-trainer image (docs/gpus.md, "make gpu-check"): it lists what the container sees (TensorFlow's
+trainer image (docs/vertex.md#make-gpu-check): it lists what the container sees (TensorFlow's
 devices and CUDA/cuDNN build, `nvidia-smi`), checks it against the GPUs asked with the
 trainer's own rule, and runs one NCCL all-reduce over them. This waits for the job, then
 reads back what the check wrote (`gpu_check.json` in the job's `AIP_MODEL_DIR`, under

@@ -310,7 +310,8 @@ def create_schedule(
             "the checkout has uncommitted changes: a schedule must be pinned to a commit; commit first"
         )
     submit.init_aiplatform(settings, credentials, transport)
-    # As it is today: each run the schedule starts finds it as it is then (docs/persistent-resource.md).
+    # As it is today: each run the schedule starts finds it as it is then
+    # (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).
     submit.check_persistent_resource(settings, submit.run_values(checked, compiled), credentials, transport)
     with cloud.refused_as(
         f"the build context's upload to gs://{settings.bucket}",

@@ -61,7 +61,8 @@ SETTINGS: dict[str, tuple[str, bool]] = {
         (
             "ID of a Vertex persistent resource in PROJECT_ID and REGION that the preparation, training and "
             "evaluation jobs run on instead of machines started for each (default: none, on demand). It "
-            "bills while it exists, busy or idle: docs/persistent-resource.md says when it pays"
+            "bills while it exists, busy or idle: "
+            "docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource says when it pays"
         ),
         False,
     ),
@@ -71,7 +72,8 @@ SETTINGS: dict[str, tuple[str, bool]] = {
             "Vertex API endpoint of the requests make run, make schedule and make schedules send from "
             "this machine: <region>-aiplatform.googleapis.com (default) or a Private Service Connect one "
             "(<name>.p.googleapis.com). It does not reach the pipeline: its steps and GCPC's jobs always "
-            "call <region>-aiplatform.googleapis.com (docs/vertex-fidelity.md)"
+            "call <region>-aiplatform.googleapis.com "
+            "(docs/guarantees.md#the-local-target-is-as-strict-as-vertex)"
         ),
         False,
     ),

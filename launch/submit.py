@@ -220,7 +220,9 @@ def check_persistent_resource(
             f"persistent_resource_id: there is no persistent resource {resource_id!r} in project "
             f"{settings.project}, region {settings.region} (the run's; a job runs only on a resource of its "
             f"own project and region): `gcloud ai persistent-resources list --region {settings.region}` "
-            "lists them; create it (docs/persistent-resource.md), or leave persistent_resource_id empty "
+            "lists them; create it "
+            "(docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource), or leave "
+            "persistent_resource_id empty "
             "(PERSISTENT_RESOURCE_ID unset) to run on demand"
         ) from None
     problems, warnings = persistent_resource.persistent_resource_fit(resource, values, settings.region)
@@ -259,7 +261,8 @@ def build_pipeline_job(
     CreatePipelineJobRequest and drops what this one does: the `experiment` (EXPERIMENT), the
     pipeline root's bucket check, the preflight refusal's messages (`PreflightRefused`); and
     schedules (`launch.schedules`) could not carry it. The jobs run on the resource through the
-    `persistent_resource_id` parameter instead (docs/persistent-resource.md)."""
+    `persistent_resource_id` parameter instead
+    (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource)."""
     from google.cloud import aiplatform
 
     job = aiplatform.PipelineJob(

@@ -1,5 +1,5 @@
 """`--training_config FILE`: an AI Platform Training `config.yaml` read as the pipeline's hardware
-parameters (docs/training-config.md).
+parameters (docs/vertex.md#moving-from-ai-platform-training---training_config-file).
 
 Users moving from AI Platform Training have the YAML file `gcloud ai-platform jobs submit training
 --config` took: a Job with a `trainingInput` mapping (the bare mapping is accepted too). Its scale

@@ -22,7 +22,8 @@ Everything comes from the run's records, read through the real client libraries:
   `current_state_time`, its end once the state is terminal), and the job's first messages of
   importance JOB_MESSAGE_BASIC and above (`MessagesV1Beta3.ListJobMessages`), each with its time
   from the job's creation. Those messages are where Dataflow says when it started its workers:
-  the start-up that decides when Dataflow beats the one-replica preparation job (docs/beam.md),
+  the start-up that decides when Dataflow beats the one-replica preparation job
+  (docs/training.md#preparing-on-apache-beam),
   which Google publishes no figure for;
 - the trainer's metrics.json (trainer/contract.py) in Cloud Storage, in the folder of the run's
   Model artifact (`system.Model`: its URI is the trainer's model folder);

@@ -70,5 +70,5 @@ def gpu_shortfall(
     return (
         f"GPU check failed: {pool} ({role}) asked for {asked} x {accelerator_type} on "
         f"{machine_type}, but {seen_by} sees {gpus} GPU{'' if gpus == 1 else 's'} "
-        f"(devices: {seen}); refusing to train on CPU (docs/gpus.md)"
+        f"(devices: {seen}); refusing to train on CPU (docs/vertex.md#no-silent-cpu-training)"
     )

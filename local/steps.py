@@ -1,5 +1,6 @@
 """The local backend's KFP components: each takes the same inputs as the Vertex step it stands in
-for and runs it on this machine, as strictly as Vertex (see docs/vertex-fidelity.md).
+for and runs it on this machine, as strictly as Vertex (see
+docs/guarantees.md#the-local-target-is-as-strict-as-vertex).
 
     check_build_context   for build_trainer_image (Cloud Build): checks the context, builds nothing
     local_custom_job      for CustomTrainingJobOp: one process per replica (`local.jobs`)

@@ -53,8 +53,9 @@ def _vertex_custom_job(
     `{{$.pipeline_persistent_resource_id}}`, "resolved to the PipelineJob RuntimeConfig's
     persistent resource id at runtime" (GCPC 2.22 v1/custom_job/component.py), which only a
     v1beta1 PipelineJob with a default runtime sets: `launch.submit` sends a v1 PipelineJob
-    (docs/persistent-resource.md says why), so the ID is passed explicitly. It reaches the job
-    as aiplatform_v1 `CustomJobSpec.persistent_resource_id` ("the job will be run on existing
+    (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource says why), so
+    the ID is passed explicitly. It reaches the job as aiplatform_v1
+    `CustomJobSpec.persistent_resource_id` ("the job will be run on existing
     machines held by the PersistentResource instead of on-demand short-live machines. The network
     and CMEK configs on the job should be consistent with those on the PersistentResource,
     otherwise, the job will be rejected"), which `launch.submit` checks before the run."""
@@ -87,7 +88,7 @@ def dataflow_preparation(
     CMEK key, in `dataflow_subnetwork` when given (a custom-mode or Shared VPC network needs it:
     Dataflow takes a network given alone as an auto-mode network of the job's project), with its
     labels (the op adds the run's own), its workers bounded by
-    `dataflow_max_workers` of `dataflow_machine_type`. docs/beam.md."""
+    `dataflow_max_workers` of `dataflow_machine_type`. docs/training.md#preparing-on-apache-beam."""
     from google_cloud_pipeline_components.v1.dataflow import DataflowFlexTemplateJobOp
     from google_cloud_pipeline_components.v1.wait_gcp_resources import WaitGcpResourcesOp
 

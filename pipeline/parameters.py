@@ -111,7 +111,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         "job",
         "How the dataset is prepared: job (one process on one machine) or beam (an Apache Beam "
         "pipeline: on Dataflow on Vertex, in Beam's local worker processes locally; resumable; the "
-        "same bytes). docs/beam.md.",
+        "same bytes). docs/training.md#preparing-on-apache-beam.",
     ),
     _p(
         "dataflow_max_workers",
@@ -228,7 +228,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         "training and evaluation jobs run on instead of machines started for each ('': on demand; "
         "the PERSISTENT_RESOURCE_ID setting). It needs a pool for each job's machines, the run's "
         "network, CMEK key and service account; tuning trials and the pipeline's own steps still "
-        "start machines (docs/persistent-resource.md).",
+        "start machines (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).",
         targets=("vertex",),
     ),
     # Tuning.

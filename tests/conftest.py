@@ -154,3 +154,31 @@ def fresh_aiplatform() -> Iterator[None]:
     yield
     vars(config).clear()
     vars(config).update(saved)
+
+
+# Under `--dist loadscope` (make test's first part, make test-fast) a module runs whole on one
+# worker, and xdist hands out the modules with the most tests first; these few tests each train
+# or build a model and take a minute or so in all (make test-fast's timeline: test_task last,
+# alone for its last 25 s on a 2-core machine). With `--no-loadscope-reorder` this order stands:
+# these modules first, then xdist's own (most tests first).
+HEAVIEST_MODULES = (
+    "tests/trainer/test_task.py",
+    "tests/trainer/test_backbones.py",
+    "tests/trainer/test_model.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "loadscopereorder", True):  # xdist sets dist="no" in its workers
+        return
+    counts: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        counts[module] = counts.get(module, 0) + 1
+
+    def weight(item: pytest.Item) -> tuple[int, int]:
+        module = item.nodeid.split("::")[0]
+        first = HEAVIEST_MODULES.index(module) if module in HEAVIEST_MODULES else len(HEAVIEST_MODULES)
+        return (first, -counts[module])
+
+    items.sort(key=weight)  # stable: a module's tests keep their order

@@ -6,6 +6,7 @@ function: component bodies import at run time). The `pipeline` layer is the `pip
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,3 +114,50 @@ def test_the_pipeline_layer_is_the_package_and_its_compile_script() -> None:
     assert (ROOT / "pipeline" / "rules" / "__init__.py").is_file() and not (
         ROOT / "components" / "options.py"
     ).exists()
+
+
+def extras_table() -> dict[str, tuple[set[str], set[str]]]:
+    """docs/architecture.md's "Core and extras" table: extra -> (its modules, its seams), as paths."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("\n## Core and extras\n", 1)[1].split("\n## ", 1)[0]
+    rows = [
+        line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| Extra ")
+    ]
+    table = {}
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        modules, seams = ({p for p in re.findall(r"`([\w/]+\.py)`", cell)} for cell in cells[1:3])
+        table[cells[0]] = (modules, seams)
+    return table
+
+
+def test_each_extra_is_named_by_the_core_only_at_its_seams() -> None:
+    table = extras_table()
+    assert len(table) >= 5 and all(modules for modules, _ in table.values()), table
+    by_path = {str(path.relative_to(ROOT)): path for path in sources()}
+    names = {module_name(path): rel for rel, path in by_path.items()}
+
+    def imported(rel: str) -> set[str]:
+        """The project modules one file imports (a name resolved to its module)."""
+        out = set()
+        for dotted in set().union(*own_imports(by_path[rel]).values()):
+            while dotted and dotted not in names:
+                dotted = dotted.rpartition(".")[0]
+            if dotted:
+                out.add(names[dotted])
+        return out
+
+    wrong = []
+    for extra, (modules, seams) in table.items():
+        assert modules | seams <= set(by_path), (
+            f"{extra}: {sorted((modules | seams) - set(by_path))} do not exist"
+        )
+        for rel in by_path:
+            if imported(rel) & modules and rel not in modules | seams:
+                wrong.append(
+                    f"{rel} imports {sorted(imported(rel) & modules)} ({extra}), and is not a seam of it"
+                )
+        for seam in seams:
+            if not imported(seam) & modules:
+                wrong.append(f"{seam} is listed as a seam of {extra} and imports none of {sorted(modules)}")
+    assert not wrong, "docs/architecture.md's Core and extras table:\n" + "\n".join(wrong)

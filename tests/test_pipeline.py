@@ -839,7 +839,8 @@ def test_gcpcs_launchers_send_the_launch_to_dataflow_and_wait_for_the_job(
 def test_the_wait_step_fails_the_run_when_the_dataflow_job_does_not_finish_done(
     spec: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str
 ) -> None:
-    """A Dataflow job that ends in any state but DONE (a bad image fails it: docs/beam.md) fails
+    """A Dataflow job that ends in any state but DONE (a bad image fails it:
+    docs/training.md#preparing-on-apache-beam) fails
     the wait step, so the training never starts on a half-written dataset."""
     with pytest.raises(RuntimeError, match=f"failed with error state: {state}"):
         launch_and_wait(spec, tmp_path, monkeypatch, ("JOB_STATE_RUNNING", state))

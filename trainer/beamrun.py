@@ -305,7 +305,8 @@ def prepare_beam(
     a Flex Template's launcher (`--template_location` among Beam's options) it only writes the
     job's graph and returns {}: Dataflow starts the job when the launcher ends. `started`
     (time.monotonic() before the source was listed) times the listing and planning: under a
-    Flex Template's launcher that is what Dataflow's launch timeout bounds (docs/beam.md)."""
+    Flex Template's launcher that is what Dataflow's launch timeout bounds
+    (docs/training.md#preparing-on-apache-beam)."""
     import logging
     import time
 

@@ -18,7 +18,7 @@ Only the training tasks (chief + workers) make up the cluster the strategy is bu
 a `ps` entry in its cluster, TensorFlow 2.21's MultiWorkerMirroredStrategy makes `ps` task 0 the
 leader of its coordination service (`multi_worker_util.coordination_leader`), and a Reduction
 Server replica is no TensorFlow server, so every replica waits for it forever (measured:
-tests/trainer/test_reduction_server.py, docs/reduction-server.md).
+tests/trainer/test_reduction_server.py, docs/architecture.md#reduction-server).
 """
 
 from __future__ import annotations
@@ -207,7 +207,8 @@ def gpu_shortfall(
     return (
         f"GPU check failed: {pool} ({role}) asked for {asked} x {request.accelerator_type} on "
         f"{request.machine_type}, but {seen_by} sees {gpus} GPU{'' if gpus == 1 else 's'} "
-        f"(devices: {seen}{'; ' + detail if detail else ''}); refusing to train on CPU (docs/gpus.md)"
+        f"(devices: {seen}{'; ' + detail if detail else ''}); refusing to train on CPU "
+        "(docs/vertex.md#no-silent-cpu-training)"
     )
 
 

@@ -1,7 +1,7 @@
 """`python -m trainer.gpucheck`: what this container sees of its GPUs, and one NCCL all-reduce.
 
 The in-image half of `make gpu-check` (`launch/gpucheck.py` submits it as a one-replica Vertex
-CustomJob on the trainer image; docs/gpus.md, "make gpu-check"). It reports:
+CustomJob on the trainer image; docs/vertex.md#make-gpu-check). It reports:
 
 - TensorFlow's version and build (`tf.sysconfig.get_build_info()`: CUDA and cuDNN versions, the
   compute capabilities it has kernels for), every physical device TensorFlow lists, and

@@ -12,7 +12,7 @@ Non-chief workers save into a temporary folder that is deleted.
 
 At start, before the distribution strategy: a replica whose worker pool asked for GPUs
 (`TRAINER_POOL_*`, set by the pipeline's worker pool specs) and that sees fewer exits with one
-line and status 3 (`distribute.GPUS_MISSING_EXIT_CODE`; docs/gpus.md, "No silent CPU training").
+line and status 3 (`distribute.GPUS_MISSING_EXIT_CODE`; docs/vertex.md#no-silent-cpu-training).
 Then, from metadata.json alone: a global batch (`--per_replica_batch_size` x the replicas the
 strategy will have) larger than the training split exits with one line naming the largest
 `--per_replica_batch_size` that fits and status 2, the status of a bad flag

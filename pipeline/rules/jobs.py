@@ -302,7 +302,8 @@ def job_settings_problems(v: Mapping[str, Any], region: str) -> list[Problem]:
                     ("tensorboard", "service_account"),
                     'a TensorBoard needs a service account (aiplatform: "service_account is required '
                     'with provided tensorboard"): set service_account (or SERVICE_ACCOUNT), with '
-                    "roles/storage.admin and roles/aiplatform.user (docs/iam.md)",
+                    "roles/storage.admin and roles/aiplatform.user "
+                    "(docs/vertex.md#the-iam-roles-a-first-run-needs)",
                 )
             )
     for message in label_problems(v["labels"]):

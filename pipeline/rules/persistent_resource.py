@@ -6,7 +6,7 @@ persistent_resource_id: a persistent resource's ID (aiplatform_v1
 `CreatePersistentResourceRequest.persistent_resource_id`), with STANDARD scheduling (this
 pipeline's rule); the resource itself, read when the run is submitted, must be RUNNING, on the
 run's network, CMEK key and service account, with a pool for each job's machines
-(docs/persistent-resource.md).
+(docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ PERSISTENT_RESOURCE_ID = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
 PERSISTENT_RESOURCE_JOBS = (step.PREPARE, step.TRAIN, step.EVALUATE)
 
 
-PERSISTENT_RESOURCE_DOC = "docs/persistent-resource.md"
+PERSISTENT_RESOURCE_DOC = "docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource"
 
 
 def persistent_resource_id_problem(resource_id: str) -> str:
@@ -149,7 +149,8 @@ def persistent_resource_fit(
       any workloads (for example, Vertex Jobs) on the resource. Otherwise, uses the Vertex AI
       Custom Code Service Agent" (`ServiceAccountSpec`): the run's `service_account` must be set
       when the resource enforces one, and a run that has one needs a resource that takes it
-      (else its jobs would run as another identity than the one docs/iam.md grants roles to).
+      (else its jobs would run as another identity than the one
+      docs/vertex.md#the-iam-roles-a-first-run-needs grants roles to).
     - Each job's worker pools: a resource pool whose `machine_spec` (machine type, GPU type and
       count) and boot disk type are the pool's, holding its replicas: "values for machine-type and
       disk-type matches exactly with a corresponding resource pool", and "a replica-count less than

@@ -212,7 +212,7 @@ def locked_wheel_bytes(*groups: str) -> int:
     CPython 3.11 on manylinux x86_64 (the image's python:3.11-slim-bookworm, glibc 2.36) as
     uv.lock records its `size`, or its sdist when it has no such wheel. Not the image's size:
     wheels are zip files, and only a real build shows the installed bytes and the base's.
-    `python -m tests.ci.test_cuda_lock` prints the figures docs/gpus.md states."""
+    `python -m tests.ci.test_cuda_lock` prints the figures docs/vertex.md#the-trainer-image states."""
     from packaging import tags
     from packaging.requirements import Requirement
     from packaging.utils import parse_wheel_filename
@@ -255,13 +255,15 @@ def megabytes(size: int) -> str:
 
 
 def test_the_cpu_image_leaves_out_the_gpu_groups_download() -> None:
-    """The figures docs/gpus.md states are this lock's, and the gpu group is most of the GPU
-    image's download (the reason the CPU jobs get an image without it)."""
+    """The figures docs/vertex.md#the-trainer-image states are this lock's, and the gpu group is
+    most of the GPU image's download (the reason the CPU jobs get an image without it)."""
     cpu, gpu = locked_wheel_bytes("trainer"), locked_wheel_bytes("trainer", "gpu")
     assert gpu - cpu > cpu, (cpu, gpu)
-    docs = (ROOT / "docs" / "gpus.md").read_text()
+    page = (ROOT / "docs" / "vertex.md").read_text()
+    assert "\n### The trainer image\n" in page, "docs/vertex.md has no '### The trainer image' section"
+    docs = re.split(r"^##+ ", page.split("\n### The trainer image\n", 1)[1], maxsplit=1, flags=re.M)[0]
     for figure in (cpu, gpu, gpu - cpu):
-        assert megabytes(figure) in docs, f"docs/gpus.md should state {megabytes(figure)}"
+        assert megabytes(figure) in docs, f"docs/vertex.md#the-trainer-image should state {megabytes(figure)}"
 
 
 if __name__ == "__main__":

@@ -198,7 +198,7 @@ def test_dependencies_come_from_the_lock_before_the_code(stage: list[Instruction
 
 def test_the_cpu_image_has_no_cuda_wheels(cpu_stage: list[Instruction], stage: list[Instruction]) -> None:
     """The CPU jobs' image installs the trainer group alone (the gpu group's nvidia-* wheels are
-    most of the GPU image's download: docs/gpus.md, "The trainer image"), imports it, and has
+    most of the GPU image's download: docs/vertex.md#the-trainer-image), imports it, and has
     the trainer's code and entry point; the dataflow image is built on it."""
     runs = installs(cpu_stage)
     assert runs and not [a for _, a in runs if "gpu" in a.split()], runs
@@ -264,7 +264,7 @@ def test_hadolint_ignores_nothing_but_root_as_the_last_user_and_the_unpinned_plu
         )
 
 
-# --- Reduction Server's NCCL plugin (docs/reduction-server.md) ------------------------------------
+# --- Reduction Server's NCCL plugin (docs/architecture.md#reduction-server) -----------------------
 
 # Google's prerequisite for a custom container (Vertex AI, "Distributed training", Reduction Server):
 # the google-reduction-server package from this apt repository, signed by this key.
@@ -335,7 +335,7 @@ def test_reduction_server_plugin_is_only_in_its_own_stage_under_pipefail(
 def test_dockerfile_cites_googles_reduction_server_prerequisite() -> None:
     text = DOCKERFILE.read_text()
     assert REDUCTION_SERVER_DOCS in text
-    assert "docs/reduction-server.md" in text
+    assert "docs/architecture.md#reduction-server" in text
 
 
 # --- the build context ----------------------------------------------------------------------------

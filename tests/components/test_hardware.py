@@ -1,5 +1,5 @@
 """The validator against Google's table of GPUs per N1 machine type, cell by cell (the table of
-"Using GPUs for training models in the cloud", as copied in docs/gpus.md)."""
+"Using GPUs for training models in the cloud", as copied in docs/vertex.md#gpus-per-n1-machine-type)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from components.hardware import (
 )
 
 GPUS = (K80, P4, P100, T4, V100)
-# Google's table as printed (docs/gpus.md): machine type -> allowed counts per GPU column ("-" = none).
+# Google's table as printed (docs/vertex.md#gpus-per-n1-machine-type): machine type -> allowed
+# counts per GPU column ("-" = none).
 GUIDE_TABLE = """
 n1-standard-4   1,2,4,8 1,2,4 1,2,4 1,2,4 1,2,4,8
 n1-standard-8   1,2,4,8 1,2,4 1,2,4 1,2,4 1,2,4,8

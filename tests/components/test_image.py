@@ -293,7 +293,7 @@ def test_a_registry_permission_error_names_the_role_and_starts_no_build(
     assert "cannot read the Artifact Registry repository" in message and cloud["repository"] in message
     assert SERVICE_ACCOUNT in message
     assert "roles/artifactregistry.reader" in message and "roles/artifactregistry.writer" in message
-    assert "docs/iam.md" in message
+    assert "docs/vertex.md#the-iam-roles-a-first-run-needs" in message
     assert str(status) in message and "Permission denied" in message
     assert fake.rest.requests == [], "no build may start when the registry could not be read"
 
@@ -400,7 +400,8 @@ def test_a_refused_build_names_the_cloud_build_role(cloud: dict[str, Any]) -> No
     )
     with pytest.raises(RuntimeError, match=r"403 .*denied.*roles/cloudbuild.builds.editor") as err:
         run_build(cloud, fake)
-    assert "docs/iam.md" in str(err.value) and "serviceAccountUser" not in str(err.value)
+    assert "docs/vertex.md#the-iam-roles-a-first-run-needs" in str(err.value)
+    assert "serviceAccountUser" not in str(err.value)
 
 
 def test_a_build_refused_for_act_as_names_the_service_account_user_role(cloud: dict[str, Any]) -> None:
@@ -420,7 +421,8 @@ def test_a_build_refused_for_act_as_names_the_service_account_user_role(cloud: d
         run_build(cloud, fake)
     text = str(err.value)
     assert "roles/iam.serviceAccountUser" in text and "compute@developer.gserviceaccount.com" in text
-    assert "docs/iam.md" in text and "roles/cloudbuild.builds.editor" not in text
+    assert "docs/vertex.md#the-iam-roles-a-first-run-needs" in text
+    assert "roles/cloudbuild.builds.editor" not in text
     assert len(fake.posts()) == 1, "a permission refusal is not retried elsewhere"
 
 

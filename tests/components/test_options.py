@@ -68,7 +68,7 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
         (
             {"tensorboard": "projects/1/locations/us-central1/tensorboards/2"},
             {"tensorboard", "service_account"},
-            "with roles/storage.admin and roles/aiplatform.user (docs/iam.md)",
+            "with roles/storage.admin and roles/aiplatform.user (docs/vertex.md#the-iam-roles-a-first-run-needs)",
         ),
         (
             {

@@ -304,8 +304,9 @@ def test_grid_search_needs_an_all_discrete_space() -> None:
 
 
 def test_the_local_space_is_centred_on_the_local_defaults() -> None:
-    """docs/rules.md: two trials on the tiny backbone must not land far from the local
-    defaults, which already reach the gate; a change of one without the other fails here."""
+    """docs/options.md#the-search-space-search_space: two trials on the tiny backbone must not land
+    far from the local defaults, which already reach the gate; a change of one without the other
+    fails here."""
     local = {q.name: q.default_for("local") for q in pipeline.PARAMETERS}
     by_id = {s.parameter_id: s for s in tuning.parse_search_space(tuning.LOCAL_SEARCH_SPACE)}
     assert set(by_id) <= set(tuning.TUNABLE_FLAGS) and len(by_id) <= local["max_trial_count"]

@@ -1,6 +1,7 @@
 """The conformance tier: every option combination of `ROWS`, through the real GCPC 2.22 launchers
-or refused at the front door before any request (docs/conformance.md, whose table is generated
-from `ROWS`: `python -m tests.conformance.test_conformance` rewrites it).
+or refused at the front door before any request
+(docs/guarantees.md#conformance-the-real-launchers-every-option, whose table is generated from
+`ROWS`: `python -m tests.conformance.test_conformance` rewrites it).
 
 Accepted rows: the compiled template (`compiled/pipeline.json`, read once per module) rendered
 with the row's parameter values and the worker pools the real `build_worker_pool_specs` returns
@@ -40,7 +41,7 @@ from tests.fakes import RestFake
 pytestmark = pytest.mark.conformance
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "conformance.md"
+DOC = ROOT / "docs" / "guarantees.md"
 BEGIN = "<!-- BEGIN MATRIX: generated from tests/conformance/test_conformance.py ROWS -->"
 END = "<!-- END MATRIX -->"
 
@@ -1052,7 +1053,7 @@ def _code(value: Any) -> str:
 
 
 def matrix_markdown(rows: tuple[Row, ...] = ROWS) -> str:
-    """The table of docs/conformance.md."""
+    """The table of docs/guarantees.md ("The matrix", in its conformance section)."""
     lines = [
         "| Row | Sets | Outcome |",
         "|---|---|---|",
@@ -1089,7 +1090,7 @@ def test_the_doc_table_is_the_matrix() -> None:
     assert BEGIN in text and END in text, f"{DOC.name} has lost its {BEGIN} ... {END} markers"
     table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
     assert table == matrix_markdown(), (
-        "docs/conformance.md's table differs from ROWS: run "
+        "docs/guarantees.md's conformance table differs from ROWS: run "
         "`.venv/bin/python -m tests.conformance.test_conformance` to regenerate it"
     )
 

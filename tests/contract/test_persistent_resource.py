@@ -3,7 +3,8 @@ compiled template binds it to every CustomTrainingJobOp and to no tuning job; th
 payloads parse into aiplatform_v1 `CustomJob` carrying it; the offline rules; and `make run` /
 `make schedule` reading the resource with the real aiplatform_v1 `PersistentResourceServiceClient`
 from a fake Vertex API (REST, and gRPC), refusing an unfit one in one line before anything of the
-run is uploaded or created (docs/persistent-resource.md)."""
+run is uploaded or created
+(docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource)."""
 
 from __future__ import annotations
 

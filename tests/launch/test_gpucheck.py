@@ -34,7 +34,7 @@ V100 = "NVIDIA_TESLA_V100"
 LINE = (
     "GPU check failed: workerpool0 (chief) asked for 1 x NVIDIA_TESLA_V100 on n1-standard-8, but "
     "TensorFlow sees 0 GPUs (devices: CPU:0; TensorFlow 2.21.0 built without CUDA); refusing to train "
-    "on CPU (docs/gpus.md)"
+    "on CPU (docs/vertex.md#no-silent-cpu-training)"
 )
 
 

@@ -1,8 +1,9 @@
 """`--training_config`: AI Platform Training config files mapped to the hardware parameters, the
 refusals (every problem of a file in one error), and explicit flags winning over the file.
 
-The expected tables here are written from AI Platform's documentation (docs/training-config.md
-cites it), not copied from `launch.trainingconfig`."""
+The expected tables here are written from AI Platform's documentation
+(docs/vertex.md#moving-from-ai-platform-training---training_config-file cites it), not copied
+from `launch.trainingconfig`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 import pipeline
-from launch import aiplatformjob, trainingconfig
+from launch import aiplatformjob
 from launch.flags import build_parser
 from launch.trainingconfig import (
     TrainingConfigError,
@@ -160,7 +161,8 @@ def test_the_compute_engine_example_is_refused_naming_every_problem(tmp_path: Pa
     assert lines[2].startswith("  - trainingInput.workerConfig.acceleratorConfig.type: NVIDIA_TESLA_K80")
     assert lines[3].startswith("  - trainingInput.parameterServerCount is 3: parameter servers have no role")
     assert "end of support" in lines[1] and "compute capability" in lines[1]
-    # n1-highcpu-16 takes 1, 2 or 4 T4s and 2, 4 or 8 V100s (docs/gpus.md): 4 of either.
+    # n1-highcpu-16 takes 1, 2 or 4 T4s and 2, 4 or 8 V100s
+    # (docs/vertex.md#gpus-per-n1-machine-type): 4 of either.
     assert "masterConfig.acceleratorConfig {count: 4, type: NVIDIA_TESLA_T4}" in lines[1]
     assert "masterConfig.acceleratorConfig {count: 4, type: NVIDIA_TESLA_V100}" in lines[1]
     assert "--reduction_server_count" in lines[3]
@@ -381,7 +383,7 @@ def test_a_count_may_be_a_digit_string_as_in_the_apis_json(tmp_path: Path) -> No
 
 
 def test_a_machine_and_gpu_pair_vertex_refuses_names_the_fields(tmp_path: Path) -> None:
-    # n1-standard-32 takes 4 or 8 V100s (docs/gpus.md), not 1.
+    # n1-standard-32 takes 4 or 8 V100s (docs/vertex.md#gpus-per-n1-machine-type), not 1.
     path = write(
         tmp_path,
         "trainingInput:\n  masterType: n1-standard-32\n  masterConfig:\n    acceleratorConfig: {count: 1, type: NVIDIA_TESLA_V100}\n",
@@ -395,7 +397,8 @@ def test_a_machine_and_gpu_pair_vertex_refuses_names_the_fields(tmp_path: Path) 
 
 
 def test_k80_suggestions_follow_the_n1_table(tmp_path: Path) -> None:
-    # n1-standard-32: T4 2 or 4, V100 4 or 8 (docs/gpus.md): 8 K80s become 4 T4s or 8 V100s.
+    # n1-standard-32: T4 2 or 4, V100 4 or 8 (docs/vertex.md#gpus-per-n1-machine-type): 8 K80s
+    # become 4 T4s or 8 V100s.
     path = write(
         tmp_path,
         "trainingInput:\n  masterType: n1-standard-32\n  masterConfig:\n    acceleratorConfig: {count: 8, type: NVIDIA_TESLA_K80}\n",

@@ -113,7 +113,8 @@ def test_a_gpu_pool_on_a_machine_without_gpus_is_refused_before_any_process(
         run(gpu_specs(tmp_path), tmp_path)
     assert str(err.value) == (
         "GPU check failed: workerpool0 (chief) asked for 1 x NVIDIA_TESLA_V100 on n1-standard-8, but this "
-        "machine (/proc/driver/nvidia/gpus) sees 0 GPUs (devices: none); refusing to train on CPU (docs/gpus.md)"
+        "machine (/proc/driver/nvidia/gpus) sees 0 GPUs (devices: none); refusing to train on CPU "
+        "(docs/vertex.md#no-silent-cpu-training)"
     )
     assert not (tmp_path / "chief.json").exists() and not (tmp_path / "logs").exists()
 

@@ -79,7 +79,7 @@ def test_fewer_gpus_than_asked_is_one_line_naming_pool_machine_gpus_and_devices(
     assert line == (
         "GPU check failed: workerpool1 (worker) asked for 2 x NVIDIA_TESLA_V100 on n1-standard-8, but "
         "TensorFlow sees 1 GPU (devices: CPU:0, GPU:0; TensorFlow 2.21.0 built with CUDA 12.5.1, cuDNN 9); "
-        "refusing to train on CPU (docs/gpus.md)"
+        "refusing to train on CPU (docs/vertex.md#no-silent-cpu-training)"
     )
     assert "\n" not in line
 

@@ -10,15 +10,15 @@ TF_CONFIG (and CLUSTER_SPEC), pool 2 played by a stand-in at its address:
   every connection and holds it, saying nothing (a port open, no TensorFlow server behind it);
 - the trainer's strategy alone (and one all-reduce), with nothing listening at pool 2's address.
 
-Measured with TensorFlow 2.21 (docs/reduction-server.md): built over the whole TF_CONFIG, the
-strategy makes `ps` task 0 its coordination service's leader, and both replicas block in the
+Measured with TensorFlow 2.21 (docs/architecture.md#reduction-server): built over the whole
+TF_CONFIG, the strategy makes `ps` task 0 its coordination service's leader, and both replicas block in the
 strategy's constructor (enabling collective ops), with no error: still waiting after 15 minutes
 with nothing listening, and after 90 s with the listener (which they kept reconnecting to). Both
 tests below fail so, by their timeout, on that code. The trainer now builds its strategy over the
 chief and the workers only (trainer/distribute.py), and trains.
 
 What this cannot show: that Google's reducers then carry the all-reduce. That needs GPUs, NCCL,
-Google's plugin and Vertex (docs/reduction-server.md, "Verified only on Vertex").
+Google's plugin and Vertex (docs/architecture.md#what-is-verified-here-and-what-only-on-vertex).
 """
 
 from __future__ import annotations
