@@ -18,16 +18,13 @@ the same class names in the same order (`task_mismatch`). Otherwise a one-class 
 test accuracy is trivially 1.0, would take the alias from a five-class champion.
 """
 
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from kfp import dsl
 
 from components import stepimage
 from components.servingimage import (
-    DEFAULT_SERVING_TF_VERSION,
     UNDEPLOYABLE_FUNCS,
-    check_serving_parameters,
     choose_serving_image,
     prebuilt_days_left,
     prebuilt_tf_serving_table,
@@ -66,20 +63,6 @@ def check_model_display_name(name: str) -> str:
             'double quotes (display_name="..."); use any other characters (Vertex allows any UTF-8)'
         )
     return name
-
-
-def check_registry_parameters(values: Mapping[str, Any], today: str = "") -> list[str]:
-    """The registry's parameters checked before any work (both targets): the display name, and
-    a serving image that exists. Raises ValueError naming the parameter and what is allowed;
-    returns warnings."""
-    check_model_display_name(str(values.get("model_display_name", "")))
-    return check_serving_parameters(
-        str(values.get("serving_image", "auto")),
-        str(values.get("serving_tf_version", DEFAULT_SERVING_TF_VERSION)),
-        str(values.get("serving_accelerator", "cpu")),
-        str(values.get("location", "")),
-        today,
-    )
 
 
 def task_mismatch(class_names: list, champion_class_names: list, model_display_name: str = "") -> str:

@@ -93,7 +93,6 @@ def saved_model_folder(artifact_uri: str, predict_route: str) -> str:
 
 PREBUILT_TF_SERVING_VERSIONS = prebuilt_tf_serving_versions()
 DEFAULT_SERVING_TF_VERSION = PREBUILT_TF_SERVING_VERSIONS[0]
-SERVING_IMAGE_MODES = ("auto", "prebuilt", "custom")
 
 
 def serving_policy() -> dict[str, int]:

@@ -35,7 +35,6 @@ ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
 # `plan.build_trainer_args` leaves out of a tuning job's args when its space declares them
 # (each trial appends its own) and `plan.apply_hyperparameters` takes from the best trial.
 TUNABLE_FLAGS = tuple(plan.TUNABLE)
-VALUE_SPECS = ("double_value_spec", "integer_value_spec", "discrete_value_spec", "categorical_value_spec")
 # GRID_SEARCH: "all parameters must be INTEGER, CATEGORICAL, or DISCRETE" (StudySpec.Algorithm).
 GRID_VALUE_SPECS = ("integer_value_spec", "discrete_value_spec", "categorical_value_spec")
 # DiscreteValueSpec.values: "in increasing order and at least 1e-10 apart ... not more than 1,000".

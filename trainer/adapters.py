@@ -38,10 +38,6 @@ BACKUP_METHOD_PARAMS = ("self", "epoch", "batch")
 TENSOR_LOGS_ATTRIBUTE = "_supports_tf_logs"
 
 
-def _params(method: Any) -> tuple[str, ...] | None:
-    return tuple(inspect.signature(method).parameters) if callable(method) else None
-
-
 def check_backup_and_restore() -> None:
     """Raises RuntimeError unless tf-keras's `BackupAndRestore` still has `_backup(self, epoch,
     batch=0)`, the save `back_up` calls."""

@@ -174,14 +174,16 @@ def test_labels_vertex_would_refuse_are_refused(labels: dict[str, str], match: s
 
 
 def test_registry_parameters_are_checked_before_any_work() -> None:
-    ok = {"model_display_name": "cassava", "serving_image": "custom", "serving_tf_version": "2.15"}
-    registry.check_registry_parameters(ok)  # custom: the pipeline builds the image
+    """What pipeline.rules.gate calls for the registry's parameters, before any work."""
+    from components import servingimage
+
+    servingimage.check_serving_parameters("custom", "2.15", "cpu", "")  # the pipeline builds the image
     with pytest.raises(ValueError, match="no prebuilt"):
-        registry.check_registry_parameters({**ok, "serving_image": "prebuilt", "serving_tf_version": "2.21"})
+        servingimage.check_serving_parameters("prebuilt", "2.21", "cpu", "")
     with pytest.raises(ValueError, match="model_display_name is required"):
-        registry.check_registry_parameters({**ok, "model_display_name": " "})
+        registry.check_model_display_name(" ")
     with pytest.raises(ValueError, match="has 129 characters; Vertex allows at most 128"):
-        registry.check_registry_parameters({**ok, "model_display_name": "x" * 129})
+        registry.check_model_display_name("x" * 129)
 
 
 @pytest.mark.parametrize(
@@ -610,6 +612,6 @@ def test_a_champion_on_a_prebuilt_image_past_or_near_its_end_counts_as_none(
 @pytest.mark.parametrize("name", ['cassava "v2"', "cassava\\v2", "line\nbreak"])
 def test_a_name_the_lookup_filter_cannot_hold_is_refused_before_any_work(name: str) -> None:
     with pytest.raises(ValueError, match="model_display_name"):
-        registry.check_registry_parameters({"model_display_name": name, "location": "us-central1"})
+        registry.check_model_display_name(name)
     with pytest.raises(ValueError, match="model_display_name"):
         find(model_display_name=name)
