@@ -1,8 +1,9 @@
 """Every pipeline parameter, once: its name, type, compiled (Vertex) default, local default, the
 targets it exists on and its help (`PARAMETERS`). The compiled spec's parameters
 (`pipeline.dag.create_pipeline`), the flags of `make run` and `make schedule` (`launch.flags`) and
-the pipeline's docstring come from it; every rule about a parameter's value is in
-`pipeline.rules`.
+the pipeline's docstring come from it. A rule that only looks at the value itself (one of a few
+`choices`, a number within `bounds`) is data on the row, checked by `pipeline.rules.check` with
+the rest; every other rule is in `pipeline.rules`, with the parameter's capability.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from components import plan, servingimage, tuning
+from components import evaluation, plan, servingimage, tuning
 from components.hardware import V100
 
 TARGETS = ("vertex", "local")
@@ -21,7 +22,9 @@ REQUIRED = object()
 @dataclasses.dataclass(frozen=True)
 class Parameter:
     """One pipeline parameter. `default` is the compiled (Vertex) default (`REQUIRED`: none,
-    the submitter must give it); `local` the local run's default; `targets` where it exists."""
+    the submitter must give it); `local` the local run's default; `targets` where it exists;
+    `choices` the only values allowed, `bounds` the (lowest, highest) number allowed, when the
+    rule is that simple (pipeline.rules checks them)."""
 
     name: str
     type: type
@@ -29,6 +32,8 @@ class Parameter:
     help: str
     local: Any = None
     targets: tuple[str, ...] = TARGETS
+    choices: tuple[str, ...] = ()
+    bounds: tuple[float, float] | None = None
 
     def default_for(self, target: str) -> Any:
         if target == "local" and self.local is not None:
@@ -37,9 +42,17 @@ class Parameter:
 
 
 def _p(
-    name: str, type_: type, default: Any, help_: str, local: Any = None, targets: tuple[str, ...] = TARGETS
+    name: str,
+    type_: type,
+    default: Any,
+    help_: str,
+    local: Any = None,
+    targets: tuple[str, ...] = TARGETS,
+    *,
+    choices: tuple[str, ...] = (),
+    bounds: tuple[float, float] | None = None,
 ) -> Parameter:
-    return Parameter(name, type_, default, help_, local, targets)
+    return Parameter(name, type_, default, help_, local, targets, choices, bounds)
 
 
 PARAMETERS: tuple[Parameter, ...] = (
@@ -242,6 +255,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         "ALGORITHM_UNSPECIFIED",
         "ALGORITHM_UNSPECIFIED (Bayesian), GRID_SEARCH (every parameter INTEGER, DISCRETE or "
         "CATEGORICAL) or RANDOM_SEARCH.",
+        choices=tuning.ALGORITHMS,
     ),
     _p(
         "search_space",
@@ -266,6 +280,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         "accuracy",
         "What the gate compares on this run's test split: accuracy, or macro_f1 (the mean per-class "
         "F1, which an imbalanced test split cannot flatter).",
+        choices=evaluation.GATE_METRICS,
     ),
     _p(
         "min_score",
@@ -273,6 +288,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         0.5,
         "Lowest gate_metric on this run's test split a model needs to become the champion.",
         0.9,
+        bounds=(0, 1),
     ),
     _p(
         "gate_rule",
@@ -281,8 +297,15 @@ PARAMETERS: tuple[Parameter, ...] = (
         "How the new model must compare with the champion on this run's test split: not_worse "
         "(at least its gate_metric), significantly_better (the paired 95% interval above 0, and "
         "McNemar p < 0.05 on accuracy) or non_inferior (the interval's lower end above -gate_margin).",
+        choices=evaluation.GATE_RULES,
     ),
-    _p("gate_margin", float, 0.01, "The margin of gate_rule=non_inferior, in gate_metric units (0 to 1)."),
+    _p(
+        "gate_margin",
+        float,
+        0.01,
+        "The margin of gate_rule=non_inferior, in gate_metric units (0 to 1).",
+        bounds=(0, 1),
+    ),
     _p(
         "model_display_name", str, "cassava-classifier", "The registry model that gets a new version per run."
     ),

@@ -5,7 +5,9 @@ one module per capability, one entry.
 `make run` on both targets and `make schedule` call it (`launch.cli`, `launch.submit`). It reports
 every bad parameter at once (`OptionsError`, one line per problem, each starting with the
 parameter's name and saying what is allowed) and returns warnings. The parameters themselves
-(names, types, defaults) are `pipeline.parameters.PARAMETERS`. The steps that run on Vertex apply
+(names, types, defaults) are `pipeline.parameters.PARAMETERS`, whose rows also hold the rules
+that need only the value (`choices`, `bounds`: the gate's metric, rule, minimum and margin, the
+search algorithm), checked here first. The steps that run on Vertex apply
 the same rules where they can (`worker_pools` calls `hardware.validate_machine`).
 
     common.py               Problem, OptionsError
@@ -13,7 +15,7 @@ the same rules where they can (`worker_pools` calls `hardware.validate_machine`)
     persistent_resource.py  persistent_resource_id, and the resource's fit (launch.submit)
     tuning.py               the tuning job and its search space
     data.py                 the dataset source, Dataflow, shards, weights
-    gate.py                 the model's name, serving image, gate and model root
+    gate.py                 the model's name, serving image and model root
     trainer_flags.py        the trainer's own parsers on the jobs' flags and a folder source
     local.py                the local target's own rules
     notification.py         notification_emails (called by launch.submit)
@@ -25,6 +27,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline.parameters import PARAMETERS
 from pipeline.rules.common import OptionsError, Problem
 from pipeline.rules.data import data_problems, dataflow_problems
 from pipeline.rules.gate import registry_problems
@@ -45,6 +48,22 @@ def _number_problems(values: Mapping[str, Any]) -> list[Problem]:
         for name, value in values.items()
         if isinstance(value, float) and not math.isfinite(value)
     ]
+
+
+def _row_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """The rules a parameter's own row holds: `choices` and `bounds` (pipeline.parameters)."""
+    problems = []
+    for p in PARAMETERS:
+        if p.name not in values:
+            continue
+        value = values[p.name]
+        if p.choices and value not in p.choices:
+            problems.append(Problem((p.name,), f"must be one of {', '.join(p.choices)}, got {value!r}"))
+        if p.bounds is not None and (
+            not isinstance(value, int | float) or not p.bounds[0] <= value <= p.bounds[1]
+        ):
+            problems.append(Problem((p.name,), f"must be from {p.bounds[0]} to {p.bounds[1]}, got {value!r}"))
+    return problems
 
 
 def check(values: Mapping[str, Any], target: str, region: str = "") -> list[str]:
@@ -80,7 +99,8 @@ def _parameter_problems(
     values: Mapping[str, Any], target: str, region: str, warnings: list[str]
 ) -> list[Problem]:
     """The rules of both targets (every number finite already)."""
-    problems = hardware_problems(values, region, warnings)
+    problems = _row_problems(values)
+    problems += hardware_problems(values, region, warnings)
     problems += job_settings_problems(values, region)
     problems += persistent_resource_problems(values, warnings)
     if values["scheduling_strategy"] == "FLEX_START":

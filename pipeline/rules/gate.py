@@ -1,5 +1,5 @@
-"""The model's registration: its name, the serving image, the gate's metric, rule and margin, the
-model root."""
+"""The model's registration: its name, the serving image, the model root. The gate's metric, rule,
+minimum and margin are choices and bounds on their rows (pipeline.parameters)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from components import evaluation, registry, servingimage
+from components import registry, servingimage
 from pipeline.rules.common import Problem
 
 # A Cloud Storage folder (bucket names: 3 to 63 characters of lowercase letters, digits, - _ .).
@@ -37,23 +37,6 @@ def registry_problems(v: Mapping[str, Any], region: str, warnings: list[str]) ->
             "serving_image",
         )
         problems.append(Problem((name,), text))
-    if v["gate_metric"] not in evaluation.GATE_METRICS:
-        problems.append(
-            Problem(
-                ("gate_metric",),
-                f"must be one of {', '.join(evaluation.GATE_METRICS)}, got {v['gate_metric']!r}",
-            )
-        )
-    if not isinstance(v["min_score"], int | float) or not 0 <= v["min_score"] <= 1:
-        problems.append(Problem(("min_score",), f"must be from 0 to 1, got {v['min_score']!r}"))
-    if v["gate_rule"] not in evaluation.GATE_RULES:
-        problems.append(
-            Problem(
-                ("gate_rule",), f"must be one of {', '.join(evaluation.GATE_RULES)}, got {v['gate_rule']!r}"
-            )
-        )
-    if not isinstance(v["gate_margin"], int | float) or not 0 <= v["gate_margin"] <= 1:
-        problems.append(Problem(("gate_margin",), f"must be from 0 to 1, got {v['gate_margin']!r}"))
     root = v.get("model_root", "")
     if root and not MODEL_ROOT.match(str(root)):
         problems.append(

@@ -27,13 +27,6 @@ from pipeline.rules.trainer_flags import trainer_flag_problems
 
 def tuning_problems(v: Mapping[str, Any]) -> list[Problem]:
     problems = []
-    algorithm = v["search_algorithm"]
-    if algorithm not in tuning.ALGORITHMS:
-        problems.append(
-            Problem(
-                ("search_algorithm",), f"must be one of {', '.join(tuning.ALGORITHMS)}, got {algorithm!r}"
-            )
-        )
     counts = {k: v[k] for k in ("max_trial_count", "parallel_trial_count", "max_failed_trial_count")}
     if not whole(counts["max_trial_count"]) or counts["max_trial_count"] < 1:
         problems.append(
@@ -62,7 +55,7 @@ def tuning_problems(v: Mapping[str, Any]) -> list[Problem]:
         continuous = [
             s.parameter_id for s in specs if tuning.value_spec_kind(s) not in tuning.GRID_VALUE_SPECS
         ]
-        if algorithm == "GRID_SEARCH" and continuous:
+        if v["search_algorithm"] == "GRID_SEARCH" and continuous:
             problems.append(
                 Problem(
                     ("search_algorithm", "search_space"),

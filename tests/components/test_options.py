@@ -124,6 +124,8 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
         ({"dataset_source": "folder:/home/me/images"}, {"dataset_source"}, "folder:gs://<bucket>/<path>"),
         ({"min_score": 1.5}, {"min_score"}, "from 0 to 1"),
         ({"gate_metric": "f1"}, {"gate_metric"}, "accuracy, macro_f1"),
+        ({"gate_rule": "better"}, {"gate_rule"}, "not_worse, significantly_better, non_inferior"),
+        ({"gate_margin": -0.01}, {"gate_margin"}, "from 0 to 1"),
         ({"serving_accelerator": "tpu"}, {"serving_accelerator"}, "cpu or gpu"),
         ({"model_display_name": " "}, {"model_display_name"}, "required"),
         (
@@ -155,6 +157,20 @@ def test_each_rule_names_its_parameter(given: dict[str, Any], parameters: set[st
     assert err.parameters >= parameters, str(err)
     named = [str(p) for p in err.problems if set(p.parameters) & parameters]
     assert any(fragment in line for line in named), named
+
+
+def test_every_rows_choices_and_bounds_are_checked() -> None:
+    """A rule held as data on a parameter's row (pipeline.parameters: `choices`, `bounds`) refuses
+    what is outside it, naming the parameter, and lets the row's own default through."""
+    rows = [p for p in pipeline.PARAMETERS if p.choices or p.bounds is not None]
+    assert {"gate_metric", "gate_rule", "min_score", "gate_margin", "search_algorithm"} <= {
+        p.name for p in rows
+    }
+    for p in rows:
+        outside = "nothing-of-the-kind" if p.choices else p.bounds[1] + 0.5  # type: ignore[index]
+        assert refused(vertex(**{p.name: outside})).parameters == {p.name}, p.name
+        assert not p.choices or p.default in p.choices, p.name
+        assert p.bounds is None or p.bounds[0] <= p.default <= p.bounds[1], p.name
 
 
 @pytest.mark.parametrize(
