@@ -249,7 +249,12 @@ def test_tensorflow_serving_must_be_given_the_folder_whose_newest_version_is_the
     from local import servingenv
 
     asked: list[str] = []
-    monkeypatch.setattr(servingenv, "python_for", lambda v: asked.append(v) or sys.executable)
+
+    def python_for(version: str) -> str:
+        asked.append(version)
+        return sys.executable
+
+    monkeypatch.setattr(servingenv, "python_for", python_for)
     custom = {"serving_image": "r/trainer-serving:t", **servingimage.tf_serving_routes()}
     del custom["health_route"]
     registry = tmp_path / "registry"

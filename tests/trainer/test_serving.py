@@ -299,7 +299,13 @@ def test_models_exported_here_serve_under_each_serving_images_tensorflow(
         return v == DEFAULT_SERVING_TF_VERSION or name in ("tiny", "tiny-bomb", "resnet50-mixed_float16")
 
     procs = {v: check(v) for v in SERVING_TFS}
-    request.addfinalizer(lambda: [proc.kill() for proc in procs.values() if proc.poll() is None])
+
+    def kill_the_left() -> None:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+
+    request.addfinalizer(kill_the_left)
 
     def send(name: str, *argv: str) -> None:
         for v, proc in procs.items():
