@@ -56,36 +56,28 @@ class Reader:
 
     def job(self, name: str) -> Any:
         """The CustomJob or HyperparameterTuningJob `name` (aiplatform_v1 types), or None."""
-        from google.api_core import exceptions
         from google.cloud import aiplatform
 
         kind = aiplatform.CustomJob if "/customJobs/" in name else aiplatform.HyperparameterTuningJob
-        self.ensure(self.cloud.vertex)
-        try:
-            with self.cloud.reaching(f"reading the job {name}", self.cloud.vertex):
-                return kind.get(resource_name=name).gca_resource
-        except exceptions.GoogleAPICallError as err:
-            self.unreadable.append(f"{name}: {said(err)}")
-            return None
+        return self._read(
+            f"the job {name}", name, self.cloud.vertex, lambda: kind.get(resource_name=name).gca_resource
+        )
 
     def model_version(self, name: str) -> Any:
         """The model version `name` (`projects/.../models/<id>@<version>`, aiplatform_v1 Model:
         its `version_aliases` and `container_spec`), or None (recorded)."""
-        from google.api_core import exceptions
         from google.cloud import aiplatform
 
-        self.ensure(self.cloud.vertex)
-        try:
-            with self.cloud.reaching(f"reading the model version {name}", self.cloud.vertex):
-                return aiplatform.Model(model_name=name).gca_resource
-        except exceptions.GoogleAPICallError as err:
-            self.unreadable.append(f"{name}: {said(err)}")
-            return None
+        return self._read(
+            f"the model version {name}",
+            name,
+            self.cloud.vertex,
+            lambda: aiplatform.Model(model_name=name).gca_resource,
+        )
 
     def dataflow_job(self, name: str) -> tuple[Any, list[Any]] | None:
         """The Dataflow job `name` (projects/<p>/locations/<l>/jobs/<id>) and its first messages
         of importance JOB_MESSAGE_BASIC and above (dataflow_v1beta3 types), or None (recorded)."""
-        from google.api_core import exceptions
         from google.cloud import dataflow_v1beta3 as dataflow
 
         _, project, _, location, _, job_id = name.split("/")
@@ -102,29 +94,24 @@ class Reader:
             endpoint if endpoint.startswith("http") else f"https://{endpoint}",
             "",
         )
-        self.ensure(service)
-        try:
-            with self.cloud.reaching(f"reading the Dataflow job {name}", service):
-                job = dataflow.JobsV1Beta3Client(**options).get_job(
-                    request={**where, "view": dataflow.JobView.JOB_VIEW_SUMMARY}
-                )
-                pages = dataflow.MessagesV1Beta3Client(**options).list_job_messages(
-                    request={
-                        **where,
-                        "minimum_importance": dataflow.JobMessageImportance.JOB_MESSAGE_BASIC,
-                        "page_size": DATAFLOW_MESSAGES,
-                    }
-                )
-                messages = list(next(iter(pages.pages)).job_messages)[:DATAFLOW_MESSAGES]
-        except exceptions.GoogleAPICallError as err:
-            self.unreadable.append(f"{name}: {said(err)}")
-            return None
-        return job, messages
+
+        def job_and_messages() -> tuple[Any, list[Any]]:
+            job = dataflow.JobsV1Beta3Client(**options).get_job(
+                request={**where, "view": dataflow.JobView.JOB_VIEW_SUMMARY}
+            )
+            pages = dataflow.MessagesV1Beta3Client(**options).list_job_messages(
+                request={
+                    **where,
+                    "minimum_importance": dataflow.JobMessageImportance.JOB_MESSAGE_BASIC,
+                    "page_size": DATAFLOW_MESSAGES,
+                }
+            )
+            return job, list(next(iter(pages.pages)).job_messages)[:DATAFLOW_MESSAGES]
+
+        return self._read(f"the Dataflow job {name}", name, service, job_and_messages)
 
     def text(self, uri: str) -> str | None:
         """The text of the gs:// object `uri`, or None (recorded) when it cannot be read."""
-        from google.api_core import exceptions
-
         match = re.fullmatch(r"gs://([^/]+)/(.+)", uri)
         if not match:
             self.unreadable.append(f"{uri}: not a gs:// object")
@@ -134,12 +121,24 @@ class Reader:
             import google.cloud.storage as storage
 
             self._storage = storage.Client(project=self.project, credentials=self.credentials)
-        self.ensure(self._service(bucket))
+        return self._read(
+            uri,
+            uri,
+            self._service(bucket),
+            lambda: str(self._storage.bucket(bucket).blob(name).download_as_text()),
+        )
+
+    def _read(self, what: str, name: str, service: Service, fetch: Callable[[], Any]) -> Any:
+        """`fetch()` once `service` is reached: a network failure is the caller's one line
+        (`Cloud.reaching`); Google refusing or missing it is recorded under `name`: None."""
+        from google.api_core import exceptions
+
+        self.ensure(service)
         try:
-            with self.cloud.reaching(f"reading {uri}", self._service(bucket)):
-                return str(self._storage.bucket(bucket).blob(name).download_as_text())
+            with self.cloud.reaching(f"reading {what}", service):
+                return fetch()
         except exceptions.GoogleAPICallError as err:
-            self.unreadable.append(f"{uri}: {said(err)}")
+            self.unreadable.append(f"{name}: {said(err)}")
             return None
 
     def _service(self, bucket: str) -> tuple[str, str, str]:
