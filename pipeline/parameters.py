@@ -41,18 +41,7 @@ class Parameter:
         return self.default
 
 
-def _p(
-    name: str,
-    type_: type,
-    default: Any,
-    help_: str,
-    local: Any = None,
-    targets: tuple[str, ...] = TARGETS,
-    *,
-    choices: tuple[str, ...] = (),
-    bounds: tuple[float, float] | None = None,
-) -> Parameter:
-    return Parameter(name, type_, default, help_, local, targets, choices, bounds)
+_p = Parameter  # the rows below: name, type, default, help, local default, targets
 
 
 PARAMETERS: tuple[Parameter, ...] = (
