@@ -25,7 +25,7 @@ TF_CPP_MIN_LOG_LEVEL ?= 2
 override TF_CPP_MIN_LOG_LEVEL := $(value TF_CPP_MIN_LOG_LEVEL)
 export TF_CPP_MIN_LOG_LEVEL
 
-.PHONY: help setup test test-fast test-conformance compile run schedule schedules schedule-pause schedule-resume schedule-delete e2e bench lint format clean
+.PHONY: help setup test test-fast test-conformance docs compile run schedule schedules schedule-pause schedule-resume schedule-delete e2e bench lint format clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_ -]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -75,6 +75,10 @@ test-hardening: $(STAMP) ## Run the hardening tier: bad inputs and attacks at ev
 
 test-conformance: $(STAMP) ## Run the conformance tier: every option combination through the real GCPC launchers, or refused before any request (docs/guarantees.md#conformance-the-real-launchers-every-option)
 	$(PYTEST) -m conformance tests/conformance
+
+docs: $(STAMP) ## Write the doc tables the code holds: the trainer's and the preparation's flags, every parameter, the conformance matrix (make test fails while one is stale)
+	$(PY) -m tests.doctables
+	$(PY) -m tests.conformance.test_conformance
 
 compile: $(STAMP) ## Compile pipeline.py to compiled/pipeline.json and pipeline-notify.json (byte-identical on every run)
 	$(PY) pipeline.py

@@ -1,6 +1,6 @@
 """One value for each of `components.plan.MODEL_FLAGS`: the flags the tests hand
-`plan.build_trainer_args`, a small CPU model (`tests/test_flag_table.py` checks that every model
-flag has one). Tests that need other values copy it and override."""
+`plan.build_trainer_args`, a small CPU model (every model flag needs one: `build_trainer_args`
+reads each). Tests that need other values copy it and override."""
 
 from __future__ import annotations
 

@@ -165,3 +165,22 @@ def test_the_layout_section_lists_every_module() -> None:
         if path.name != "__init__.py" and path.name not in listed
     ]
     assert not missing, f"docs/architecture.md#layout does not list: {', '.join(missing)}"
+
+
+def test_the_generated_tables_are_what_the_code_makes() -> None:
+    """The flag tables of docs/contracts.md and the parameters of docs/options.md are
+    `make docs`'s (tests/doctables.py), like compiled/ is `make compile`'s."""
+    from tests import doctables
+
+    assert not (stale := doctables.stale()), f"stale doc tables, run `make docs`: {stale}"
+
+
+def test_a_table_is_written_between_its_markers_and_nowhere_else() -> None:
+    from tests import doctables
+
+    begin, end = doctables.markers("t")
+    text = f"intro\n{begin}\n| old |\n{end}\nrest\n"
+    assert doctables.written(text, "t", "| new |\n") == f"intro\n{begin}\n| new |\n{end}\nrest\n"
+    for broken in (f"intro\n{begin}\n", f"{begin}\n{end}\n{begin}\n{end}\n", "no markers\n"):
+        with pytest.raises(ValueError):
+            doctables.written(broken, "t", "| new |\n")

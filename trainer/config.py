@@ -290,7 +290,12 @@ def build_parser(
     add("--dropout", type=float_in(0, 1, high_open=True), default=defaults["dropout"])
     add("--mixed_precision", type=parse_bool, default=defaults["mixed_precision"])
     add("--xla", type=parse_bool, default=defaults["xla"])
-    add("--hp_metric", choices=HP_METRICS, default=defaults["hp_metric"])
+    add(
+        "--hp_metric",
+        choices=HP_METRICS,
+        default=defaults["hp_metric"],
+        help="Reported to a tuning job every epoch; picks the best epoch and stops early.",
+    )
     add("--seed", type=int_in(0, 2**31 - 1), default=defaults["seed"])
     add("--shuffle_buffer", type=int_in(1, 10_000_000), default=defaults["shuffle_buffer"])
     add("--augment", type=augment_policy, default=defaults["augment"], help="; ".join(AUGMENT_POLICIES))

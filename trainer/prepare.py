@@ -126,17 +126,21 @@ def build_parser(
     p.add_argument("--image_size", type=int_in(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE), default=d.image_size)
     p.add_argument("--encoding", choices=ENCODINGS, default=d.encoding)
     p.add_argument("--shards", type=int_in(1, 4096), default=d.shards)
-    p.add_argument(
-        "--validation_fraction",
-        type=float_in(0, 0.5, low_open=True, high_open=True),
-        default=d.validation_fraction,
-    )
-    p.add_argument(
-        "--test_fraction", type=float_in(0, 0.5, low_open=True, high_open=True), default=d.test_fraction
-    )
+    for split in ("validation", "test"):
+        p.add_argument(
+            f"--{split}_fraction",
+            type=float_in(0, 0.5, low_open=True, high_open=True),
+            default=getattr(d, f"{split}_fraction"),
+            help=f"Share of train carved into the {split} split when the source has none.",
+        )
     p.add_argument("--seed", type=int_in(0, 2**31 - 1), default=d.seed)
     p.add_argument("--tfds_data_dir", default=None, help="TFDS data folder. Default: TFDS's own.")
-    p.add_argument("--synthetic_per_class", type=int_in(3, 100_000), default=d.synthetic_per_class)
+    p.add_argument(
+        "--synthetic_per_class",
+        type=int_in(3, 100_000),
+        default=d.synthetic_per_class,
+        help="--source synthetic: images per class.",
+    )
     p.add_argument("--synthetic_source_size", type=int_in(32, 2048), default=d.synthetic_source_size)
     p.add_argument(
         "--overwrite",

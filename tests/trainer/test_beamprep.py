@@ -83,32 +83,6 @@ def job_output(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_both_engines_write_the_same_dataset_from_a_folder(
-    folder: Path, job_output: Path, tmp_path: Path
-) -> None:
-    out = tmp_path / "dataset"
-    done = run_prepare(
-        "--source",
-        f"folder:{folder}",
-        "--output_dir",
-        str(out),
-        *FLAGS,
-        "--engine",
-        "beam",
-        "--beam_workers",
-        "2",
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert re.search(
-        r"Beam DirectRunner: 14 shards \(14 to write\) from 54 images, listed and planned in \d+\.\d s",
-        done.stdout,
-    ), done.stdout
-    same_dataset(job_output, out)
-    meta = json.loads((out / data.METADATA_FILE).read_text())
-    assert meta["splits"]["validation"]["carved_from"] == "train"
-    assert not Path(beamprep.work_dir(str(out))).exists(), "the work folder is removed once published"
-
-
 def test_both_engines_write_the_same_dataset_from_the_tfds_builder(tmp_path: Path) -> None:
     """The synthetic source goes through the real TFDS cassava builder: the Beam workers reopen
     its prepared split with `tfds.builder_from_directory` and pick their images by index."""
@@ -203,7 +177,11 @@ def test_a_full_disk_is_one_line_and_keeps_the_shards_written(folder: Path, smal
     assert not out.exists()
 
 
-def test_a_changed_plan_is_not_resumed_and_says_what_changed(folder: Path, tmp_path: Path) -> None:
+def test_a_changed_plan_is_not_resumed_and_the_fresh_run_writes_the_jobs_dataset(
+    folder: Path, job_output: Path, tmp_path: Path
+) -> None:
+    """An earlier run's work folder with another plan is discarded, and the run starts afresh:
+    every shard written by two Beam workers, the same bytes as the one-replica job's."""
     out = tmp_path / "dataset"
     work = Path(beamprep.work_dir(str(out)))
     work.mkdir()
@@ -215,12 +193,20 @@ def test_a_changed_plan_is_not_resumed_and_says_what_changed(folder: Path, tmp_p
     )
     (work / "stale.tfrecord").write_bytes(b"left by the earlier run")
     args = ("--source", f"folder:{folder}", "--output_dir", str(out), *FLAGS)
-    done = run_prepare(*args, "--engine", "beam", "--beam_workers", "1")
+    done = run_prepare(*args, "--engine", "beam", "--beam_workers", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"cannot resume the earlier Beam preparation in {work}: its " in done.stdout
     line = next(line for line in done.stdout.splitlines() if "cannot resume" in line)
     assert "seed" in line and "image_size" not in line.split("its ")[1].split(" differ")[0].split(", ")
     assert not (out / "stale.tfrecord").exists()
+    assert re.search(
+        r"Beam DirectRunner: 14 shards \(14 to write\) from 54 images, listed and planned in \d+\.\d s",
+        done.stdout,
+    ), done.stdout
+    same_dataset(job_output, out)
+    meta = json.loads((out / data.METADATA_FILE).read_text())
+    assert meta["splits"]["validation"]["carved_from"] == "train"
+    assert not work.exists(), "the work folder is removed once published"
 
 
 def test_a_bad_image_is_named_by_its_path_without_a_traceback(folder: Path, tmp_path: Path) -> None:

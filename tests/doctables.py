@@ -1,0 +1,215 @@
+"""The doc tables the code holds, made from it: `make docs` writes them between their markers,
+and tests/test_docs.py fails while one is stale (as tests/test_pipeline.py does for compiled/).
+
+- docs/contracts.md, `python -m trainer.task` and `python -m trainer.prepare`: every flag of
+  the parser (`trainer.config.build_parser`, `trainer.prepare.build_parser`), its default and
+  help, and whether the planning step sends it: what `components.plan.build_trainer_args` and
+  `components.prepare.build_prepare_args` really emit, "(tunable)" where a tuning job's search
+  space may declare the flag (`build_trainer_args` accepts it in one).
+- docs/options.md, "Every parameter": each row of `pipeline.PARAMETERS`.
+
+Run as `python -m tests.doctables` (what `make docs` does). No TensorFlow: the parsers and the
+planning functions are built without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- BEGIN GENERATED {name}: make docs -->", f"<!-- END GENERATED {name} -->"
+
+
+def cell(text: Any) -> str:
+    """A table cell: one line, `|` escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _code(value: Any) -> str:
+    if isinstance(value, bool):
+        value = str(value).lower()
+    return f"`{value}`"
+
+
+# --- the commands' flags -----------------------------------------------------------------------
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [
+        action
+        for action in parser._actions
+        if action.option_strings and not isinstance(action, argparse._HelpAction)
+    ]
+
+
+# The sentence of a flag's help that gives a default argparse cannot hold (an environment
+# variable, another flag's value): it goes into the Default column.
+SAID_DEFAULT = re.compile(r"\s*Default: (.+?)\.(?:\s|$)")
+
+
+def _default(action: argparse.Action) -> str:
+    if action.required:
+        return "required"
+    if action.default is None:
+        said = SAID_DEFAULT.search(action.help or "")
+        return cell(said.group(1)) if said else "none"
+    text = _code(action.default)
+    others = [c for c in action.choices or () if c != action.default]
+    return f"{text} (also {', '.join(map(_code, others))})" if others else text
+
+
+def _emitted(args: Iterable[str]) -> set[str]:
+    return {a.split("=", 1)[0][2:] for a in args if a.startswith("--")}
+
+
+def flag_table(
+    parser: argparse.ArgumentParser,
+    sent_always: set[str],
+    sent_sometimes: set[str],
+    sent_as: Callable[[str], str],
+) -> str:
+    """Flag | Default | Sent by the planning step | What it is."""
+    lines = ["| Flag | Default | Sent by the planning step | What it is |", "|---|---|---|---|"]
+    for action in _flags(parser):
+        flag = action.option_strings[0][2:]
+        if flag in sent_always:
+            sent = sent_as(flag)
+        elif flag in sent_sometimes:
+            sent = f"{sent_as(flag)}, not always"
+        else:
+            sent = "no"
+        help_ = SAID_DEFAULT.sub(" ", action.help or "").strip()
+        lines.append(f"| `--{flag}` | {_default(action)} | {sent} | {cell(help_)} |")
+    return "\n".join(lines) + "\n"
+
+
+def trainer_flags() -> str:
+    """`python -m trainer.task`'s flags; "(tunable)" on the flags a search space may declare."""
+    import pipeline
+    from components import plan
+    from trainer import config
+
+    defaults = {p.name: p.default for p in pipeline.PARAMETERS if p.name in plan.MODEL_FLAGS}
+
+    def sent(values: dict[str, Any]) -> set[str]:
+        return _emitted(plan.build_trainer_args("/d", 64, values, plan.TUNABLE)[0])
+
+    always = sent(defaults)
+    sometimes = sent({**defaults, "fine_tune_fraction": 0.5}) - always
+    tunable = set()
+    for flag in plan.MODEL_FLAGS:
+        try:
+            plan.build_trainer_args("/d", 64, defaults, plan.TUNABLE, search_space=[{"parameter_id": flag}])
+        except ValueError:
+            continue
+        tunable.add(flag)
+    if not tunable:
+        raise RuntimeError(
+            "no flag is tunable: the probe no longer reaches build_trainer_args' search-space check"
+        )
+
+    def sent_as(flag: str) -> str:
+        return _parameter(flag) + (" (tunable)" if flag in tunable else "")
+
+    return flag_table(config.build_parser(), always, sometimes, sent_as)
+
+
+def _parameter(flag: str) -> str:
+    """The pipeline parameter a sent flag carries, when it has the flag's name; else "yes"."""
+    import pipeline
+
+    return f"`{flag}`" if any(p.name == flag for p in pipeline.PARAMETERS) else "yes"
+
+
+def prepare_flags() -> str:
+    """`python -m trainer.prepare`'s flags, over the three kinds of source, with and without a
+    champion, with either engine."""
+    from components import prepare as step
+    from trainer import prepare
+
+    runs = [
+        _emitted(step.build_prepare_args(source, 64, champion_class_names=champion, engine=engine))
+        for source in ("synthetic", "tfds:cassava", "folder:gs://bucket/leaves")
+        for champion in ([], ["a", "b"])
+        for engine in ("job", "beam")
+    ]
+    always = set.intersection(*runs)
+    return flag_table(prepare.build_parser(), always, set.union(*runs) - always, _parameter)
+
+
+# --- the pipeline's parameters -----------------------------------------------------------------
+
+
+def parameters() -> str:
+    """Parameter | Type | Vertex default | Local default | Allowed | What it is."""
+    import pipeline
+    from pipeline.parameters import REQUIRED
+
+    def shown(value: Any) -> str:
+        if value is REQUIRED:
+            return "from the settings"
+        if isinstance(value, list | dict) and len(str(value)) > 40:
+            return f"a {type(value).__name__} of {len(value)}"
+        return cell(_code(value)) if value != "" else "`''`"
+
+    lines = [
+        "| Parameter | Type | Vertex default | Local default | Allowed | What it is |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in pipeline.PARAMETERS:
+        vertex = shown(p.default) if "vertex" in p.targets else "(local only)"
+        local = shown(p.default_for("local")) if "local" in p.targets else "(Vertex only)"
+        allowed = ", ".join(map(_code, p.choices))
+        if p.bounds:
+            allowed = f"{p.bounds[0]:g} to {p.bounds[1]:g}"
+        lines.append(f"| `{p.name}` | {p.type.__name__} | {vertex} | {local} | {allowed} | {cell(p.help)} |")
+    return "\n".join(lines) + "\n"
+
+
+TABLES: dict[str, tuple[str, Callable[[], str]]] = {
+    "trainer-flags": ("docs/contracts.md", trainer_flags),
+    "prepare-flags": ("docs/contracts.md", prepare_flags),
+    "parameters": ("docs/options.md", parameters),
+}
+
+
+def written(text: str, name: str, table: str) -> str:
+    """`text` with the table between the markers of `name` (each exactly once)."""
+    begin, end = markers(name)
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise ValueError(f"the doc needs each of {begin} and {end} exactly once")
+    head, rest = text.split(begin)
+    return f"{head}{begin}\n{table}{end}{rest.split(end)[1]}"
+
+
+def stale() -> list[str]:
+    """The tables whose doc does not hold what the code makes, as `name (doc)`."""
+    out = []
+    for name, (doc, make) in TABLES.items():
+        text = (ROOT / doc).read_text()
+        if written(text, name, make()) != text:
+            out.append(f"{name} ({doc})")
+    return out
+
+
+def main() -> int:
+    for name, (doc, make) in TABLES.items():
+        path = ROOT / doc
+        text = path.read_text()
+        new = written(text, name, make())
+        if new != text:
+            path.write_text(new)
+            print(f"make docs: wrote {name} into {doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
