@@ -1,4 +1,4 @@
-"""`--training_config FILE`: an AI Platform Training `config.yaml` read as the pipeline's hardware
+"""`--training_config FILE`: an AI Platform Training job config (YAML) read as the pipeline's hardware
 parameters (docs/vertex.md#moving-from-ai-platform-training---training_config-file).
 
 Users moving from AI Platform Training have the YAML file `gcloud ai-platform jobs submit training

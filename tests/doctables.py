@@ -174,10 +174,42 @@ def parameters() -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- the layout ---------------------------------------------------------------------------------
+
+LAYOUT_PACKAGES = ("trainer", "launch", "pipeline", "components", "local")
+
+
+def summary(path: Path) -> str:
+    """What a module says it is: its docstring's first sentence (a module without one is refused)."""
+    import ast
+
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    if not doc:
+        raise ValueError(f"{path.relative_to(ROOT)} has no docstring: say in one sentence what it is")
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    sentence = re.match(r"(.+?(?<!e\.g)(?<!i\.e)(?<!\.)\.)(?:\s|$)", paragraph)  # not at "..."
+    return sentence.group(1) if sentence else paragraph
+
+
+def layout() -> str:
+    """Path | What it is: each package of `LAYOUT_PACKAGES`, its subpackages and its modules."""
+    lines = ["| Path | What it is |", "|---|---|"]
+    for package in LAYOUT_PACKAGES:
+        for init in sorted((ROOT / package).rglob("__init__.py")):
+            folder = init.parent
+            lines.append(f"| `{folder.relative_to(ROOT)}/` | {cell(summary(init))} |")
+            for module in sorted(folder.glob("*.py")):
+                if module.name != "__init__.py":
+                    lines.append(f"| `{module.relative_to(ROOT)}` | {cell(summary(module))} |")
+    lines.append(f"| `pipeline.py` | {cell(summary(ROOT / 'pipeline.py'))} |")
+    return "\n".join(lines) + "\n"
+
+
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "trainer-flags": ("docs/contracts.md", trainer_flags),
     "prepare-flags": ("docs/contracts.md", prepare_flags),
     "parameters": ("docs/options.md", parameters),
+    "layout": ("docs/architecture.md", layout),
 }
 
 

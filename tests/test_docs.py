@@ -151,22 +151,6 @@ def test_the_readme_keeps_what_others_read_from_it() -> None:
     assert "\n## Exit codes\n" in readme
 
 
-def test_the_layout_section_lists_every_module() -> None:
-    """docs/architecture.md#layout names each module of each package, so a new module cannot be
-    missed there. Only that section counts: the layers' figure above it lists some modules too."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    assert "\n## Layout\n" in text, "docs/architecture.md has no '## Layout' section"
-    layout = re.split(r"^## ", text.split("\n## Layout\n", 1)[1], maxsplit=1, flags=re.M)[0]
-    listed = set(re.findall(r"^  ([A-Za-z_]\w*\.py) ", layout, re.MULTILINE))
-    missing = [
-        f"{package}/{path.name}"
-        for package in ("trainer", "launch", "pipeline", "components", "local")
-        for path in sorted((ROOT / package).glob("*.py"))
-        if path.name != "__init__.py" and path.name not in listed
-    ]
-    assert not missing, f"docs/architecture.md#layout does not list: {', '.join(missing)}"
-
-
 def test_the_generated_tables_are_what_the_code_makes() -> None:
     """The flag tables of docs/contracts.md and the parameters of docs/options.md are
     `make docs`'s (tests/doctables.py), like compiled/ is `make compile`'s."""

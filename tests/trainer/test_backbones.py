@@ -140,11 +140,14 @@ def mentioned(line: str) -> list[str]:
 
 def test_every_list_of_backbones_in_the_docs_is_the_registry() -> None:
     """A line of README.md or docs/*.md that names two or more backbones lists them all, in the
-    registry's order (the docs follow the registry; a new entry shows where the docs are behind)."""
+    registry's order (the docs follow the registry; a new entry shows where the docs are behind).
+    A table `make docs` writes is the code's own (a parameter's two defaults name two)."""
     stale = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        generated = False
         for number, line in enumerate(path.read_text().splitlines(), 1):
+            generated = (generated or "<!-- BEGIN GENERATED" in line) and "<!-- END GENERATED" not in line
             names = mentioned(line)
-            if len(set(names)) >= 2 and tuple(names) != backbones.NAMES:
+            if not generated and len(set(names)) >= 2 and tuple(names) != backbones.NAMES:
                 stale.append(f"{path.relative_to(ROOT)}:{number}: {names}")
     assert not stale, f"lists of backbones that are not {backbones.NAMES}:\n" + "\n".join(stale)
