@@ -7,6 +7,8 @@ and tests/test_docs.py fails while one is stale (as tests/test_pipeline.py does 
   `components.prepare.build_prepare_args` really emit, "(tunable)" where a tuning job's search
   space may declare the flag (`build_trainer_args` accepts it in one).
 - docs/options.md, "Every parameter": each row of `pipeline.PARAMETERS`.
+- docs/vertex.md, the GPUs per N1 machine type and per region: `components.hardware`'s tables.
+- docs/architecture.md, "Layout": each package and module, with its docstring's first sentence.
 
 Run as `python -m tests.doctables` (what `make docs` does). No TensorFlow: the parsers and the
 planning functions are built without it.
@@ -174,6 +176,35 @@ def parameters() -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- the GPU tables ------------------------------------------------------------------------------
+
+
+def gpus_n1() -> str:
+    """Machine type | each N1 GPU: the counts `components.hardware` allows (`-`: none)."""
+    from components import hardware
+
+    columns = hardware.gpu_tables()["n1_columns"]
+    lines = [
+        "| Machine type | " + " | ".join(c.removeprefix("NVIDIA_TESLA_") for c in columns) + " |",
+        "|---" * (len(columns) + 1) + "|",
+    ]
+    for machine in hardware.N1_GPU_COUNTS:
+        counts = [",".join(map(str, hardware.allowed_counts(machine, gpu))) or "-" for gpu in columns]
+        lines.append(f"| {machine} | " + " | ".join(counts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def gpus_regions() -> str:
+    """Region | the GPUs `components.hardware.REGION_GPUS` says it offers for training."""
+    from components import hardware
+
+    order = hardware.gpu_tables()["gpus"]
+    lines = ["| Region | GPUs |", "|---|---|"]
+    for region, gpus in hardware.REGION_GPUS.items():
+        lines.append(f"| {region} | {', '.join(f'`{g}`' for g in order if g in gpus)} |")
+    return "\n".join(lines) + "\n"
+
+
 # --- the layout ---------------------------------------------------------------------------------
 
 LAYOUT_PACKAGES = ("trainer", "launch", "pipeline", "components", "local")
@@ -210,6 +241,8 @@ TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "prepare-flags": ("docs/contracts.md", prepare_flags),
     "parameters": ("docs/options.md", parameters),
     "layout": ("docs/architecture.md", layout),
+    "gpus-n1": ("docs/vertex.md", gpus_n1),
+    "gpus-regions": ("docs/vertex.md", gpus_regions),
 }
 
 
