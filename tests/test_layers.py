@@ -116,24 +116,24 @@ def test_the_pipeline_layer_is_the_package_and_its_compile_script() -> None:
     ).exists()
 
 
-def extras_table() -> dict[str, tuple[set[str], set[str]]]:
-    """docs/architecture.md's "Core and extras" table: extra -> (its modules, its seams), as paths."""
+def seams_table(heading: str) -> dict[str, tuple[set[str], set[str]]]:
+    """The table of docs/architecture.md's section `heading` (the extras', the trainer's parts'):
+    first column -> (the modules of the second, the seams of the third), as paths."""
     text = (ROOT / "docs" / "architecture.md").read_text()
-    section = text.split("\n## Core and extras\n", 1)[1].split("\n## ", 1)[0]
-    rows = [
-        line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| Extra ")
-    ]
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]  # the header
     table = {}
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
+        if set(cells[0]) <= set("-: "):
+            continue  # the separator
         modules, seams = ({p for p in re.findall(r"`([\w/]+\.py)`", cell)} for cell in cells[1:3])
         table[cells[0]] = (modules, seams)
     return table
 
 
-def test_each_extra_is_named_by_the_core_only_at_its_seams() -> None:
-    table = extras_table()
-    assert len(table) >= 5 and all(modules for modules, _ in table.values()), table
+def seam_problems(table: dict[str, tuple[set[str], set[str]]]) -> list[str]:
+    """A module of a row imported from outside the row and its seams; a seam that imports none."""
     by_path = {str(path.relative_to(ROOT)): path for path in sources()}
     names = {module_name(path): rel for rel, path in by_path.items()}
 
@@ -148,16 +148,32 @@ def test_each_extra_is_named_by_the_core_only_at_its_seams() -> None:
         return out
 
     wrong = []
-    for extra, (modules, seams) in table.items():
+    for row, (modules, seams) in table.items():
         assert modules | seams <= set(by_path), (
-            f"{extra}: {sorted((modules | seams) - set(by_path))} do not exist"
+            f"{row}: {sorted((modules | seams) - set(by_path))} do not exist"
         )
         for rel in by_path:
             if imported(rel) & modules and rel not in modules | seams:
                 wrong.append(
-                    f"{rel} imports {sorted(imported(rel) & modules)} ({extra}), and is not a seam of it"
+                    f"{rel} imports {sorted(imported(rel) & modules)} ({row}), and is not a seam of it"
                 )
         for seam in seams:
             if not imported(seam) & modules:
-                wrong.append(f"{seam} is listed as a seam of {extra} and imports none of {sorted(modules)}")
+                wrong.append(f"{seam} is listed as a seam of {row} and imports none of {sorted(modules)}")
+    return wrong
+
+
+def test_each_extra_is_named_by_the_core_only_at_its_seams() -> None:
+    table = seams_table("Core and extras")
+    assert len(table) >= 5 and all(modules for modules, _ in table.values()), table
+    wrong = seam_problems(table)
     assert not wrong, "docs/architecture.md's Core and extras table:\n" + "\n".join(wrong)
+
+
+def test_the_training_core_names_the_trainers_parts_only_at_their_seams() -> None:
+    """An adopter who replaces the preparation keeps a core that never imports it."""
+    table = seams_table("The trainer's parts")
+    assert len(table) == 2 and all(modules for modules, _ in table.values()), table
+    assert all(path.startswith("trainer/") for modules, seams in table.values() for path in modules | seams)
+    wrong = seam_problems(table)
+    assert not wrong, "docs/architecture.md's trainer's parts table:\n" + "\n".join(wrong)

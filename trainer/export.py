@@ -8,7 +8,7 @@ index and the name of the most likely class.
 Its guards are in the graph, so that they hold under any server (TensorFlow Serving in Vertex's
 prebuilt images, the custom image's): a request of more than `serve.MAX_INSTANCES` images, an
 image that is not JPEG or PNG, and an image whose header declares more than
-`folders.MAX_IMAGE_PIXELS` pixels are refused (InvalidArgumentError, a 400 from the server)
+`config.MAX_IMAGE_PIXELS` pixels are refused (InvalidArgumentError, a 400 from the server)
 before anything is decoded: a 1 MB PNG can declare 20000 x 20000 pixels, 1.2 GB decoded.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from trainer import images
 from trainer._tf import keras, tf
-from trainer.folders import MAX_IMAGE_PIXELS
+from trainer.config import MAX_IMAGE_PIXELS
 from trainer.serve import MAX_INSTANCES
 
 SERVING_INPUT = "image_bytes"

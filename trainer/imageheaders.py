@@ -34,7 +34,7 @@ class ImageHeader:
     """What an image file's header says.
 
     pixels: what decoding it holds in memory, in pixels: width x height, or for a GIF every
-      frame's added up (TensorFlow reads all the frames; see trainer.folders.MAX_IMAGE_PIXELS) or its canvas
+      frame's added up (TensorFlow reads all the frames; see trainer.config.MAX_IMAGE_PIXELS) or its canvas
       when that is larger.
     unsupported: why TensorFlow cannot decode this file although it knows its format (None when
       it can).

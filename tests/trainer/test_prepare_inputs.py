@@ -30,6 +30,7 @@ from PIL import Image, features
 from tests.processes import ROOT, trainer_env
 from trainer import folders, imageheaders, source
 from trainer import prepare as P
+from trainer.config import MAX_IMAGE_PIXELS
 from trainer.prepareconfig import PrepareConfig
 from trainer.progress import Progress
 from trainer.source import PrepareError
@@ -338,7 +339,7 @@ def test_pixel_bombs_are_refused_from_their_headers_before_anything_is_decoded(
     for name, data in bombs.items():
         (root / "train" / "b" / name).write_bytes(data)
     (root / "train" / "a" / "limit.png").write_bytes(png_bomb(8192, 8192))  # exactly the limit: allowed
-    assert imageheaders.read_image_header(png_bomb(8192, 8192)).pixels == folders.MAX_IMAGE_PIXELS
+    assert imageheaders.read_image_header(png_bomb(8192, 8192)).pixels == MAX_IMAGE_PIXELS
 
     def never(*args: Any) -> Any:
         raise AssertionError("an image was decoded")

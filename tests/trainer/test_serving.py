@@ -214,7 +214,7 @@ def test_the_signature_refuses_pixel_bombs_other_formats_and_oversized_requests(
     from PIL import Image
 
     from trainer._tf import tf
-    from trainer.folders import MAX_IMAGE_PIXELS
+    from trainer.config import MAX_IMAGE_PIXELS
 
     served = serve.load(str(tiny_model))
     ok = tf.io.encode_jpeg(synthetic.make_image(np.random.default_rng(0), CLASSES[0], 64)).numpy()
