@@ -60,7 +60,7 @@ def summary(runs: Path) -> dict[str, Any]:
     return json.loads((runs / "latest" / "summary.json").read_text())
 
 
-# Two full runs, the second tuned: 551 s on a clean clone (2026-11-28), near pytest's default 600.
+# Two full runs, the second tuned: 294 to 551 s on a clean clone (2026-11-28), near pytest's default 600.
 @pytest.mark.timeout(1200)
 def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
