@@ -3,9 +3,9 @@ and tests/test_docs.py fails while one is stale (as tests/test_pipeline.py does 
 
 - docs/contracts.md, `python -m trainer.task` and `python -m trainer.prepare`: every flag of
   the parser (`trainer.config.build_parser`, `trainer.prepare.build_parser`), its default and
-  help, and whether the planning step sends it: what `components.plan.build_trainer_args` and
-  `components.prepare.build_prepare_args` really emit, "(tunable)" where a tuning job's search
-  space may declare the flag (`build_trainer_args` accepts it in one).
+  help, and whether the planning step sends it: what `components.plan.plan_jobs` really hands
+  the training job, and `components.prepare.build_prepare_args` the preparation job, "(tunable)"
+  where a tuning job's search space may declare the flag (`build_trainer_args` accepts it in one).
 - docs/options.md, "Every parameter": each row of `pipeline.PARAMETERS`.
 - docs/vertex.md, the GPUs per N1 machine type and per region: `components.hardware`'s tables.
 - docs/architecture.md, "Layout": each package and module, with its docstring's first sentence.
@@ -17,6 +17,8 @@ planning functions are built without it.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -93,19 +95,46 @@ def flag_table(
     return "\n".join(lines) + "\n"
 
 
+def planned(**overrides: Any) -> Any:
+    """What the planning step (`components.plan.plan_jobs`) makes of the Vertex defaults, with
+    `overrides`: every job's worker pools, as the jobs get them."""
+    from kfp import dsl
+
+    from components import plan
+    from pipeline import dag
+
+    values = {**_vertex_defaults(), **overrides}
+    with contextlib.redirect_stdout(io.StringIO()):  # the step's log of its plan
+        return plan.plan_jobs.python_func(
+            image_uri="img",
+            training_image_uri="img",
+            cpu_image_uri="img",
+            champion_class_names=[],
+            champion_uri="",
+            model_root="",
+            pipeline_run="run",
+            region="us-central1",
+            dataflow_image_uri="",
+            **{name: values[name] for name in dag.PLAN_PARAMETERS},
+            **{
+                name: dsl.Artifact(uri=f"gs://b/{name}")
+                for name in ("prepare_job", "tuning_job", "training_job", "evaluation_job")
+            },
+        )
+
+
 def trainer_flags() -> str:
-    """`python -m trainer.task`'s flags; "(tunable)" on the flags a search space may declare."""
-    import pipeline
+    """`python -m trainer.task`'s flags as the planning step hands them to the training job;
+    "(tunable)" on the flags a search space may declare."""
     from components import plan
     from trainer import config
 
-    defaults = {p.name: p.default for p in pipeline.PARAMETERS if p.name in plan.MODEL_FLAGS}
+    def sent(**overrides: Any) -> set[str]:
+        return _emitted(planned(**overrides).training_pools[0]["container_spec"]["args"])
 
-    def sent(values: dict[str, Any]) -> set[str]:
-        return _emitted(plan.build_trainer_args("/d", 64, values, plan.TUNABLE)[0])
-
-    always = sent(defaults)
-    sometimes = sent({**defaults, "fine_tune_fraction": 0.5}) - always
+    always = sent()
+    sometimes = sent(fine_tune_fraction=0.5) - always
+    defaults = {p: v for p, v in _vertex_defaults().items() if p in plan.MODEL_FLAGS}
     tunable = set()
     for flag in plan.MODEL_FLAGS:
         try:
@@ -122,6 +151,12 @@ def trainer_flags() -> str:
         return _parameter(flag) + (" (tunable)" if flag in tunable else "")
 
     return flag_table(config.build_parser(), always, sometimes, sent_as)
+
+
+def _vertex_defaults() -> dict[str, Any]:
+    from pipeline import parameters_for
+
+    return {q.name: q.default_for("vertex") for q in parameters_for("vertex")}
 
 
 def _parameter(flag: str) -> str:
