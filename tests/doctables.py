@@ -6,6 +6,7 @@ and tests/test_docs.py fails while one is stale (as tests/test_pipeline.py does 
   help, and whether the planning step sends it: what `components.plan.plan_jobs` really hands
   the training job, and `components.prepare.build_prepare_args` the preparation job, "(tunable)"
   where a tuning job's search space may declare the flag (`build_trainer_args` accepts it in one).
+- docs/contracts.md, metrics.json's keys: `trainer.contract.METRICS`.
 - docs/options.md, "Every parameter": each row of `pipeline.PARAMETERS`.
 - docs/vertex.md, the GPUs per N1 machine type and per region: `components.hardware`'s tables.
 - docs/architecture.md, "Layout": each package and module, with its docstring's first sentence.
@@ -182,6 +183,18 @@ def prepare_flags() -> str:
     return flag_table(prepare.build_parser(), always, set.union(*runs) - always, _parameter)
 
 
+# --- the trainer's files -------------------------------------------------------------------------
+
+
+def metrics_keys() -> str:
+    """Key | Meaning: metrics.json's keys, as `trainer.contract.METRICS` declares them."""
+    from trainer import contract
+
+    lines = ["| Key | Meaning |", "|---|---|"]
+    lines += [f"| `{key}` | {cell(meaning)} |" for key, meaning in contract.METRICS.items()]
+    return "\n".join(lines) + "\n"
+
+
 # --- the pipeline's parameters -----------------------------------------------------------------
 
 
@@ -274,6 +287,7 @@ def layout() -> str:
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "trainer-flags": ("docs/contracts.md", trainer_flags),
     "prepare-flags": ("docs/contracts.md", prepare_flags),
+    "metrics-keys": ("docs/contracts.md", metrics_keys),
     "parameters": ("docs/options.md", parameters),
     "layout": ("docs/architecture.md", layout),
     "gpus-n1": ("docs/vertex.md", gpus_n1),

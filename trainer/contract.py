@@ -27,39 +27,43 @@ METADATA_FORMAT_VERSION = 2
 `fingerprint` is taken over that manifest. Readers refuse any other version with a line saying to
 prepare the dataset again (1, which recorded shard names alone, included)."""
 
-METRICS_KEYS = (
-    # Exact figures of the published model over the whole validation and test splits.
-    "val_loss",
-    "val_accuracy",
-    "val_examples",
-    "test_loss",
-    "test_accuracy",
-    "test_examples",
-    "confusion_matrix",  # {labels, rows, columns, matrix}: see CONFUSION_MATRIX_KEYS
-    "per_class",  # {class name: {precision, recall, f1, support}} on the test split (trainer.metrics)
-    "macro_f1",  # mean F1 over the classes with test images
-    # The exported epoch's training figures (None when no epoch was recorded).
-    "train_loss",
-    "train_accuracy",
-    "epochs_completed",  # epochs trained (fewer than --epochs after an early stop)
-    # Which epoch was exported (docs/training.md, "Which epoch is exported").
-    "best_epoch",  # the exported epoch, 1-based: the best by selection_metric, or the last
-    "export_epoch",  # --export_epoch: "best" or "last"
-    "selection_metric",  # the metric the best epoch is chosen by: --hp_metric
-    "stopped_early",  # whether --early_stopping_patience ended training before --epochs
-    "history",  # {metric: [value per epoch]}, Keras History's shape
-    "class_names",
-    "images_per_second",  # mean training throughput, the first epoch left out (None: no epoch)
-    "hp_metric",
+METRICS = {
+    # Exact figures of the published model, reloaded, over the whole validation and test splits.
+    "val_loss": "the published model's loss over the whole validation split",
+    "val_accuracy": "its accuracy over the whole validation split",
+    "val_examples": "the validation split's images",
+    "test_loss": "the published model's loss over the whole test split",
+    "test_accuracy": "its accuracy over the whole test split",
+    "test_examples": "the test split's images",
+    "confusion_matrix": '`{labels, rows: "true class", columns: "predicted class", matrix}` over the test '
+    "split (CONFUSION_MATRIX_KEYS)",
+    "per_class": "`{class name: {precision, recall, f1, support}}` on the test split (trainer.metrics)",
+    "macro_f1": "the mean F1 over the classes with test images",
+    "train_loss": "the exported epoch's training loss (null when no epoch was recorded)",
+    "train_accuracy": "the exported epoch's training accuracy (null when no epoch was recorded)",
+    "epochs_completed": "epochs trained (fewer than --epochs after an early stop)",
+    "best_epoch": "the exported epoch, 1-based: the best by selection_metric, or the last "
+    '(docs/training.md, "Which epoch is exported")',
+    "export_epoch": "--export_epoch: best or last",
+    "selection_metric": "the metric the best epoch is chosen by: --hp_metric",
+    "stopped_early": "whether --early_stopping_patience ended training before --epochs",
+    "history": "`{metric: [value per epoch]}`, Keras History's shape (loss, accuracy, val_loss, "
+    "val_accuracy, images_per_second, epoch_seconds, ...)",
+    "class_names": "the dataset's classes: a model is only compared with, and may only replace, a "
+    "champion of the same class names in the same order",
+    "images_per_second": "mean training throughput, the first epoch left out (it also fills the cache; null: no epoch)",
+    "hp_metric": "the tuning metric's name",
     # How it was trained.
-    "num_workers",
-    "replicas",
-    "global_batch_size",
-    "precision_policy",
-    "dataset_fingerprint",
-    "wall_seconds",
-)
-"""Every top-level key of metrics.json: the trainer writes exactly these."""
+    "num_workers": "training machines (the chief and the workers)",
+    "replicas": "replicas in sync (the distribution strategy's)",
+    "global_batch_size": "--per_replica_batch_size x replicas",
+    "precision_policy": "the Keras precision policy (float32 or mixed_float16)",
+    "dataset_fingerprint": "the prepared dataset's fingerprint (its metadata.json)",
+    "wall_seconds": "the chief's run time",
+}
+"""Every top-level key of metrics.json, and what it holds: the trainer writes exactly these (`make
+docs` writes docs/contracts.md's table from here)."""
+METRICS_KEYS = tuple(METRICS)
 
 CONFUSION_MATRIX_KEYS = ("labels", "rows", "columns", "matrix")
 """The keys of metrics.json's `confusion_matrix`: `matrix[true][predicted]` counts over the test
