@@ -134,8 +134,20 @@ def trainer_flags() -> str:
         return _emitted(planned(**overrides).training_pools[0]["container_spec"]["args"])
 
     always = sent()
-    sometimes = sent(fine_tune_fraction=0.5) - always
     defaults = {p: v for p, v in _vertex_defaults().items() if p in plan.MODEL_FLAGS}
+    # A flag sent for some values of its parameter only (`--fine_tune_fraction`, below 0 left to
+    # the trainer): each model flag's parameter at other values.
+    sometimes = set()
+    for name, default in defaults.items():
+        others = (
+            [not default]
+            if isinstance(default, bool)
+            else [0, 0.5, 1]
+            if isinstance(default, int | float)
+            else []
+        )
+        for other in others:
+            sometimes |= sent(**{name: other}) - always
     tunable = set()
     for flag in plan.MODEL_FLAGS:
         try:
