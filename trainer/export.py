@@ -94,9 +94,10 @@ def save(model: keras.Model, path: str, class_names: Sequence[str], image_size: 
     serve = serving_function(model, class_names, image_size)
     # Without each layer's traced functions (tf_keras `save_model`: "Disabling this will decrease
     # serialization time and reduce file size, but it requires that all custom layers/models
-    # implement a `get_config()` method"): serving reads the signature alone, and Keras reloads
-    # the model from the layers' configs (this module's custom layers are registered). Measured
-    # here (2 CPUs, TF 2.21): saving resnet50 21.9 s -> 4.5 s, loading it 8.8 s -> 3.9 s,
+    # implement a `get_config()` method"; trainer/model.py's are registered). Vertex's prebuilt
+    # containers need the `serve` tag and the `serving_default` signature ("Export model artifacts
+    # for prediction", https://cloud.google.com/vertex-ai/docs/training/exporting-model-artifacts).
+    # Measured here (2 CPUs, TF 2.21): saving resnet50 21.9 s -> 4.5 s, loading it 8.8 s -> 3.9 s,
     # efficientnet_b0 39.6 s -> 6.4 s, the tiny backbone 4.4 s -> 0.6 s; outputs identical.
     model.save(
         path,
