@@ -60,11 +60,22 @@ def summary(runs: Path) -> dict[str, Any]:
     return json.loads((runs / "latest" / "summary.json").read_text())
 
 
-# Two full runs, the second tuned: 294 to 551 s on a clean clone (2026-11-28), near pytest's default 600.
+# Two full runs, the second tuned: 250 to 300 s on a loaded clean clone (2026-11-28), near pytest's default 600.
 @pytest.mark.timeout(1200)
-def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tmp_path: Path) -> None:
+def test_make_run_on_an_image_folder_then_tuned_registers_two_versions(tmp_path: Path) -> None:
+    """`make run ARGS="--dataset_source folder:PATH"` and nothing else, then the same folder tuned.
+
+    The folder is eight characters whose class depends on orientation, tilted, blurred and in
+    twelve faces (benchmarks/charfolder.py). `make bench BENCH=folder` measured 0.977 with the
+    defaults and 0.953 after 60 epochs on this folder, and five more runs of this command
+    0.95-1.00 (two replicas do not train in the same order twice), one on a loaded machine 0.89;
+    the former backbone and defaults ended near chance (0.15) on such a folder, so 0.85 still
+    tells a learning run from a broken one. The first run carries every assertion on what a
+    default run shows and leaves (screen, summary, registry, report); the second, what a second
+    run does with a champion there (the gate compares both on this run's test split)."""
+    data = charfolder.render(tmp_path / "chars", "hard", seed=0)
     runs = tmp_path / "runs"
-    first = cli(runs)
+    first = cli(runs, "--dataset_source", f"folder:{data}")
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-3000:]
     screen = first.stdout.splitlines()
     assert screen[0].startswith("make run: running the pipeline LOCALLY")
@@ -81,12 +92,18 @@ def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tm
     )
     s = summary(runs)
     assert s["status"] == "SUCCEEDED" and s["target"] == "local"
-    assert s["metrics"]["test_accuracy"] >= 0.9, s["metrics"]
-    assert s["metrics"]["num_workers"] == 2  # one chief and one worker, really distributed
-    # The local default trains up to 30 epochs and stops after 5 without improvement; the
-    # synthetic set is learnt in a few, so the run stops early and says so, and which epoch it exports.
-    completed, best = s["metrics"]["epochs_completed"], s["metrics"]["best_epoch"]
-    assert s["metrics"]["stopped_early"] is True and completed == best + 5 < 30, s["metrics"]
+    metrics = s["metrics"]
+    assert metrics["test_accuracy"] >= 0.85 and metrics["macro_f1"] >= 0.85, metrics
+    assert sorted(metrics["per_class"]) == sorted(charfolder.CLASSES)
+    # Every class learnt, the mirror pairs included, well above chance (0.125); one class's
+    # recall moves by 1/16 per image, and went as low as 0.75 in those runs.
+    assert all(m["recall"] >= 0.5 for m in metrics["per_class"].values()), metrics["per_class"]
+    assert metrics["num_workers"] == 2  # one chief and one worker, really distributed
+    # The local default trains up to 30 epochs and stops after 5 without improvement; this
+    # folder's validation split is learnt in about ten (val_accuracy reaches 1.0), so the run
+    # stops early and says so, and which epoch it exports.
+    completed, best = metrics["epochs_completed"], metrics["best_epoch"]
+    assert metrics["stopped_early"] is True and completed == best + 5 < 30, metrics
     assert f"epoch {completed}/30 done" in "\n".join(shown), first.stdout
     assert f"epoch {completed + 1}/30 done" not in "\n".join(shown), first.stdout
     assert any(
@@ -104,19 +121,22 @@ def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tm
     assert len(record["serving_check"]) == 5 and (version / "model" / "saved_model.pb").exists()
     assert list(record["evaluation"]["models"]) == ["challenger"]  # no champion to compare with yet
     assert record["description"].startswith("Promoted on accuracy over this run's test split")
-    aliases = json.loads((runs / "registry" / "cassava-classifier" / "aliases.json").read_text())
-    assert aliases == {"default": "1", "champion": "1"}
+    # No augmentation for a folder (auto): a flip would turn a b into a d.
+    assert json.loads((version / "model" / "config.json").read_text())["augment"] == "none"
+    aliases = runs / "registry" / "cassava-classifier" / "aliases.json"
+    assert json.loads(aliases.read_text()) == {"default": "1", "champion": "1"}
     report = Path(s["report"]).read_text()
     # curves, confusion matrix, the steps' timeline
     assert len(re.findall(r"src='data:image/png;base64,iVBOR", report)) == 3
     assert s["wall_seconds"] > 0 and (runs / "latest").resolve() == Path(s["report"]).parent
 
-    # The chief alone (the first run showed two workers) and three epochs (it showed the defaults):
-    # the same tuning, two trials at once and the training with the best one, in less of make test.
+    # The chief alone (the first run showed two workers) and two epochs (it showed the defaults):
+    # tuning, two trials at once and the training with the best one, in less of make test.
     second = cli(
         runs,
+        *("--dataset_source", f"folder:{data}"),
         *("--tune", "true", "--max_trial_count", "2", "--parallel_trial_count", "2"),
-        *("--worker_count", "0", "--epochs", "3"),
+        *("--worker_count", "0", "--epochs", "2"),
     )
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-3000:]
     t = summary(runs)
@@ -125,10 +145,17 @@ def test_make_run_twice_registers_two_versions_and_tuning_uses_the_best_trial(tm
     evaluated = json.loads((Path(t["model"]["path"]) / "version.json").read_text())["evaluation"]
     assert sorted(evaluated["models"]) == ["challenger", "champion"]
     assert s["gate"]["champion_score"] == -1.0 and s["gate"]["metric"] == "accuracy"
-    assert t["gate"]["champion_score"] == evaluated["models"]["champion"]["accuracy"]
-    assert t["gate"]["score"] == evaluated["models"]["challenger"]["accuracy"]
+    gate = t["gate"]
+    assert gate["champion_score"] == evaluated["models"]["champion"]["accuracy"]
+    assert gate["score"] == evaluated["models"]["challenger"]["accuracy"]
     assert evaluated["models"]["champion"]["examples"] == evaluated["models"]["challenger"]["examples"] > 0
     assert any(line.strip().startswith("evaluated champion: accuracy") for line in second.stdout.splitlines())
+    # Two epochs of one replica rarely reach the champion (0.66 when measured): then version 2 is
+    # registered and the champion alias stays on version 1; the decision follows the scores.
+    promoted = gate["score"] >= max(gate["champion_score"], 0.9)  # min_score's default
+    assert gate["promote"] is promoted and t["model"]["champion"] is promoted, gate
+    champion = "2" if promoted else "1"
+    assert json.loads(aliases.read_text()) == {"default": champion, "champion": champion}
     trials = t["tuning"]["trials"]
     assert len(trials) >= 2 and all(tr["state"] in ("SUCCEEDED", "INFEASIBLE") for tr in trials)
     best = t["tuning"]["best"]
@@ -205,29 +232,6 @@ def test_a_replica_killed_mid_training_restarts_the_job_which_resumes(
     second_attempt = output.split("restarting the whole job")[1]
     assert "[train chief-0] [chief-0] epoch 1/4 started" not in second_attempt
     assert re.search(r"\[train chief-0\] \[chief-0\] epoch [23]/4 started", second_attempt)
-
-
-def test_make_run_on_an_image_folder_reaches_what_the_data_allows_with_the_defaults(tmp_path: Path) -> None:
-    """`make run ARGS="--dataset_source folder:PATH"` and nothing else, on eight characters whose
-    class depends on orientation, tilted, blurred and in twelve faces (benchmarks/charfolder.py).
-    `make bench BENCH=folder` measured 0.977 with the defaults and 0.953 after 60 epochs on this
-    folder, and five more runs of this command 0.95-1.00 (two replicas do not train in the same
-    order twice), one on a loaded machine 0.89; the former backbone and defaults ended near chance
-    (0.15) on such a folder, so 0.85 still tells a learning run from a broken one."""
-    data = charfolder.render(tmp_path / "chars", "hard", seed=0)
-    result = cli(tmp_path / "runs", "--dataset_source", f"folder:{data}")
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
-    s = summary(tmp_path / "runs")
-    metrics = s["metrics"]
-    assert metrics["test_accuracy"] >= 0.85 and metrics["macro_f1"] >= 0.85, metrics
-    assert sorted(metrics["per_class"]) == sorted(charfolder.CLASSES)
-    # Every class learnt, the mirror pairs included, well above chance (0.125); one class's
-    # recall moves by 1/16 per image, and went as low as 0.75 in those runs.
-    assert all(m["recall"] >= 0.5 for m in metrics["per_class"].values()), metrics["per_class"]
-    assert s["model"]["champion"] is True
-    # No augmentation for a folder (auto): a flip would turn a b into a d.
-    config = json.loads((Path(s["model"]["path"]) / "model" / "config.json").read_text())
-    assert config["augment"] == "none", config
 
 
 def test_a_failing_step_fails_the_run_with_its_log_tail(tmp_path: Path) -> None:

@@ -1,22 +1,33 @@
-"""A real two-process MultiWorkerMirroredStrategy run on localhost, Vertex-shaped TF_CONFIG."""
+"""A real two-process MultiWorkerMirroredStrategy run on localhost, with the TF_CONFIG and
+CLUSTER_SPEC of a Vertex job that has a Reduction Server pool (worker pool 2, played by a listener
+that holds every connection: tests/trainer/test_reduction_server.py says why)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import FAST_TRAIN_FLAGS
-from tests.processes import start_cluster, wait_all
+from tests.processes import start, wait_all
 from tests.trainer.test_best_epoch import checkpoint_weights, published_weights
+from tests.trainer.test_reduction_server import HoldingListener, vertex_cluster_with_pool_2, vertex_env
 
 pytestmark = pytest.mark.serial
 
 
-def _train_pair(synthetic_dir: Path, tmp_path: Path) -> dict[str, Any]:
-    """One run of the two-replica job below; its metrics.json."""
+@pytest.fixture
+def listening_reducer() -> Iterator[HoldingListener]:
+    listener = HoldingListener()
+    yield listener
+    listener.close()
+
+
+def _train_pair(synthetic_dir: Path, tmp_path: Path, reducer: HoldingListener) -> dict[str, Any]:
+    """One run of the two-replica job below, pool 2 at `reducer`; its metrics.json."""
     model_dir = tmp_path / "model"
     args = [
         f"--data_dir={synthetic_dir}",
@@ -38,30 +49,33 @@ def _train_pair(synthetic_dir: Path, tmp_path: Path) -> dict[str, Any]:
     ]
     # Epoch 4 deliberately the worst (tests/trainer/sabotaged_task.py): every replica zeroes the
     # weights after its last training step, so the best epoch must be exported.
-    procs = start_cluster(
-        args,
-        num_workers=1,
-        logs=tmp_path / "replicas",
-        env={"SABOTAGE_EPOCHS": "4"},
-        module="tests.trainer.sabotaged_task",
-    )
+    cluster = vertex_cluster_with_pool_2(f"127.0.0.1:{reducer.port}")
+    procs = {
+        f"{kind}-{index}": start(
+            "tests.trainer.sabotaged_task",
+            args,
+            log=tmp_path / "replicas" / f"{kind}-{index}.log",
+            env={"SABOTAGE_EPOCHS": "4", **vertex_env(cluster, kind, index)},
+        )
+        for kind, index in (("chief", 0), ("worker", 0))
+    }
     wait_all(procs, timeout=300, logs=tmp_path / "replicas")
     return dict(json.loads((model_dir / "metrics.json").read_text()))
 
 
 def test_chief_and_worker_train_together_and_only_the_chief_publishes(
-    synthetic_dir: Path, tmp_path: Path
+    synthetic_dir: Path, tmp_path: Path, listening_reducer: HoldingListener
 ) -> None:
-    metrics = _train_pair(synthetic_dir, tmp_path)
+    metrics = _train_pair(synthetic_dir, tmp_path, listening_reducer)
     if metrics["epochs_completed"] < 3:
         # Two workers' training order is not deterministic, and now and then (seen in about one
         # run in eight) validation accuracy dips at epoch 2, which patience 1 stops on: a fair
         # early stop, but then there is no epoch 4 to ruin and no bar of real learning to hold.
         # One fresh run; everything below is asserted of it.
         tmp_path = tmp_path / "again"
-        metrics = _train_pair(synthetic_dir, tmp_path)
+        metrics = _train_pair(synthetic_dir, tmp_path, listening_reducer)
     model_dir = tmp_path / "model"
-    assert metrics["num_workers"] == 2
+    assert metrics["num_workers"] == 2  # chief + worker: the reducer is no training replica
     assert metrics["replicas"] == 2
     assert metrics["global_batch_size"] == 16  # per-replica 8 x 2 replicas
     # Real learning across the two workers. The last epoch's figure moves by a few points from
@@ -125,3 +139,6 @@ def test_chief_and_worker_train_together_and_only_the_chief_publishes(
     assert not list(tmp_path.glob(".model.staging-*"))
     worker_log = (tmp_path / "replicas" / "worker-0.log").read_text()
     assert "non-chief: model discarded" in worker_log
+    # Pool 2 is named and left out of the strategy: nothing even connected to its stand-in.
+    assert "TF_CONFIG also lists ps" in logs["chief-0"], logs["chief-0"][-3000:]
+    assert listening_reducer.accepted == []

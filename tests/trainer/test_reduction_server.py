@@ -7,14 +7,17 @@ nothing answers TensorFlow at that address. Here a chief and a worker on loopbac
 TF_CONFIG (and CLUSTER_SPEC), pool 2 played by a stand-in at its address:
 
 - real `python -m trainer.task` replicas, with a TCP listener at pool 2's address that accepts
-  every connection and holds it, saying nothing (a port open, no TensorFlow server behind it);
-- the trainer's strategy alone (and one all-reduce), with nothing listening at pool 2's address.
+  every connection and holds it, saying nothing (a port open, no TensorFlow server behind it):
+  the two-replica training of tests/trainer/test_multiworker.py runs so, with this module's
+  `vertex_env` and `HoldingListener`;
+- here, the trainer's strategy alone (and one all-reduce), with nothing listening at pool 2's
+  address.
 
 Measured with TensorFlow 2.21 (docs/architecture.md#reduction-server): built over the whole
 TF_CONFIG, the strategy makes `ps` task 0 its coordination service's leader, and both replicas block in the
 strategy's constructor (enabling collective ops), with no error: still waiting after 15 minutes
 with nothing listening, and after 90 s with the listener (which they kept reconnecting to). Both
-tests below fail so, by their timeout, on that code. The trainer now builds its strategy over the
+tests fail so, by their timeout, on that code. The trainer now builds its strategy over the
 chief and the workers only (trainer/distribute.py), and trains.
 
 What this cannot show: that Google's reducers then carry the all-reduce. That needs GPUs, NCCL,
@@ -29,13 +32,11 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAST_TRAIN_FLAGS
-from tests.processes import ROOT, free_port, start, tail, trainer_env, wait_all
+from tests.processes import ROOT, free_port, tail, trainer_env, wait_all
 
 pytestmark = pytest.mark.serial
 
@@ -107,45 +108,6 @@ def wait_or_show(procs: dict[str, subprocess.Popen[bytes]], logs: Path) -> None:
     except subprocess.TimeoutExpired:
         shown = "\n".join(f"--- {name}:\n{tail(logs / f'{name}.log')}" for name in procs)
         pytest.fail(f"the replicas did not finish in {TIMEOUT_S} s (waiting for pool 2?):\n{shown}")
-
-
-@pytest.fixture
-def listening_reducer() -> Iterator[HoldingListener]:
-    listener = HoldingListener()
-    yield listener
-    listener.close()
-
-
-def test_chief_and_worker_train_with_a_reduction_server_pool_in_tf_config(
-    synthetic_dir: Path, tmp_path: Path, listening_reducer: HoldingListener
-) -> None:
-    cluster = vertex_cluster_with_pool_2(f"127.0.0.1:{listening_reducer.port}")
-    model_dir = tmp_path / "model"
-    args = [
-        f"--data_dir={synthetic_dir}",
-        f"--model_dir={model_dir}",
-        f"--checkpoint_dir={tmp_path / 'checkpoints'}",
-        f"--tensorboard_dir={tmp_path / 'logs'}",
-        *FAST_TRAIN_FLAGS,
-        "--epochs=1",  # this test is about the cluster forming and training, not about accuracy
-    ]
-    logs = tmp_path / "replicas"
-    procs = {
-        f"{kind}-{index}": start(
-            "trainer.task", args, log=logs / f"{kind}-{index}.log", env=vertex_env(cluster, kind, index)
-        )
-        for kind, index in (("chief", 0), ("worker", 0))
-    }
-    wait_or_show(procs, logs)
-
-    metrics = json.loads((model_dir / "metrics.json").read_text())
-    assert metrics["num_workers"] == 2  # chief + worker: the reducer is no training replica
-    assert metrics["replicas"] == 2
-    assert metrics["epochs_completed"] == 1
-    chief_log = (logs / "chief-0.log").read_text()
-    assert "TF_CONFIG also lists ps" in chief_log, chief_log[-3000:]
-    # Nothing even connected to the stand-in: the strategy does not know its address.
-    assert listening_reducer.accepted == []
 
 
 # The strategy alone, as the trainer builds it, then one all-reduce across the two processes.
