@@ -128,11 +128,11 @@ def _local_custom_job(
     ).set_display_name(name)
 
 
-def _study(p: dict[str, Any]) -> dict[str, Any]:
+def _study(p: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, Any]:
     """The study both tuning steps get: the fixed metric and the declared `search_space` (checked
     by `pipeline.rules` before the run; `make run` hands it over in the proto JSON form)."""
     return {
-        "study_spec_metrics": tuning.study_metrics(),
+        "study_spec_metrics": metrics,
         "study_spec_parameters": p["search_space"],
         "max_trial_count": p["max_trial_count"],
         "parallel_trial_count": p["parallel_trial_count"],
@@ -156,7 +156,7 @@ def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared
         display_name=step.TUNE,
         base_output_directory=plan["tuning_dir"],
         worker_pool_specs=plan["tuning_pools"],
-        **_study(p),
+        **_study(p, tuning.study_metrics()),
         max_failed_trial_count=p["max_failed_trial_count"],
         study_spec_algorithm=p["search_algorithm"],
         study_spec_measurement_selection_type=plan["measurement_selection_type"],
@@ -180,7 +180,7 @@ def _local_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared:
         project=where["project"],
         worker_pool_specs=plan["tuning_pools"],
         base_output_directory=plan["tuning_dir"],
-        **_study(p),
+        **_study(p, tuning.LOCAL_STUDY_METRICS),
         max_failed_trial_count=p["max_failed_trial_count"],
         study_spec_algorithm=p["search_algorithm"],
         measurement_selection=plan["measurement_selection_type"],

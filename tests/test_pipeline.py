@@ -6,6 +6,8 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 import pipeline
 from components import worker_pools
+from tests.processes import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +61,25 @@ def test_committed_spec_is_fresh(fresh: Path, fresh_notify: Path, notify: bool) 
             )[:40]
         )
         pytest.fail(f"compiled/{target.name} is stale: run `make compile` and commit it.\n{diff[:3000]}")
+
+
+def test_the_local_pipeline_is_built_without_aiplatform_gcpc_or_tensorflow() -> None:
+    """What every local `make run` pays before its first step: importing GCPC's tuning module for
+    the study's metric cost it about 5 s (it imports aiplatform)."""
+    probe = (
+        "import sys, tempfile\n"
+        "from kfp import compiler\n"
+        "import launch.cli\n"
+        "from pipeline import dag\n"
+        "compiler.Compiler().compile(dag.create_pipeline('local'), tempfile.mktemp(suffix='.json'))\n"
+        "heavy = ('google.cloud.aiplatform', 'google_cloud_pipeline_components', 'tensorflow')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[-2] == "[]", done.stdout
 
 
 def test_compiling_twice_gives_the_same_bytes(fresh: Path, tmp_path: Path) -> None:

@@ -36,6 +36,8 @@ def test_study_spec_parses_into_the_api_type() -> None:
         "val_accuracy",
         aiplatform_v1.StudySpec.MetricSpec.GoalType.MAXIMIZE,
     )
+    # The local target's copy is GCPC's value, so both targets' tuners get the same study.
+    assert tuning.study_metrics() == tuning.LOCAL_STUDY_METRICS
 
 
 def trial(tid: str, state: str, value: float | None = None, **params: float) -> dict[str, Any]:
