@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -25,10 +24,6 @@ def vertex_cluster(num_workers: int) -> dict[str, list[str]]:
         "chief": [f"127.0.0.1:{free_port()}"],
         "worker": [f"127.0.0.1:{free_port()}" for _ in range(num_workers)],
     }
-
-
-def tasks(cluster: Mapping[str, Sequence[str]]) -> list[tuple[str, int]]:
-    return [(kind, i) for kind in ("chief", "worker") for i in range(len(cluster.get(kind, ())))]
 
 
 def trainer_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -55,29 +50,6 @@ def start(
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-
-
-def start_cluster(
-    args: Sequence[str],
-    *,
-    num_workers: int,
-    logs: Path,
-    env: Mapping[str, str] | None = None,
-    module: str = "trainer.task",
-) -> dict[str, subprocess.Popen[bytes]]:
-    """A chief and `num_workers` workers of `python -m <module>` (`trainer.task`, or a test's
-    wrapper of it), keyed `chief-0`, ..."""
-    cluster = vertex_cluster(num_workers)
-    procs = {}
-    for kind, index in tasks(cluster):
-        tf_config = json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
-        procs[f"{kind}-{index}"] = start(
-            module,
-            args,
-            log=logs / f"{kind}-{index}.log",
-            env={**(env or {}), "TF_CONFIG": tf_config},
-        )
-    return procs
 
 
 def wait_all(procs: Mapping[str, subprocess.Popen[bytes]], timeout: float, logs: Path) -> None:
