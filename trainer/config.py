@@ -28,16 +28,17 @@ HP_METRICS = ("val_accuracy", "val_loss", "accuracy", "loss")
 """Metrics the trainer computes every epoch, and so the only valid `--hp_metric` tags."""
 
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 32, 1024
-# The most pixels an image may have, in a folder source or a serving request: width x height
-# (for a GIF, every frame's, added up: TensorFlow reads all the frames of a GIF even when it
-# keeps the first; measured here with TF 2.21, decoding a 40-frame 3000x3000 GIF with
-# expand_animations=False raised the peak memory by 430 MB, a 1-frame one by 39 MB). 8192 x 8192 = 67.1 MP: above the largest full-frame
-# cameras' photos (about 61 MP: 9504 x 6336) and phones' 50 MP modes, and 8 times the largest
-# --image_size (1024) on each side, so downscaling an image over it loses nothing the training
-# keeps (medium-format 100 MP and phones' 200 MP photos must be downscaled). Decoding and resizing
-# one 8192 x 8192 JPEG raised the peak memory by 231 MB here (a 12 MP photo: 49 MB), and
-# preparation decodes several images at once (tf.data.AUTOTUNE); the 1.1 MB PNG of 20000 x 20000
-# pixels of issue 24 is 6 times the limit. Checked from the header, before decoding.
+# The most pixels an image may have, in a folder source or a serving request: width x height (for
+# a GIF, every frame's, added up: TensorFlow reads all the frames of a GIF even when it keeps the
+# first; measured here with TF 2.21, decoding a 40-frame 3000x3000 GIF with
+# expand_animations=False raised the peak memory by 430 MB, a 1-frame one by 39 MB). 8192 x 8192 =
+# 67.1 MP: above the largest full-frame cameras' photos (about 61 MP: 9504 x 6336) and phones' 50
+# MP modes, and 8 times the largest --image_size (1024) on each side, so downscaling an image over
+# it loses nothing the training keeps (medium-format 100 MP and phones' 200 MP photos must be
+# downscaled). Decoding and resizing one 8192 x 8192 JPEG raised the peak memory by 231 MB here (a
+# 12 MP photo: 49 MB), and preparation decodes several images at once (tf.data.AUTOTUNE); the 1.1
+# MB PNG of 20000 x 20000 pixels of issue 24 is 6 times the limit. Checked from the header, before
+# decoding.
 MAX_IMAGE_PIXELS = 8192 * 8192
 SPLITS = ("train", "validation", "test")
 """The splits every prepared dataset has."""
