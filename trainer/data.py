@@ -324,6 +324,33 @@ def make_dataset(
     return ds.with_options(options)
 
 
+def untune_device_iterators() -> None:
+    """Turns the autotuning model off in the per-device iterators of every MultiDeviceIterator
+    this process builds: what a distribution strategy (and Keras' `fit`) feeds each replica from.
+
+    Those iterators read from TensorFlow's own per-device datasets, built with default options
+    (`tensorflow/python/data/ops/multi_device_iterator_ops.py`, `_create_device_dataset`), so the
+    options `make_dataset` sets never reach them, and no public option does. Their model thread
+    made `model.fit` return up to one optimisation period late (about 9 s in 2 of 3 two-replica
+    runs here) while every other replica waited in the next collective: idle, billed time at the
+    end of every training and trial, GPU or not (docs/facts.md, fact 37). A device iterator only
+    holds a fixed prefetch buffer, so there is nothing to tune there. Idempotent.
+    """
+    from tensorflow.python.data.ops import multi_device_iterator_ops as mdi
+
+    build = mdi._create_device_dataset
+    if getattr(build, "untuned", False):
+        return
+
+    def untuned(*args: object, **kwargs: object) -> tf.data.Dataset:
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return build(*args, **kwargs).with_options(options)
+
+    untuned.untuned = True  # type: ignore[attr-defined]
+    mdi._create_device_dataset = untuned
+
+
 def _streamed(
     files: list[str],
     info: SplitInfo,

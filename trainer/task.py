@@ -110,7 +110,7 @@ def _run(
     started = time.perf_counter()
     cb.log(cluster.name, f"config: {json.dumps(config.to_dict(), sort_keys=True)}")
     plan = _plan(config, cluster, strategy)
-    train_ds, val_ds = _datasets(plan, cluster, strategy)
+    train_ds, val_ds = _datasets(plan, cluster)
     cb.log(
         plan.prefix,
         f"{cluster.num_workers} worker(s), {plan.replicas} replica(s) in sync ({type(strategy).__name__}), "
@@ -149,10 +149,9 @@ def _plan(config: TrainConfig, cluster: ClusterInfo, strategy: Any) -> _Plan:
     return _Plan(config, meta, replicas, global_batch, steps, policy, prefix=cluster.name)
 
 
-def _datasets(plan: _Plan, cluster: ClusterInfo, strategy: Any) -> tuple[Any, Any]:
+def _datasets(plan: _Plan, cluster: ClusterInfo) -> tuple[Any, Any]:
     """The training and validation input pipelines, each batched to the global batch."""
     from trainer import data
-    from trainer._tf import tf
 
     config, meta = plan.config, plan.meta
     common: dict[str, Any] = dict(
@@ -164,13 +163,7 @@ def _datasets(plan: _Plan, cluster: ClusterInfo, strategy: Any) -> tuple[Any, An
     val_ds = data.make_dataset(
         config.data_dir, meta, "validation", batch_size=plan.global_batch, training=False, **common
     )
-    if not tf.config.list_physical_devices("GPU"):
-        # The batches already live on the CPU: no per-device prefetch (Keras' default), whose own
-        # tf.data iterator made a worker's `model.fit` return about 40 s late (docs/facts.md,
-        # fact 37).
-        train_ds = strategy.experimental_distribute_dataset(
-            train_ds, tf.distribute.InputOptions(experimental_fetch_to_device=False)
-        )
+    data.untune_device_iterators()
     return train_ds, val_ds
 
 

@@ -29,6 +29,23 @@ def test_training_batches_are_uint8_global_batches_that_repeat(
     options = ds.options()
     assert options.deterministic is False
     assert options.experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.FILE
+    assert options.autotune.enabled is False  # docs/facts.md, fact 37
+
+
+def test_a_strategy_feeds_its_replicas_through_iterators_without_the_autotuning_model() -> None:
+    # The per-device iterators a strategy builds over any dataset (Keras' `fit` too) run with
+    # TensorFlow's default options, autotuning on (None), unless the trainer turns it off.
+    from tensorflow.python.data.ops import multi_device_iterator_ops
+
+    data.untune_device_iterators()
+    wrapped = multi_device_iterator_ops._create_device_dataset
+    data.untune_device_iterators()
+    assert multi_device_iterator_ops._create_device_dataset is wrapped  # wrapped once
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])  # MultiWorkerMirrored's input path
+    batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.range(8).batch(2)))
+    device_iterators = batches._iterators[0]._iterator._device_iterators
+    assert [it._dataset.options().autotune.enabled for it in device_iterators] == [False]
+    assert [int(x) for x in next(batches)] == [0, 1]
 
 
 def test_evaluation_sees_every_example_once_in_a_fixed_order(
