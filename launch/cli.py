@@ -232,7 +232,7 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
             os.environ["TMPDIR"] = saved_tmpdir
     wall = time.monotonic() - start
     with stop.deferred():
-        left = _descendants(os.getpid())
+        left = _descendants()
         shutil.rmtree(scratch, ignore_errors=True)
         with contextlib.suppress(OSError):
             workspace.rmdir()  # only when empty: no component of this pipeline writes there
@@ -246,7 +246,7 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
                 "signal": stop.signal or "SIGINT",
                 "during": [s.name for s in steps if s.status == "CANCELLED"],
                 "not_started": [n for n in dict.fromkeys(names.values()) if n not in {s.name for s in steps}],
-                "processes_left": [_describe(pid) for pid in left],
+                "processes_left": [_describe(process) for process in left],
             }
         summary_path = run_dir / "summary.json"
         written = _write_json(summary_path, summary, screen)
@@ -409,51 +409,40 @@ def _summary(
     return summary, metrics, trials
 
 
-def _process_table() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, process group), from /proc (empty elsewhere than Linux)."""
-    table = {}
-    with contextlib.suppress(OSError):
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                if fields[0] != "Z":  # a zombie is gone already, waiting to be reaped
-                    table[int(entry.name)] = (int(fields[1]), int(fields[2]))  # ppid, pgrp
-    return table
+def _descendants(same_group: bool = False) -> list[Any]:
+    """Every living process below this one (`psutil.Process`es: its children, theirs, ...); only
+    those in its own process group, the ones a terminal's Ctrl-C would have reached, when
+    `same_group`. A zombie is gone already, waiting to be reaped."""
+    import psutil
 
-
-def _descendants(pid: int) -> list[int]:
-    """Every living process below `pid` (its children, theirs, ...)."""
-    table = _process_table()
-    found: list[int] = []
-    parents = {pid}
-    while parents:
-        level = [p for p, (ppid, _) in table.items() if ppid in parents and p not in found]
-        found += level
-        parents = set(level)
-    return found
+    group = os.getpgid(0)
+    living = []
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error, OSError):
+            if process.status() != psutil.STATUS_ZOMBIE and (
+                not same_group or os.getpgid(process.pid) == group
+            ):
+                living.append(process)
+    return living
 
 
 def _signal_descendants(signum: int, same_group: bool = False) -> None:
-    """Sends `signum` to this process's descendants (only those in its own process group, the
-    ones a terminal's Ctrl-C would have reached, when `same_group`)."""
-    me = os.getpid()
-    group = os.getpgid(0)
-    table = _process_table()
-    for pid in _descendants(me):
-        if not same_group or table.get(pid, (0, 0))[1] == group:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
+    """Sends `signum` to this process's living descendants (see `_descendants`)."""
+    import psutil
+
+    for process in _descendants(same_group):
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signum)
 
 
-def _describe(pid: int) -> str:
+def _describe(process: Any) -> str:
+    import psutil
+
     try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        command = " ".join(process.cmdline())
+    except psutil.Error:
         command = "?"
-    return f"{pid} {command.strip()[:160]}"
+    return f"{process.pid} {command.strip()[:160]}"
 
 
 def _stop_children(stop: _Stop, screen: TextIO, timeout: float = 30.0) -> None:
@@ -463,7 +452,7 @@ def _stop_children(stop: _Stop, screen: TextIO, timeout: float = 30.0) -> None:
     returns (the replicas of a killed step die with it: PR_SET_PDEATHSIG)."""
     deadline = time.monotonic() + timeout
     try:
-        while _descendants(os.getpid()) and time.monotonic() < deadline and not stop.again:
+        while _descendants() and time.monotonic() < deadline and not stop.again:
             _reap()
             time.sleep(0.1)
     except KeyboardInterrupt:
@@ -472,7 +461,7 @@ def _stop_children(stop: _Stop, screen: TextIO, timeout: float = 30.0) -> None:
         if stop.again:
             screen.write("stopping again: killing the run's processes now\n")
         for _ in range(50):  # a process forking while it is killed leaves a child: a few rounds
-            if not _descendants(os.getpid()):
+            if not _descendants():
                 break
             _signal_descendants(signal.SIGKILL)
             time.sleep(0.1)
@@ -481,11 +470,11 @@ def _stop_children(stop: _Stop, screen: TextIO, timeout: float = 30.0) -> None:
 
 def _reap() -> None:
     """Collects this process's exited children (kfp.local let go of them on the interrupt)."""
-    me = os.getpid()
-    for pid, (ppid, _) in _process_table().items():
-        if ppid == me:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
+    import psutil
+
+    for child in psutil.Process().children():
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child.pid, os.WNOHANG)
 
 
 def _spec_dict(pipeline_func: Any) -> dict[str, Any]:
@@ -509,15 +498,12 @@ def stop_with_make(environ: Mapping[str, str] = os.environ, poll_s: float = 0.5)
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
     if "MAKELEVEL" not in environ:
         return
-    shell = os.getppid()
-
-    def parent_of(pid: int) -> int:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
+    import psutil
 
     try:
-        make = parent_of(shell)
-    except (OSError, ValueError, IndexError):
+        shell = psutil.Process(os.getppid())
+        make = shell.ppid()
+    except psutil.Error:
         return
 
     def watch() -> None:
@@ -525,9 +511,9 @@ def stop_with_make(environ: Mapping[str, str] = os.environ, poll_s: float = 0.5)
         while True:
             time.sleep(poll_s)
             try:
-                if parent_of(shell) == make:
+                if shell.ppid() == make:
                     continue
-            except (OSError, ValueError, IndexError):
+            except psutil.Error:
                 return  # the shell is gone: PR_SET_PDEATHSIG has sent SIGTERM already
             os.kill(os.getpid(), signal.SIGTERM)
             return

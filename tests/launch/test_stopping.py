@@ -5,6 +5,7 @@ summary.json saying how the run ended, no process of the run, nothing in the tem
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,21 +119,12 @@ def _wait_for_step(proc: subprocess.Popen[str], runs: Path) -> None:
 
 
 def _descendants(pid: int) -> list[int]:
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                table[int(entry.name)] = int(fields[1])
-    found, parents = [], {pid}
-    while parents:
-        level = [p for p, ppid in table.items() if ppid in parents]
-        found += level
-        parents = set(level)
-    return found
+    living = []
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # gone since the listing
+            if child.status() != psutil.STATUS_ZOMBIE:
+                living.append(child.pid)
+    return living
 
 
 def _summary(runs: Path) -> dict[str, Any]:
