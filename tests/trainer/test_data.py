@@ -48,6 +48,12 @@ def test_a_strategy_feeds_its_replicas_through_iterators_without_the_autotuning_
     assert [int(x) for x in next(batches)] == [0, 1]
 
 
+def test_host_memory_goes_through_tensorflows_bfc_allocator() -> None:
+    # Only the BFC allocator keeps statistics: malloc's raises ValueError (docs/facts.md, fact 39).
+    assert float(tf.reduce_sum(tf.ones([512, 512]))) == 512 * 512
+    assert tf.config.experimental.get_memory_info("CPU:0")["peak"] >= 512 * 512 * 4
+
+
 def test_evaluation_sees_every_example_once_in_a_fixed_order(
     synthetic_dir: Path, meta: datasetinfo.DatasetMetadata
 ) -> None:
