@@ -464,12 +464,11 @@ def local_upload_model(
     import collections
     import json
     import os
-    import signal
     import subprocess
     import sys
 
     from components import servingimage
-    from local import servingenv
+    from local import jobs, servingenv
 
     # Serve it the way the serving image would: under the TensorFlow of Vertex's prebuilt image
     # (2.15 by default, not the trainer's 2.21: a model that loads only under a newer TF would
@@ -497,13 +496,9 @@ def local_upload_model(
         check=False,
     )
     if check.returncode < 0:  # killed (Ctrl-C, the OOM killer, kill -9): no verdict on the model
-        try:
-            name = signal.Signals(-check.returncode).name
-        except ValueError:
-            name = "unknown signal"
         raise RuntimeError(
-            f"the serving check of {model.path} (python -m trainer.serve under {under}) was killed by "
-            f"signal {-check.returncode} ({name}) before it finished: the model was not checked, "
+            f"the serving check of {model.path} (python -m trainer.serve under {under}) "
+            f"{jobs.describe_exit(check.returncode)} before it finished: the model was not checked, "
             f"nothing was registered. Its last output: {check.stderr.strip()[-2000:]}"
         )
     if check.returncode != 0:
