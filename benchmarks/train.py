@@ -8,10 +8,11 @@ reading the same 1,000 cassava-like JPEGs:
 - ours: `trainer.data.make_dataset` over the prepared uint8 images and
   `trainer.model.build_model`/`compile_model` under `trainer.distribute.create_strategy`, the
   exact pieces `trainer.task.run` uses, with the trainer's defaults (augmentation, dropout).
-  Variants: `ours` (float32, the trainer's default) and `ours_bf16` (`--mixed_precision true`,
-  which is mixed_bfloat16 on a CPU), and `ours_malloc` (`ours` with TensorFlow's default host
-  allocator, the baseline of the BFC one the trainer sets). `--xla true` is not measured: on this CPU it made training
-  about 4x slower (12 vs 47 img/s, see BENCHMARKS.md) and took minutes.
+  Variants: `ours` (float32, the trainer's default), `ours_bf16` (`--mixed_precision true`,
+  which is mixed_bfloat16 on a CPU) and `ours_malloc` (`ours` with TensorFlow's default host
+  allocator, the baseline of the BFC one the trainer sets). `--xla true` is not measured: on
+  this CPU it made training about 4x slower (12 vs 47 img/s, see BENCHMARKS.md) and took
+  minutes.
 
 Each run, in its own process, fits as its trainer does (the codelab with Keras's default
 progress bar, ours with `trainer.callbacks.ProgressLogger`), timed by `clock.make_clock`
