@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,7 +57,14 @@ TRAINING_CONFIG_MAX_BYTES = 1 << 20  # a config of a few dozen lines; anything l
 
 
 class TrainingConfigError(ValueError):
-    """A --training_config file that cannot be read or mapped; the message lists every problem."""
+    """A --training_config file that cannot be read or mapped; the message lists every problem,
+    one per line, each starting with the YAML field it is about (`line N` for a key given twice)."""
+
+    @property
+    def fields(self) -> list[str]:
+        """The field each listed problem names, in order (empty for a one-line error: no file,
+        not YAML, not a mapping)."""
+        return re.findall(r"^  - (line \d+|[^\s:(]+)", str(self), re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
