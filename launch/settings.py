@@ -115,7 +115,13 @@ _ENDPOINT = re.compile(
 
 
 class SettingsError(ValueError):
-    """Every bad setting, one per line."""
+    """Every bad setting, one per line, each starting with the setting's name (`REGION='x' is...`);
+    a settings file that cannot be read is one line starting with its path."""
+
+    @property
+    def settings(self) -> list[str]:
+        """The setting each line names, in order (none for an unreadable file)."""
+        return re.findall(r"^([A-Z][A-Z0-9_]*)(?=[= ])", str(self), re.MULTILINE)
 
 
 def vertex_regions() -> frozenset[str]:

@@ -398,7 +398,9 @@ def test_k80_suggestions_follow_the_n1_table(tmp_path: Path) -> None:
 
 
 def test_tpu_machine_type_is_refused(tmp_path: Path) -> None:
-    assert refusal(write(tmp_path, "trainingInput:\n  masterType: cloud_tpu\n")).fields == ["trainingInput.masterType"]
+    assert refusal(write(tmp_path, "trainingInput:\n  masterType: cloud_tpu\n")).fields == [
+        "trainingInput.masterType"
+    ]
 
 
 def test_parameter_server_settings_without_servers_are_ignored(tmp_path: Path) -> None:

@@ -645,10 +645,11 @@ def test_a_run_of_a_wrong_form_is_refused_in_one_line(
 
 
 def test_a_bare_job_id_needs_the_project_and_region(vertex: VertexRuns, tmp_path: Path) -> None:
-    with pytest.raises(settings.SettingsError, match="PROJECT_ID is not set"):
+    with pytest.raises(settings.SettingsError) as info:
         vertexreport.run_settings(
             vertexreport.parse_run(JOB_ID), {"REGION": "us-central1"}, Path("/nonexistent")
         )
+    assert info.value.settings == ["PROJECT_ID"]
     run = vertexreport.parse_run(f" projects/123456/locations/europe-west4/pipelineJobs/{JOB_ID} ")
     config = vertexreport.run_settings(run, {}, Path("/nonexistent"))
     assert (
