@@ -9,12 +9,17 @@ the rest; every other rule is in `pipeline.rules`, with the parameter's capabili
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from components import evaluation, plan, servingimage, tuning
 from components.hardware import V100
 
 TARGETS = ("vertex", "local")
+# aiplatform_v1 `Scheduling.Strategy`, less the deprecated ON_DEMAND and LOW_COST. The GCPC
+# launcher looks the name up in the enum, so `spot` would fail there with `KeyError: 'spot'`,
+# after the image build and the dataset job (docs/facts.md, fact 28).
+SCHEDULING_STRATEGIES = ("STANDARD", "SPOT", "FLEX_START")
 # The compiled default of a parameter the submitter must give (no default in the template).
 REQUIRED = object()
 
@@ -23,8 +28,9 @@ REQUIRED = object()
 class Parameter:
     """One pipeline parameter. `default` is the compiled (Vertex) default (`REQUIRED`: none,
     the submitter must give it); `local` the local run's default; `targets` where it exists;
-    `choices` the only values allowed, `bounds` the (lowest, highest) number allowed, when the
-    rule is that simple (pipeline.rules checks them)."""
+    `choices` the only values allowed (case matters), `bounds` the (lowest, highest) number
+    allowed (`math.inf`: no highest; a whole number for an `int` row), when the rule is that
+    simple (pipeline.rules checks them)."""
 
     name: str
     type: type
@@ -216,7 +222,13 @@ PARAMETERS: tuple[Parameter, ...] = (
         True,
         "Restart the whole job when a replica restarts (resumes from backup).",
     ),
-    _p("scheduling_strategy", str, "STANDARD", "STANDARD, SPOT or FLEX_START."),
+    _p(
+        "scheduling_strategy",
+        str,
+        "STANDARD",
+        "STANDARD, SPOT or FLEX_START.",
+        choices=SCHEDULING_STRATEGIES,
+    ),
     _p("service_account", str, "", "Service account the jobs run as ('' : Vertex's default)."),
     _p("network", str, "", "VPC network to peer, projects/<number>/global/networks/<name>."),
     _p("encryption_spec_key_name", str, "", "CMEK key of the jobs and the model."),
@@ -235,9 +247,15 @@ PARAMETERS: tuple[Parameter, ...] = (
     ),
     # Tuning.
     _p("tune", bool, False, "Run a hyperparameter tuning job first; train with the best trial."),
-    _p("max_trial_count", int, 8, "Trials of the tuning job.", 2),
+    _p("max_trial_count", int, 8, "Trials of the tuning job.", 2, bounds=(1, math.inf)),
     _p("parallel_trial_count", int, 2, "Trials run at once.", 1),
-    _p("max_failed_trial_count", int, 0, "Failed trials that fail the tuning job (0: Vertex decides)."),
+    _p(
+        "max_failed_trial_count",
+        int,
+        0,
+        "Failed trials that fail the tuning job (0: Vertex decides).",
+        bounds=(0, math.inf),
+    ),
     _p(
         "search_algorithm",
         str,

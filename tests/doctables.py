@@ -221,7 +221,8 @@ def parameters() -> str:
         local = shown(p.default_for("local")) if "local" in p.targets else "(Vertex only)"
         allowed = ", ".join(map(_code, p.choices))
         if p.bounds:
-            allowed = f"{p.bounds[0]:g} to {p.bounds[1]:g}"
+            low, high = p.bounds
+            allowed = f"{low:g} to {high:g}" if high != float("inf") else f"{low:g} or more"
         lines.append(f"| `{p.name}` | {p.type.__name__} | {vertex} | {local} | {allowed} | {cell(p.help)} |")
     return "\n".join(lines) + "\n"
 

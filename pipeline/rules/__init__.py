@@ -7,7 +7,7 @@ every bad parameter at once (`OptionsError`, one line per problem, each starting
 parameter's name and saying what is allowed) and returns warnings. The parameters themselves
 (names, types, defaults) are `pipeline.parameters.PARAMETERS`, whose rows also hold the rules
 that need only the value (`choices`, `bounds`: the gate's metric, rule, minimum and margin, the
-search algorithm), checked here first. The steps that run on Vertex apply
+search algorithm, the scheduling strategy, the tuning job's trial counts), checked here first. The steps that run on Vertex apply
 the same rules where they can (`worker_pools` calls `hardware.validate_machine`).
 
     common.py               Problem, OptionsError
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline.parameters import PARAMETERS
-from pipeline.rules.common import OptionsError, Problem
+from pipeline.rules.common import OptionsError, Problem, whole
 from pipeline.rules.data import data_problems, dataflow_problems
 from pipeline.rules.gate import registry_problems
 from pipeline.rules.jobs import flex_start_problems, hardware_problems, job_settings_problems
@@ -58,11 +58,26 @@ def _row_problems(values: Mapping[str, Any]) -> list[Problem]:
             continue
         value = values[p.name]
         if p.choices and value not in p.choices:
-            problems.append(Problem((p.name,), f"must be one of {', '.join(p.choices)}, got {value!r}"))
+            close = [c for c in p.choices if c.lower() == str(value).lower()]
+            problems.append(
+                Problem(
+                    (p.name,),
+                    f"must be one of {', '.join(p.choices)}, got {value!r}"
+                    + (f"; did you mean {close[0]}?" if close else ""),
+                )
+            )
         if p.bounds is not None and (
-            not isinstance(value, int | float) or not p.bounds[0] <= value <= p.bounds[1]
+            not (
+                whole(value)
+                if p.type is int
+                else isinstance(value, int | float) and not isinstance(value, bool)
+            )
+            or not p.bounds[0] <= value <= p.bounds[1]
         ):
-            problems.append(Problem((p.name,), f"must be from {p.bounds[0]} to {p.bounds[1]}, got {value!r}"))
+            low, high = p.bounds
+            allowed = f"from {low:g} to {high:g}" if math.isfinite(high) else f"{low:g} or more"
+            kind = "a whole number" if p.type is int else "a number"
+            problems.append(Problem((p.name,), f"must be {kind} {allowed}, got {value!r}"))
     return problems
 
 

@@ -1,10 +1,8 @@
 """The machines and the job settings: worker pools and GPUs, scheduling, timeout, service
 account, network, CMEK, TensorBoard, labels, the image build's settings.
 
-Google's rules, each with its source:
-- scheduling_strategy is aiplatform_v1 `Scheduling.Strategy`: STANDARD, SPOT or FLEX_START (the
-  deprecated ON_DEMAND and LOW_COST left out). The GCPC launcher looks the name up in the enum, so
-  `spot` fails there with `KeyError: 'spot'`, after the image build and the dataset job.
+Google's rules, each with its source (scheduling_strategy's values are its row's choices,
+pipeline.parameters.SCHEDULING_STRATEGIES):
 - FLEX_START (Dynamic Workload Scheduler) needs L4, A100, H100, H200 or B200 GPUs, a timeout of
   at most 7 days and "the same machine configuration for all worker pools" ("Schedule training
   jobs based on resource availability", https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws):
@@ -32,9 +30,6 @@ from typing import Any
 
 from components import hardware, image, worker_pools
 from pipeline.rules.common import Problem, duration_seconds
-
-SCHEDULING_STRATEGIES = ("STANDARD", "SPOT", "FLEX_START")
-
 
 FLEX_START_GPUS = (
     "NVIDIA_L4",
@@ -235,16 +230,6 @@ def job_settings_problems(v: Mapping[str, Any], region: str) -> list[Problem]:
             image.build_settings(v["project"], region, build, *(v[n] for n in names))
     except ValueError as err:  # it names the parameters it is about
         problems.append(Problem(tuple(n for n in (*names, "build_location") if n in str(err)), str(err)))
-    strategy = v["scheduling_strategy"]
-    if strategy not in SCHEDULING_STRATEGIES:
-        close = [s for s in SCHEDULING_STRATEGIES if s == str(strategy).upper()]
-        problems.append(
-            Problem(
-                ("scheduling_strategy",),
-                f"must be one of {', '.join(SCHEDULING_STRATEGIES)} (aiplatform_v1 Scheduling.Strategy, "
-                f"upper case), got {strategy!r}" + (f"; did you mean {close[0]}?" if close else ""),
-            )
-        )
     seconds = duration_seconds(v["timeout"])
     if seconds is None or seconds <= 0:
         problems.append(

@@ -27,26 +27,11 @@ from pipeline.rules.trainer_flags import trainer_flag_problems
 
 def tuning_problems(v: Mapping[str, Any]) -> list[Problem]:
     problems = []
-    counts = {k: v[k] for k in ("max_trial_count", "parallel_trial_count", "max_failed_trial_count")}
-    if not whole(counts["max_trial_count"]) or counts["max_trial_count"] < 1:
-        problems.append(
-            Problem(("max_trial_count",), f"must be a whole number >= 1, got {counts['max_trial_count']!r}")
-        )
-    elif (
-        not whole(counts["parallel_trial_count"])
-        or not 1 <= counts["parallel_trial_count"] <= counts["max_trial_count"]
-    ):
+    most, parallel = v["max_trial_count"], v["parallel_trial_count"]  # most: checked on its row
+    if whole(most) and most >= 1 and not (whole(parallel) and 1 <= parallel <= most):
         problems.append(
             Problem(
-                ("parallel_trial_count",),
-                f"must be from 1 to max_trial_count ({counts['max_trial_count']}), got {counts['parallel_trial_count']!r}",
-            )
-        )
-    if not whole(counts["max_failed_trial_count"]) or counts["max_failed_trial_count"] < 0:
-        problems.append(
-            Problem(
-                ("max_failed_trial_count",),
-                f"must be a whole number >= 0 (0: Vertex decides), got {counts['max_failed_trial_count']!r}",
+                ("parallel_trial_count",), f"must be from 1 to max_trial_count ({most}), got {parallel!r}"
             )
         )
     if v["tune"]:

@@ -64,7 +64,7 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
         ({"tune": True, "search_algorithm": "GRID_SEARCH"}, {"search_algorithm"}, "learning_rate, dropout"),
         ({"search_algorithm": "BAYESIAN"}, {"search_algorithm"}, "must be one of"),
         ({"parallel_trial_count": 9}, {"parallel_trial_count"}, "from 1 to max_trial_count (8)"),
-        ({"max_failed_trial_count": -1}, {"max_failed_trial_count"}, ">= 0"),
+        ({"max_failed_trial_count": -1}, {"max_failed_trial_count"}, "0 or more"),
         (
             {"tensorboard": "projects/1/locations/us-central1/tensorboards/2"},
             {"tensorboard", "service_account"},
