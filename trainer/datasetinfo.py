@@ -17,7 +17,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainer import storage
 from trainer._tf import tf
@@ -28,7 +28,34 @@ from trainer.contract import METADATA_FORMAT_VERSION as FORMAT_VERSION
 
 class DataError(ValueError):
     """A prepared dataset's files do not match its metadata.json, or metadata.json is not one this
-    trainer reads: the message names the file, what was expected and found, and what to do."""
+    trainer reads: the message names the file, what was expected and found, and what to do.
+    `faults` is what the message says, as data: (the shard, split or file, the kind of fault) for
+    each, in order; a kind is one of FAULT_KINDS."""
+
+    def __init__(self, message: str, faults: Iterable[Fault] = ()) -> None:
+        super().__init__(message)
+        self.faults = [(f.where, f.kind) for f in faults]
+
+
+# What can be wrong with a prepared dataset, as DataError.faults names it.
+FAULT_KINDS = (
+    "missing",  # a shard metadata.json lists is not in the folder
+    "extra",  # a .tfrecord in the folder that metadata.json does not list
+    "misnamed",  # an entry whose name is not the one trainer.prepare gives its place
+    "record_count",  # an entry's records, or a split's class counts, that do not add up
+    "entry_edited",  # a shard with its recorded SHA-256 whose entry says otherwise
+    "swapped",  # a shard holding another shard's content
+    "corrupted",  # a shard whose records stop reading intact
+    "truncated",  # a shard whose records read intact, fewer than recorded
+    "replaced",  # a shard whose records read intact, as many, but not the ones prepared
+    "fingerprint",  # metadata.json's entries no longer give its fingerprint
+)
+
+
+class Fault(NamedTuple):
+    where: str
+    kind: str
+    text: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,27 +267,32 @@ def verify_shards(data_dir: str, meta: DatasetMetadata, verify: str | None = Non
     if edited:
         problems.insert(
             0,
-            f"metadata.json's entries no longer give its fingerprint (it records {meta.fingerprint}; "
-            f"its classes, counts and shard entries give {meta.manifest_fingerprint}): it was edited "
-            "after preparation"
-            + (
-                ", and every shard matches the edited entries and reads intact, so which files "
-                "were prepared is unknown"
-                if not problems
-                else ""
+            Fault(
+                METADATA_FILE,
+                "fingerprint",
+                f"metadata.json's entries no longer give its fingerprint (it records {meta.fingerprint}; "
+                f"its classes, counts and shard entries give {meta.manifest_fingerprint}): it was edited "
+                "after preparation"
+                + (
+                    ", and every shard matches the edited entries and reads intact, so which files "
+                    "were prepared is unknown"
+                    if not problems
+                    else ""
+                ),
             ),
         )
     if problems:
         raise _mismatch(data_dir, meta, problems)
 
 
-def _mismatch(data_dir: str, meta: DatasetMetadata, problems: list[str]) -> DataError:
-    shown = problems[:SHOWN_PROBLEMS]
+def _mismatch(data_dir: str, meta: DatasetMetadata, problems: list[Fault]) -> DataError:
+    shown = [p.text for p in problems[:SHOWN_PROBLEMS]]
     more = len(problems) - len(shown)
     return DataError(
         f"prepared dataset {data_dir} does not match its {METADATA_FILE}: {'; '.join(shown)}"
         + (f"; and {more} more" if more else "")
-        + f": {reprepare(meta.source, data_dir)}"
+        + f": {reprepare(meta.source, data_dir)}",
+        problems,
     )
 
 
@@ -276,22 +308,34 @@ def _check_manifest(data_dir: str, meta: DatasetMetadata) -> None:
         n = len(info.files)
         if sum(info.class_counts.values()) != info.count:
             problems.append(
-                f"split {split!r}: its class_counts add up to {sum(info.class_counts.values())}, its "
-                f"count is {info.count}"
+                Fault(
+                    split,
+                    "record_count",
+                    f"split {split!r}: its class_counts add up to {sum(info.class_counts.values())}, its "
+                    f"count is {info.count}",
+                )
             )
         for i, entry in enumerate(info.files):
             expected_name = f"{split}-{i:05d}-of-{n:05d}.tfrecord"
             if entry.name != expected_name:
                 problems.append(
-                    f"{_where(split, entry.name)}: metadata.json lists it as shard {i} of {n} of split "
-                    f"{split!r}, which trainer.prepare names {expected_name}; found {entry.name}"
+                    Fault(
+                        entry.name,
+                        "misnamed",
+                        f"{_where(split, entry.name)}: metadata.json lists it as shard {i} of {n} of "
+                        f"split {split!r}, which trainer.prepare names {expected_name}; found {entry.name}",
+                    )
                 )
                 continue
             records = expected_records(info.count, n, i)
             if entry.records != records:
                 problems.append(
-                    f"{_where(split, entry.name)}: metadata.json says it holds {entry.records} records; "
-                    f"{info.count} records written round-robin into {n} shards put {records} there"
+                    Fault(
+                        entry.name,
+                        "record_count",
+                        f"{_where(split, entry.name)}: metadata.json says it holds {entry.records} "
+                        f"records; {info.count} records written round-robin into {n} shards put {records} there",
+                    )
                 )
     if problems:
         raise _mismatch(data_dir, meta, problems)
@@ -305,20 +349,18 @@ def _path(data_dir: str, name: str) -> str:
     return storage.resolve(storage.join(data_dir, name))
 
 
-def _check_files(data_dir: str, meta: DatasetMetadata) -> list[str]:
+def _check_files(data_dir: str, meta: DatasetMetadata) -> list[Fault]:
     """One listing of the folder and a stat per shard: missing, extra and resized shards (a
     resized one hashed, to say what it holds)."""
     folder = storage.resolve(data_dir)
     present = {name.rstrip("/") for name in tf.io.gfile.listdir(folder)}
     listed = _listed(meta)
     names = {entry.name for _, entry in listed}
-    problems, resized = [], []
+    problems: list[Fault] = []
+    resized = []
     for split, entry in listed:
         if entry.name not in present:
-            problems.append(
-                f"{_where(split, entry.name)}: expected the file ({entry.bytes:,} bytes, "
-                f"{entry.records} records), found none"
-            )
+            problems.append(_content_problem(meta, split, entry, None, 0, data_dir))
             continue
         size = tf.io.gfile.stat(_path(data_dir, entry.name)).length
         if size != entry.bytes:
@@ -326,8 +368,12 @@ def _check_files(data_dir: str, meta: DatasetMetadata) -> list[str]:
     for name in sorted(present - names):
         if name.endswith(".tfrecord"):
             problems.append(
-                f"{name} is in the folder but not in metadata.json, which lists "
-                f"{len(names)} shards (a shard of another preparation, or a copy); remove it"
+                Fault(
+                    name,
+                    "extra",
+                    f"{name} is in the folder but not in metadata.json, which lists "
+                    f"{len(names)} shards (a shard of another preparation, or a copy); remove it",
+                )
             )
     if resized:
         found = _hash_all(data_dir, resized)
@@ -364,7 +410,7 @@ def _hash_all(data_dir: str, listed: list[tuple[str, ShardInfo]]) -> dict[str, t
     return {entry.name: digest for (_, entry), digest in zip(listed, digests, strict=True)}
 
 
-def _audit(data_dir: str, meta: DatasetMetadata, splits: Iterable[str]) -> list[str]:
+def _audit(data_dir: str, meta: DatasetMetadata, splits: Iterable[str]) -> list[Fault]:
     """The shards of `splits` whose bytes are not those metadata.json records, each hashed."""
     listed = _listed(meta, splits)
     found = _hash_all(data_dir, listed)
@@ -377,34 +423,42 @@ def _audit(data_dir: str, meta: DatasetMetadata, splits: Iterable[str]) -> list[
 
 def _content_problem(
     meta: DatasetMetadata, split: str, entry: ShardInfo, sha: str | None, size: int, data_dir: str
-) -> str:
+) -> Fault:
     """What a shard whose bytes differ from its entry holds instead, in one clause."""
     where = _where(split, entry.name)
     if sha is None:
-        return f"{where}: expected the file ({entry.bytes:,} bytes, {entry.records} records), found none"
+        what = f"expected the file ({entry.bytes:,} bytes, {entry.records} records), found none"
+        return Fault(entry.name, "missing", f"{where}: {what}")
     expected = f"expected {entry.bytes:,} bytes, {entry.records} records, SHA-256 {entry.sha256[:16]}"
     found = f"found {size:,} bytes{' (the same size)' if size == entry.bytes else ''}, SHA-256 {sha[:16]}"
-    if sha == entry.sha256:
-        return f"{where}: {expected}; {found}: the SHA-256 recorded, so the shard is intact and its entry in metadata.json was edited"
     twin = next(((s, e) for s, e in _listed(meta) if e.sha256 == sha and e.name != entry.name), None)
-    if twin is not None:
-        what = f"it holds the content of {_where(twin[0], twin[1].name)}: swapped or copied over"
+    if sha == entry.sha256:
+        kind, what = (
+            "entry_edited",
+            "the SHA-256 recorded, so the shard is intact and its entry in metadata.json was edited",
+        )
+    elif twin is not None:
+        kind, what = (
+            "swapped",
+            f"it holds the content of {_where(twin[0], twin[1].name)}: swapped or copied over",
+        )
     else:
         intact, error = _read_records(_path(data_dir, entry.name))
         if error:
-            what = f"{_records(intact)} read intact, then {error}"
+            kind, what = "corrupted", f"{_records(intact)} read intact, then {error}"
         elif intact != entry.records:
+            kind = "truncated"
             what = f"it holds {_records(intact)}, all intact: truncated or replaced by other records"
         else:
-            what = f"its {_records(intact)} read intact, but are not the records prepared"
-    return f"{where}: {expected}; {found}: {what}"
+            kind, what = "replaced", f"its {_records(intact)} read intact, but are not the records prepared"
+    return Fault(entry.name, kind, f"{where}: {expected}; {found}: {what}")
 
 
 def _records(n: int) -> str:
     return f"{n:,} record{'' if n == 1 else 's'}"
 
 
-def _read_all(data_dir: str, meta: DatasetMetadata) -> list[str]:
+def _read_all(data_dir: str, meta: DatasetMetadata) -> list[Fault]:
     """Every shard's records read (their CRCs) and counted against metadata.json: what names a
     shard whose entry was edited to its new size and SHA-256 (only the fingerprint tells)."""
     listed = _listed(meta)
@@ -417,8 +471,12 @@ def _read_all(data_dir: str, meta: DatasetMetadata) -> list[str]:
                 f"{_records(intact)} read intact, then {error}" if error else f"it holds {_records(intact)}"
             )
             problems.append(
-                f"{_where(split, entry.name)}: its size and SHA-256 match its entry in metadata.json, "
-                f"which says it holds {_records(entry.records)}; {what}"
+                Fault(
+                    entry.name,
+                    "corrupted" if error else "truncated",
+                    f"{_where(split, entry.name)}: its size and SHA-256 match its entry in metadata.json, "
+                    f"which says it holds {_records(entry.records)}; {what}",
+                )
             )
     return problems
 
@@ -462,9 +520,10 @@ def explain_read_error(
         problems = _audit(data_dir, meta, splits)
         if problems:
             return DataError(
-                f"{head}: {'; '.join(problems[:SHOWN_PROBLEMS])}"
+                f"{head}: {'; '.join(p.text for p in problems[:SHOWN_PROBLEMS])}"
                 + (f"; and {len(problems) - SHOWN_PROBLEMS} more" if len(problems) > SHOWN_PROBLEMS else "")
-                + f": {reprepare(meta.source, data_dir)}"
+                + f": {reprepare(meta.source, data_dir)}",
+                problems,
             )
         return DataError(
             f"{head}, yet every shard of {'it' if len(splits) == 1 else 'them'} still has the size "

@@ -1,8 +1,10 @@
 """Fault injection on a prepared dataset: each fault is made on a private copy of the session's
 synthetic dataset (8 shards per split: train 300 records, 38 in shards 0-3 and 37 in 4-7;
 validation and test 100, 13 in shards 0-3 and 12 in 4-7; raw 64 px images, so shards of equal
-record counts have equal sizes), and the check that catches it is asserted on its message: the
-shard's file and split, what metadata.json expected, what was found, and what to do.
+record counts have equal sizes), and the check that catches it is asserted on what it names:
+each faulty shard (or split, or metadata.json) and the kind of fault (`DataError.faults`), and,
+in the first test, on its words: the shard's file and split, what metadata.json expected, what was
+found, and what to do (every message ends saying to prepare again: `refused`).
 
 Caught before training (`verify="size"`, the default, on every load: one listing and a stat per
 shard): missing, extra and resized shards (truncated, swapped or copied across splits), a
@@ -55,7 +57,7 @@ def edit_manifest(
     (folder / contract.METADATA_FILE).write_text(json.dumps(meta))
 
 
-def refused(folder: Path, verify: str = "size") -> str:
+def refused(folder: Path, verify: str = "size") -> datasetinfo.DataError:
     with pytest.raises(datasetinfo.DataError) as caught:
         datasetinfo.load_metadata(str(folder), verify=verify)
     message = str(caught.value)
@@ -63,7 +65,8 @@ def refused(folder: Path, verify: str = "size") -> str:
     assert message.endswith(f"{AGAIN}{folder} --overwrite`, with the other flags it was prepared with)"), (
         message
     )
-    return message
+    assert {kind for _, kind in caught.value.faults} <= set(datasetinfo.FAULT_KINDS)
+    return caught.value
 
 
 def expected(folder: Path, name: str) -> str:
@@ -91,7 +94,10 @@ def test_a_shard_truncated_to_whole_records_is_refused_naming_it(copied: Path) -
     want = expected(copied, shard.name)
     with tf.io.TFRecordWriter(str(shard)) as w:  # 1 of its 38 records left: a valid TFRecord file
         w.write(first)
-    message = refused(copied)
+    error = refused(copied)
+    assert error.faults == [(shard.name, "truncated")]
+    # The family's words, once: the shard and split, what was expected and found, what it holds.
+    message = str(error)
     assert f"shard train-00003-of-00008.tfrecord of split 'train': {want}; " in message
     assert f"found {shard.stat().st_size:,} bytes, SHA-256 {sha(shard)[:16]}" in message
     assert "it holds 1 record, all intact: truncated or replaced by other records" in message
@@ -99,13 +105,11 @@ def test_a_shard_truncated_to_whole_records_is_refused_naming_it(copied: Path) -
 
 def test_a_shard_cut_mid_record_is_refused_saying_where_its_records_end(copied: Path) -> None:
     shard = copied / "validation-00002-of-00008.tfrecord"
-    want = expected(copied, shard.name)
     raw = shard.read_bytes()
     shard.write_bytes(raw[: len(raw) // 2])
-    message = refused(copied)
-    assert f"shard validation-00002-of-00008.tfrecord of split 'validation': {want}; " in message
-    assert f"found {len(raw) // 2:,} bytes" in message
-    assert "6 records read intact, then " in message and "truncated" in message.lower()
+    error = refused(copied)
+    assert error.faults == [(shard.name, "corrupted")]  # its last record cut
+    assert "6 records read intact" in str(error)
 
 
 def test_shards_swapped_across_splits_are_refused_naming_both_and_what_each_holds(copied: Path) -> None:
@@ -113,51 +117,40 @@ def test_shards_swapped_across_splits_are_refused_naming_both_and_what_each_hold
     a, b = train.read_bytes(), test.read_bytes()
     train.write_bytes(b)
     test.write_bytes(a)
-    message = refused(copied)
-    assert (
-        f"shard train-00001-of-00008.tfrecord of split 'train': {expected(copied, train.name)}; "
-        f"found {len(b):,} bytes, SHA-256 {sha(train)[:16]}: it holds the content of shard "
-        "test-00001-of-00008.tfrecord of split 'test': swapped or copied over"
-    ) in message
-    assert (
-        "shard test-00001-of-00008.tfrecord of split 'test': "
-        f"{expected(copied, test.name)}; found {len(a):,} bytes, SHA-256 {sha(test)[:16]}: it holds the "
-        "content of shard train-00001-of-00008.tfrecord of split 'train'"
-    ) in message
+    error = refused(copied)
+    assert error.faults == [(train.name, "swapped"), (test.name, "swapped")]
+    # Each named with the shard whose content it holds.
+    at = str(error).index
+    assert at(f"shard {train.name}") < at(f"content of shard {test.name}") < at(f"shard {test.name} of")
+    assert at(f"shard {test.name} of") < at(f"content of shard {train.name}")
 
 
 def test_a_missing_shard_is_refused_naming_it_and_what_it_held(copied: Path) -> None:
     e = entry(copied, "validation-00005-of-00008.tfrecord")
     (copied / e["name"]).unlink()
-    message = refused(copied)
-    assert (
-        f"shard validation-00005-of-00008.tfrecord of split 'validation': expected the file "
-        f"({e['bytes']:,} bytes, 12 records), found none"
-    ) in message
+    error = refused(copied)
+    assert error.faults == [(e["name"], "missing")]
+    assert f"{e['bytes']:,} bytes, 12 records" in str(error)
 
 
 def test_an_extra_shard_is_refused_naming_it(copied: Path) -> None:
     """A shard of another preparation (9 shards), or a copy left beside the others."""
     shutil.copy(copied / "train-00000-of-00008.tfrecord", copied / "train-00008-of-00009.tfrecord")
-    message = refused(copied)
-    assert (
-        "train-00008-of-00009.tfrecord is in the folder but not in metadata.json, which lists 24 "
-        "shards (a shard of another preparation, or a copy); remove it"
-    ) in message
+    assert refused(copied).faults == [("train-00008-of-00009.tfrecord", "extra")]
 
 
 def test_a_duplicated_shard_beside_the_others_is_refused_naming_the_copy(copied: Path) -> None:
     shutil.copy(copied / "test-00004-of-00008.tfrecord", copied / "test-00004-of-00008 copy.tfrecord")
-    assert "test-00004-of-00008 copy.tfrecord is in the folder but not in metadata.json" in refused(copied)
+    assert refused(copied).faults == [("test-00004-of-00008 copy.tfrecord", "extra")]
 
 
 def test_several_faults_are_named_together(copied: Path) -> None:
     (copied / "train-00000-of-00008.tfrecord").unlink()
     (copied / "test-00007-of-00008.tfrecord").write_bytes(b"")
-    message = refused(copied)
-    assert "shard train-00000-of-00008.tfrecord of split 'train': expected the file" in message
-    assert "shard test-00007-of-00008.tfrecord of split 'test': expected " in message
-    assert "found 0 bytes" in message and "it holds 0 records" in message
+    assert refused(copied).faults == [
+        ("test-00007-of-00008.tfrecord", "truncated"),  # resized shards first: each was hashed
+        ("train-00000-of-00008.tfrecord", "missing"),
+    ]
 
 
 # --- caught by the full check: the same size, other bytes -------------------------------------
@@ -165,13 +158,11 @@ def test_several_faults_are_named_together(copied: Path) -> None:
 
 def test_a_flipped_byte_passes_the_size_check_and_is_named_by_the_full_check(copied: Path) -> None:
     shard = copied / "test-00006-of-00008.tfrecord"
-    want = expected(copied, shard.name)
     flip_byte(shard)
     datasetinfo.load_metadata(str(copied))  # the same size: the cheap check cannot see it
-    message = refused(copied, verify="full")
-    assert f"shard test-00006-of-00008.tfrecord of split 'test': {want}; " in message
-    assert f"found {shard.stat().st_size:,} bytes (the same size), SHA-256 {sha(shard)[:16]}" in message
-    assert "records read intact, then " in message and "corrupted record" in message
+    error = refused(copied, verify="full")
+    assert error.faults == [(shard.name, "corrupted")]
+    assert "corrupted record" in str(error)  # TensorFlow's own words for the CRC that failed
 
 
 def test_the_full_check_is_what_trainer_verify_data_full_asks_for(
@@ -180,10 +171,9 @@ def test_the_full_check_is_what_trainer_verify_data_full_asks_for(
     flip_byte(copied / "train-00002-of-00008.tfrecord", at=0.9)
     datasetinfo.load_metadata(str(copied))
     monkeypatch.setenv(datasetinfo.VERIFY_ENV, "full")
-    with pytest.raises(
-        datasetinfo.DataError, match=r"shard train-00002-of-00008\.tfrecord of split 'train': expected "
-    ):
+    with pytest.raises(datasetinfo.DataError) as caught:
         datasetinfo.load_metadata(str(copied))
+    assert caught.value.faults == [("train-00002-of-00008.tfrecord", "corrupted")]
 
 
 def test_shards_of_equal_size_exchanged_are_named_by_the_full_check(copied: Path) -> None:
@@ -194,33 +184,19 @@ def test_shards_of_equal_size_exchanged_are_named_by_the_full_check(copied: Path
     validation.write_bytes(b)
     test.write_bytes(a)
     datasetinfo.load_metadata(str(copied))
-    message = refused(copied, verify="full")
-    assert (
-        "shard validation-00000-of-00008.tfrecord of split 'validation': "
-        f"{expected(copied, validation.name)}; found {len(b):,} bytes (the same size), SHA-256 "
-        f"{sha(validation)[:16]}: it holds the content of shard test-00003-of-00008.tfrecord of split 'test'"
-    ) in message
-    assert (
-        "shard test-00003-of-00008.tfrecord of split 'test': "
-        f"{expected(copied, test.name)}; found {len(a):,} bytes (the same size)"
-    ) in message
-    assert "it holds the content of shard validation-00000-of-00008.tfrecord of split 'validation'" in message
+    error = refused(copied, verify="full")
+    # In the order of the splits: validation, then test.
+    assert error.faults == [(validation.name, "swapped"), (test.name, "swapped")]
+    assert str(error).count("(the same size)") == 2
 
 
 def test_a_shard_copied_over_another_of_its_split_is_named_by_the_full_check(copied: Path) -> None:
     """train shards 4-7 hold 37 records each: a copy of shard 4 over shard 5 keeps the size."""
     shutil.copy(copied / "train-00004-of-00008.tfrecord", copied / "train-00005-of-00008.tfrecord")
     datasetinfo.load_metadata(str(copied))
-    message = refused(copied, verify="full")
-    assert (
-        f"shard train-00005-of-00008.tfrecord of split 'train': {expected(copied, 'train-00005-of-00008.tfrecord')}; "
-        "found "
-    ) in message
-    assert (
-        "it holds the content of shard train-00004-of-00008.tfrecord of split 'train': swapped or copied over"
-        in message
-    )
-    assert "shard train-00004-of-00008.tfrecord of split 'train': expected" not in message  # intact
+    error = refused(copied, verify="full")
+    assert error.faults == [("train-00005-of-00008.tfrecord", "swapped")]  # shard 4 is intact
+    assert "the content of shard train-00004-of-00008.tfrecord" in str(error)
 
 
 # --- metadata.json edited --------------------------------------------------------------------
@@ -238,13 +214,9 @@ def test_a_size_edited_to_match_a_truncated_shard_is_caught_by_the_fingerprint(c
         meta["splits"]["train"]["shards"][6]["bytes"] = len(raw) // 3
 
     edit_manifest(copied, resize)
-    message = refused(copied)  # the default, cheap check
-    assert "metadata.json's entries no longer give its fingerprint" in message and "it was edited" in message
-    assert (
-        f"shard train-00006-of-00008.tfrecord of split 'train': expected {len(raw) // 3:,} bytes, 37 "
-        f"records, SHA-256 {old_sha[:16]}; found {len(raw) // 3:,} bytes (the same size), SHA-256 {sha(shard)[:16]}"
-    ) in message
-    assert "records read intact, then " in message
+    error = refused(copied)  # the default, cheap check
+    assert error.faults == [("metadata.json", "fingerprint"), (shard.name, "corrupted")]
+    assert f"SHA-256 {old_sha[:16]}; found {len(raw) // 3:,} bytes (the same size)" in str(error)
 
 
 def test_size_and_sha_edited_to_match_a_flipped_shard_are_caught_by_the_fingerprint(copied: Path) -> None:
@@ -257,13 +229,7 @@ def test_size_and_sha_edited_to_match_a_flipped_shard_are_caught_by_the_fingerpr
         meta["splits"]["test"]["shards"][2].update(bytes=shard.stat().st_size, sha256=sha(shard))
 
     edit_manifest(copied, follow)
-    message = refused(copied)
-    assert "metadata.json's entries no longer give its fingerprint" in message
-    assert (
-        "shard test-00002-of-00008.tfrecord of split 'test': its size and SHA-256 match its entry in "
-        "metadata.json, which says it holds 13 records; "
-    ) in message
-    assert "records read intact, then " in message and "corrupted record" in message
+    assert refused(copied).faults == [("metadata.json", "fingerprint"), (shard.name, "corrupted")]
 
 
 def test_entries_edited_to_match_a_truncated_shard_are_caught_by_its_record_count(copied: Path) -> None:
@@ -277,35 +243,25 @@ def test_entries_edited_to_match_a_truncated_shard_are_caught_by_its_record_coun
         meta["splits"]["validation"]["shards"][6].update(bytes=shard.stat().st_size, sha256=sha(shard))
 
     edit_manifest(copied, follow)
-    message = refused(copied)
-    assert (
-        "shard validation-00006-of-00008.tfrecord of split 'validation': its size and SHA-256 match "
-        "its entry in metadata.json, which says it holds 12 records; it holds 5 records"
-    ) in message
+    error = refused(copied)
+    assert error.faults == [("metadata.json", "fingerprint"), (shard.name, "truncated")]
+    assert "it holds 5 records" in str(error)  # of the 12 its entry says
 
 
 def test_a_fingerprint_edited_alone_is_refused(copied: Path) -> None:
     edit_manifest(copied, lambda meta: meta.update(fingerprint="sha256:" + "0" * 64))
-    message = refused(copied)
-    assert (
-        f"metadata.json's entries no longer give its fingerprint (it records sha256:{'0' * 64}; its "
-        "classes, counts and shard entries give sha256:"
-    ) in message
-    assert (
-        "every shard matches the edited entries and reads intact, so which files were prepared is unknown"
-        in message
-    )
+    error = refused(copied)
+    assert error.faults == [("metadata.json", "fingerprint")]  # every shard matches its entry
+    assert f"sha256:{'0' * 64}" in str(error)
 
 
 def test_record_counts_edited_against_the_round_robin_are_refused(copied: Path) -> None:
     edit_manifest(
         copied, lambda meta: meta["splits"]["train"]["shards"][1].update(records=1), refingerprint=True
     )
-    message = refused(copied)
-    assert (
-        "shard train-00001-of-00008.tfrecord of split 'train': metadata.json says it holds 1 records; "
-        "300 records written round-robin into 8 shards put 38 there"
-    ) in message
+    error = refused(copied)
+    assert error.faults == [("train-00001-of-00008.tfrecord", "record_count")]
+    assert "put 38 there" in str(error)  # 300 records round-robin into 8 shards
 
 
 def test_class_counts_that_do_not_add_up_are_refused(copied: Path) -> None:
@@ -314,7 +270,8 @@ def test_class_counts_that_do_not_add_up_are_refused(copied: Path) -> None:
         meta["splits"]["test"]["class_counts"][first] += 5
 
     edit_manifest(copied, change, refingerprint=True)
-    assert "split 'test': its class_counts add up to 105, its count is 100" in refused(copied)
+    error = refused(copied)
+    assert error.faults == [("test", "record_count")] and "105" in str(error)
 
 
 def test_metadata_listing_a_shard_of_another_split_is_refused(copied: Path) -> None:
@@ -322,10 +279,9 @@ def test_metadata_listing_a_shard_of_another_split_is_refused(copied: Path) -> N
         meta["splits"]["train"]["shards"][2]["name"] = "test-00002-of-00008.tfrecord"
 
     edit_manifest(copied, rename)
-    assert (
-        "metadata.json lists it as shard 2 of 8 of split 'train', which trainer.prepare names "
-        "train-00002-of-00008.tfrecord; found test-00002-of-00008.tfrecord"
-    ) in refused(copied)
+    error = refused(copied)
+    assert error.faults == [("test-00002-of-00008.tfrecord", "misnamed")]
+    assert "train-00002-of-00008.tfrecord" in str(error)  # the name trainer.prepare gives that place
 
 
 def test_a_malformed_shard_entry_is_refused_naming_it(copied: Path) -> None:
