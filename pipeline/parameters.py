@@ -127,6 +127,10 @@ PARAMETERS: tuple[Parameter, ...] = (
         8,
         "prepare_engine=beam: the most Dataflow workers the preparation may scale to.",
         targets=("vertex",),
+        # dataflow_v1beta3 FlexTemplateRuntimeEnvironment.max_workers: "from 1 to 1000". GCPC's
+        # launcher drops a 0 from the request (json_util.recursive_remove_empty), so Dataflow
+        # would choose the count.
+        bounds=(1, 1000),
     ),
     _p(
         "dataflow_machine_type",

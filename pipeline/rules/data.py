@@ -52,12 +52,6 @@ def data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
                 f"(folder:gs://<bucket>/<path>): {why}; use prepare_engine=job for this source",
             )
         )
-    workers = v.get("dataflow_max_workers")
-    if target == "vertex" and isinstance(workers, int) and whole(workers) and not 1 <= workers <= 1000:
-        # dataflow_v1beta3 FlexTemplateRuntimeEnvironment.max_workers: "from 1 to 1000". GCPC's
-        # launcher drops a 0 from the request (json_util.recursive_remove_empty), so Dataflow
-        # would choose the count.
-        problems.append(Problem(("dataflow_max_workers",), f"must be from 1 to 1000, got {workers}"))
     problems += _weights_problems(str(v["weights"]), target)
     fraction = v["fine_tune_fraction"]
     if isinstance(fraction, int | float) and fraction < 0 and fraction != -1:
