@@ -3,9 +3,7 @@
 the folder given as the first argument. Byte-identical on every run.
 
 The pipeline itself is the `pipeline/` package beside this script (`import pipeline` finds the
-package, never this file): its parameters (`pipeline/parameters.py`), their rules
-(`pipeline/rules/`), the per-target table (`pipeline/backends.py`) and the DAG
-(`pipeline/dag.py`).
+package, never this file).
 """
 
 from __future__ import annotations

@@ -5,6 +5,6 @@ in the same run (these machines are noisy). Every side of a comparison runs in i
 so its peak memory is its own and no TensorFlow state (mixed-precision policy, XLA, caches)
 leaks from one side to the other. The runner itself never imports TensorFlow.
 
-Each benchmark writes `benchmarks/results/<name>.json` (see `common.RESULT_KEYS`) and the table
-in `BENCHMARKS.md` is regenerated from those files (`table.py`).
+Each benchmark writes `benchmarks/results/<name>.json` (`common.RESULT_KEYS`); `table.py`
+regenerates `BENCHMARKS.md`'s table from them.
 """

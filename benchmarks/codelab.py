@@ -20,14 +20,13 @@ The codelab's `task.py`, line for line where it matters for speed:
         predictions = Dense(number_of_classes, activation='softmax')(x)
         model.compile(loss='sparse_categorical_crossentropy', optimizer=Adam(0.0001), metrics=['accuracy'])
 
-Deliberate differences, none of which favours our side: `data_dir` points `tfds.load` at the
+Deliberate differences, none favouring our side: `data_dir` points `tfds.load` at the
 benchmark's offline cassava folder; TFDS's auto-cache is off (`autocache=False`): real cassava
-(1.26 GiB) is above TFDS's 250 MiB auto-cache limit, so the codelab decodes every JPEG on every
-epoch, but the benchmark's 1,000-image stand-in is below it and TFDS would silently keep every
-decoded image in memory; the image size is a parameter (300 in the codelab), and
-`weights` defaults to None (no network; the codelab trains every layer either way, so the work
-per step is the same). Keras is tf-keras, as on our side (TF 2.21's `tf.keras` would be Keras 3,
-which fails under MultiWorkerMirroredStrategy: docs/facts.md, fact 1).
+(1.26 GiB) is above its 250 MiB limit, so the codelab decodes every JPEG every epoch, but TFDS
+would silently keep the benchmark's 1,000-image stand-in decoded in memory; the image size is a
+parameter (300 in the codelab); `weights` defaults to None (no network; every layer is trained
+either way, so the work per step is the same). Keras is tf-keras, as on our side (Keras 3 fails
+under MultiWorkerMirroredStrategy: docs/facts.md, fact 1).
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ CODELAB_SHUFFLE = 1000
 
 
 def preprocess_data(image: tf.Tensor, label: tf.Tensor, image_size: int = CODELAB_IMAGE_SIZE) -> Any:
-    """Resizes and scales images."""
     image = tf.image.resize(image, (image_size, image_size))
     return tf.cast(image, tf.float32) / 255.0, label
 
@@ -54,7 +52,6 @@ def create_dataset(
     image_size: int = CODELAB_IMAGE_SIZE,
     autocache: bool = False,
 ) -> tuple[tf.data.Dataset, int]:
-    """Loads Cassava dataset and preprocesses data."""
     import tensorflow_datasets as tfds
 
     data, info = tfds.load(

@@ -1,27 +1,22 @@
 """`gpu`: ResNet50 training images per second on one NVIDIA GPU, ours versus the codelab's.
 
 Run it on a machine with a GPU: `python -m benchmarks run --bench gpu` (or `make bench
-BENCH=gpu`). Without one (`tf.config.list_physical_devices('GPU')` is empty) it writes a result
-that says `"skipped": "no GPU"` and does not fail.
+BENCH=gpu`); where TensorFlow sees none it writes a result saying `"skipped": "no GPU"`.
 
-Per image size (224 and 300), each in its own process, on synthetic in-memory data (no dataset
-needed; the input pipeline is the `input` benchmark's business, so both sides get theirs free):
+Per image size (224 and 300), each in its own process, on synthetic in-memory data (the input
+pipeline is the `input` benchmark's business, so both sides get theirs free):
 - codelab: `codelab.create_model` (float32, no XLA) under `MultiWorkerMirroredStrategy()`, fed
   float32 images in [0, 1] as the codelab's `preprocess_data` makes them;
 - ours: `trainer.model.build_model`/`compile_model` under `trainer.distribute.create_strategy`
   with `--mixed_precision true --xla true` (mixed_float16, jit-compiled step), fed uint8 images
   (the cast and preprocessing run in the model, on the device), trainer defaults otherwise.
 Both train every layer of a randomly initialised ResNet50 at the codelab's batch of 64, and fit
-as their trainers do (the codelab's default progress bar, our ProgressLogger: both read the loss
-every step). Ours is also measured at batch 256 at 224 pixels, what one would run on an H100,
-and once with ProgressLogger not waiting for the device every step (`_tflogs`: a proposed
-`trainer/callbacks.py` change, measured before it is made).
+as their trainers do (`measure`). Ours is also measured at batch 256 at 224 pixels, what one
+would run on an H100, and with ProgressLogger not waiting for the device every step (`_tflogs`).
 
 Each run is one `fit` of `WARMUP_STEPS` (tracing, XLA compilation, cuDNN autotuning) and then
-`STEPS` steps, timed by `clock.make_clock` (which waits for the device at both ends of the
-window and adds no per-step wait of its own), on one GPU (`CUDA_VISIBLE_DEVICES` is set to the
-first visible one). Every run's raw output is kept in the result (`raw_output`) and in
-`results/gpu.raw.txt`.
+`STEPS` steps, timed by `clock.make_clock`, on one GPU (the first of `CUDA_VISIBLE_DEVICES`).
+Every run's raw output is kept in the result (`raw_output`) and in `results/gpu.raw.txt`.
 """
 
 from __future__ import annotations
@@ -79,7 +74,7 @@ def run(work: Path, results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
     plan = [(side, size, BATCH_SIZE, False) for size in IMAGE_SIZES for side in ("codelab", "ours")]
     plan.append(("ours", IMAGE_SIZES[0], LARGE_BATCH, False))
-    # What the trainer's per-step device sync costs (see `measure`): the proposed fix, measured.
+    # What the trainer's per-step device sync costs (`measure`).
     plan.append(("ours", IMAGE_SIZES[0], BATCH_SIZE, True))
     runs: dict[str, dict[str, Any]] = {}
     raw: dict[str, str] = {}
@@ -182,11 +177,10 @@ def measure(
 
     Each side fits as its trainer does: the codelab with Keras's default progress bar
     (`verbose=1`), ours with `trainer.callbacks.ProgressLogger` (what `trainer.task.run` adds).
-    Both read the loss after every step, which waits for the device each step (Keras converts
-    batch logs to numpy unless every batch callback sets `_supports_tf_logs`).
-    `progress_tf_logs` sets it on ProgressLogger (it formats the loss only every tenth of an
-    epoch), to measure what that per-step wait costs.
-    """
+    Both read the loss after every step, waiting for the device each step (Keras converts batch
+    logs to numpy unless every batch callback sets `_supports_tf_logs`); `progress_tf_logs` sets
+    it on ProgressLogger (which formats the loss only every tenth of an epoch), to measure that
+    wait's cost."""
     import numpy as np
 
     from trainer._tf import keras, tf

@@ -8,9 +8,9 @@ Both read the same 1,000 cassava-like training images (500x500 and 500x375 JPEGs
   (300x300 uint8 TFRecords; the one-off preparation is measured by the `prepare` benchmark).
 
 Each side runs in its own process for 3 epochs at batch 64, consuming every batch, and
-reports images delivered per second (first batch to last, shuffle-buffer fill included)
-and its peak resident memory. The sides alternate, `repeats` times; the best run of each
-counts (the least disturbed by a noisy machine), every run is kept in the result.
+reports images delivered per second (first batch to last, shuffle-buffer fill included) and
+its peak resident memory. The sides alternate, `REPEATS` times; the best run of each counts
+(`common.best`), every run is kept in the result.
 """
 
 from __future__ import annotations

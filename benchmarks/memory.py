@@ -10,11 +10,10 @@ to the budget. Here the budget is 64 MiB, so the data stays small enough for a 2
   synthesized directly as prepared raw-uint8 TFRecords (`trainer.prepare`'s shard writer and
   record format, 32 shards, random pixels: content costs nothing with the raw encoding);
 - streamed: each of the three under the 64 MiB budget (the pipeline's own decision), with the
-  shuffle buffer the budget allows (82 examples: 64 MiB at 3x their decoded size, see
+  shuffle buffer it allows (82 examples: 64 MiB at 3x their decoded size,
   `trainer.data.STREAM_BUFFER_FACTOR`);
-- cached (the baseline): the 1x dataset with the budget raised so that it is cached, which is
-  what the cache holds when full; and the 10x dataset cached the same way, which is what the
-  pipeline did before the budget (every split cached whatever its size).
+- cached (the baseline): the 1x dataset with the budget raised so that it is cached (what a full
+  cache holds), and the 10x dataset cached the same way (as if every split were cached).
 
 Each run is its own process (TensorFlow imported once there): it builds the training dataset
 (batch 32, seed 0) and pulls a fixed 160 batches (5,120 images: 20 epochs of the 1x data, 2 of

@@ -10,19 +10,16 @@ reading the same 1,000 cassava-like JPEGs:
   exact pieces `trainer.task.run` uses, with the trainer's defaults (augmentation, dropout).
   Variants: `ours` (float32, the trainer's default), `ours_bf16` (`--mixed_precision true`,
   which is mixed_bfloat16 on a CPU) and `ours_malloc` (`ours` with TensorFlow's default host
-  allocator, the baseline of the BFC one the trainer sets). `--xla true` is not measured: on
-  this CPU it made training about 4x slower (12 vs 47 img/s, see BENCHMARKS.md) and took
-  minutes.
+  allocator, malloc: the baseline of the BFC one trainer._tf sets on a machine without a GPU,
+  docs/facts.md, fact 39; never the headline). `--xla true` is not measured: on this CPU it
+  made training about 4x slower (12 vs 47 img/s, see BENCHMARKS.md) and took minutes.
 
-Each run, in its own process, fits as its trainer does (the codelab with Keras's default
-progress bar, ours with `trainer.callbacks.ProgressLogger`), timed by `clock.make_clock`
-(which excludes fit's set-up): the codelab's whole second epoch (the first one traces, its
-last partial batch included; the second is a fresh pass of its pipeline: shuffle buffer
-refilled, every JPEG decoded again), and ours one epoch's worth of steps after
-`WARMUP_STEPS` steps (its in-memory cache is still being filled from the TFRecords then; its
-later epochs would be cheaper still, so this is conservative for ours). The sides
-alternate, `REPEATS` times; the best run of each counts. The headline ratio is our fastest
-variant over the codelab.
+Each run, in its own process, fits as its trainer does (`_train`), timed by
+`clock.make_clock`: the codelab's whole second epoch (the first one traces, its last partial
+batch included; the second is a fresh pass of its pipeline: shuffle buffer refilled, every JPEG
+decoded again), and ours one epoch's worth of steps after `WARMUP_STEPS` steps (its in-memory
+cache still filling from the TFRecords: conservative for ours). The sides alternate, `REPEATS`
+times; the best run of each counts. The headline ratio is our fastest variant over the codelab.
 """
 
 from __future__ import annotations
@@ -43,8 +40,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ours_bf16": {"mixed_precision": True, "xla": False},
     "ours_malloc": {"mixed_precision": False, "xla": False},
 }
-# `ours` with TensorFlow's default host allocator (malloc), the baseline of the BFC one that
-# trainer._tf sets on a machine without a GPU (docs/facts.md, fact 39); never the headline.
 VARIANT_ENV = {"ours_malloc": {"TF_CPU_ALLOCATOR_USE_BFC": "false"}}
 GOAL = {"description": "none set (the issue's goals are for input and gpu); reported for tracking"}
 
@@ -157,8 +152,6 @@ def measure_codelab(data_dir: str, image_size: int, batch_size: int) -> dict[str
     )
     with strategy.scope():
         model = codelab.create_model(number_of_classes)
-    # Warm-up: a whole epoch, so the last, partial batch has been traced too (as after the
-    # first epoch of a real run); then the timed epoch.
     figures = _train(model, train_data, warmup_steps=None, steps=0, batch_size=None)
     images = _tfds_train_images(data_dir)
     return {

@@ -11,15 +11,13 @@ parameters), twice, with the same `--seed`:
 
 The accuracies and macro F1 compared are those of that side-by-side evaluation (run 2's
 `version.json`, `evaluation.models.{challenger,champion}`): both models on the same images,
-through their serving signatures. Each run's own `test_accuracy` is on its own split; the two
-runs carve the same split from the same seed, but comparing the evaluation job's figures needs no
-such assumption. Also recorded: every trial (parameters, final val_accuracy), the best trial's
-hyperparameters, each run's wall time (what the user waits for, interpreter and imports
-included), the share of the CPUs other processes used meanwhile, and whether the gate promoted.
+through their serving signatures (each run's own `test_accuracy` is on its own split). Also
+recorded: every trial (parameters, final val_accuracy), the best trial's hyperparameters, each
+run's wall time (what the user waits for, interpreter and imports included), the share of the
+CPUs other processes used meanwhile, and whether the gate promoted.
 
-Two repetitions with different seeds (42, the default, and 43): about 4 minutes each on 2 cores
-(more with the machine busy). If one repetition takes over `MAX_REPETITION_SECONDS` the rest are skipped, to keep the
-benchmark within about 10 minutes, and the result's inputs say so.
+Two repetitions (`SEEDS`), about 4 minutes each on 2 cores (more with the machine busy); the
+result's inputs say when `MAX_REPETITION_SECONDS` skipped some.
 
 Ratio: mean tuned accuracy / mean untuned accuracy on the shared test split. The comparison is
 stated as the gate states it (`trainer.pairedstats`, evaluation.json's `comparison`): per

@@ -57,34 +57,24 @@ _GIT_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY"
 def context_members(root: str | os.PathLike[str]) -> Iterator[tuple[str, bytes]]:
     """The build context of a checkout, as (relative path, content), in path order.
 
-    In a git checkout the context is the files git tracks (`git ls-files`) among CONTEXT_FILES
-    and below CONTEXT_DIRS, as they are in the working tree; files git does not track are left
-    out, and named in one line on stderr when git does not ignore them (a module not yet
-    `git add`ed is missing from the image). Where `root` is not a git checkout (Cloud Build hands
-    its steps the source without .git; an unpacked tarball) or git is not installed, every file
-    below CONTEXT_DIRS is taken instead, with the same rules:
+    In a git checkout: the files git tracks (`git ls-files`) among CONTEXT_FILES and below
+    CONTEXT_DIRS, as in the working tree; untracked ones are left out, named in one line on stderr
+    when git does not ignore them (a module not yet `git add`ed is missing from the image). Where
+    `root` is not a git checkout (Cloud Build hands its steps the source without .git; an unpacked
+    tarball) or git is not installed: every file below CONTEXT_DIRS. Either way:
 
     - caches (`__pycache__/`, `*.pyc`, `*.pyo`) are left out, as .dockerignore does;
-    - a symlink is never followed out of the checkout: one whose target resolves outside it is
-      refused. One whose target is itself a member of the context is taken with that file's
-      content (the tarball holds regular files only); any other symlink (to a folder, to a file
-      outside the context or left out of it, dangling) is refused, as is a path that goes
-      through a symlinked folder;
-    - anything that is not a regular file where a file is expected (a folder named like a file,
-      a FIFO, a socket, a device) is refused;
-    - a file that looks like a secret is refused: by name (SECRET_NAMES, matched case-insensitively;
-      a public key's `*.pub` name is not), or by content, whatever its name: any
-      `-----BEGIN ... PRIVATE KEY-----` header (PEM, OpenSSH, encrypted, PGP's `PRIVATE KEY
-      BLOCK`) or PuTTY key; a Google credential file (`"type"` service_account, authorized_user,
-      external_account, ...); a JSON field holding a secret (private_key, refresh_token,
-      client_secret, password, ...), JSON decoded so escapes and repeated keys hide nothing;
-      Docker's `auths`/`auth` logins; a Terraform state; `aws_secret_access_key`; a URL with a
-      password (`https://user:token@host`, as pip.conf holds); a kubeconfig's
-      `client-key-data`; and, outside Python and prose, netrc entries and settings named like a
-      password, secret, key or token (`token:`, `password =`). Placeholders (`$VAR`, `${VAR}`,
-      `{name}`, `<...>`) are not secrets. Public keys (`BEGIN PUBLIC KEY`, `ssh-rsa AAAA...`)
-      pass. Private-key headers are looked for in every file; the rest in text files up to
-      TEXT_SCAN_LIMIT (a binary file is one with a NUL byte that is not UTF-16/32 text).
+    - a symlink is never followed out of the checkout. One whose target is itself a member of the
+      context is taken with that file's content (the tarball holds regular files only); any other
+      (outside the checkout, to a folder, to a file outside or left out of the context, dangling)
+      is refused, as is a path that goes through a symlinked folder;
+    - anything that is not a regular file where a file is expected (a folder named like a file, a
+      FIFO, a socket, a device) is refused;
+    - a file that looks like a secret is refused (`components.contextsecrets.why_secret`): by name
+      (SECRET_NAMES, case-insensitively; a public key's `*.pub` name is not), or by content,
+      whatever its name: private keys of any kind, credential files, secret JSON fields, tokens,
+      logins, URLs with a password, secret settings outside Python and prose. Placeholders and
+      public keys pass.
 
     A refusal is a ValueError naming every offending file and what to do, raised before the
     first member is yielded, so nothing is packed or uploaded."""

@@ -11,12 +11,10 @@ import io
 import json
 import re
 
-# A file of the context that looks like a secret, by name or by content, is refused, not silently
-# left out: something meant it to be in the context, and a person should decide where it goes.
-#
-# Names that look like secrets, matched case-insensitively against a file's own name. This is the
-# one list: .dockerignore's secret rules are generated from it (`python -m components.buildcontext
-# --dockerignore`) and a test fails when they differ, so a plain `docker build` leaves out the same.
+# Names that look like secrets, matched case-insensitively against a file's own name (refused, not
+# silently left out: something meant the file to be in the context). The one list: .dockerignore's
+# secret rules are generated from it (`python -m components.buildcontext --dockerignore`) and a
+# test fails when they differ, so a plain `docker build` leaves out the same.
 SECRET_NAMES = (
     # private keys and key stores
     "*.pem",
@@ -66,8 +64,7 @@ SECRET_NAMES = (
     ".git-credentials",
 )
 # Public keys: a name matching these is not refused for its name (`id_rsa.pub`), only by content
-# (a private key in a `.pub` file is still refused). .dockerignore lets them back in below
-# CONTEXT_DIRS.
+# (a private key in a `.pub` file is still refused).
 PUBLIC_NAMES = ("*.pub",)
 
 # Content is scanned whole for the byte patterns (private-key headers), and as text up to this
@@ -110,8 +107,7 @@ _PLACEHOLDER = r"""["'](?:\$|\{|<|%\(|["']|\s)"""
 _PRIVATE_KEY = re.compile(rb"-----BEGIN ([A-Z0-9 ]{0,64})PRIVATE KEY( BLOCK)?-----")
 _PRIVATE_KEY_TEXT = re.compile(_PRIVATE_KEY.pattern.decode())
 _PUTTY_KEY = re.compile(rb"(?m)^PuTTY-User-Key-File-\d+:")
-# (what it is, rule, pattern, where: "all" files or "config" files only: not Python or prose,
-# where `password: str` is a parameter and not a password).
+# (what it is, rule, pattern, where: "all" files, or "config" files only: not _CODE_OR_PROSE).
 _TEXT_RULES: tuple[tuple[str, str, re.Pattern[str], str], ...] = (
     (
         "a Google credentials file",

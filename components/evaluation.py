@@ -3,22 +3,16 @@
     evaluation job (`python -m trainer.evaluate`, one CPU replica on the trainer image, its flags
         from `build_evaluation_args` in the planning step) -> evaluate_model (the gate)
 
-The champion recorded its test figures on the test split of its own run, which may be other
-data (new images, another preparation). So the evaluation job runs the new model (the
-challenger) and the current champion side by side on *this* run's test split, each through its
-serving signature, and writes `evaluation.json` into the job's model folder; `evaluate_model`
-reads it, logs the challenger's metrics (`dsl.Metrics`, and the confusion matrix as
-`dsl.ClassificationMetrics` so the Vertex console draws them), and decides whether the new
-model may become the champion on the `gate_metric` (`accuracy` or `macro_f1`):
-
-- trained for the champion's task (the same class names in the same order,
-  `components.registry.task_mismatch`; the run was refused before training otherwise, this is
-  belt and braces);
-- its gate metric at least `min_score`;
-- and not below the champion's gate metric on the same split (no champion: the floor alone).
-
-The decision, both figures on this split and what the champion recorded on its own split make
-the `description` of the model version (Vertex) or its `version.json` (local).
+The champion's recorded figures come from its own run's test split, maybe other data. So the
+evaluation job runs the new model (the challenger) and the champion, each through its serving
+signature, on *this* run's test split and writes `evaluation.json` into the job's model folder;
+`evaluate_model` reads it, logs the challenger's metrics (`dsl.Metrics`, and the confusion matrix
+as `dsl.ClassificationMetrics` so the Vertex console draws them), and passes the new model when
+it was trained for the champion's task (`components.registry.task_mismatch`; belt and braces,
+the run was refused before training otherwise), its `gate_metric` is at least `min_score`, and,
+by `gate_rule`, it is not worse than the champion (no champion: the floor alone). The decision,
+both figures and the champion's recorded one make the version's `description` (Vertex) or its
+`version.json` (local): docs/training.md#the-gate-gate_metric-min_score.
 """
 
 from typing import NamedTuple
@@ -44,9 +38,8 @@ def evaluate_command() -> list:
 
 EVALUATE_COMMAND = evaluate_command()
 GATE_METRICS = ("accuracy", "macro_f1")
-"""What the gate may compare: test accuracy, or the macro F1 (the mean of the per-class F1: on
-imbalanced data such as cassava, a model that always answers the largest class has a high
-accuracy and a low macro F1)."""
+"""What the gate may compare: test accuracy, or the macro F1 (the mean per-class F1, which a model
+always answering the largest class of imbalanced data keeps low)."""
 
 # The keys of the trainer's metrics.json `evaluate_model` reads, and of evaluation.json (each
 # model's entry in its `models`). The trainer declares what it writes in trainer/contract.py,
@@ -75,18 +68,12 @@ EVALUATION_READ = (
     "comparison",
 )
 GATE_RULES = ("not_worse", "significantly_better", "non_inferior")
-"""How the gate judges the challenger against the champion, both on this run's test split
-(docs/training.md, "The gate"):
-
-- `not_worse` (the default): its gate metric at least the champion's. Any difference counts, one
-  test image included: a retrain that merely matches the champion replaces it.
-- `significantly_better`: better beyond noise, at the 95% level: the paired bootstrap interval
-  of the difference lies above 0 and, on accuracy, the exact McNemar test rejects "equally good"
-  (p < 0.05). Holds back every retrain that cannot show an improvement the test split can see.
-- `non_inferior`: not worse by more than `gate_margin`: the interval's lower end above
-  -gate_margin. Lets a retrain on fresh data through unless it is clearly worse.
-
-The 95% level is the one the evaluation job computes (`trainer.pairedstats.CONFIDENCE`)."""
+"""How the gate judges the challenger against the champion on this run's test split
+(docs/training.md#noise-the-paired-comparison-and-gate_rule): `not_worse` (the default), its gate
+metric at least the champion's, one test image counting; `significantly_better`, the paired
+bootstrap interval of the difference above 0 and, on accuracy, the exact McNemar test's p < 0.05;
+`non_inferior`, the interval's lower end above -gate_margin. The level, 95%, is the evaluation
+job's (`trainer.pairedstats.CONFIDENCE`)."""
 
 
 def paired_verdict(gate_metric: str, rule: str, margin: float, comparison: dict) -> tuple:

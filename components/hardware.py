@@ -1,28 +1,25 @@
 """Which accelerators Vertex AI custom training accepts on which machine, in which region.
 
 Validated before anything is submitted, so a bad worker pool fails in milliseconds with a
-message naming what is allowed, not minutes later in the Vertex console.
+message naming what is allowed. Sources, tables and rules:
+docs/vertex.md#gpus-for-training-what-google-allows-and-what-this-project-checks.
 
 `N1_GPU_COUNTS` is the table of GPUs per N1 machine type from Google's guide "Using GPUs for
-training models in the cloud", cell by cell (copied, with its source, in
-docs/vertex.md#gpus-for-training-what-google-allows-and-what-this-project-checks;
-`tests/components/test_hardware.py` checks every cell). `FIXED_GPU_MACHINES` are the current
-GPU machine families, whose GPUs come with the machine (A100 on a2, L4 on g2, H100/H200 on a3).
-`REGION_GPUS` is a snapshot of Vertex AI's "accelerators by region" page, NOT yet checked against
-it (written from memory, 2026-11): verify it before trusting a rejection. A GPU the table does
-not list for a region (or a region missing from it) is refused, naming the override: with the
-pipeline parameter `check_gpu_region=false` it is a warning instead, for users who know better.
+training models in the cloud", cell by cell (`tests/components/test_hardware.py` checks every
+cell). `FIXED_GPU_MACHINES` are the GPU machine families whose GPUs come with the machine (A100
+on a2, L4 on g2, H100/H200 on a3, ...). `REGION_GPUS` is a snapshot of Vertex AI's "accelerators
+by region" page, NOT yet checked against it (written from memory, 2026-11): verify it before
+trusting a rejection. A GPU it does not list for a region (or a region missing from it) is
+refused, naming the override: the pipeline parameter `check_gpu_region=false` makes it a warning.
 
-The accelerator names are aiplatform_v1's `AcceleratorType` enum, all of it but the TPUs
-(`tests/components/test_hardware.py` keeps them equal). Two are refused whatever the machine
-(`UNUSABLE_GPUS`): NVIDIA_TESLA_K80, which the enum marks "Deprecated: Nvidia Tesla K80 GPU has
-reached end of support" (https://cloud.google.com/compute/docs/eol/k80-eol) and for which the
-trainer's TensorFlow has no kernels (TF 2.21's build_info lists CUDA compute capabilities sm_60,
-sm_70, sm_80, sm_89 and compute_90; the K80 is 3.7, so the job would silently train on CPU);
-and NVIDIA_GB200, whose A4X machines have Arm (NVIDIA Grace) host CPUs while the trainer image is
-linux/amd64. B200 (10.0) and RTX PRO 6000 (12.0) have no native kernels either: TensorFlow runs
-them through the compute_90 PTX, JIT-compiled by the driver on first use (`PTX_ONLY_GPUS`, a
-warning, unverified on such machines).
+The accelerator names are aiplatform_v1's `AcceleratorType` enum less the TPUs (a test keeps them
+equal). Refused whatever the machine (`UNUSABLE_GPUS`): NVIDIA_TESLA_K80, which the enum marks
+"Deprecated: Nvidia Tesla K80 GPU has reached end of support"
+(https://cloud.google.com/compute/docs/eol/k80-eol), with no kernels in the trainer's TensorFlow
+(docs/facts.md, fact 31: the job would silently train on CPU); and NVIDIA_GB200, whose A4X
+machines have Arm (NVIDIA Grace) host CPUs while the trainer image is linux/amd64. B200 and RTX
+PRO 6000 run only through the compute_90 PTX, JIT-compiled by the driver on first use
+(`PTX_ONLY_GPUS`, a warning, unverified on such machines).
 """
 
 from __future__ import annotations

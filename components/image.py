@@ -1,17 +1,15 @@
 """Step 1, the trainer image: built by Cloud Build from a tarball of the build context.
 
-The image tag is a content hash of the context (`context_tag`), so an unchanged trainer is
-never rebuilt: when `<repository>/<image>:<tag>` already exists the build is skipped. The
-output is always the image pinned by digest (`...@sha256:...`), so every job of one run uses
-exactly the same bits. On request the same build also makes the custom serving image,
-`<repository>/<image>-serving:<tag>` (`-serving-gpu` for a GPU deployment), from
-`Dockerfile.serving` in the same context.
+The image tag is a content hash of the context (`context_tag`), so an unchanged trainer is never
+rebuilt (the build is skipped when `<repository>/<image>:<tag>` exists); the output is always the
+image pinned by digest (`...@sha256:...`), so every job of one run uses the same bits. On request
+the same build makes the custom serving image, `<repository>/<image>-serving:<tag>`
+(`-serving-gpu` for a GPU deployment), from `Dockerfile.serving` in the same context.
 
-Vertex form: `build_trainer_image` speaks Cloud Build's REST API and the registry's manifest
-API through google-auth's `AuthorizedSession`, so it runs on the GCPC image as it is and
-installs nothing at run time (no PyPI egress needed, nothing in the image upgraded).
-Local form: `local.steps.check_build_context` builds nothing (local runs use this checkout) but
-checks the context and computes the same tag.
+Vertex form: `build_trainer_image` speaks Cloud Build's REST API and the registry's manifest API
+through google-auth's `AuthorizedSession`, on the GCPC image as it is: nothing installed at run
+time, no PyPI egress. Local form: `local.steps.check_build_context` builds nothing (local runs use
+this checkout) but checks the context and computes the same tag.
 """
 
 from typing import Any, NamedTuple
@@ -85,9 +83,8 @@ def registry_digest(session: Any, image: str, tag: str) -> str:
 
 # Where Cloud Build runs builds (Cloud Build locations, https://cloud.google.com/build/docs/locations,
 # 2026-11), plus `global`. The same page: "Depending on usage, certain projects may be restricted to
-# only use Cloud Build in the following regions" (RESTRICTED_BUILD_REGIONS); such a project's build
-# elsewhere is refused with FAILED_PRECONDITION. The pipeline parameter `build_location` (the
-# BUILD_REGION setting) picks the build's region independently of the Vertex region.
+# only use Cloud Build in the following regions" (RESTRICTED_BUILD_REGIONS; elsewhere FAILED_PRECONDITION,
+# docs/facts.md, fact 29). `build_location` (BUILD_REGION) picks the build's region apart from Vertex's.
 def cloud_build_regions() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(every Cloud Build location, the six a restricted project may use): a function, so the
     component carries it with `additional_funcs`."""

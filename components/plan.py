@@ -1,40 +1,29 @@
 """Step 2, the plan: every job's worker pools, flags and folder, built by one step.
 
-On Vertex AI Pipelines every container step is a CustomJob of its own, started on a fresh VM
-(Google's "Specify the machine configuration for a pipeline step"), so each piece of
-bookkeeping that had a step of its own (worker pool specs, trainer flags, evaluation flags) was
-one more machine start on the run's critical path (`pipeline.cost`). `plan_jobs` builds them all
-once the image is known and the registry has been read, before the dataset is prepared: the
-dataset's folder is the preparation job's own output folder, and the model's the training job's,
-so neither needs the job to have run.
+One step, as every container step of a Vertex run is a CustomJob on a fresh VM (Google's
+"Specify the machine configuration for a pipeline step";
+docs/architecture.md#the-critical-path-machine-starts-on-vertex). `plan_jobs` runs once the image
+is known and the registry read, before the dataset is prepared: the dataset's folder is the
+preparation job's own output folder, and the model's the training job's.
 
     prepare   python -m trainer.prepare   one CPU replica (`prepare_machine_type`), cpu image
     tuning    python -m trainer.task      the trainer pools, without Reduction Server
     training  python -m trainer.task      the trainer pools (on the training image)
     evaluate  python -m trainer.evaluate  one CPU replica (`prepare_machine_type`), cpu image
 
-The CPU jobs run the cpu image (Dockerfile's `cpu` stage: no CUDA wheels to pull), the GPU
-jobs the trainer image (`image_uri`) or the training image.
+The cpu image is Dockerfile's `cpu` stage (no CUDA wheels to pull); the trainer image, `image_uri`.
+Each job's folder is an output artifact of this step, used only for its URI: the job's
+`base_output_directory`, from which Vertex derives its AIP_* folders
+(docs/contracts.md#2-the-environment-of-a-replica). Never cached (`pipeline.step`): a cached plan
+would hand a new run the folders of an older one.
 
-Each job's folder is an output artifact of this step, used only for its URI: the backend places
-it under the pipeline root (gs:// on Vertex, a local folder on the local target), and it becomes
-the job's `base_output_directory` (Vertex derives AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and
-AIP_TENSORBOARD_LOG_DIR from it: model/, checkpoints/, logs/). This step is never cached
-(`pipeline.step`): a cached plan would hand a new run the folders of an older one.
-
-The trainer's command line is spelled here once (`build_trainer_args`):
-    python -m trainer.task --data_dir DATASET_URI --backbone B --weights W --image_size N
-        --epochs N --learning_rate F --per_replica_batch_size N --dense_units N --dropout F
-        --mixed_precision BOOL --xla BOOL --seed N --augment POLICY --lr_schedule S
-        --warmup_epochs F --lr_reference_batch_size N --label_smoothing F --class_weights W
-        --export_epoch best|last --early_stopping_patience N [--fine_tune_fraction F]
-        --model_dir MODEL_URI (the final training only: `stable_model_uri`)
-`--checkpoint_dir` and `--tensorboard_dir` are left to their defaults, the AIP_CHECKPOINT_DIR and
-AIP_TENSORBOARD_LOG_DIR Vertex derives from the job's base output directory (per trial in a
-tuning job). The best trial's step writes its values into the planned training flags
-(`apply_hyperparameters`); the pre-flight (`pipeline.rules.trainer_flags.trainer_commands`) calls
-`build_trainer_args` itself, so the trainer's parsers check the very command line the jobs get.
-A tunable hyperparameter is one row of `hyperparameters()` and one input of `plan_jobs`.
+The trainer's command line is spelled here once (`build_trainer_args`; its flags:
+docs/contracts.md#1-the-trainers-command-line-python--m-trainertask); `--checkpoint_dir` and
+`--tensorboard_dir` keep their AIP_* defaults (per trial in a tuning job). The best trial's step
+writes its values into the planned training flags (`apply_hyperparameters`); the pre-flight
+(`pipeline.rules.trainer_flags.trainer_commands`) calls `build_trainer_args` itself, so the
+trainer's parsers check the very command line the jobs get. A tunable hyperparameter is one row
+of `hyperparameters()` and one input of `plan_jobs`.
 """
 
 from typing import Any, NamedTuple

@@ -1,16 +1,15 @@
 """Step 3, dataset preparation: a one-replica CustomJob on a CPU machine running
 `python -m trainer.prepare` from the trainer image.
 
-Command-line contract handed to the trainer image (see `build_prepare_args`):
+Command-line contract handed to the trainer image (`build_prepare_args`;
+docs/contracts.md#5-the-preparation-job-python--m-trainerprepare):
     python -m trainer.prepare --source SOURCE --image_size N --shards N --seed N
         [--validation_fraction F --test_fraction F --synthetic_per_class N]
         [--champion_class_names JSON] [--engine beam] --overwrite
-`--output_dir` is left to its default, `$AIP_MODEL_DIR`, which Vertex (and the local runner)
-sets to `<base_output_directory>/model`: the dataset's URI, known when the job is planned.
-`--champion_class_names` (the champion's class names, when there is one) makes the job refuse a
-source of another task as soon as it has listed the source's classes, before any conversion and
-long before training. The gate turns the folder into the Dataset artifact the Vertex console
-shows (`dataset_record`).
+`--output_dir` keeps its default, `$AIP_MODEL_DIR` (`<base_output_directory>/model`, set by
+Vertex and the local runner): the dataset's URI, known when the job is planned. With
+`--champion_class_names` the job refuses a source of another task before any conversion. The
+gate turns the folder into the Dataset artifact the Vertex console shows (`dataset_record`).
 """
 
 
@@ -21,8 +20,7 @@ def prepare_command() -> list:
 
 PREPARE_COMMAND = prepare_command()
 # The keys of a prepared dataset's metadata.json `dataset_record` reads (and, of each split,
-# `count`). trainer/contract.py declares what `trainer.prepare` writes; components cannot import
-# it, so tests/test_contracts.py checks this list against it and against the code below.
+# `count`), checked against trainer/contract.py as evaluation.METRICS_READ is.
 METADATA_READ = ("class_names", "image_size", "fingerprint", "splits")
 
 

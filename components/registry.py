@@ -1,17 +1,13 @@
 """Step 7, the Model Registry: one model, a new version per run, and a `champion` alias that
 moves only when the gate passes.
 
-Vertex form: `find_champion` looks the model up by display name (its parent, when it exists,
-and the champion's versioned name, SavedModel folder and class names, from the metrics.json
-beside its SavedModel); the preparation job refuses, before any conversion, a source whose class
-names are not the champion's (`--champion_class_names`); the evaluation job re-evaluates the
-champion beside the new model on this run's test split (`components.evaluation`); the pipeline
-uploads with GCPC's `ModelUploadOp` from an `UnmanagedContainerModel` (importer) carrying the
-serving image (`serving_container_uri`), as a new version of the champion's model when there is
-one; then the gate (`evaluation.evaluate_model`) writes its figures on the version
-(`record_on_version`) and moves the alias if it passed and the alias is still on the champion
-it compared with. Local form: `local_find_champion` and `local_upload_model` (after the gate)
-keep the same shape in a folder.
+Vertex form: `find_champion` looks the model up by display name (its parent, when it exists, and the
+champion's versioned name, SavedModel folder and class names, from the metrics.json beside its
+SavedModel); the pipeline uploads a new version (or the model's first) with GCPC's `ModelUploadOp`,
+carrying the serving image (`serving_container_uri`); the gate (`evaluation.evaluate_model`) writes
+its figures on the version (`record_on_version`) and moves the alias if it passed and the alias is
+still on the champion it compared with. Local form: `local_find_champion` and `local_upload_model`
+(after the gate) keep the same shape in a folder. Every step: docs/architecture.md#the-dag.
 
 A model is only ever compared with, and may only replace, a champion trained for the same task:
 the same class names in the same order (`task_mismatch`). Otherwise a one-class folder, whose
@@ -40,9 +36,8 @@ from components.servingimage import (
 )
 from components.stepimage import multi_region
 
-# The keys of the trainer's metrics.json `find_champion` reads (the champion's). The trainer
-# declares what it writes in trainer/contract.py, which components cannot import (they run
-# without the trainer); tests/test_contracts.py checks this list against it and the code below.
+# The keys of the champion's metrics.json `find_champion` reads; tests/test_contracts.py checks
+# them against trainer/contract.py and the code below, as for evaluation.METRICS_READ.
 METRICS_READ = ("test_accuracy", "class_names")
 
 

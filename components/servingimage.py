@@ -10,16 +10,11 @@ from components.stepimage import multi_region
 
 
 # Vertex AI's prebuilt TensorFlow 2 prediction images that exist, newest first, with each one's
-# end of availability: Google's "Prebuilt containers for inference and explanation" page
-# (https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers, its TensorFlow table,
-# "End of availability" column, read 2026-11), the same date for the CPU and the GPU image of a
-# version. Past that date Vertex no longer serves the image, and a model that names it cannot be
-# deployed (the support policy: https://cloud.google.com/vertex-ai/docs/framework-support-policy).
-# The page gives one year after the end of patch and support for every row read: 2.15 and 2.14
-# 2027-01-14, 2.13 2025-11-28, 2.12 2025-06-30, 2.11 and 2.10 2024-11-15; 2.9's end of support is
-# 2023-11-15, so 2024-11-15 by that rule, and the older rows (2.1-2.8, still in aiplatform's list)
-# ended no later (their end of support came before 2.9's). The versions are
-# google-cloud-aiplatform's own list (`google/cloud/aiplatform/constants/prediction.py`,
+# end of availability (the same for a version's CPU and GPU image; docs/facts.md, fact 35): Google's
+# "Prebuilt containers for inference and explanation" page, its TensorFlow table's "End of
+# availability" column (https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers,
+# read 2026-11), and the support policy (https://cloud.google.com/vertex-ai/docs/framework-support-policy).
+# The versions are google-cloud-aiplatform's own list (`google/cloud/aiplatform/constants/prediction.py`,
 # TF_CONTAINER_URIS; a test keeps them equal). A serving version is only ever chosen from here,
 # never derived from the trainer's TensorFlow: `tf2-cpu.2-21` does not exist.
 def prebuilt_tf_serving_table() -> dict[str, str]:

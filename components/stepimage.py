@@ -2,13 +2,11 @@
 image carries, and how Cloud Storage appears inside it (`fuse_path`).
 
 Each component's function body is self-contained (imports inside, helpers shipped with KFP's
-`additional_funcs`) and runs on the Google Cloud Pipeline Components image of the GCPC version
-in `uv.lock`, which already holds kfp, google-cloud-aiplatform and google-cloud-storage: so no
-component installs anything at run time (`install_kfp_package=False`), which is also what the
-local target needs (`SubprocessRunner(use_venv=False)` runs the same functions in this
-checkout's environment, where pip is not even present). The image build, too, needs nothing
-more: it speaks Cloud Build's REST API with google-auth and requests, both in that image. The
-GCPC pin below follows uv.lock's version (a test keeps it in step).
+`additional_funcs`) and runs on the GCPC image of `uv.lock`'s GCPC version (a test keeps the pin
+below in step), which holds kfp, google-cloud-aiplatform, google-cloud-storage, google-auth and
+requests: no component installs anything at run time (`install_kfp_package=False`; docs/facts.md,
+fact 5 and fact 32), as the local target needs too (`SubprocessRunner(use_venv=False)` runs the same
+functions in this checkout's environment, which has no pip).
 """
 
 from __future__ import annotations

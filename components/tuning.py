@@ -1,23 +1,18 @@
 """Step 5, hyperparameter tuning (optional): a Vertex HyperparameterTuningJob over the trainer,
 then our own best-trial step (GCPC 2.22 has none: docs/facts.md, fact 9).
 
-The search space is the pipeline parameter `search_space`: a list of parameter specs in the
-JSON form of Vertex's `StudySpec.ParameterSpec` (aiplatform_v1 `types/study.py`), whose defaults
-are `VERTEX_SEARCH_SPACE` (the compiled template) and `LOCAL_SEARCH_SPACE` (the local target);
-docs/options.md, "The search space", says why each. `parse_search_space` reads one strictly into
-the API type (snake_case or camelCase keys, unknown fields refused) and `canonical_search_space`
-writes it back in the proto JSON form Vertex's launcher takes (snake_case keys, enum names,
-int64 as strings). The rules a space must meet (trainer flags only, each value accepted by the
-trainer's own parser, ranges, scales) are `pipeline.rules.tuning.search_space_problems`. The
-metric (`study_metrics`) is fixed and serialized with GCPC's own `serialize_metrics` (the local
-target takes the same value as written, `LOCAL_STUDY_METRICS`); trial
-counts and the search algorithm are pipeline parameters. Each trial receives
-`--<parameter_id>=<value>` flags and reports `val_accuracy` through cloudml-hypertune at the end
-of every epoch.
+The search space is the pipeline parameter `search_space`: parameter specs in the JSON form of
+Vertex's `StudySpec.ParameterSpec` (aiplatform_v1 `types/study.py`), by default
+`VERTEX_SEARCH_SPACE` (the compiled template) and `LOCAL_SEARCH_SPACE` (the local target);
+docs/options.md#the-search-space-search_space says why each. `parse_search_space` reads one
+strictly into the API type, `canonical_search_space` writes it back in the proto JSON form
+Vertex's launcher takes, and `pipeline.rules.tuning.search_space_problems` holds the rules a
+space must meet. The metric (`study_metrics`) is fixed; trial counts and the search algorithm
+are pipeline parameters (docs/contracts.md#3-tuning-parameter-ids-are-trainer-flags).
 
-`pick_best_trial` works on trials in the `aiplatform_v1.Trial` JSON form; the Vertex form
-(`best_trial`) reads them from the tuning job, the local form from the local tuner's trials
-table (`local.tuner`, read by `local.steps.local_best_trial`), so both pick by the same rule.
+`pick_best_trial` works on trials in the `aiplatform_v1.Trial` JSON form, from the tuning job
+(`best_trial`) or the local tuner's trials table (`local.steps.local_best_trial`): both targets
+pick by the same rule.
 """
 
 import functools
@@ -42,8 +37,8 @@ GRID_VALUE_SPECS = ("integer_value_spec", "discrete_value_spec", "categorical_va
 DISCRETE_MIN_GAP = 1e-10
 DISCRETE_MAX_VALUES = 1000
 
-# The compiled template's space (the study this pipeline always had): a log-scale learning rate
-# around the codelab's 1e-4, the head's width and dropout, and the batch size per replica.
+# The compiled template's space: a log-scale learning rate around the codelab's 1e-4, the head's
+# width and dropout, and the batch size per replica.
 VERTEX_SEARCH_SPACE: list[dict[str, Any]] = [
     {
         "parameter_id": "learning_rate",
@@ -66,15 +61,13 @@ VERTEX_SEARCH_SPACE: list[dict[str, Any]] = [
         "scale_type": "UNIT_LINEAR_SCALE",
     },
 ]
-# The local target's space: its run is two trials of the `tiny` backbone (measured when local
-# runs were 6 epochs; now up to 30, stopped after 5 without improvement), whose untuned defaults
-# (learning rate 1.5e-3 per replica, dropout 0.2, batch 16, 64 units) already reach the gate.
-# Two random draws from the Vertex space mostly land on rates too small for 6 epochs (half of
-# it lies below 1e-3) and on wide, heavily dropped-out heads, and end below the
-# untuned run; so the local space is centred on the local defaults: the learning rate over
-# 5e-4..5e-3 on a log scale (1.5e-3 is near its log-middle, 1.6e-3) and the dropout over 0..0.3,
-# the head width and batch size left at their defaults (two trials cannot search four
-# dimensions). tests/components/test_search_space.py keeps the centre on the local default.
+# The local target's space: two trials of the `tiny` backbone, whose untuned defaults (learning
+# rate 1.5e-3 per replica, dropout 0.2, batch 16, 64 units) already reach the gate. Two random
+# draws from the Vertex space mostly landed (in 6-epoch runs) on rates too small (half of it lies
+# below 1e-3) and wide, heavily dropped-out heads, below the untuned run. So this space is centred
+# on the local defaults (1.5e-3 is near 5e-4..5e-3's log-middle, 1.6e-3;
+# tests/components/test_search_space.py keeps it there) and leaves the head width and batch size
+# at their defaults: two trials cannot search four dimensions.
 LOCAL_SEARCH_SPACE: list[dict[str, Any]] = [
     {
         "parameter_id": "learning_rate",
@@ -157,8 +150,7 @@ def hyperparameter_tuning_job(
 
 @functools.cache
 def tuning_job() -> Any:
-    """The `hyperparameter_tuning_job` component, made when first used: its body imports GCPC,
-    which takes seconds."""
+    """The `hyperparameter_tuning_job` component, made on first use (its body imports GCPC: seconds)."""
     return dsl.container_component(hyperparameter_tuning_job)
 
 

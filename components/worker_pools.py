@@ -1,9 +1,9 @@
 """Worker pool specs: built at run time, as data, by the planning step (`components.plan`) from
 pipeline parameters.
 
-Pipeline parameters placed inside a `worker_pool_specs` literal would reach the GCPC launcher as
-strings, and it rejects string int32 fields (docs/facts.md, fact 11); so the specs are built by a
-step, as data, and validated (`components.hardware.validate_machine`) before anything is submitted.
+Not a literal: parameters inside one would reach the GCPC launcher as strings, refused for int32
+fields (docs/facts.md, fact 11). Validated (`components.hardware.validate_machine`) before
+anything is submitted.
 
 Layout (what Vertex gives the containers as TF_CONFIG/CLUSTER_SPEC):
   pool 0: the chief, exactly one replica;
@@ -12,13 +12,13 @@ Layout (what Vertex gives the containers as TF_CONFIG/CLUSTER_SPEC):
 The same specs feed `CustomTrainingJobOp`, `HyperparameterTuningJobRunOp` and, on the local
 target, the local job runner (`local.jobs`).
 
-Each trainer pool's container gets its own request in its environment (`pool_env`:
-`TRAINER_POOL_MACHINE_TYPE`, `TRAINER_POOL_ACCELERATOR_TYPE`, `TRAINER_POOL_ACCELERATOR_COUNT`),
-so every replica can check at start that it sees the GPUs it was given (`trainer.task`;
-docs/vertex.md#no-silent-cpu-training). `container_spec.env` is aiplatform_v1 `ContainerSpec.env`, a list of
-`EnvVar{name, value}` ("Environment variables to be passed to the container. Maximum limit is
-100."), set per pool ("If you are performing distributed training, you can use different settings
-for each worker pool": "Configure container settings for custom training",
+Each trainer pool's container gets its own request in its environment (`pool_env`, the
+`TRAINER_POOL_*` variables: docs/contracts.md#2-the-environment-of-a-replica), so every replica
+can check at start that it sees the GPUs it was given (docs/vertex.md#no-silent-cpu-training).
+`container_spec.env` is aiplatform_v1 `ContainerSpec.env`, a list of `EnvVar{name, value}`
+("Environment variables to be passed to the container. Maximum limit is 100."), set per pool ("If
+you are performing distributed training, you can use different settings for each worker pool":
+"Configure container settings for custom training",
 https://cloud.google.com/vertex-ai/docs/training/configure-container-settings). A tuning job's
 trials get the same pools: GCPC's `HyperparameterTuningJobRunOp` puts `worker_pool_specs` as they
 are into the payload's `trial_job_spec` (google_cloud_pipeline_components

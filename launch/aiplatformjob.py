@@ -10,10 +10,8 @@ Sources (AI Platform Training is shut down; its pages are archived):
   "a single worker instance with a K80 GPU", BASIC_TPU, CUSTOM), same page; and "Specifying
   machine types or scale tiers": https://cloud.google.com/ai-platform/training/docs/machine-types
 - The GPU-enabled legacy machine types: https://cloud.google.com/ai-platform/training/docs/using-gpus
-- The Compute Engine machine of each legacy type (`LEGACY_MACHINE_TYPES`), as AI Platform priced
-  them: the pricing page lists every legacy type at the price of its Compute Engine equivalent
-  (BASIC = standard = n1-standard-4 = $0.19/h; large_model = n1-highmem-8; standard_gpu = $0.83 =
-  n1-standard-8 + one K80; complex_model_m_gpu = $2.56 = n1-standard-16 + four K80s ...):
+- The Compute Engine machine of each legacy type (`LEGACY_MACHINE_TYPES`): AI Platform's pricing
+  page lists each at the price of its equivalent (the figures: docs/vertex.md#sources):
   https://cloud.google.com/ml-engine/docs/pricing (the 2019 version, archived).
 """
 
@@ -110,8 +108,7 @@ def shape(machine: str, gpu: str, count: int) -> str:
 
 
 def n1_nearest(machine: str) -> str | None:
-    """For an N1 name outside the N1 table, the nearest N1 machines of the table; None when the
-    name is not an N1 one."""
+    """For an N1 name outside the N1 table, its nearest machines there; None for a non-N1 name."""
     found = re.fullmatch(r"n1-(standard|highmem|highcpu)-(\d+)", machine)
     if not found or machine in hardware.N1_GPU_COUNTS:
         return None

@@ -2,16 +2,10 @@
 
     python -m launch.cli run [--target auto|local|vertex] [--<parameter> VALUE ...]
 
-`auto` (the default) picks `vertex` when a Google Cloud project is configured (PROJECT_ID in the
-environment or in env.sh) and `local` otherwise, and says which in its first line. Every
-pipeline parameter is a flag (`--epochs 5 --tune true --labels '{"team": "ml"}'`); the local
-target starts from the local defaults (synthetic data, tiny model, one chief and one worker).
-
-The local target runs the DAG of `pipeline.create_pipeline("local")` with kfp.local
-(`SubprocessRunner(use_venv=False)`) and leaves `local_runs/<run_id>/` with every step's
-artifacts (`pipeline_root/`) and log (`logs/<step>.log`), `summary.json` and `report.html`;
-`local_runs/latest` points to it. Exit status: 0 when the run succeeded, 1 when a step failed
-(its log tail is shown), 2 on bad flags, 130 when interrupted.
+`auto` (the default) picks `vertex` when PROJECT_ID is set (environment or env.sh), else `local`.
+The local target runs `pipeline.create_pipeline("local")` with kfp.local
+(`SubprocessRunner(use_venv=False)`) into `local_runs/<run_id>/`. What a run shows, leaves and
+exits with: docs/running.md.
 """
 
 from __future__ import annotations
@@ -59,9 +53,8 @@ def _artifact_path(outputs: Mapping[str, Any], name: str) -> str | None:
     return getattr(artifact, "path", None) if artifact is not None else None
 
 
-# The free space a local run needs to start: a run of the defaults writes about 20 MB, but a
-# ResNet50 run writes its backups and the exported model (about 0.5 GB together) and the prepared
-# dataset (about the size of the source images): a run that fills the disk fails late, in a step.
+# The free space a local run needs: the defaults write about 20 MB, a ResNet50 run about 0.5 GB of
+# backups and exported model plus the prepared dataset (the source images' size); a full disk fails late.
 MIN_FREE_BYTES = 2**30
 
 
@@ -112,11 +105,10 @@ def _point_latest(runs_dir: Path, run_id: str, screen: TextIO) -> None:
 
 
 class _Stop:
-    """How a local run is asked to stop. SIGTERM (`kill PID`, an IDE's stop button, a CI cancel,
-    `timeout`) and SIGHUP (the terminal closed) unwind the run as Ctrl-C does; a second request
-    while it stops kills what is left at once. SIGINT from a terminal reaches the whole foreground
-    process group, the running step included; the other signals may reach this process only, so
-    they are passed on to the step (as SIGINT, which it handles as Ctrl-C)."""
+    """How a local run is asked to stop: SIGTERM (`kill PID`, an IDE's stop button, a CI cancel,
+    `timeout`) and SIGHUP (the terminal closed) unwind it as Ctrl-C does; a second request kills
+    what is left at once. A terminal's SIGINT reaches the whole foreground process group; the
+    others may reach this process only, so they are passed on to the step as SIGINT (its Ctrl-C)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -164,8 +156,7 @@ def run_local(
     args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout, verbose: bool = False
 ) -> int:
     """Runs the local pipeline; writes summary.json, then report.html; returns the exit status.
-    Whatever stops it (the run's end, a failed step, Ctrl-C, SIGTERM, SIGHUP, a second signal),
-    summary.json says how it ended, and no process of the run is left."""
+    However it stops (a signal, a second one included), summary.json says how; no process is left."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("run_local handles signals: call it from the main thread")
     with _Stop() as stop:
@@ -189,9 +180,8 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
     pipeline_func = pipeline.create_pipeline("local")
     names = kfp_local.display_names(_spec_dict(pipeline_func))
     workspace = run_dir / "workspace"
-    # Every temporary file of the run's processes goes here, removed at the end: kfp.local's steps
-    # each write their source to `$(mktemp -d)/ephemeral_component.py` and never remove it
-    # (kfp/dsl/component_factory.py), which left 11 to 18 folders in /tmp per run.
+    # The run's temporary files, removed at the end: each kfp.local step writes its source to
+    # `$(mktemp -d)/ephemeral_component.py` and never removes it (kfp/dsl/component_factory.py).
     scratch = run_dir / "tmp"
     scratch.mkdir()
     steps: list[kfp_local.Step] = []
@@ -298,8 +288,8 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
 
 def _write_json(path: Path, value: Any, screen: TextIO) -> bool:
     """Written whole or not at all: a reader never sees half a summary. A folder that cannot be
-    written (turned read-only or full mid-run) is one WARNING line on `screen`, and False: how
-    the run ended is still said on the screen and in the exit status."""
+    written (read-only or full mid-run): one WARNING line on `screen`, and False; the run's end is
+    still said on the screen and in the exit status."""
     partial = path.with_name(f".{path.name}.partial")
     try:
         partial.write_text(json.dumps(value, indent=1, default=str))
@@ -330,8 +320,7 @@ def _summary(
     failed = [s for s in steps if s.status not in ("SUCCESS", "CANCELLED")]
     if failed and status == "SUCCEEDED":
         status = "FAILED"
-    # The failed step's own error (`JobFailed: ... was killed by signal 9 (SIGKILL) ...`): the
-    # cause, which the end of a long log may no longer show.
+    # The failed step's own error: the cause, which the end of a long log may no longer show.
     cause = kfp_local.step_error(failed[0].log) if failed else ""
     step_failure = f"step {failed[0].name} failed" + (f": {cause}" if cause else "") if failed else ""
     by_name = {s.name: s for s in steps}
@@ -410,9 +399,8 @@ def _summary(
 
 
 def _descendants(same_group: bool = False) -> list[Any]:
-    """Every living process below this one (`psutil.Process`es: its children, theirs, ...); only
-    those in its own process group, the ones a terminal's Ctrl-C would have reached, when
-    `same_group`. A zombie is gone already, waiting to be reaped."""
+    """Every living process below this one (`psutil.Process`es; a zombie is gone already); only
+    those of its own process group (what a terminal's Ctrl-C reached) when `same_group`."""
     import psutil
 
     group = os.getpgid(0)
@@ -427,7 +415,6 @@ def _descendants(same_group: bool = False) -> list[Any]:
 
 
 def _signal_descendants(signum: int, same_group: bool = False) -> None:
-    """Sends `signum` to this process's living descendants (see `_descendants`)."""
     import psutil
 
     for process in _descendants(same_group):
@@ -446,10 +433,9 @@ def _describe(process: Any) -> str:
 
 
 def _stop_children(stop: _Stop, screen: TextIO, timeout: float = 30.0) -> None:
-    """After the first stop request, waits for the running step (which stops its replicas within
-    local.jobs' 10 s grace period, in which they save their backup) and kills what is left after
-    `timeout`; a second request kills everything at once. Every process of the run is gone when it
-    returns (the replicas of a killed step die with it: PR_SET_PDEATHSIG)."""
+    """After the first stop request, waits for the running step (its replicas save their backup in
+    local.jobs' 10 s grace period) and kills what is left after `timeout`; a second request kills at
+    once. No process of the run is left (a killed step's replicas die with it: PR_SET_PDEATHSIG)."""
     deadline = time.monotonic() + timeout
     try:
         while _descendants() and time.monotonic() < deadline and not stop.again:
@@ -484,12 +470,11 @@ def _spec_dict(pipeline_func: Any) -> dict[str, Any]:
 
 
 def stop_with_make(environ: Mapping[str, str] = os.environ, poll_s: float = 0.5) -> None:
-    """Makes this process get SIGTERM (and so stop the run cleanly, writing its summary) when
-    the `make` that started it goes, whatever was signalled: the recipe's shell (its parent) dying
-    sends it through PR_SET_PDEATHSIG (SIGTERM to make alone reaches the shell: GNU make passes
-    SIGTERM to its recipes' shells, which die of it); and a thread watches `make` itself (the
-    shell's parent, under MAKELEVEL), since SIGKILL to make leaves the shell running. An IDE's
-    stop button or a CI runner signals only the process it started. Linux only; elsewhere nothing."""
+    """Makes this process get SIGTERM (so the run stops cleanly, writing its summary) when the
+    `make` that started it goes, however (an IDE's stop button or a CI runner signals only make):
+    its shell (the parent) dying sends it through PR_SET_PDEATHSIG (GNU make passes SIGTERM to its
+    recipes' shells, which die of it); a thread watches `make` itself (the shell's parent, under
+    MAKELEVEL), since SIGKILL to make leaves the shell running. Linux only."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes

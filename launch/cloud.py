@@ -3,8 +3,7 @@ before its first use (`reach`), a network failure of the client libraries afterw
 one line (`reaching`, `GoogleUnreachable`: what could not be reached, where, why, and the likely
 causes), and a 403 into the role of
 docs/vertex.md#the-iam-roles-a-first-run-needs that grants what was refused (`refused_as`,
-`GoogleRefused`). Used by `make run` with a project (`launch.submit`), the schedule commands, the
-GPU check and the Vertex report."""
+`GoogleRefused`)."""
 
 from __future__ import annotations
 
@@ -19,15 +18,13 @@ from launch.settings import Settings
 
 
 class GoogleRefused(RuntimeError):
-    """Google Cloud answered 403 to one of this machine's requests: names the request, the role
-    of docs/vertex.md#the-iam-roles-a-first-run-needs that grants what was refused, and Google's
-    own words. Raised from the original error, so its traceback is still shown (exit code 1,
-    README "Exit codes")."""
+    """A 403 from Google Cloud: names the request, the role of
+    docs/vertex.md#the-iam-roles-a-first-run-needs that grants what was refused, and Google's own
+    words. Raised from the original error: its traceback is shown (exit code 1, README "Exit codes")."""
 
 
 # A permission named in Google's 403 (e.g. "Permission 'aiplatform.pipelineJobs.create' denied",
-# "does not have storage.objects.create access", "iam.serviceAccounts.actAs"): the service's
-# host names (aiplatform.googleapis.com) are not permissions.
+# "does not have storage.objects.create access", "iam.serviceAccounts.actAs"), not a host name.
 _PERMISSION = re.compile(r"\b(aiplatform|storage|iam|artifactregistry)\.(?!googleapis\b)[A-Za-z]+\.[A-Za-z]+")
 
 
@@ -81,10 +78,8 @@ def refused_as(request: str, default_role: str, settings: Settings) -> Iterator[
 
 
 class GoogleUnreachable(RuntimeError):
-    """Google Cloud could not be reached from this machine, or gave no answer: names the service,
-    its host (and region), what went wrong in a few words and the likely causes, in one line that
-    is printed without a traceback (exit code 1, README "Exit codes": a request to Google Cloud
-    failed)."""
+    """Google Cloud not reached, or no answer: one line naming the service, its host (and region),
+    what went wrong and the likely causes, printed without a traceback (exit code 1, README "Exit codes")."""
 
 
 # How long the first contact with a service may take: its connection, then its answer.
@@ -97,7 +92,6 @@ LIKELY_CAUSES = (
 
 
 def vertex_url(settings: Settings) -> str:
-    """The Vertex API this machine's requests go to: API_ENDPOINT, else the region's."""
     endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
     return endpoint if endpoint.startswith("http://") else f"https://{endpoint}"
 
@@ -227,12 +221,11 @@ def _plain_reason(chain: Sequence[BaseException], text: str) -> str:
 
 
 def reach(services: Sequence[tuple[str, str, str]], seconds: float = PROBE_SECONDS, out: Any = None) -> None:
-    """Says which services it contacts, then tries each once, at the same time: one HEAD request to
-    its root (no credentials, nothing of the run), through the proxy requests would use. Any HTTP
-    answer will do; none within `seconds` to connect and `seconds` to answer raises
-    GoogleUnreachable naming each service that gave none. The client libraries would retry a
-    service out of reach for minutes (storage: 120 s) before failing with a RetryError; this
-    takes at most 2 x `seconds` + 1. The "contacting" lines go to `out` (stdout)."""
+    """Says on `out` (stdout) which services it contacts, then tries each once, at the same time:
+    one HEAD request to its root (no credentials, nothing of the run), through the proxy requests
+    would use. Any HTTP answer will do; none within `seconds` to connect and `seconds` to answer
+    raises GoogleUnreachable naming each. At most 2 x `seconds` + 1, where the client libraries
+    would retry for minutes (storage: 120 s) before a RetryError."""
     import threading
 
     import requests
@@ -286,9 +279,8 @@ def _proxy_for(url: str) -> str:
 
 @contextlib.contextmanager
 def reaching(request: str, service: tuple[str, str, str], after: str = "") -> Iterator[None]:
-    """Turns a network failure of the client libraries during `request` (`network_failure`) into
-    GoogleUnreachable: one line naming the request, the service and its host, the reason and the
-    likely causes; `after` says what was already done."""
+    """Turns a network failure (`network_failure`) during `request` into GoogleUnreachable: one line
+    naming the request, the service, its host, the reason and likely causes; `after`: what was done."""
     name, url, hint = service
     try:
         yield

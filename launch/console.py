@@ -1,11 +1,8 @@
 """What `make run` shows on screen by default: the lines a person reads.
 
-Every line of every step goes to the step's log (`logs/<step>.log`, replica logs beside the
-job); the screen gets one line per step, and under it only its progress and results: epochs
-done, the preparation's progress, trials, restarts, an early stop and the epoch exported, the
-published model, the figures of the new model and the champion on this run's test split, the
-gate's decision, the serving image and the registration. `--verbose` shows every line as it
-comes (TensorFlow's start-up lines included); a failing step's log tail is always shown.
+Every line of every step goes to the step's log; the screen gets one line per step and under it
+only its progress and results (docs/running.md#what-a-local-run-shows). `--verbose` shows every
+line as it comes; a failing step's log tail is always shown.
 """
 
 from __future__ import annotations

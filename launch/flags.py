@@ -1,11 +1,7 @@
 """The pipeline's parameters as command-line flags, for `make run` and `make schedule`.
 
-Flags of list and dict parameters take JSON. `--search_space` also takes a file: `@FILE`, or a
-path ending in .json, .yaml or .yml (YAML for .yaml and .yml, JSON otherwise); its parameter
-specs, in either JSON form of Vertex's `StudySpec.ParameterSpec` (snake_case or camelCase), are
-handed to the pipeline in the proto JSON form Vertex's launcher takes
-(`components.tuning.canonical_search_space`). One that does not parse is handed over as given, for
-`pipeline.rules.check` to refuse, naming `search_space` and what is wrong.
+Flags of list and dict parameters take JSON; `--search_space` also takes a file
+(`parse_search_space`).
 """
 
 from __future__ import annotations
@@ -76,9 +72,10 @@ def read_document(text: str) -> Any:
 
 
 def parse_search_space(text: str) -> Any:
-    """`--search_space`: a list of parameter specs, inline or from a file (`read_document`), in
-    the proto JSON form when it parses (`components.tuning.canonical_search_space`); else as given,
-    for `pipeline.rules.check` to name what is wrong."""
+    """`--search_space`: a list of parameter specs (Vertex's `StudySpec.ParameterSpec`, snake_case
+    or camelCase JSON), inline or from a file (`read_document`), in the proto JSON form Vertex's
+    launcher takes when it parses (`components.tuning.canonical_search_space`); else as given, for
+    `pipeline.rules.check` to name what is wrong."""
     value = read_document(text)
     if not isinstance(value, list):
         raise argparse.ArgumentTypeError(

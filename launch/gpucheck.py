@@ -4,30 +4,11 @@
         [--chief_accelerator_count N] [--check_gpu_region true|false] [--image URI]
         [--timeout 1800s] [--no_wait]
 
-Submits one Vertex AI CustomJob of one replica that runs `python -m trainer.gpucheck` on the
-trainer image (docs/vertex.md#make-gpu-check): it lists what the container sees (TensorFlow's
-devices and CUDA/cuDNN build, `nvidia-smi`), checks it against the GPUs asked with the
-trainer's own rule, and runs one NCCL all-reduce over them. This waits for the job, then
-reads back what the check wrote (`gpu_check.json` in the job's `AIP_MODEL_DIR`, under
-`<PIPELINE_ROOT>/gpu-check/`) and prints it with the timing.
-
-- The machine: the pipeline's chief (`chief_machine_type`, `chief_accelerator_type`,
-  `chief_accelerator_count`, Vertex defaults of `pipeline.PARAMETERS`), each a flag of the same
-  name; checked by `components.worker_pools.build_worker_pool_specs` (the pipeline's own rules
-  and worker pool spec, so the job carries the same `TRAINER_POOL_*` request as a training pool)
-  before any request.
-- The image: the one `make run` would train with, `<ARTIFACT_REPOSITORY>/trainer:<tag>`, the tag
-  being `components.buildcontext.context_tag` of this checkout's build context, pinned by its
-  digest. When that tag is absent (the image of this checkout was never built), it says so and
-  stops: `make run` builds it first (its `build-trainer-image` step), or `--image` names one.
-- The settings: PROJECT_ID, REGION, PIPELINE_ROOT and ARTIFACT_REPOSITORY (env or env.sh, checked by
-  `launch.settings`); SERVICE_ACCOUNT, NETWORK, KMS_KEY, LABELS and API_ENDPOINT are used when set.
-  With no PROJECT_ID it stops, saying it needs a project and how to run the in-image half here.
-
-The request is the real `aiplatform_v1.CustomJob`, sent by the real `JobServiceClient`. Exit
-status: 0 the job succeeded and the check passed; 1 the job or the check failed (the one line of
-the check is shown), or Google Cloud refused a request (its traceback); 2 a usage or settings
-error, no credentials, or no image (nothing was started); 130 interrupted (the job is cancelled).
+Submits one one-replica Vertex AI CustomJob (the real `aiplatform_v1.CustomJob`, sent by the real
+`JobServiceClient`) running `python -m trainer.gpucheck` on the image `make run` would train with,
+on the pipeline's chief machine, checked by `components.worker_pools.build_worker_pool_specs`
+before any request; waits, then prints what the check wrote (`gpu_check.json` in the job's
+`AIP_MODEL_DIR`). What it checks, its settings and exit status: docs/vertex.md#make-gpu-check.
 """
 
 from __future__ import annotations
@@ -176,9 +157,8 @@ def build_custom_job(
     settings: Settings, pool: Mapping[str, Any], output_dir: str, timeout_seconds: int, display_name: str
 ) -> Any:
     """The `aiplatform_v1.CustomJob`, its worker pool parsed strictly (a field Vertex does not
-    declare fails here, not at Google). `disable_retries`: a check is not retried ("Indicates if
-    the job should retry for internal errors after the job starts running", aiplatform_v1
-    `Scheduling`)."""
+    declare fails here, not at Google), not retried (`Scheduling.disable_retries`: "Indicates if
+    the job should retry for internal errors after the job starts running")."""
     from google.cloud import aiplatform_v1
     from google.protobuf import duration_pb2, json_format
 
@@ -226,7 +206,6 @@ def read_result(storage_client: Any, output_dir: str) -> dict[str, Any] | None:
 
 
 def describe(result: Mapping[str, Any]) -> list[str]:
-    """What the check saw, in a few lines."""
     gpus = result.get("gpus")
     devices = ", ".join(result.get("devices") or []) or "none"
     lines = [
@@ -336,8 +315,7 @@ def run(
         endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
         job_client = aiplatform_v1.JobServiceClient(
             credentials=credentials,
-            # API_ENDPOINT may be a plain-HTTP stand-in (launch.settings allows http://127.0.0.1):
-            # only the REST transport speaks to a URL.
+            # REST for a plain-HTTP API_ENDPOINT (as in launch.submit.check_persistent_resource).
             transport="rest" if endpoint.startswith("http://") else None,
             client_options={"api_endpoint": endpoint},
         )

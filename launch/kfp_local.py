@@ -1,24 +1,21 @@
 """The one place this project reaches into kfp.local's internals: timing each step, sending
 its output to the step's log, and tying each step's process to the launcher's life.
 
-kfp.local (kfp 2.17) has no public hook around a task's execution: its `task_dispatcher`
-calls `run_single_task_implementation(pipeline_resource_name, component_name, component_spec,
-executor_spec, arguments, pipeline_root, runner, raise_on_error, block_input_artifact,
-unique_pipeline_id)` for every task, and logs with its own line format (`logging_utils`:
-`HH:MM:SS.mmm - LEVEL - message`). `watch_steps` wraps that function for the length of a run and
-restores it; `tests/launch/test_kfp_local.py` checks the function, its parameters and the log
-format against the installed kfp, so a kfp upgrade that changes them fails there, loudly,
-instead of silently losing the step lines.
+kfp.local (kfp 2.17) has no public hook around a task's execution: `watch_steps` wraps
+`task_dispatcher.run_single_task_implementation` (called for every task, with
+`PATCHED_PARAMETERS`) for the length of a run, and `StepTee` reads kfp's log lines (`logging_utils`:
+`HH:MM:SS.mmm - LEVEL - message`). `tests/launch/test_kfp_local.py` checks the function, its
+parameters and the log format against the installed kfp, so a kfp upgrade that changes them fails
+there, loudly, instead of silently losing the step lines.
 
-kfp.local starts each step as `sh -ec '<script>' <component source> <args>`
-(`kfp.dsl.component_factory`: the script writes the source to `$(mktemp -d)/ephemeral_component.py`
-and runs `_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main ...`), through
-`subprocess_task_handler.run_local_subprocess(full_command, env_vars)`. Debian's sh (dash) does not
-exec that last command, and neither process is told when the launcher dies: killing only
-`launch.cli` (an IDE's stop button, `kill PID`) left the step and its replicas running to the end.
-`tie_to_launcher` makes the script exec the executor and starts it with PR_SET_PDEATHSIG=SIGTERM
-(local/lifeline.py), so the step gets SIGTERM when the launcher dies, which local.jobs turns into
-stopping its replicas (they die with the step in any case: their own PDEATHSIG).
+kfp.local starts each step as `sh -ec '<script>' <component source> <args>` through
+`subprocess_task_handler.run_local_subprocess(full_command, env_vars)`; the script
+(`kfp.dsl.component_factory`) writes the source to `$(mktemp -d)/ephemeral_component.py` and runs
+`_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main ...`. Debian's sh (dash) does not exec that
+last command, and neither process is told when the launcher dies: killing `launch.cli` alone (an
+IDE's stop button, `kill PID`) would leave the step and its replicas running. `tie_to_launcher`
+makes the script exec the executor, started with PR_SET_PDEATHSIG=SIGTERM (local/lifeline.py),
+which local.jobs turns into stopping its replicas (they die with the step anyway: own PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -142,10 +139,9 @@ _EXECUTOR_LINE = re.compile(r"^([ \t]*)_KFP_RUNTIME=true (\S+ -m kfp\.dsl\.execu
 
 
 def tie_to_launcher(full_command: list[str]) -> list[str]:
-    """The step's command, changed so that its executor is the process the launcher started (sh
-    execs it) and gets SIGTERM when the launcher dies. Raises RuntimeError when kfp's command is
-    not the shape this was written for (a component installing kfp at run time, or a kfp upgrade):
-    better no run than steps that outlive it."""
+    """The step's command, changed so that sh execs its executor, which gets SIGTERM when the
+    launcher dies. RuntimeError when kfp's command is not the shape this was written for (a
+    component installing kfp at run time, a kfp upgrade): better no run than steps outliving it."""
     if full_command[:2] != ["sh", "-ec"] or len(full_command) < 3:
         raise RuntimeError(
             f"a step command of a shape launch/kfp_local.py does not know ({full_command[:2]}): the "
@@ -181,9 +177,8 @@ def display_names(spec: Mapping[str, Any]) -> dict[str, str]:
 def watch_steps(
     tee: StepTee, names: Mapping[str, str], logs: Path, steps: list[Step], stopped: Callable[[], str] = str
 ) -> Iterator[None]:
-    """Times every kfp.local task, sends its output to logs/<step>.log and shows progress. No
-    step starts once `stopped()` names a signal (KeyboardInterrupt): the signal handler's own
-    exception may have been lost."""
+    """Times every kfp.local task, sends its output to logs/<step>.log and shows progress. No step
+    starts once `stopped()` names a signal: the handler's KeyboardInterrupt may have been lost."""
     from kfp.local import subprocess_task_handler, task_dispatcher
 
     original = task_dispatcher.run_single_task_implementation
@@ -252,12 +247,11 @@ _EXCEPTION_LINE = re.compile(
 
 
 def step_error(path: str) -> str:
-    """Why a failed step failed, from its log: the first line of the last exception its
-    component raised (`JobFailed: prepare: replica chief-0 was killed by signal 9 (SIGKILL)
-    after 3 restart(s) (log: ...)`), without the module path; "" when the log has none. The
-    component runs in kfp.local's executor process, whose traceback lands in the step's log
-    (kfp/local/subprocess_task_handler.py: the executor's stderr goes to its stdout, printed
-    line by line), so this is where the cause is, however long the log is after it."""
+    """Why a failed step failed: the first line of the last exception in its log, without the
+    module path (`JobFailed: prepare: replica chief-0 was killed by signal 9 (SIGKILL) after 3
+    restart(s) (log: ...)`); "" when there is none. The executor's traceback lands in the step's
+    log (kfp/local/subprocess_task_handler.py: its stderr goes to its stdout, printed line by
+    line), however long the log is after it."""
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:

@@ -1,15 +1,10 @@
 """`make models`: the local registry's models, each version with its figures, the dataset it was
 evaluated on and which one is the champion.
 
-Each version's record is its version.json (`local.steps.register_version`): the test accuracy its
-training recorded, the evaluation job's figures on that run's test split (`evaluation`), the
-dataset's fingerprint, the gate's decision and the paired comparison with the champion it was
-judged against. Every file is read through `local.registry` (no link followed, every document
-checked); a damaged version is listed as damaged, with what is wrong, never skipped silently.
-
-On Vertex the same record is on each model version: its `version_description`, the labels `gate`
-and `dataset`, and the imported ModelEvaluation (`components.registry.record_on_version`); the
-console's Model Registry lists them.
+Each version's record is its version.json (`local.steps.register_version`), read through
+`local.registry` (no link followed, every document checked); a damaged version is listed as
+damaged, with what is wrong, never skipped silently. On Vertex the same record is on each model
+version (`components.registry.record_on_version`), as the console's Model Registry lists it.
 """
 
 from __future__ import annotations

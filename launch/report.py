@@ -80,10 +80,9 @@ def curves_png(history: Mapping[str, Sequence[float]], exported_epoch: int | Non
     return _png(fig)
 
 
-# The most classes the confusion matrix picture is drawn for. Its cost grows with the square of
-# the class count (one annotated cell each: a 1,000-class matrix grew past 10 GB and never
-# finished), and past a few dozen rows its labels cannot be read anyway. Above it the report says
-# so and lists the largest confusions instead; metrics.json keeps the whole matrix.
+# The most classes the confusion matrix is drawn for: its cost grows with the square of the class
+# count (a 1,000-class matrix grew past 10 GB and never finished) and past a few dozen rows its
+# labels cannot be read. Above it: the largest confusions; metrics.json keeps the whole matrix.
 MAX_DRAWN_CLASSES = 40
 TOP_CONFUSIONS = 25
 
@@ -135,9 +134,8 @@ def trials_png(trials: Sequence[Mapping[str, Any]], metric_id: str) -> str:
     return _png(fig)
 
 
-# The colour of a step's (or job's, or trial's) bar by its state: kfp.local's (SUCCESS, FAILURE),
-# Vertex tasks' and trials' (SUCCEEDED, FAILED, SKIPPED: served from the cache) and jobs' (the
-# same, after JOB_STATE_).
+# A bar's colour by its state: kfp.local's (SUCCESS, FAILURE), Vertex tasks', trials' and jobs'
+# (SUCCEEDED, FAILED, SKIPPED: served from the cache; jobs' after JOB_STATE_).
 STATE_COLOURS = {
     "SUCCESS": "tab:green",
     "SUCCEEDED": "tab:green",
@@ -155,13 +153,9 @@ STATE_COLOURS = {
 def timeline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The bars of the step timeline, top to bottom: {label, level, start, queued, run, status,
     running}, in seconds from the run's start; `queued` is the create -> start part (None when not
-    known); `level` 0 for a step, 1 for a job it launched, 2 for a tuning trial.
-
-    A Vertex run's steps carry their own offsets (`offset_seconds`, `queued_seconds`,
-    `run_seconds`: launch.vertexrun); each job a step launched is drawn under it, and a tuning
-    job's trials under the job. The DAG's groups are left out (their steps are drawn). A local
-    run's steps carry their seconds only: kfp.local runs one step at a time, so they are laid end
-    to end in the order they ran, with no queue part."""
+    known); `level` 0 for a step, 1 for a job it launched, 2 for a tuning trial. A Vertex run's
+    entries carry their offsets (launch.vertexrun), the DAG's groups left out; a local run's steps
+    only their seconds, laid end to end (kfp.local runs one step at a time)."""
     steps = summary.get("steps") or []
     if not any("offset_seconds" in s for s in steps):
         rows, at = [], 0.0
@@ -214,9 +208,7 @@ def timeline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def timeline_png(rows: Sequence[Mapping[str, Any]]) -> str:
-    """One bar per row from its start to its end: the create -> start part (waiting, starting
-    up) lighter, the start -> end part (running) full; a bar still running is hatched. Labels are
-    drawn as plain text (`parse_math=False`)."""
+    """One bar per row, as TIMELINE_VERTEX says; labels drawn as plain text (`parse_math=False`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -291,9 +283,8 @@ def top_confusions(
 
 
 def comparison_blocks(comparison: Mapping[str, Any], rule: str) -> list[Block]:
-    """The paired comparison of the two models on the same test images (evaluation.json's
-    `comparison`): each metric's difference with its 95% bootstrap interval, and the exact
-    McNemar test on the images only one model got right."""
+    """The paired comparison on the same test images (evaluation.json's `comparison`): each
+    metric's difference with its 95% bootstrap interval, and the exact McNemar test."""
     rows = []
     for name in ("accuracy", "macro_f1"):
         figure = comparison.get(name)

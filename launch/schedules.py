@@ -32,13 +32,11 @@ from launch import cloud, flags, submit, trainingconfig
 from launch import settings as settings_mod
 from launch.settings import Settings, SettingsError
 
-# make's schedule variables (CRON, TIMEZONE, MAX_CONCURRENT, START, END, NAME), checked before
-# any request. Vertex takes a cron expression with an optional `TZ=<IANA zone> ` prefix, "a valid
-# string from IANA time zone database" (aiplatform's PipelineJobSchedule.create docstring; "Schedule
-# a pipeline run with the scheduler API",
-# https://cloud.google.com/vertex-ai/docs/pipelines/schedule-pipeline-run). The five fields, their
-# ranges and names, `*`, ranges, `/` steps and lists are the unix-cron format of Google's
-# schedulers ("Configure cron job schedules",
+# Vertex takes a cron expression with an optional `TZ=<IANA zone> ` prefix, "a valid string from
+# IANA time zone database" (aiplatform's PipelineJobSchedule.create docstring; "Schedule a pipeline
+# run with the scheduler API", https://cloud.google.com/vertex-ai/docs/pipelines/schedule-pipeline-run).
+# The five fields, their ranges and names, `*`, ranges, `/` steps and lists are the unix-cron
+# format of Google's schedulers ("Configure cron job schedules",
 # https://cloud.google.com/scheduler/docs/configuring/cron-job-schedules).
 MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
 WEEKDAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
@@ -208,14 +206,12 @@ def schedule_options(
 
 
 def template_yaml(template: Path, folder: Path) -> Path:
-    """The compiled template (`compiled/*.json`) written to `folder/<name>.yaml` in the YAML form
-    kfp's compiler writes for a `.yaml` package path (`kfp.compiler.pipeline_spec_builder.
-    write_pipeline_spec_to_file`: the `# PIPELINE DEFINITION` header of
-    `extract_comments_from_pipeline_spec`, then `yaml.dump_all([spec], sort_keys=True)`). The
-    header is made from the JSON's sorted keys, not from a protobuf round trip (whose map order
-    may change from one process to the next), so one template always gives the same bytes and the
-    registry the same version digest. The JSON is first parsed strictly into a `PipelineSpec`: a
-    field kfp does not know fails here, before any upload."""
+    """The compiled template (`compiled/*.json`) as `folder/<name>.yaml`, written as kfp's compiler
+    writes a `.yaml` package (`kfp.compiler.pipeline_spec_builder.write_pipeline_spec_to_file`: the
+    `# PIPELINE DEFINITION` header of `extract_comments_from_pipeline_spec`, then
+    `yaml.dump_all([spec], sort_keys=True)`), the header from the JSON's sorted keys, not a protobuf
+    round trip (whose map order may vary): one template, the same bytes and digest. The JSON is
+    first parsed strictly into a `PipelineSpec`: a field kfp does not know fails before any upload."""
     import yaml
     from google.protobuf import json_format
     from kfp.compiler import pipeline_spec_builder
@@ -235,20 +231,17 @@ def upload_template(
     settings: Settings, template: Path = submit.COMPILED, commit: str = "", auth: Any = None, host: str = ""
 ) -> str:
     """Uploads the compiled template to Artifact Registry, tagged with the commit and `latest`;
-    returns the template version's URI (under TEMPLATE_REPOSITORY; `host` sends the upload
-    elsewhere, for tests).
+    returns the template version's URI (under TEMPLATE_REPOSITORY; `host`: elsewhere, for tests).
 
-    What is sent is what Google's "Create, upload, and use a pipeline template" page documents
+    As Google's "Create, upload, and use a pipeline template" page documents
     (https://cloud.google.com/vertex-ai/docs/pipelines/create-pipeline-template): a pipeline
-    compiled to a **YAML** file, posted by kfp's `RegistryClient.upload_pipeline` to the
-    repository's `https://<region>-kfp.pkg.dev/<project>/<repo>` URL as a multipart form with the
-    file in `content` and the tags comma-separated in `tags` (the page's curl example:
-    `-F tags=v1,latest -F content=@<file>.yaml`). The repository answers
-    `<package>/sha256:<digest>`; the package is the template's `pipelineInfo.name`. kfp itself
-    deprecates compiling to JSON ("Compiling to JSON is deprecated ... compile to a YAML file"),
-    so the JSON template `make compile` keeps for `make run` is rewritten as YAML
-    (`template_yaml`) for the upload; the run then reads it back from the registry
-    (`PipelineJob(template_path=<version URI>)`, which parses YAML)."""
+    compiled to a **YAML** file, posted by kfp's `RegistryClient.upload_pipeline` to
+    `https://<region>-kfp.pkg.dev/<project>/<repo>` as a multipart form (the page's curl example:
+    `-F tags=v1,latest -F content=@<file>.yaml`); the repository answers
+    `<package>/sha256:<digest>`, the package being the template's `pipelineInfo.name`. kfp
+    deprecates compiling to JSON ("Compiling to JSON is deprecated ... compile to a YAML file"), so
+    `make compile`'s JSON template is rewritten as YAML (`template_yaml`); the run reads it back
+    from the registry (`PipelineJob(template_path=<version URI>)`, which parses YAML)."""
     import tempfile
 
     from kfp.registry import RegistryClient
@@ -363,7 +356,7 @@ PROGS = {
 
 
 def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
-    """`python -m launch.submit ...` (module docstring); returns the exit status."""
+    """`python -m launch.schedules ...` (module docstring); returns the exit status."""
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2

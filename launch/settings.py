@@ -1,11 +1,9 @@
 """The Google Cloud settings of `make run` (Vertex target), `make schedule` and `make e2e`.
 
 Read from the environment, else from `env.sh` (KEY=VALUE lines; `env.sh.example` documents each
-one), and validated before any request is sent: every problem is reported at once, naming the
-setting, what it got and what is allowed. `env.sh` itself must be a regular file of UTF-8 text
-(a leading byte-order mark is skipped) of at most 1 MiB: anything else (a folder, a FIFO, a
-device, Latin-1 or UTF-16 text) is refused with one line saying what it is and what to do, as a
-SettingsError, never read in part or waited on.
+one), and validated before any request is sent: every problem at once, naming the setting, what
+it got and what is allowed. An `env.sh` that is not a regular file of UTF-8 text is refused in one
+line (`read_user_text`), never read in part or waited on.
 """
 
 from __future__ import annotations
@@ -103,9 +101,8 @@ _DOCKER_REPO = re.compile(
 _KFP_REPO = re.compile(
     r"^https://([a-z0-9-]+)-kfp\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z][a-z0-9-]{0,62}$"
 )
-# The same forms as the pipeline parameters they fill (service_account, network; the CMEK key's
-# whole rule is `kms_key_problem`, shared with encryption_spec_key_name): one home,
-# pipeline/rules/jobs.py.
+# The forms of the pipeline parameters they fill (service_account, network; the CMEK key's rule
+# is `kms_key_problem`, shared with encryption_spec_key_name): one home, pipeline/rules/jobs.py.
 _SERVICE_ACCOUNT, _NETWORK = job_rules.SERVICE_ACCOUNT, job_rules.NETWORK
 _LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -125,13 +122,12 @@ class SettingsError(ValueError):
 
 
 def vertex_regions() -> frozenset[str]:
-    """The regions Vertex AI serves, as the installed google-cloud-aiplatform lists them:
-    `google.cloud.aiplatform.constants.base.SUPPORTED_REGIONS`, the list `aiplatform.init()`
-    checks its location against (`utils.validate_region`). Less `global`: "Vertex AI doesn't
-    support a global location" for training and pipelines ("Vertex AI locations",
+    """The regions Vertex AI serves, as the installed google-cloud-aiplatform lists them
+    (`google.cloud.aiplatform.constants.base.SUPPORTED_REGIONS`, which `aiplatform.init()` checks
+    its location against: `utils.validate_region`), less `global`: "Vertex AI doesn't support a
+    global location" for training and pipelines ("Vertex AI locations",
     https://cloud.google.com/vertex-ai/docs/general/locations; `global` is for generative AI
-    endpoints). Imported here, not at the top: the SDK takes seconds to import, and only the
-    Vertex target needs it."""
+    endpoints). Imported late: the SDK takes seconds to import; only the Vertex target needs it."""
     from google.cloud.aiplatform.constants import base
 
     return frozenset(base.SUPPORTED_REGIONS) - {"global"}
@@ -207,7 +203,6 @@ def _line_of(data: bytes, offset: int) -> str:
 
 
 def read_env_text(path: Path) -> str | None:
-    """The text of env.sh, or None when there is none: `read_user_text` for a settings file."""
     return read_user_text(
         path,
         ENV_FILE_MAX_BYTES,
@@ -219,10 +214,9 @@ def read_env_text(path: Path) -> str | None:
 
 def read_user_text(path: Path, max_bytes: int, expected: str, remedy: str, too_large: str) -> str | None:
     """The text of a file the user names (env.sh, --training_config), or None when there is none.
-    Raises SettingsError (one line naming the file, what it is and what to do) for anything but a
-    regular file of UTF-8 text of at most `max_bytes`: it is looked at (stat) before it is opened,
-    and opened without blocking, so a FIFO or a device is refused, never waited on. `expected`
-    says what the file must be, `remedy` what to do, `too_large` why a large one is wrong."""
+    Anything but a regular file of UTF-8 text of at most `max_bytes` is a SettingsError, one line
+    naming the file, what it is and what to do (`expected`, `remedy`, `too_large`). It is looked at
+    (stat) before it is opened, without blocking, so a FIFO or a device is never waited on."""
     name = str(path)
     try:
         before = os.stat(path)
@@ -282,10 +276,9 @@ def read_user_text(path: Path, max_bytes: int, expected: str, remedy: str, too_l
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines, read by python-dotenv as `source env.sh` would (`export` allowed, quotes,
-    # comments, a key given twice keeps its last value; no `${VAR}` expansion). Keys that are not
-    upper-case names and lines that are no assignment are ignored. No file: {}. A file that is
-    not a regular file of UTF-8 text: SettingsError (`read_env_text`)."""
+    """KEY=VALUE lines, read by python-dotenv as `source env.sh` would (`export`, quotes, #
+    comments, a key given twice keeps its last value; no `${VAR}` expansion); other keys and lines
+    are ignored. No file: {}. Not a regular file of UTF-8 text: SettingsError (`read_env_text`)."""
     import io
     import logging
 
@@ -311,8 +304,8 @@ def load(
     values = {**read_env_file(env_file), **{k: v for k, v in environ.items() if k in SETTINGS and v}}
     need = required if required is not None else tuple(k for k, (_, req) in SETTINGS.items() if req)
     problems = [f"{key} is not set: {SETTINGS[key][0]}" for key in need if not values.get(key)]
-    # google-auth opens GOOGLE_APPLICATION_CREDENTIALS as it is (a missing file is its own one-line
-    # DefaultCredentialsError; a folder was an IsADirectoryError traceback, as the first client was made).
+    # google-auth opens GOOGLE_APPLICATION_CREDENTIALS as is: a missing file is its own one-line
+    # DefaultCredentialsError, but a folder an IsADirectoryError traceback at the first client.
     key_file = environ.get("GOOGLE_APPLICATION_CREDENTIALS", "")
     if key_file and os.path.exists(key_file) and not os.path.isfile(key_file):
         problems.append(

@@ -2,16 +2,10 @@
 Schedules (`make schedule` and the schedule commands) are `launch.schedules`, built on this.
 
 Everything is sent by the real client libraries (google-cloud-storage, google-cloud-aiplatform's
-`PipelineJob`/`PipelineJobSchedule`, kfp's `RegistryClient`); settings are validated first
-(`launch.settings`), so a bad setting costs no request.
-
-make hands its variables over in the environment (the Makefile exports them; no recipe line puts
-them into a shell command), and they are checked here, each error naming the variable, before any
-request. Exit status: 0 done; 2 a usage or settings error, missing credentials included (nothing
-was sent); 1 a failed run (`make run WAIT=1`), a request Google Cloud refused (with its
-traceback), or Google Cloud out of reach (one line: what could not be reached, where, why, and
-the likely causes; each service is first tried once, within seconds, and named on screen before
-it is, so no request is left retrying in silence); 130 interrupted.
+`PipelineJob`/`PipelineJobSchedule`, kfp's `RegistryClient`). Settings (`launch.settings`) and
+make's variables (handed over in the environment, never through a shell) are checked first, each
+error naming the variable, so a bad one costs no request. Exit status:
+docs/running.md#exit-codes-and-make.
 """
 
 from __future__ import annotations
@@ -105,10 +99,8 @@ def run_values(values: Mapping[str, Any], compiled: Mapping[str, Any]) -> dict[s
 
 
 def check_options(values: Mapping[str, Any], compiled: Mapping[str, Any], region: str) -> list[str]:
-    """Every rule (`pipeline.rules.check`, the one entry of both targets) applied to the run's
-    values (`run_values`: the compiled template's defaults with the given values over them) for
-    `region`, before any request. Raises OptionsError naming every bad parameter; returns
-    warnings, which are printed."""
+    """Every rule (`pipeline.rules.check`, both targets' one entry) on `run_values` for `region`,
+    before any request: OptionsError names every bad parameter; prints and returns the warnings."""
     from pipeline import rules
 
     warnings = rules.check(run_values(values, compiled), "vertex", region)
@@ -123,9 +115,7 @@ def _storage(settings: Settings, client: Any) -> tuple[str, str, str]:
 
 def upload_context(settings: Settings, root: Path = ROOT, credentials: Any = None) -> str:
     """Uploads the build context tarball to `<PIPELINE_ROOT>/contexts/<tag>.tar.gz` (once per
-    content) and returns its gs:// URI. The tarball is made (and a refused file named) before
-    anything is contacted; Cloud Storage is tried first (`reach`), and a network failure is one
-    line (GoogleUnreachable)."""
+    content); returns its gs:// URI. The tarball is made (a refused file named) before any contact."""
     import google.cloud.storage as storage
 
     buf = io.BytesIO()
@@ -172,15 +162,11 @@ def check_persistent_resource(
     transport: str | None = None,
     client: Any = None,
 ) -> list[str]:
-    """Reads the run's persistent resource (`values["persistent_resource_id"]`, the run's
-    parameter values: `run_values`) in the run's project and region with the real aiplatform_v1
-    `PersistentResourceServiceClient.get_persistent_resource`, before anything of the run is
-    uploaded or created, and judges it by `persistent_resource_fit`
-    (`pipeline.rules.persistent_resource`: state, network, CMEK key, service account, a pool for
-    each job's machines). Nothing to read when
-    the parameter is empty. Raises PersistentResourceRefused (one line) when it is missing or
-    unfit; Vertex out of reach is GoogleUnreachable, a 403 GoogleRefused. Returns the warnings,
-    which are printed. `client` replaces the client made for API_ENDPOINT or the region (tests)."""
+    """Reads the run's persistent resource (`values["persistent_resource_id"]` of `run_values`;
+    none when empty) with aiplatform_v1 `PersistentResourceServiceClient.get_persistent_resource`
+    before anything of the run is uploaded or created; judges it by `persistent_resource_fit`
+    (`pipeline.rules.persistent_resource`). Raises PersistentResourceRefused (one line) when
+    missing or unfit; prints and returns the warnings. `client`: for tests."""
     from google.api_core import exceptions
 
     from pipeline.rules import persistent_resource
@@ -250,19 +236,14 @@ def build_pipeline_job(
     template_uri: str = "",
 ) -> Any:
     """The `aiplatform.PipelineJob` for the compiled template, or for its version in Artifact
-    Registry when `template_uri` is given (the SDK reads it from there and the run names it:
-    `template_path` takes `https://<region>-kfp.pkg.dev/...` URIs). Unknown parameters are
-    rejected here, before any request to Vertex.
+    Registry when `template_uri` is given (`template_path` takes `https://<region>-kfp.pkg.dev/...`
+    URIs). Unknown parameters are rejected here, before any request to Vertex.
 
-    Always the v1 `aiplatform.PipelineJob`, with or without a persistent resource: the pipeline's
-    own steps on the resource would need the v1beta1 `RuntimeConfig.default_runtime`
-    (aiplatform_v1 `PipelineJob.RuntimeConfig` has no such field), sent only by the preview class
-    (google/cloud/aiplatform/preview/pipelinejob/pipeline_jobs.py), whose `submit` sends a v1beta1
-    CreatePipelineJobRequest and drops what this one does: the `experiment` (EXPERIMENT), the
-    pipeline root's bucket check, the preflight refusal's messages (`PreflightRefused`); and
-    schedules (`launch.schedules`) could not carry it. The jobs run on the resource through the
-    `persistent_resource_id` parameter instead
-    (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource)."""
+    Always the v1 class, never the preview one that sends the v1beta1
+    `RuntimeConfig.default_runtime` (google/cloud/aiplatform/preview/pipelinejob/pipeline_jobs.py;
+    aiplatform_v1 `PipelineJob.RuntimeConfig` has no such field): why, in
+    docs/architecture.md#the-pipelines-own-steps-not-on-the-resource. The jobs reach a persistent
+    resource through the `persistent_resource_id` parameter."""
     from google.cloud import aiplatform
 
     job = aiplatform.PipelineJob(
@@ -280,8 +261,7 @@ def build_pipeline_job(
 
 
 def console_url(resource_name: str) -> str:
-    """The Cloud console page of a pipeline run, from its resource name
-    (`projects/<p>/locations/<l>/pipelineJobs/<id>`)."""
+    """The Cloud console page of a pipeline run, from its resource name."""
     match = re.fullmatch(r"projects/([^/]+)/locations/([^/]+)/pipelineJobs/([^/]+)", resource_name)
     if not match:
         raise ValueError(f"not a pipeline job resource name: {resource_name!r}")
@@ -318,18 +298,15 @@ def submit(
     poll_seconds: float = 15.0,
     runs_dir: Path | None = None,
 ) -> int:
-    """Uploads the context and submits the run; with `wait`, follows it to the end, then (given
-    `runs_dir`) writes its summary.json and report.html in `<runs_dir>/<job id>/`
-    (`write_run_report`). The template is the one with the e-mail exit handler only when
-    `notification_emails` are given."""
+    """Uploads the context and submits the run; with `wait`, follows it to the end, then writes
+    its report (`write_run_report`, given `runs_dir`). The e-mailing template only with
+    `notification_emails` (`with_template`)."""
     given, template = with_template(given, template)
     compiled = json.loads(template.read_text())
-    # The values the run would get (the settings' service account, network, key and labels
-    # included), with stand-ins for the context and commit, which are not options.
+    # The run's values, with stand-ins for the context and commit (not options).
     checked = pipeline_parameters(given, settings, "gs://check/context.tar.gz", "")
     check_options(checked, compiled, settings.region)
     init_aiplatform(settings, credentials, transport)
-    # The persistent resource, read before anything of the run is uploaded or created.
     check_persistent_resource(settings, run_values(checked, compiled), credentials, transport)
     commit = source_commit(root)
     with refused_as(
@@ -402,8 +379,7 @@ def write_run_report(job: Any, settings: Settings, runs_dir: Path, credentials: 
 
 # aiplatform's PipelineJob.submit, when Vertex's preflight validations refuse the run, raises
 # `Exception("PipelineJob Preflight validations failed with the following errors:\n1. ...")`
-# (google/cloud/aiplatform/pipeline_jobs.py, `submit`: the messages of the response's
-# CreatePipelineJobApiErrorDetail entries, numbered).
+# (google/cloud/aiplatform/pipeline_jobs.py, `submit`: its CreatePipelineJobApiErrorDetail messages).
 PREFLIGHT_FAILED = "PipelineJob Preflight validations failed"
 
 
@@ -443,9 +419,8 @@ def with_template(given: Mapping[str, Any], template: Path) -> tuple[dict[str, A
 
 
 def credential_errors() -> tuple[type[Exception], ...]:
-    """What google-auth raises when there are no credentials (DefaultCredentialsError, from
-    `google.auth.default()` as a client is made) or they are refused (RefreshError, as a token is
-    fetched): both before the request that needed them is sent."""
+    """What google-auth raises, before the request that needed them is sent, when there are no
+    credentials (DefaultCredentialsError, `google.auth.default()`) or they are refused (RefreshError)."""
     from google.auth import exceptions
 
     return (exceptions.DefaultCredentialsError, exceptions.RefreshError)

@@ -1,22 +1,9 @@
 """`--training_config FILE`: an AI Platform Training job config (YAML) read as the pipeline's hardware
 parameters (docs/vertex.md#moving-from-ai-platform-training---training_config-file).
 
-Users moving from AI Platform Training have the YAML file `gcloud ai-platform jobs submit training
---config` took: a Job with a `trainingInput` mapping (the bare mapping is accepted too). Its scale
-tier, machine types, GPUs and worker count become `chief_machine_type`, `chief_accelerator_type`,
-`chief_accelerator_count`, `worker_count`, `worker_machine_type`, `worker_accelerator_type` and
-`worker_accelerator_count` (and `diskConfig` becomes `boot_disk_type` / `boot_disk_size_gb`).
-Explicit flags win over the file (`apply_training_config`).
-
 Only what has a faithful Vertex AI equivalent is mapped; the rest is refused, every problem of the
-file in one `TrainingConfigError`, each naming the YAML field, what it holds and the nearest choice
-that works: K80 GPUs (end of support on Vertex AI, no kernels in TensorFlow 2.21), parameter
-servers and evaluators (no role under the trainer's MultiWorkerMirroredStrategy), TPUs, the
-STANDARD_1 / PREMIUM_1 tiers (fixed clusters with parameter servers), unknown fields. TrainingInput
-fields that are not hardware (region, args, ...) are ignored, each with a note naming the flag.
-
-AI Platform's fields and legacy machine types, and the nearest choice that works for what has
-no Vertex equivalent: `launch.aiplatformjob`.
+file in one `TrainingConfigError`, each naming the YAML field and the nearest choice that works
+(the fields, legacy machine types and nearest choices: `launch.aiplatformjob`).
 """
 
 from __future__ import annotations
@@ -62,8 +49,7 @@ class TrainingConfigError(ValueError):
 
     @property
     def fields(self) -> list[str]:
-        """The field each listed problem names, in order (empty for a one-line error: no file,
-        not YAML, not a mapping)."""
+        """The field each listed problem names, in order (empty for a one-line error)."""
         return re.findall(r"^  - (line \d+|[^\s:(]+)", str(self), re.MULTILINE)
 
 
@@ -419,8 +405,7 @@ class _Reader:
 
 
 def _read_yaml(path: str | Path) -> tuple[Any, list[str]]:
-    # A regular file of UTF-8 text of at most 1 MiB, looked at before it is read: /dev/zero was
-    # read until memory ran out, and a FIFO was waited on forever.
+    # Looked at before it is read: /dev/zero would fill memory, a FIFO block forever.
     try:
         text = settings.read_user_text(
             Path(path),
@@ -447,12 +432,9 @@ def _read_yaml(path: str | Path) -> tuple[Any, list[str]]:
 
 
 def load_training_config(path: str | Path) -> TrainingConfig:
-    """Reads an AI Platform Training config file into the pipeline's hardware parameters.
-
-    The file holds a Job with a top-level `trainingInput` mapping, as `gcloud ai-platform jobs
-    submit training --config` took it, or the bare trainingInput mapping. Raises
-    TrainingConfigError listing every problem of the file, each naming its YAML field; a missing
-    file or invalid YAML is a one-line error naming the path."""
+    """Reads an AI Platform Training config file (a Job with `trainingInput`, as `gcloud
+    ai-platform jobs submit training --config` took it, or the bare mapping) into the hardware
+    parameters. Raises TrainingConfigError listing every problem, each naming its YAML field."""
     doc, duplicates = _read_yaml(path)
     if doc is None:
         raise TrainingConfigError(f"--training_config {path}: empty; expected a trainingInput mapping")
@@ -516,10 +498,8 @@ def _shown(value: Any) -> str:
 
 
 def apply_training_config(path: str | Path, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The hardware parameters of the file, overridden by the explicit flags in `given` (a key
-    counts as given when present with a value other than None), and the lines to print: the
-    mapping's notes, then one line per parameter where a flag won over the file. Hardware
-    parameters the file does not set but a flag gives are in the result too."""
+    """The file's hardware parameters with the flags in `given` (values not None) over them, and
+    the lines to print: the notes, then one per parameter where a flag won over the file."""
     from components.worker_pools import HARDWARE_PARAMETERS
 
     config = load_training_config(path)
@@ -537,9 +517,8 @@ def apply_training_config(path: str | Path, given: Mapping[str, Any]) -> tuple[d
 
 
 def describe_pools(values: Mapping[str, Any]) -> list[str]:
-    """The worker pools `values` (hardware parameters; others are left out) make, one line each,
-    from `components.worker_pools.build_worker_pool_specs` so that its checks apply (its
-    ValueError propagates; no region is checked here)."""
+    """The worker pools `values` make, one line each, by `build_worker_pool_specs` (its checks
+    apply, its ValueError propagates; no region is checked)."""
     from components.worker_pools import HARDWARE_PARAMETERS, build_worker_pool_specs
 
     if not values.get("chief_machine_type"):
@@ -556,10 +535,8 @@ def describe_pools(values: Mapping[str, Any]) -> list[str]:
 
 
 def apply_to_namespace(ns: argparse.Namespace, target: str, out: TextIO | None = None) -> None:
-    """`--training_config FILE` (an AI Platform `config.yaml`, `launch.trainingconfig`): sets the
-    hardware parameters it maps to on `ns`, explicit flags winning, and prints the mapping and the
-    resulting worker pools. On the local target, which has no GPUs, the file's GPUs are dropped
-    (the pools run on CPU) and it says so. Raises TrainingConfigError (a ValueError)."""
+    """`--training_config FILE`: sets its hardware parameters on `ns` (flags win) and prints the
+    mapping and the worker pools; the local target has no GPUs, so it drops them, saying so."""
     if not getattr(ns, "training_config", None):
         return
     out = out or sys.stdout

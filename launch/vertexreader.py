@@ -20,9 +20,8 @@ Service = tuple[str, str, str]
 
 @dataclasses.dataclass(frozen=True)
 class Cloud:
-    """How the reads reach Google Cloud: `launch.cloud.reach` (one probe of a service before its
-    first use) and `launch.cloud.reaching` (a network failure as GoogleUnreachable: one line),
-    and the Vertex service they name (`launch.cloud.vertex_service`)."""
+    """How the reads reach Google Cloud: `launch.cloud.reach`, `launch.cloud.reaching`, and the
+    Vertex service they name (`launch.cloud.vertex_service`)."""
 
     vertex: Service
     reach: Callable[[Sequence[Service]], None]
@@ -30,10 +29,8 @@ class Cloud:
 
 
 class Reader:
-    """The jobs and files a report reads, through aiplatform (initialized by the caller:
-    `launch.submit.init_aiplatform`) and google-cloud-storage. A network failure is the caller's
-    one line (`Cloud.reaching`); a job or file that is missing or refused is recorded in
-    `unreadable` and the report goes on without it."""
+    """The jobs and files a report reads (module docstring), through aiplatform (initialized by
+    the caller: `launch.submit.init_aiplatform`) and google-cloud-storage."""
 
     def __init__(
         self, project: str, cloud: Cloud, credentials: Any = None, dataflow_endpoint: str = DATAFLOW_ENDPOINT
@@ -146,6 +143,5 @@ class Reader:
 
 
 def said(err: Exception) -> str:
-    """Google's words, on one line, at most 300 characters."""
     text = " ".join(str(err).split())
     return text if len(text) <= 300 else text[:297] + "..."

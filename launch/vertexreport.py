@@ -3,15 +3,9 @@
 
     python -m launch.vertexreport [RUN] [--runs_dir local_runs]     (RUN also from the environment)
 
-RUN is a pipeline job id (its project and region are PROJECT_ID and REGION, from the environment
-or env.sh, as `make run` reads them: `launch.settings`) or a resource name
-`projects/<project>/locations/<region>/pipelineJobs/<id>`; anything else is refused in one line
-naming both forms, before any setting is read. What the report reads and shows is
-`launch.vertexrun`'s; a run still running is reported as it stands (`status` RUNNING).
-
-Exit status: 0 the report was written (whatever the run's state); 1 Google Cloud refused a
-request (its traceback), could not be reached (one line), or has no such run (one line); 2 a bad
-RUN or --runs_dir, a bad or missing setting, no credentials (nothing was sent).
+RUN (`RUN_FORMS`) is checked before any setting is read. What the report reads and shows is
+`launch.vertexrun`'s; a run still running is reported as it stands (`status` RUNNING). Exit
+status: docs/vertex.md#on-vertex-ai-the-runs-report.
 """
 
 from __future__ import annotations
@@ -88,7 +82,6 @@ def resource_name(run: Run, settings: Settings) -> str:
 
 
 def cloud(settings: Settings) -> vertexreader.Cloud:
-    """launch.cloud's way of reaching Google Cloud, for launch.vertexrun's reads."""
     return vertexreader.Cloud(vertex_service(settings), reach, reaching)
 
 

@@ -2,7 +2,8 @@
 `<runs_dir>/<job id>/`, the files a local run leaves: for `make report` (launch.vertexreport) and
 for `make run WAIT=1` when the run ends (launch.submit).
 
-Everything comes from the run's records, read through the real client libraries:
+Everything comes from the run's records, read through the real client libraries
+(`launch.vertexreader.Reader`):
 
 - the PipelineJob: its state and times, and each task's state and create -> start -> end times
   (aiplatform_v1 `PipelineJob.job_detail.task_details`: `PipelineTaskDetail.create_time`,
@@ -15,28 +16,18 @@ Everything comes from the run's records, read through the real client libraries:
   create -> start -> end (aiplatform_v1 `CustomJob.create_time`; `start_time`: "Time when the
   CustomJob for the first time entered the JOB_STATE_RUNNING state"; `end_time`), and a tuning
   job's trials (`HyperparameterTuningJob.trials`, each with its `start_time` and `end_time`);
-- a Dataflow job (prepare_engine=beam: GCPC's flex-template launcher writes `"resourceType":
-  "DataflowJob"` and `https://dataflow.googleapis.com/v1b3/projects/<p>/locations/<l>/jobs/<id>`),
-  read with google-cloud-dataflow-client (dataflow_v1beta3): its state and times
+- a Dataflow job (prepare_engine=beam: `DATAFLOW_JOB`, `_DATAFLOW_URI`), read with
+  google-cloud-dataflow-client (dataflow_v1beta3): its state and times
   (`Job.create_time`; `start_time`, which equals the creation for all but FlexRS jobs;
-  `current_state_time`, its end once the state is terminal), and the job's first messages of
-  importance JOB_MESSAGE_BASIC and above (`MessagesV1Beta3.ListJobMessages`), each with its time
-  from the job's creation. Those messages are where Dataflow says when it started its workers:
-  the start-up that decides when Dataflow beats the one-replica preparation job
-  (docs/training.md#preparing-on-apache-beam),
-  which Google publishes no figure for;
-- the trainer's metrics.json (trainer/contract.py) in Cloud Storage, in the folder of the run's
-  Model artifact (`system.Model`: its URI is the trainer's model folder);
-- the gate's decision, from the output parameters `promote`, `reason` and `description` (and
-  `score`, `champion_score`) of the task that has them, and the model version, from the
-  `resourceName` of a `google.VertexModel` artifact that a launcher task produced
-  (`projects/.../models/<id>@<version>`, GCPC's ModelUploadOp).
+  `current_state_time`, its end once the state is terminal), and its first messages of importance
+  JOB_MESSAGE_BASIC and above (`MessagesV1Beta3.ListJobMessages`), timed from its creation: they
+  time the workers' start-up, which decides when Dataflow beats the one-replica preparation job
+  (docs/training.md#preparing-on-apache-beam) and which Google publishes no figure for;
+- the trainer's metrics.json (trainer/contract.py) beside the run's Model artifact (`_metrics`),
+  the gate's decision (`_gate`) and the model version GCPC's ModelUploadOp made (`_model`).
 
 Tasks are read generically, by their state, times, outputs and `gcp_resources`, never by their
 names: the DAG's task names are free to change.
-
-The reads go through `launch.vertexreader.Reader` (one line when Google Cloud is out of reach;
-what is missing or refused recorded, not raised).
 """
 
 from __future__ import annotations
@@ -52,9 +43,7 @@ from typing import Any
 from launch import report
 from launch.vertexreader import Reader
 
-# The keys of the trainer's metrics.json the summary shows: the local run's (launch.cli), so both
-# targets' summaries carry the same `metrics` (tests/launch/test_vertexreport.py checks them
-# against trainer/contract.py).
+# As launch.cli's (tests/launch/test_vertexreport.py checks them against trainer/contract.py).
 METRICS_READ = report.SUMMARY_METRICS
 METRICS_FILE = "metrics.json"  # trainer.contract.METRICS_FILE (the trainer is not imported here)
 
@@ -104,10 +93,9 @@ def _timing(
     origin: datetime.datetime | None,
     now: datetime.datetime,
 ) -> dict[str, Any]:
-    """The times of a task, job or trial, and the parts the timeline draws: `queued_seconds`
-    (create -> start, None when either is unknown), `run_seconds` (start -> end, or -> now while
-    it runs), `offset_seconds` (its creation, or its start when it has no creation time, from the
-    run's creation) and `seconds` (its whole bar)."""
+    """The times of a task, job or trial and the parts the timeline draws: `queued_seconds` (create
+    -> start, None when either is unknown), `run_seconds` (start -> end, or -> now while it runs),
+    `offset_seconds` (from the run's creation to its creation, else start) and `seconds` (its bar)."""
     first = created or started
     last = ended or (now if started else None)
     return {
@@ -175,7 +163,6 @@ def _dataflow_entry(
 
 
 def _artifacts(task: Any) -> list[dict[str, Any]]:
-    """A task's output artifacts: {output, schema_title, uri, metadata}."""
     from google.protobuf import json_format
 
     found = []
@@ -410,10 +397,9 @@ def _model(
     status: str,
     reader: Reader,
 ) -> dict[str, Any] | None:
-    """The model version the run made: the `resourceName` of a `google.VertexModel` output of a
-    launcher task (one with `gcp_resources`: an importer's VertexModel is an input made
-    available, not a version made), versioned (`...models/<id>@<version>`), with what the
-    registry says of it now: its aliases and its serving image."""
+    """The model version the run made (`...models/<id>@<version>`): the `resourceName` of a
+    `google.VertexModel` output of a launcher task (one with `gcp_resources`: an importer's is an
+    input, not a version made), with the registry's aliases and serving image for it now."""
     for task in tasks:
         if "gcp_resources" not in outputs_of[task.task_id]:
             continue

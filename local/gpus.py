@@ -1,9 +1,7 @@
 """No silent CPU training: a pool that asks for GPUs (`machine_spec.accelerator_count`) on a machine
 that has fewer is refused before any process starts, with the trainer's one line
 (`gpu_shortfall`, worded as `trainer.distribute.gpu_shortfall`; tests/local/test_jobs_gpus.py
-keeps them equal). The GPUs are found without TensorFlow: the entries of
-`/proc/driver/nvidia/gpus` (one per GPU the NVIDIA driver has; `local_gpus`), narrowed by
-`CUDA_VISIBLE_DEVICES` when it is set.
+keeps them equal). The GPUs are found without TensorFlow (`local_gpus`).
 """
 
 from __future__ import annotations
@@ -61,8 +59,7 @@ def gpu_shortfall(
     devices: Sequence[str],
     seen_by: str,
 ) -> str | None:
-    """`trainer.distribute.gpu_shortfall`'s rule and words, for this layer (which does not import
-    the trainer; tests/local/test_jobs_gpus.py checks both give the same line)."""
+    """`trainer.distribute.gpu_shortfall`'s rule and words (the trainer is not imported here)."""
     gpus = len(devices)
     if gpus >= asked:
         return None

@@ -1,32 +1,22 @@
 """The local stand-in for a Vertex CustomJob: one process per replica of each worker pool.
 
-Given the same `worker_pool_specs` Vertex receives, it starts every replica of pools 0 and 1 as
-a process running the spec's command and args (the trainer from this checkout instead of the
-image: `python` becomes this interpreter) with the environment Vertex gives a container:
-`TF_CONFIG` (chief = pool 0, worker = pool 1), `CLUSTER_SPEC`, `AIP_MODEL_DIR`,
-`AIP_CHECKPOINT_DIR`, `AIP_TENSORBOARD_LOG_DIR` (from the base output directory),
-`CLOUD_ML_PROJECT_ID` and `CLOUD_ML_JOB_ID`, on free loopback ports. Also `TMPDIR`, a folder
-of the job's (`<log_dir>/.tmp/<replica>`) deleted after every attempt: on Vertex a replica's
-temporary files die with its container; here they would stay in /tmp after a SIGKILL
-(TensorFlow's autograph, for one, writes its generated modules there).
+Given the same `worker_pool_specs` Vertex receives, it runs every replica of pools 0 and 1 as a
+process of the spec's command and args (`python` becomes this interpreter: the checkout's trainer
+stands in for the image) with the environment Vertex gives a container (`replica_env`), on free
+loopback ports. Also `TMPDIR=<log_dir>/.tmp/<replica>`, deleted after every attempt: on Vertex a
+replica's temporary files die with its container; here they would stay in /tmp after a SIGKILL
+(TensorFlow's autograph writes its generated modules there).
 
-Each replica's output is prefixed on screen and saved to `<log_dir>/<role>-<index>.log`. The
-job has a timeout; no replica outlives it, whatever ends it (failure, timeout, Ctrl-C, SIGTERM,
-`cancel`; and SIGKILL of the runner through PR_SET_PDEATHSIG on Linux). Stopping the replicas
-sends them SIGTERM, waits `grace_seconds` for them to save their backup and exit, then SIGKILLs
-what is left.
+Each replica's output is prefixed on screen and saved to `<log_dir>/<role>-<index>.log`. No
+replica outlives the job, whatever ends it (failure, timeout, Ctrl-C, SIGTERM, `cancel`; SIGKILL
+of the runner through PR_SET_PDEATHSIG on Linux): SIGTERM, `grace_seconds` to save the backup,
+then SIGKILL.
 
-Restarts, as on Vertex (docs/contracts.md, section 7). A replica killed by a signal, or exiting
-with status 143 (`TERMINATED`: it stopped on SIGTERM after saving its backup), is what a VM
-restart looks like. With `restart_job_on_worker_restart` the whole job is restarted and the
-trainer resumes from its backup in AIP_CHECKPOINT_DIR; without it that replica alone is started
-again, as Vertex restarts a replica on a new VM whatever that setting (the preparation job's
-case). Either way at most `max_restarts` times, after which the job fails with an error naming
-the replica and the signal (`killed by signal 9 (SIGKILL) after 3 restart(s)`). A replica that
-exits with any other non-zero status fails the job.
-
-Its parts: what Vertex accepts of the specs and their env (`local.specs`), no silent CPU training
-(`local.gpus`), out of memory told apart from a preemption (`local.memory`).
+Restarts, as on Vertex (docs/contracts.md, section 7): a replica killed by a signal, or exiting
+143 (`TERMINATED`), is a VM restart: the whole job restarts with `restart_job_on_worker_restart`
+(the trainer resumes from AIP_CHECKPOINT_DIR), else that replica alone, as Vertex restarts a
+replica on a new VM whatever that setting; at most `max_restarts` times. Any other non-zero exit
+fails the job.
 """
 
 from __future__ import annotations
@@ -71,10 +61,9 @@ class ReplicaOutOfMemoryError(JobFailed):
     The message's first line names the replica, its peak memory, the limit and what to lower."""
 
 
-# The exit status of a trainer replica that stopped on SIGTERM after saving its backup
-# (trainer.callbacks.TERMINATED_EXIT_CODE: 128 + SIGTERM, what TensorFlow's
-# PreemptionCheckpointHandler exits with on Google Cloud). This layer does not import the
-# trainer; tests/local/test_jobs.py checks the two are equal.
+# A trainer replica's exit after saving its backup on SIGTERM (trainer.callbacks.TERMINATED_EXIT_CODE:
+# 128 + SIGTERM, as TensorFlow's PreemptionCheckpointHandler exits on Google Cloud; not imported
+# here: tests/local/test_jobs.py checks the two are equal).
 TERMINATED = 143
 
 
@@ -132,8 +121,7 @@ def free_ports(n: int) -> list[int]:
 
 
 def refuse_missing_gpus(specs: Sequence[Mapping[str, Any]], gpus: Sequence[str]) -> None:
-    """Raises GpusMissing (one line) when a pool this runner starts (0 and 1) asks for more GPUs
-    per replica than `gpus` (`local_gpus`): before any process starts."""
+    """Raises GpusMissing when pool 0 or 1 asks for more GPUs per replica than `gpus`."""
     for pool, spec in enumerate(specs[: len(ROLES)]):
         machine = (spec or {}).get("machine_spec", {})
         asked = int(machine.get("accelerator_count", 0) or 0)
@@ -215,8 +203,7 @@ def replica_env(
 
 
 def _with_parent_death_signal(command: Sequence[str]) -> list[str]:
-    """Each replica is SIGKILLed by Linux when the runner dies (local/lifeline.py: an exec shim,
-    so the pid started is the replica's own after exec)."""
+    """SIGKILLed by Linux when the runner dies (an exec shim: the pid started is the replica's)."""
     return lifeline.with_parent_death_signal(command, signal.SIGKILL)
 
 
@@ -268,10 +255,9 @@ class _Running:
 
     @property
     def code(self) -> int | None:
-        """Its exit status once it has ended (negative: the signal that killed it), None while it
-        runs. On Linux each call also follows its peak memory (module docstring): `VmHWM` while
-        it runs; once it has ended, reaped with `os.wait4`, `ru_maxrss` where it exceeds the
-        runner's own peak (below that, it may be the runner's, inherited through fork and exec)."""
+        """Its exit status (negative: the killing signal), None while it runs. On Linux each call
+        also follows its peak memory (`local.memory`'s docstring): `VmHWM` while it runs, then
+        `os.wait4`'s `ru_maxrss` where it exceeds the runner's own peak."""
         assert self.process is not None
         if self.process.returncode is None and sys.platform.startswith("linux"):
             try:
@@ -288,7 +274,7 @@ class _Running:
         return self.process.poll()
 
     def _read_hwm(self) -> None:
-        """`VmHWM` of the running replica: the peak of its resident memory since its exec."""
+        """`VmHWM`: the peak of its resident memory since its exec."""
         assert self.process is not None
         with contextlib.suppress(OSError, ValueError, IndexError):
             for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
@@ -329,9 +315,7 @@ def _signal_group(process: subprocess.Popen[str], signum: int) -> None:
 
 
 def _stop_all(running: Sequence[_Running], grace: float) -> None:
-    """SIGTERM to every replica still running, `grace` seconds for them to save and exit (the
-    trainer backs up at once and exits with TERMINATED), then SIGKILL. A second Ctrl-C while
-    waiting SIGKILLs at once."""
+    """SIGTERM, `grace` seconds to save and exit, then SIGKILL (at once on a second Ctrl-C)."""
     processes = [r.process for r in running if r.process is not None]
     try:
         for process in processes:
@@ -363,10 +347,10 @@ _SIGTERM = threading.Event()
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (kfp.local or a CI runner stopping us) unwinds like Ctrl-C, so replicas stop too.
-    The handler's exception can be dropped by Python (raised inside a `__del__`, a weakref
-    callback, C code that clears errors: trainer.prepare.sigterm_unwinds says how it was found), so
-    the signal is also recorded and the supervising loop raises it again; a second SIGTERM during
-    the clean-up (stopping the replicas) does not cut it short."""
+    Python can drop the handler's exception (raised in a `__del__`, a weakref callback, C code
+    that clears errors: trainer.prepare.sigterm_unwinds), and its own SIGINT handler's alike, so
+    both signals are also recorded and the supervising loop raises them again; a second one
+    during the clean-up does not cut it short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -376,8 +360,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
             _SIGTERM.set()
             raise KeyboardInterrupt(f"signal {signum}")
 
-    # Ctrl-C too: Python's own SIGINT handler raises KeyboardInterrupt the same way, and loses it
-    # the same way; recorded, the supervising loop raises it again.
     _SIGTERM.clear()
     previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -389,7 +371,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _restartable(code: int) -> bool:
-    """Killed by a signal, or stopped on SIGTERM after saving: what a VM restart looks like."""
     return code < 0 or code == TERMINATED
 
 
@@ -419,8 +400,7 @@ class _Job:
 
     def attempt(self, number: int) -> tuple[str, _Running | None]:
         """One run of every replica: ("ok"|"restart"|"failed"|"oom"|"timeout", the replica to
-        blame). A replica that is restartable restarts alone here when the job is not restarted
-        whole; one that ran out of memory ("oom") is not restartable."""
+        blame); a restartable replica restarts alone here when the job is not restarted whole."""
         ports = free_ports(len(self.reps))
         addresses: dict[str, list[str]] = {}
         for rep, port in zip(self.reps, ports, strict=True):
@@ -504,11 +484,9 @@ def run_job(
     memory: MemoryProbe | None = None,
 ) -> JobResult:
     """Runs the job to completion; raises JobFailed naming the replica and its log tail
-    (JobCancelled when `cancel` is set: the replicas get SIGTERM, then SIGKILL after
-    `grace_seconds`, and are not restarted; ReplicaOutOfMemoryError, at once, when a replica ran
-    out of memory: `memory` says where to read the cgroup's counters, default the real files).
-    Raises ValueError before starting anything when the specs would be refused, GpusMissing (one
-    line) when a pool asks for GPUs this machine lacks."""
+    (JobCancelled when `cancel` is set, never restarted; ReplicaOutOfMemoryError at once, judged
+    from the files `memory` names), or ValueError (specs Vertex would refuse) or GpusMissing
+    before any start."""
     stream = out or sys.stdout
     seconds = parse_duration(timeout)
     reps = replicas(worker_pool_specs, log=lambda m: stream.write(f"[{display_name}] {m}\n"))

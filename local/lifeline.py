@@ -3,12 +3,10 @@
 Linux's `prctl(PR_SET_PDEATHSIG, sig)` asks the kernel to send `sig` to a process when its parent
 thread ends, SIGKILL of the parent included, and the setting survives `execve` (prctl(2): "This
 value is preserved across execve(2)", except for set-user-ID programs). It is cleared in a fork's
-child, so every level of a process tree sets it for itself: `make run`'s steps (local/lifeline
-through launch.kfp_local) and each step's replicas (local.jobs).
-
-It is set by a small exec shim, not a `preexec_fn`: running Python between fork and exec crashes
-when gRPC is loaded (the launcher and the tuner load aiplatform's types) and forces a plain fork.
-Elsewhere than Linux the command runs unchanged.
+child, so every level sets it for itself: `make run`'s steps (launch.kfp_local) and each step's
+replicas (local.jobs). It is set by a small exec shim, not a `preexec_fn`: running Python between
+fork and exec crashes when gRPC is loaded (the launcher and the tuner load aiplatform's types) and
+forces a plain fork. Elsewhere than Linux the command runs unchanged.
 """
 
 from __future__ import annotations

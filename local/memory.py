@@ -1,15 +1,13 @@
 """Out of memory, as on Vertex (`local.jobs.ReplicaOutOfMemoryError`): a replica the kernel's OOM
 killer ended is not restarted, the job fails at once with Vertex's words (`ran out-of-memory`), the replica's peak
 memory, the memory this machine allows and what to lower. It is told apart from a preemption-like
-SIGKILL by the `oom_kill` counter of the runner's memory cgroup (which its replicas inherit):
-cgroup v2 `memory.events`, or v1 `memory.oom_control`, read when the replica starts and after it
-died (`MemoryProbe`, whose paths tests replace). Where no counter can be read, a SIGKILL of a
-replica whose peak reached `OOM_PEAK_FRACTION` of that memory counts as out of memory, and the
-message says it was judged so. The peak is the kernel's high-water mark of the replica's resident
-memory: `VmHWM` of `/proc/<pid>/status`, read while it runs (the runner's exec shim, `local.jobs`, keeps the pid:
-the process started is the replica, and exec gives it a memory map of its own), and `os.wait4`'s
-`ru_maxrss` when it is reaped, which also covers its last moments but starts from the runner's own
-peak (fork and exec carry the parent's high-water mark into it), so counts only above that.
+SIGKILL by the `oom_kill` counter of the runner's memory cgroup, which its replicas inherit
+(`MemoryProbe`), read when the replica starts and after it died; where none can be read, by a
+peak of at least `OOM_PEAK_FRACTION` of the memory limit, and the message says it was judged so.
+The peak is the replica's `VmHWM` (`/proc/<pid>/status`), read while it runs (`local.jobs`'s exec
+shim keeps the pid, and exec gives the replica a memory map of its own), and `os.wait4`'s
+`ru_maxrss` when it is reaped, which also covers its last moments but starts from the runner's
+own peak (fork and exec carry the parent's high-water mark into it), so counts only above that.
 """
 
 from __future__ import annotations
@@ -22,18 +20,16 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-# What Vertex AI does when a replica runs out of memory. Its error reads "The replica
-# workerpool0-0 ran out-of-memory and exited with a non-zero status of 9(SIGKILL)": the training
-# service's wording since AI Platform Training ("The replica master 0 ran out-of-memory and exited
-# with a non-zero status of 9(SIGKILL)", reported in tensorflow/models#5591 and #9352), with
-# Vertex's replica names ("The replica workerpool1-1 exited with a non-zero status of 1.
-# Termination reason: Error.", GoogleCloudPlatform/vertex-ai-samples#1504). Google's "Understand
-# the custom training service" (https://cloud.google.com/vertex-ai/docs/training/understanding-training-service,
-# "Restart workers during the training job") restarts a worker that exits non-zero, except for an
-# error of its "common errors" list, which is permanent and shuts the whole job down. Whether
-# running out of memory is on that list the page as found here does not show; the reports above
-# end with the job failed on that error. Restarting a replica that holds the same batch would run
-# out of memory again, so here it is permanent: the job fails at once, never restarted.
+# Vertex AI's error for a replica out of memory: the training service's wording since AI Platform
+# Training ("The replica master 0 ran out-of-memory and exited with a non-zero status of
+# 9(SIGKILL)", tensorflow/models#5591 and #9352) with Vertex's replica names ("The replica
+# workerpool1-1 exited with a non-zero status of 1. Termination reason: Error.",
+# GoogleCloudPlatform/vertex-ai-samples#1504). Google's "Understand the custom training service"
+# (https://cloud.google.com/vertex-ai/docs/training/understanding-training-service, "Restart
+# workers during the training job") restarts a worker that exits non-zero unless its error is on
+# the "common errors" list (permanent: the whole job shuts down); whether out of memory is, the
+# page does not show, and the reports above end with the job failed. A replica holding the same
+# batch would run out of memory again, so here it is permanent: the job fails at once.
 VERTEX_OOM_WORDS = "The replica {pool} ran out-of-memory and exited with a non-zero status of 9(SIGKILL)"
 OOM_PEAK_FRACTION = 0.4
 """Only where no cgroup `oom_kill` counter can be read: a replica killed by SIGKILL whose peak
@@ -53,20 +49,17 @@ def _size(n: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class MemoryProbe:
-    """Where the runner reads what tells an out-of-memory kill apart from a preemption: the
-    runner's cgroups (`proc_cgroup`, a `/proc/<pid>/cgroup` file), the cgroup mount
-    (`cgroup_root`) and `/proc/meminfo`. The defaults are the real files; tests point them at
-    fakes."""
+    """Where the runner reads what tells an out-of-memory kill apart from a preemption: its
+    cgroups (`proc_cgroup`), the cgroup mount and `/proc/meminfo`; tests point them at fakes."""
 
     proc_cgroup: str = "/proc/self/cgroup"
     cgroup_root: str = "/sys/fs/cgroup"
     meminfo: str = "/proc/meminfo"
 
     def _paths(self) -> tuple[str, str]:
-        """This process's cgroup v2 path and cgroup v1 memory-controller path ("/" if unknown).
-        `trainer.data.cgroup_memory_limit` parses the same file for the trainer's cache budget:
-        the layers keep them apart (the trainer imports only itself; local never imports the
-        trainer), so the few lines are written twice on purpose."""
+        """This process's cgroup v2 path and v1 memory-controller path ("/" if unknown). Written
+        twice on purpose: `trainer.data.cgroup_memory_limit` parses the same file, and neither
+        layer imports the other."""
         v2, v1 = "/", "/"
         with contextlib.suppress(OSError):
             for line in Path(self.proc_cgroup).read_text(encoding="utf-8").splitlines():
@@ -111,7 +104,7 @@ class MemoryProbe:
         return None
 
     def oom_kills_in(self, file: str) -> int | None:
-        """The count in the same file as before (a replica's start and its death compare one file)."""
+        """The count in `file` (a replica's start and its death compare one file)."""
         with contextlib.suppress(OSError):
             for line in Path(file).read_text(encoding="utf-8").splitlines():
                 key, _, value = line.strip().partition(" ")
@@ -120,9 +113,8 @@ class MemoryProbe:
         return None
 
     def memory_limit(self) -> tuple[int, str]:
-        """The memory a replica started here may use: the lowest cgroup limit of this process's
-        cgroup and its ancestors (v2 `memory.max`, v1 `memory.limit_in_bytes`), else the
-        machine's `MemTotal`; and where that came from."""
+        """The memory a replica started here may use, and where that came from: the lowest
+        limit of this cgroup and its ancestors, else the machine's `MemTotal`."""
         v2, v1 = self._paths()
         root = Path(self.cgroup_root)
         files = []
@@ -159,10 +151,9 @@ def out_of_memory(
     peak: int | None,
     limit: int,
 ) -> str | None:
-    """How a replica's death was recognised as out of memory, or None when it was not: killed by
-    SIGKILL (what the OOM killer sends) while the cgroup's `oom_kill` counter (`kills`: before,
-    after, file) went up; where no counter was read, killed by SIGKILL with a peak of at least
-    OOM_PEAK_FRACTION of `limit`."""
+    """How a replica's death was recognised as out of memory, or None: SIGKILL (what the OOM
+    killer sends) while the `oom_kill` counter (`kills`: before, after, file) went up; where no
+    counter was read, SIGKILL with a peak of at least OOM_PEAK_FRACTION of `limit`."""
     if code != -signal.SIGKILL:
         return None
     if kills is not None:
@@ -179,11 +170,9 @@ def out_of_memory(
 
 
 def memory_hint(command: Sequence[str]) -> str:
-    """What to lower when a replica running `command` ran out of memory, in the flags of that
-    command (the pipeline parameters of the same names) and the pipeline's own parameters where a
-    flag has none (prepare_engine, prepare_machine_type): a training replica holds a batch of
-    images and the model's activations for it; a preparation or evaluation replica holds decoded
-    images, not a batch of the model's."""
+    """What to lower when a replica running `command` ran out of memory: its flags (pipeline
+    parameters of the same names), else pipeline parameters. A training replica holds a batch of
+    images and its activations; a preparation or evaluation replica, decoded images."""
     if "trainer.prepare" in command:
         return (
             "--image_size, or prepare_engine=beam (--engine beam), whose worker processes each hold "
@@ -195,9 +184,8 @@ def memory_hint(command: Sequence[str]) -> str:
 
 
 def out_of_memory_message(display_name: str, culprit: Any, restarts: int) -> str:
-    """One line saying that the replica `culprit` (the job runner's, `local.jobs`) ran out of
-    memory (Vertex's words), its peak, the limit, how that was known and what to lower; then its
-    log tail, as for any failed replica."""
+    """One line: `culprit` (a `local.jobs` replica) ran out of memory (Vertex's words), its peak,
+    the limit, how that was known and what to lower; then its log tail."""
     assert culprit.oom is not None
     how, limit, where = culprit.oom
     rep = culprit.replica

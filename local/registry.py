@@ -1,19 +1,16 @@
 """The local model registry's file access: every read and write of `<registry_dir>/<model>/`
 goes through here (plain Python, no kfp: the components of `local.steps` import it in their
 bodies). A registry folder may be shared by a team, so whoever can write it must not be able to
-turn the next user's run against that user's files:
+turn the next user's run against that user's files (docs/guarantees.md, the registry rows):
 
-- nothing is opened through a symbolic link: folders and files are opened relative to their
-  parent's descriptor with `O_NOFOLLOW`; the registry folder, the model's folder, the lock,
-  aliases.json and a version's folder are refused, named, when they are links;
-- files and folders are created with `O_CREAT | O_EXCL` (`mkdir`) under unpredictable names
-  (the registry's `.staging-*`, `.aliases.json.*.tmp`), never opened for writing when they exist
-  already: the lock is opened read-only and never truncated; only entries this process created
-  are renamed (a version's staging folder, aliases.json's temporary file);
-- everything read goes through one validator, `load`, that names the damaged file and how to
-  repair it; an alias is accepted only as the registry writes it (a version number: "1", "2"...);
-- a champion whose files are damaged (`Unusable`) is "no usable champion": the caller says so
-  and goes on without it, so a damaged version never blocks the registry.
+- nothing is opened through a symbolic link: everything is opened relative to its parent's
+  descriptor with `O_NOFOLLOW`, and a link is refused, named;
+- new files and folders are created with `O_CREAT | O_EXCL` (`mkdir`) under unpredictable names
+  (`.staging-*`, `.aliases.json.*.tmp`), and only those are renamed into place; the lock is
+  opened read-only, never truncated;
+- everything read goes through one validator, `load`, naming the damaged file and its repair; an
+  alias is accepted only as the registry writes it (a version number: "1", "2"...);
+- a damaged champion (`Unusable`) is "no usable champion": the caller goes on without it.
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ from typing import Any
 # lowercase).
 VERSION = re.compile(r"[1-9][0-9]{0,8}")
 ALIAS = re.compile(r"[a-z][a-z0-9_-]{0,62}")
-# The keys of the trainer's metrics.json checked here; `local.steps.METRICS_READ` names the same
-# (tests/local/test_registry_hardening.py checks they agree; tests/test_contracts.py checks that
-# list against the trainer's).
+# The metrics.json keys checked here, `local.steps.METRICS_READ`'s (tests/local/test_registry_hardening.py
+# checks they agree).
 METRICS_KEYS = ("test_accuracy", "class_names")
 MAX_JSON_BYTES = 16 * 1024 * 1024
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -68,7 +64,6 @@ def check_alias(alias: str) -> str:
 
 
 def _what(dir_fd: int, name: str, err: OSError | None = None) -> str:
-    """What the entry `name` is, when it cannot be used as asked."""
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -89,8 +84,8 @@ def _what(dir_fd: int, name: str, err: OSError | None = None) -> str:
 
 
 def open_folder(dir_fd: int | None, name: str, path: str, fix: str, create: bool = False) -> int | None:
-    """The folder `name` in the folder open as `dir_fd` (`path` is its full path, for messages),
-    opened without following a link; created first when `create`; None when it is missing."""
+    """The folder `name` in `dir_fd` (`path`: its full path, for messages), opened without
+    following a link; created first when `create`; None when it is missing."""
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o777, dir_fd=dir_fd)
@@ -132,8 +127,7 @@ def open_model(registry_fd: int, registry_dir: str, folder: str, create: bool) -
 
 
 def make_model(registry_dir: str, folder: str) -> int:
-    """The model's folder `folder` of the registry `registry_dir`, both created when missing and
-    opened without following a link (for a registration)."""
+    """The model's folder, for a registration: both folders created when missing."""
     registry_fd = open_registry(registry_dir, create=True)
     path = os.path.join(os.path.abspath(registry_dir), folder)
     if registry_fd is None:
@@ -149,8 +143,7 @@ def make_model(registry_dir: str, folder: str) -> int:
 
 @contextlib.contextmanager
 def locked(model_fd: int, model_path: str) -> Iterator[None]:
-    """The model's lock (`fcntl.flock` on `.lock`, a plain empty file): opened read-only, created
-    if missing, never written or truncated, never through a link."""
+    """The model's lock (`fcntl.flock` on `.lock`, a plain empty file), never written."""
     path = os.path.join(model_path, ".lock")
     fix = f"the lock must be a plain file, which the registry creates: remove {path} and run again"
     try:
@@ -222,11 +215,9 @@ CHECKS = {"aliases": _check_aliases, "metrics": _check_metrics, "version": _chec
 
 
 def load(dir_fd: int, name: str, where: str, kind: str, fix: str, missing_ok: bool = False) -> Any:
-    """The JSON document `name` of the folder open as `dir_fd` (at `where`), checked as `kind`
-    (aliases, metrics, version): a plain file opened without following a link, at most
-    MAX_JSON_BYTES, valid JSON of the form the registry writes. Raises `Damaged` naming the file,
-    what is wrong and `fix` (formatted with the file's `path`); when it is missing, returns None
-    if `missing_ok`."""
+    """The JSON document `name` of `dir_fd` (at `where`), checked as `kind` (`CHECKS`): a plain
+    file, at most MAX_JSON_BYTES, of the form the registry writes. Raises `Damaged` naming the
+    file, what is wrong and `fix` (formatted with its `path`); None if missing and `missing_ok`."""
     path = os.path.join(where, name)
     fix = fix.format(path=path)
     try:
@@ -271,10 +262,9 @@ class Unusable(Exception):
 def read_version(
     model_fd: int, model_path: str, version: str, alias: str
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(SavedModel folder, metrics.json, version.json) of `version`, every file checked: version.json, the
-    SavedModel's files against the sizes and sha256 recorded at registration (a saved_model.pb
-    that is a non-empty plain file for versions registered before they were recorded),
-    metrics.json's test_accuracy and class_names. Raises `Unusable` naming what is damaged."""
+    """(SavedModel folder, metrics.json, version.json) of `version`, every file checked: the
+    SavedModel's files against the sizes and sha256 recorded (a non-empty saved_model.pb where
+    none were), metrics.json's keys. Raises `Unusable` naming what is damaged."""
     root = os.path.join(model_path, version)
     fix = (
         f"restore {root} from a copy, or put {alias} on a sound version (edit "
@@ -358,8 +348,8 @@ def _check_file(model_fd: int, model: str, relative: str, expected: dict[str, An
 
 
 def next_version(model_fd: int, taken: list[str]) -> str:
-    """One more than every version folder (whatever it is) and every version in `taken` (the
-    aliases): a version number is never given twice, even when its folder was lost."""
+    """One more than every version folder and every version in `taken` (the aliases): a number
+    is never given twice, even when its folder was lost."""
     numbers = [int(v) for v in [*os.listdir(model_fd), *taken] if VERSION.fullmatch(v)]
     return str(max(numbers, default=0) + 1)
 
@@ -396,8 +386,8 @@ def _copy_tree(source: str, dst_fd: int, prefix: str, files: dict[str, dict[str,
 
 
 def _write_new(dir_fd: int, name: str, data: bytes) -> None:
-    """A new file `name` (`O_EXCL`: FileExistsError if anything is there, a link included),
-    removed again if it cannot be written whole."""
+    """A new file (`O_EXCL`: FileExistsError if anything, a link included, is there), removed
+    again if it cannot be written whole."""
     fd = os.open(name, _CREATE, 0o666, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -413,14 +403,12 @@ def _write_new(dir_fd: int, name: str, data: bytes) -> None:
 def publish(
     model_fd: int, model_path: str, source: str, record: dict[str, Any], aliases: dict[str, str]
 ) -> tuple[str, str]:
-    """Copies the SavedModel folder `source` as the next version, with `record` (and the sizes and
-    sha256 of its files) as version.json: into a staging folder of an unpredictable name made
-    with `mkdir` (fails if anything is there), renamed into place once complete. Call it under
-    the lock. Returns (version, its folder)."""
+    """Copies the SavedModel folder `source` as the next version, with `record` (and its files'
+    sizes and sha256) as version.json, through a staging folder renamed into place once
+    complete. Call it under the lock. Returns (version, its folder)."""
     version = next_version(model_fd, list(aliases.values()))
-    # A staging folder still here was left by a registration that was killed mid-copy: the lock
-    # held now says none is running. Real folders of the registry's own naming only (a link or a
-    # file of that name is left alone); the fd-based rmtree follows no link inside.
+    # A staging folder still here was left by a registration killed mid-copy (the lock says none
+    # runs). Real folders only; the fd-based rmtree follows no link inside.
     for name in os.listdir(model_fd):
         if re.fullmatch(r"\.staging-[0-9a-f]{16}", name) and stat.S_ISDIR(
             os.lstat(name, dir_fd=model_fd).st_mode
@@ -463,8 +451,8 @@ def publish(
 
 
 def write_aliases(model_fd: int, aliases: dict[str, str]) -> None:
-    """aliases.json replaced atomically by a new file of an unpredictable name (`O_EXCL`); the
-    rename replaces the entry aliases.json, never what a link there points to."""
+    """aliases.json replaced atomically by a new file; the rename replaces the entry, never what
+    a link there points to."""
     problem = _check_aliases(aliases)
     if problem:
         raise RegistryError(f"local registry: refusing to write aliases that {problem}")

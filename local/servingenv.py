@@ -1,15 +1,11 @@
 """Python environments with the TensorFlow of a serving image, for checks that must run under it.
 
 Vertex AI's prebuilt TensorFlow prediction images stop at TensorFlow 2.15, older than the
-trainer's. `python_for("2.15")` returns the interpreter of a virtual environment with that
-TensorFlow (CPU build) and what `python -m trainer.serve` needs, nothing from the project's lock:
-
-    .cache/serving-tf-2.15/bin/python -m trainer.serve --model_dir DIR
-
-It is made with uv on first use under `<checkout>/.cache/serving-tf-<version>/` (gitignored):
-built in a temporary folder and renamed into place, under a lock so that concurrent callers
-build it once; a stamp holding the exact pins makes later calls instant, and a change of pins
-rebuilds it. uv is found as the Makefile finds it: on PATH, else ~/.local/bin/uv.
+trainer's (docs/facts.md, fact 22). `python_for("2.15")` returns the interpreter of a virtual
+environment with that TensorFlow (CPU build) and what `python -m trainer.serve` needs, made with
+uv on first use under `<checkout>/.cache/serving-tf-<version>/` (gitignored): built in a
+temporary folder and renamed into place under a lock (concurrent callers build it once); a stamp
+of the exact pins makes later calls instant, and a change of pins rebuilds it.
 
     python -m local.servingenv 2.15     # makes it if needed; prints the interpreter
 """
@@ -32,10 +28,9 @@ from local import ROOT
 
 CACHE_DIR = ROOT / ".cache"
 
-# TensorFlow version of a serving image -> what its environment installs. The newest patch of the
-# minor that installs on Python 3.11 from PyPI (checked with `uv pip install`), and numpy at the
-# version that TensorFlow resolves to there (2.15 needs numpy < 2). CPU builds: the check runs
-# anywhere, and the prebuilt image's GPU variant runs the same graph.
+# A serving image's TensorFlow -> what its environment installs: the minor's newest patch that
+# installs on Python 3.11 from PyPI, and the numpy TensorFlow resolves to there (2.15 needs
+# numpy < 2). CPU builds: the check runs anywhere, and the GPU variant runs the same graph.
 PINS: dict[str, tuple[str, ...]] = {
     "2.15": ("tensorflow-cpu==2.15.1", "numpy==1.26.4"),
     "2.20": ("tensorflow-cpu==2.20.0", "numpy==2.4.6"),
@@ -46,7 +41,7 @@ STAMP = ".serving-env.json"
 
 
 class ServingEnvError(RuntimeError):
-    """The environment cannot be made: uv is missing, or the install failed."""
+    """uv is missing, or the install failed."""
 
 
 def requirements(tf_version: str) -> tuple[str, ...]:
@@ -74,7 +69,7 @@ def find_uv() -> Path:
 
 
 def _base_python() -> str:
-    """The interpreter uv builds the environment on: this one when it is PYTHON, else uv's pick."""
+    """This interpreter when it is PYTHON, else uv's pick."""
     if f"{sys.version_info.major}.{sys.version_info.minor}" == PYTHON:
         return sys.executable
     return PYTHON
@@ -112,8 +107,8 @@ def _run(uv: Path, args: list[str], what: str) -> None:
 
 
 def python_for(tf_version: str, out: TextIO = sys.stdout, *, cache_dir: Path | None = None) -> Path:
-    """The interpreter of the serving environment for TensorFlow `tf_version` (a PINS key),
-    made under `cache_dir` (default <checkout>/.cache) the first time it is asked for."""
+    """The serving environment's interpreter for TensorFlow `tf_version` (a PINS key), made
+    under `cache_dir` the first time."""
     pins = requirements(tf_version)
     cache = Path(cache_dir) if cache_dir is not None else CACHE_DIR
     folder = cache / f"serving-tf-{tf_version}"

@@ -3,9 +3,7 @@ anything: each pool parses into the real `aiplatform_v1.WorkerPoolSpec` (`check_
 
 Each pool's `container_spec.env` (aiplatform_v1 `EnvVar{name, value}`; the trainer pools carry
 their GPU request there, `TRAINER_POOL_*`) reaches its replicas as Vertex passes it to the
-container. A name Vertex sets itself (`AIP_*`, `CLOUD_ML_*`, `TF_CONFIG`, `CLUSTER_SPEC`), a name
-that is no C identifier, or a value with a `$(VAR_NAME)` reference (Vertex expands those, this
-runner does not) is refused before anything starts.
+container, less what `container_env` refuses before anything starts.
 """
 
 from __future__ import annotations

@@ -2,18 +2,9 @@
 for and runs it on this machine, as strictly as Vertex (see
 docs/guarantees.md#the-local-target-is-as-strict-as-vertex).
 
-    check_build_context   for build_trainer_image (Cloud Build): checks the context, builds nothing
-    local_custom_job      for CustomTrainingJobOp: one process per replica (`local.jobs`)
-    local_tuning_job      for HyperparameterTuningJobRunOp: real trials chosen by Optuna (`local.tuner`)
-    local_best_trial      for best_trial: the same rule on the local trials table
-    local_find_champion   for find_champion, on the registry folder
-    local_upload_model    for ModelUploadOp + the alias move: a serving check, then a new version,
-                          and the champion alias decided again under the registry's lock
-
 Their bodies run in kfp.local's executor, where `kfp.dsl` has no decorators: they import only
 plain modules (`local.jobs`, `local.tuner`, `local.servingenv`, `local.registry`,
-`components.buildcontext`);
-helpers from `components` travel as `additional_funcs`.
+`components.buildcontext`); helpers from `components` travel as `additional_funcs`.
 """
 
 from typing import NamedTuple
@@ -39,13 +30,10 @@ from components.servingimage import (
 )
 from components.tuning import pick_best_trial
 
-# The keys of the trainer's metrics.json the local registry reads (`champion_record`, for
-# `local_find_champion` and `local_upload_model`, and `register_version`). trainer/contract.py
-# declares what the trainer writes (this layer does not import the trainer);
-# tests/test_contracts.py checks this list against it and against the code below.
+# The keys of the trainer's metrics.json (`champion_record`, `register_version`) and of the
+# evaluation job's evaluation.json (`local_upload_model`) read here: tests/test_contracts.py checks
+# them against trainer/contract.py (not imported by this layer) and against the code below.
 METRICS_READ = ("test_accuracy", "class_names")
-# The keys of the evaluation job's evaluation.json `local_upload_model` records (its top level and
-# each model's entry), checked the same way against trainer/contract.py.
 EVALUATION_READ = (
     "split",
     "dataset_fingerprint",
@@ -89,15 +77,10 @@ def check_build_context(
     dataflow_image_uri=str,
     cpu_image_uri=str,
 ):
-    """Local form of the image build: checks the checkout's build context and computes the tag
-    the Vertex build would give it. Nothing is built: local jobs run this checkout's trainer.
-    The outputs name the images the Vertex build would make (`components.image`):
-    `serving_image_uri` is the serving image's tagged name when `serving_image` resolves to
-    `custom` on this run's date (`resolve_serving_image`, the same decision), else "";
-    `training_image_uri` the reduction-server image's when `reduction_server_count` > 0;
-    `dataflow_image_uri` the dataflow image's when `prepare_engine` is `beam` (the local
-    preparation job runs Beam's DirectRunner in this checkout's environment instead);
-    `cpu_image_uri` the cpu image's (the local CPU jobs run this checkout's environment too)."""
+    """Local form of the image build: checks the build context and computes the tag the Vertex
+    build would give it; builds nothing (local jobs, Beam's DirectRunner too, run in this checkout's
+    environment). The outputs name the images the Vertex build would make (`components.image`),
+    the serving image by the same decision (`resolve_serving_image`)."""
     import collections
 
     from components.buildcontext import context_members
@@ -135,8 +118,7 @@ def local_custom_job(
     restart_job_on_worker_restart: bool = False,
     max_restarts: int = 3,
 ) -> NamedTuple("Outputs", attempts=int, seconds=float):
-    """Local form of `CustomTrainingJobOp`: the same worker pool specs, one process per
-    replica, Vertex's environment (see `local.jobs`)."""
+    """Local form of `CustomTrainingJobOp` (`local.jobs`)."""
     import collections
     import os
 
@@ -173,9 +155,8 @@ def local_tuning_job(
     seed: int = 0,
     timeout: str = "3600s",
 ) -> int:
-    """Local form of `HyperparameterTuningJobRunOp`: real trials chosen by Optuna from the same
-    study spec (see `local.tuner`), seeded with the run's `seed` (Vertex's Vizier takes none).
-    `trials` gets the trials table; returns its size."""
+    """Local form of `HyperparameterTuningJobRunOp` (`local.tuner`), seeded with the run's `seed`
+    (Vertex's Vizier takes none). `trials` gets the trials table; returns its size."""
     import json
 
     from local import tuner
@@ -211,8 +192,7 @@ def local_best_trial(
     metric_id: str = "val_accuracy",
     goal: str = "MAXIMIZE",
 ) -> NamedTuple("Outputs", worker_pool_specs=list, hyperparameters=dict, trial_id=str, value=float):
-    """Local form of `best_trial`: the same rule, on the local tuner's trials table, and the
-    same writing of the best trial's values into the planned training job's flags."""
+    """Local form of `best_trial`, on the local tuner's trials table."""
     import collections
     import json
 
@@ -227,21 +207,18 @@ def local_best_trial(
     return Outputs(pools, resolved, best["trial_id"], best["value"])
 
 
-# --- the model registry, in a folder ---------------------------------------------------------
+# --- the model registry, in a folder (every file access through `local.registry`) ------------
 # <registry_dir>/<model folder>/<version>/model/  the SavedModel (and its metrics.json, config.json)
-# <registry_dir>/<model folder>/<version>/version.json  labels, serving image, metrics, gate,
-#     the alias decision, source, the sizes and sha256 of the SavedModel's files
+# <registry_dir>/<model folder>/<version>/version.json  the record, and its files' sizes and sha256
 # <registry_dir>/<model folder>/aliases.json  {"default": "1", "champion": "<version>"}
 # <registry_dir>/<model folder>/.lock  held (fcntl) while a version is added and the alias moved
-# Every file access goes through `local.registry` (no link followed, one validator).
 
 
 def champion_record(model_fd: int, model_dir: str, alias: str = "champion") -> dict:
-    """The `alias` version of the local registry's model folder `model_dir` (open as `model_fd`):
-    its `version`, its SavedModel folder `path`, and `test_accuracy` and `class_names` (from the
-    metrics.json beside its SavedModel); {} when there is no aliases.json or no such alias;
-    {"version", "unusable", "fix"} when that version is damaged (`local.registry.read_version`).
-    A damaged aliases.json raises `local.registry.Damaged`."""
+    """The `alias` version of the model folder `model_dir` (open as `model_fd`): `version`,
+    `path` (its SavedModel), and its metrics.json's `test_accuracy` and `class_names`; {} when
+    there is no aliases.json or no such alias; {"version", "unusable", "fix", "state"} when that
+    version cannot be used. A damaged aliases.json raises `local.registry.Damaged`."""
     from local import registry
 
     aliases = registry.read_aliases(model_fd, model_dir) or {}
@@ -274,22 +251,19 @@ def register_version(
     evaluated_champion: str = "",
     alias: str = "champion",
 ) -> tuple:
-    """Adds the SavedModel folder `model_path` to the local registry as the next version of
-    `model_display_name` and moves `alias` to it when it still deserves it; returns (version,
-    its folder, whether it took the alias, why).
+    """Adds the SavedModel folder `model_path` as the next version of `model_display_name` and
+    moves `alias` to it when it still deserves it; returns (version, its folder, whether it took
+    the alias, why).
 
-    All of it happens under the model's lock (`fcntl`): two concurrent runs never get the same
-    version, and the alias is never moved on a stale comparison. The gate (`promote`,
-    `gate_reason`) compared the model with `evaluated_champion` (the champion's version when the
-    run started; "" when there was none, or none usable), both evaluated on this run's test
-    split; another run may have moved the alias since. So under the lock the alias is read
-    again, and it moves only if the gate passed, the alias is still on the version the gate
-    compared with (Vertex's rule: `components.registry.record_on_version`), and the model is of the same task (class
-    names). A champion whose files are damaged counts as none (`champion_record`): the model
-    that passed the gate without it takes the alias, and the damaged version stays where it is.
-    The decision and its reason are recorded in version.json, with `details` (serving image,
-    labels, source, serving check, the gate's figures). A damaged aliases.json, lock or model
-    folder is refused before anything is written (`local.registry`)."""
+    All under the model's lock (`fcntl`): two concurrent runs never get the same version, and the
+    alias never moves on a stale comparison. The gate (`promote`, `gate_reason`) compared the
+    model with `evaluated_champion` (the champion's version when the run started; "": none, or
+    none usable); another run may have moved the alias since. So the alias moves only if the
+    gate passed, the alias is still on that version (Vertex's rule:
+    `components.registry.record_on_version`) and the model is of the same task (class names). A
+    damaged champion counts as none (it stays; a model the gate passed takes the alias). The
+    decision, its reason and `details` go into version.json. A damaged aliases.json, lock or
+    model folder is refused before anything is written."""
     import json
     import os
     import time
@@ -375,10 +349,8 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
     class_names=list,
 ):
     """Local form of `find_champion`, on the local registry folder: the champion's version, its
-    SavedModel folder and its class names ("", "" and [] when there is none). A champion whose
-    files are damaged is none: one line says so, with the path and the fix, and the run goes on
-    without comparing with it. A damaged registry (a link, aliases.json not as the registry
-    writes it) is refused, naming the file and the fix."""
+    SavedModel folder and its class names ("", "" and [] when there is none). A damaged champion
+    is none, said in one line with the path and the fix; a damaged registry is refused."""
     import collections
     import os
 
@@ -455,12 +427,8 @@ def local_upload_model(
     evaluation_dir: str,
 ) -> NamedTuple("Outputs", version=str, path=str, champion=bool):
     """Local form of `ModelUploadOp` and the gate's alias move (`registry.record_on_version`):
-    checks that the SavedModel serves (`python -m trainer.serve`, its `serving_default` on test
-    images, under the serving image's TensorFlow; for TensorFlow Serving, also that `artifact_uri`
-    would serve this very model), then registers it as the next version of `model_display_name`,
-    with the gate's `description` and figures (the evaluation job's `evaluation_dir`), and moves
-    the champion alias when `promote` and, under the registry's lock, the alias is still on
-    `evaluated_champion` (`register_version`)."""
+    checks that the SavedModel serves (`python -m trainer.serve` on test images, under the
+    serving image's TensorFlow), then registers it and moves the alias (`register_version`)."""
     import collections
     import json
     import os
@@ -470,9 +438,8 @@ def local_upload_model(
     from components import servingimage
     from local import jobs, servingenv
 
-    # Serve it the way the serving image would: under the TensorFlow of Vertex's prebuilt image
-    # (2.15 by default, not the trainer's 2.21: a model that loads only under a newer TF would
-    # upload to Vertex and then fail to deploy) or of the custom one, TensorFlow Serving, in an
+    # Under the serving image's TensorFlow (2.15 by default, not the trainer's 2.21: a model that
+    # loads only under a newer TF would upload to Vertex and then fail to deploy), in an
     # environment of its own; a user's image, under the trainer's TensorFlow.
     tf_serving = predict_route == servingimage.tf_serving_routes()["predict_route"]
     tf_version = servingimage.CUSTOM_SERVING_TF_VERSION if tf_serving else prebuilt_tf_version(serving_image)
@@ -495,7 +462,7 @@ def local_upload_model(
         text=True,
         check=False,
     )
-    if check.returncode < 0:  # killed (Ctrl-C, the OOM killer, kill -9): no verdict on the model
+    if check.returncode < 0:  # killed: no verdict on the model
         raise RuntimeError(
             f"the serving check of {model.path} (python -m trainer.serve under {under}) "
             f"{jobs.describe_exit(check.returncode)} before it finished: the model was not checked, "

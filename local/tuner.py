@@ -2,21 +2,17 @@
 
 It takes the same study spec the Vertex job gets (GCPC's `serialize_parameters` and
 `serialize_metrics` output, parsed with the real `aiplatform_v1.StudySpec` types) and honours
-parameter types, ranges and scales, the goal, the maximum, parallel and failed trial counts and
-the algorithm (ALGORITHM_UNSPECIFIED: TPE, Optuna's Bayesian optimiser; RANDOM_SEARCH;
-GRID_SEARCH). Each trial is a local custom job (`local.jobs`) with
-`--<parameter_id>=<value>` flags appended and its own AIP directories under
-`<base>/<trial_id>/`; its measurements come from the cloudml-hypertune file it writes. The
-trials table is a list in the `aiplatform_v1.Trial` JSON form, like the Vertex job's trials.
+parameter types, ranges and scales, the goal, the trial counts and the algorithm
+(ALGORITHM_UNSPECIFIED: TPE, Optuna's Bayesian optimiser; RANDOM_SEARCH; GRID_SEARCH). Each trial
+is a local custom job (`local.jobs`) with `--<parameter_id>=<value>` flags appended, its own AIP
+directories under `<base>/<trial_id>/` and its measurements from its cloudml-hypertune file. The
+trials table is in the `aiplatform_v1.Trial` JSON form, like the Vertex job's.
 
 No trial is stopped by the study: GCPC 2.22's `HyperparameterTuningJobRunOp` cannot ask Vertex
-for automated stopping (its payload's study_spec has no `median_automated_stopping_spec` or
-`decay_curve_stopping_spec`), so Vertex stops a trial only when the trainer does
-(`early_stopping_patience`), and so does this tuner (an Optuna `MedianPruner` here would make
-the local study differ from the Vertex one). Each trial's final measurement is chosen by
-`measurement_selection`, the study's `StudySpec.MeasurementSelectionType` (aiplatform_v1):
-BEST_MEASUREMENT (the op's default) or LAST_MEASUREMENT, which the pipeline sets from
-`export_epoch` (`components.plan.measurement_selection`).
+for automated stopping, so only the trainer stops a trial (`early_stopping_patience`), here too
+(docs/options.md#the-search-space-search_space). Each trial's final measurement follows
+`measurement_selection` (aiplatform_v1 `StudySpec.MeasurementSelectionType`), which the pipeline
+sets from `export_epoch` (`components.plan.measurement_selection`).
 """
 
 from __future__ import annotations
@@ -35,10 +31,8 @@ from local import jobs
 
 
 def parse_study(metrics: Sequence[Mapping[str, Any]], parameters: Sequence[Mapping[str, Any]]) -> Any:
-    """The study as the real API type (raises on anything the API would reject). Each spec is
-    parsed with protobuf's JSON parser, as strictly as the API: snake_case (GCPC's
-    `serialize_parameters`, `make run`'s `search_space`) or camelCase (the REST form) keys,
-    unknown fields refused."""
+    """The study as the real API type, parsed as strictly as the API (unknown fields refused):
+    snake_case (GCPC's `serialize_parameters`, `make run`'s `search_space`) or camelCase keys."""
     from google.cloud import aiplatform_v1
     from google.protobuf import json_format
 
@@ -150,19 +144,17 @@ def suggest(trial: Any, spec: Any) -> dict[str, Any]:
 
 
 def trial_value(value: Any) -> float | str:
-    """A trial's parameter value as Vertex holds it: `Trial.Parameter.value` is a
-    `google.protobuf.Value` whose `number_value` (a double) is set for INTEGER, DOUBLE and
-    DISCRETE parameters and `string_value` for CATEGORICAL ones (aiplatform_v1
-    `types/study.py`, `Trial.Parameter`). So an integer reaches the trial as `32.0`
-    (googleapis/python-aiplatform issue #866 shows the API returning doubles)."""
+    """A trial's parameter value as Vertex holds it (docs/facts.md, fact 25): a
+    `google.protobuf.Value`, a double for INTEGER, DOUBLE and DISCRETE parameters, a string for
+    CATEGORICAL ones (aiplatform_v1 `types/study.py`, `Trial.Parameter`;
+    googleapis/python-aiplatform issue #866)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return str(value)
     return float(value)
 
 
 def trial_flag(parameter_id: str, value: Any) -> str:
-    """`--<parameter_id>=<value>` exactly as a Vertex trial gets it: numbers as JSON doubles
-    (`--per_replica_batch_size=32.0`, `--learning_rate=0.00123`), categorical values as text."""
+    """`--<parameter_id>=<value>` exactly as a Vertex trial gets it (`--per_replica_batch_size=32.0`)."""
     v = trial_value(value)
     return f"--{parameter_id}={json.dumps(v) if isinstance(v, float) else v}"
 
@@ -198,9 +190,8 @@ def run_tuning(
 ) -> list[dict[str, Any]]:
     """Runs the trials; returns the trials table. Raises RuntimeError when
     `max_failed_trial_count` trials have failed. 0 means "Vertex AI decides how many Trials must
-    fail before the whole job fails" (aiplatform_v1 `HyperparameterTuningJob`); that rule is
-    not published, so locally 0 fails the job only when every trial failed (a real job may
-    stop sooner)."""
+    fail before the whole job fails" (aiplatform_v1 `HyperparameterTuningJob`), an unpublished
+    rule: locally 0 fails the job only when every trial failed."""
     import optuna
     from google.cloud import aiplatform_v1
 
@@ -256,9 +247,8 @@ def run_tuning(
                 log_dir=trial_dir / "replica_logs",
                 timeout=timeout,
                 job_id=f"local-trial-{trial_id}",
-                # Vertex gives each trial CLOUD_ML_TRIAL_ID and a metric file of its own VM;
-                # here trials share one machine, so each gets its own file (the same variable
-                # cloudml-hypertune reads; the trainer checks at start that it can write it).
+                # On Vertex each trial's metric file is on its own VM; here trials share one
+                # machine, so each gets its own file (the variable cloudml-hypertune reads).
                 extra_env={"CLOUD_ML_HP_METRIC_FILE": str(metric_file), "CLOUD_ML_TRIAL_ID": trial_id},
                 out=stream,
             )

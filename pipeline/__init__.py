@@ -1,14 +1,9 @@
 """The pipeline: its parameters, their rules, the per-target table and the DAG.
 
-    parameters.py  every parameter, once (`PARAMETERS`, `parameters_for`)
-    rules/         every rule about their values, for both targets, a module per capability (`check`)
-    backends.py    the steps that differ between the targets (`BACKENDS`)
-    step.py        the steps' names, and those never served from Vertex's cache (`NEVER_CACHED`)
-    dag.py         the DAG alone (`create_pipeline`), and its compilation
-
-`import pipeline` is this package (a package wins over the top-level `pipeline.py` beside it,
-which is only the `make compile` script); what callers use is re-exported here. `pipeline.rules`
-is not imported here: the launcher imports it where it checks a run.
+Its modules: docs/architecture.md#layout. `import pipeline` is this package (a package wins over
+the top-level `pipeline.py` beside it, which is only the `make compile` script); what callers use
+is re-exported here. `pipeline.rules` is not imported here: the launcher imports it where it
+checks a run.
 """
 
 from pipeline.backends import BACKENDS, Backend

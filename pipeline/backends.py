@@ -47,18 +47,16 @@ def _local_image(p: dict[str, Any]) -> dsl.PipelineTask:
 def _vertex_custom_job(
     name: str, where: dict[str, Any], pools: Any, folder: Any, settings: dict[str, Any], **extra: Any
 ) -> dsl.PipelineTask:
-    """GCPC's CustomTrainingJobOp; every one of them (preparation, training, evaluation) runs on
-    the `persistent_resource_id` parameter's resource, in `settings` (`pipeline.dag._job_settings`),
-    and on machines started for it when that is ''. The op's own default is the placeholder
-    `{{$.pipeline_persistent_resource_id}}`, "resolved to the PipelineJob RuntimeConfig's
-    persistent resource id at runtime" (GCPC 2.22 v1/custom_job/component.py), which only a
-    v1beta1 PipelineJob with a default runtime sets: `launch.submit` sends a v1 PipelineJob
-    (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource says why), so
-    the ID is passed explicitly. It reaches the job as aiplatform_v1
-    `CustomJobSpec.persistent_resource_id` ("the job will be run on existing
-    machines held by the PersistentResource instead of on-demand short-live machines. The network
-    and CMEK configs on the job should be consistent with those on the PersistentResource,
-    otherwise, the job will be rejected"), which `launch.submit` checks before the run."""
+    """GCPC's CustomTrainingJobOp, on the `persistent_resource_id` in `settings` (machines started
+    for it when ''). The op's own default, `{{$.pipeline_persistent_resource_id}}`, is "resolved to
+    the PipelineJob RuntimeConfig's persistent resource id at runtime" (GCPC 2.22
+    v1/custom_job/component.py), which only a v1beta1 PipelineJob with a default runtime sets;
+    `launch.submit` sends a v1 PipelineJob
+    (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource says why), so the
+    ID is passed explicitly, as aiplatform_v1 `CustomJobSpec.persistent_resource_id` ("the job
+    will be run on existing machines held by the PersistentResource instead of on-demand
+    short-live machines"), whose network and CMEK rule `launch.submit` checks before the run
+    (`pipeline.rules.persistent_resource.persistent_resource_fit`)."""
     from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp
 
     job_settings = dict(settings)
@@ -77,18 +75,16 @@ def _vertex_custom_job(
 def dataflow_preparation(
     where: dict[str, Any], p: dict[str, Any], plan: Any, built: Any, settings: dict[str, Any]
 ) -> dsl.PipelineTask:
-    """The Vertex target's preparation with prepare_engine=beam: GCPC's
-    `DataflowFlexTemplateJobOp` launches the Beam pipeline from the Flex Template spec the plan
-    wrote (the dataflow image, launcher and SDK container at once: Dockerfile's `dataflow`
-    stage), and `WaitGcpResourcesOp` waits for the Dataflow job. The op only launches: its
-    launcher POSTs `flexTemplates:launch` and returns (GCPC 2.22
+    """The Vertex target's preparation with prepare_engine=beam
+    (docs/training.md#preparing-on-apache-beam): GCPC's `DataflowFlexTemplateJobOp` launches the
+    Beam pipeline from the Flex Template spec the plan wrote (the dataflow image, launcher and SDK
+    container at once: Dockerfile's `dataflow` stage), and `WaitGcpResourcesOp` waits for the
+    job. The op only launches: its launcher POSTs `flexTemplates:launch` and returns (GCPC 2.22
     container/preview/dataflow/flex_template/remote_runner.py); the wait op polls the job every
     20 s until JOB_STATE_DONE and fails on any other end state (container/v1/wait_gcp_resources/
-    remote_runner.py). The job runs as the run's service account, on its network (by name) and
-    CMEK key, in `dataflow_subnetwork` when given (a custom-mode or Shared VPC network needs it:
-    Dataflow takes a network given alone as an auto-mode network of the job's project), with its
-    labels (the op adds the run's own), its workers bounded by
-    `dataflow_max_workers` of `dataflow_machine_type`. docs/training.md#preparing-on-apache-beam."""
+    remote_runner.py). The job runs with the run's service account, network (by name), CMEK key
+    and labels (the op adds the run's own), in `dataflow_subnetwork` when given
+    (`pipeline.rules.data.dataflow_problems`)."""
     from google_cloud_pipeline_components.v1.dataflow import DataflowFlexTemplateJobOp
     from google_cloud_pipeline_components.v1.wait_gcp_resources import WaitGcpResourcesOp
 
@@ -115,9 +111,7 @@ def dataflow_preparation(
 def _local_custom_job(
     name: str, where: dict[str, Any], pools: Any, folder: Any, settings: dict[str, Any], **extra: Any
 ) -> dsl.PipelineTask:
-    """The local runner takes the same specs; the job settings it cannot honour (service account,
-    network, CMEK, labels, scheduling strategy, TensorBoard, persistent resource) are Vertex's
-    alone."""
+    """The same specs; the job settings the local runner cannot honour are Vertex's alone."""
     return local_steps.local_custom_job(
         display_name=name,
         project=where["project"],
@@ -140,17 +134,10 @@ def _study(p: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared: Any) -> dsl.PipelineTask:
-    """The tuning job, then the best-trial step, which writes the best trial's values into the
-    planned training job's flags; returns that step (`worker_pool_specs`, `hyperparameters`).
-
-    No automated early stopping: GCPC 2.22's op builds the payload's study_spec from its metrics,
-    parameters, algorithm and measurement selection alone, and has no input for
-    `median_automated_stopping_spec` or `decay_curve_stopping_spec`, so every trial runs all its
-    epochs unless `early_stopping_patience` stops it (the local tuner does the same). The
-    measurement selection follows `export_epoch` (`plan.measurement_selection`, in the plan).
-    `plan` is the planning step's outputs; the trials start after `prepared`, the dataset's job.
-    `tuning.tuning_job` is GCPC's op with each trial's timeout, the run's `timeout`, as every
-    other job has."""
+    """The tuning job (`tuning.tuning_job`: GCPC's op with each trial's timeout, the run's
+    `timeout`), then the best-trial step, which writes the best trial's values into the planned
+    training job's flags; returns that step. No automated early stopping: GCPC 2.22's op has no
+    input for it (docs/options.md#the-search-space-search_space; `local.tuner` alike)."""
     job = tuning.tuning_job()(
         **where,
         display_name=step.TUNE,
@@ -226,10 +213,9 @@ def _vertex_registry(
     """ModelUploadOp, as a new version of the champion's model when there is one, once the
     evaluation job has run; then the gate, which writes its figures on the version and moves the
     champion alias when it passed (`registry.record_on_version`). One upload, not one per branch
-    of "does the model exist": the parent importer carries the model's resource name, empty when
-    there is none, and GCPC's upload launcher leaves an empty parent out
-    (container/v1/model/upload_model/remote_runner.py: `if parent_model_name:`), so no artifact
-    `dsl.OneOf` joins two uploads (kubeflow/pipelines#13436)."""
+    of "does the model exist" (no artifact `dsl.OneOf`, kubeflow/pipelines#13436): the parent
+    importer's resource name is empty when there is none, and GCPC's upload launcher leaves an
+    empty parent out (container/v1/model/upload_model/remote_runner.py: `if parent_model_name:`)."""
     from google_cloud_pipeline_components.types.artifact_types import UnmanagedContainerModel, VertexModel
     from google_cloud_pipeline_components.v1.model import ModelUploadOp
 

@@ -1,27 +1,20 @@
 """What a compiled pipeline costs in machine starts on Vertex, counted from its template.
 
 On Vertex AI Pipelines every container step runs as a Vertex `CustomJob` of its own, by default
-on a fresh e2-standard-4 VM (Google's "Specify the machine configuration for a pipeline step"),
-and a GCPC job op is two starts: its launcher step, then the job's own VMs. A run waits for the
-starts on its critical path one after another, whatever each step does once started. The
-counting rule:
+on a fresh e2-standard-4 VM (Google's "Specify the machine configuration for a pipeline step");
+docs/architecture.md#the-critical-path-machine-starts-on-vertex. The counting rule:
 
 - an importer, and a condition or a sub-DAG itself, start nothing (0);
 - a container step starts one VM (1);
 - a GCPC `CustomJob` or hyperparameter tuning launcher starts its own VM and then the job's (2);
-- GCPC's Dataflow Flex Template launcher starts its own VM, then Dataflow starts the template's
-  launcher VM, which builds the job's graph from the container, and then the job's workers (3:
-  "Flex Templates" run the launcher image on a VM of their own before the job,
-  https://cloud.google.com/dataflow/docs/guides/templates/using-flex-templates). The step that
-  waits for the job is one more container step (1).
+- GCPC's Dataflow Flex Template launcher starts its own VM, then Dataflow the template's launcher
+  VM, then the job's workers (3: "Flex Templates" run the launcher image on a VM of their own
+  before the job, https://cloud.google.com/dataflow/docs/guides/templates/using-flex-templates).
 
 `critical_path(spec, scenario)` is the longest chain of starts through the DAG's dependencies,
-nested DAGs included, for a scenario that fixes some of the run-time conditions (`tune`, `prepare_engine`): a
-branch whose condition the scenario decides is taken or skipped; any other branch (whether a
-champion exists, whether the gate promotes) counts as taken, so the figure is the worst case.
-
-No public figure gives a step's start-up time on Vertex (the VM, the image pull, the launcher):
-only a real run measures it. This module counts; it does not time.
+nested DAGs included; a branch the scenario (`tune`, `prepare_engine`) does not decide counts as
+taken, so the figure is the worst case. No public figure gives a start's duration: this module
+counts; it does not time.
 """
 
 from __future__ import annotations
@@ -43,9 +36,8 @@ SCENARIOS: dict[str, dict[str, bool | str]] = {
 }
 # The most starts a run may wait for, one after another: the image build (1), the plan (1),
 # the preparation, training and evaluation jobs (2 each), the upload (1) and the gate (1); the
-# tuning job (2) and the best trial (1) when tuning. tests/test_pipeline_cost.py fails above it.
-# (The DAG used to have a step per piece of bookkeeping: 19 and 23.)
-# On Dataflow the preparation's 2 become 4 (the launch 3, the wait 1).
+# tuning job (2) and the best trial (1) when tuning; on Dataflow the preparation's 2 become 4
+# (the launch 3, the wait 1). tests/test_pipeline_cost.py fails above it.
 BUDGET = {"default": 10, "tuned": 13, "dataflow": 12}
 _CONDITION = re.compile(
     r"^(!\()?inputs\.parameter_values\['pipelinechannel--([\w-]+)'\] == (true|'[^']*')\)?$"
@@ -107,5 +99,4 @@ def critical_path(
 
 
 def report(spec: Mapping[str, Any]) -> dict[str, tuple[int, list[str]]]:
-    """The critical path of each scenario of SCENARIOS."""
     return {name: critical_path(spec, scenario) for name, scenario in SCENARIOS.items()}

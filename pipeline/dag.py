@@ -5,16 +5,12 @@
         -> [tune -> best trial] -> train -> evaluate the new model and the champion on this
         run's test split -> upload a new model version -> gate (moves the champion alias)
 
-Every container step is a machine start on Vertex, one after another on the critical path
-(`pipeline.cost`; docs/architecture.md, "The critical path"): the bookkeeping lives in the one
-planning step and in the steps that consume it, not in steps of its own.
+Every container step is a machine start on Vertex (`pipeline.cost`; docs/architecture.md, "The
+critical path"): the bookkeeping lives in the planning step and the steps that consume it.
 
-`create_pipeline("vertex")` wires the Google Cloud Pipeline Components (compiled by
-`make compile` to `compiled/pipeline.json`, and with the failure e-mail exit handler to
-`compiled/pipeline-notify.json`); `create_pipeline("local")` wires the same DAG with the local
-stand-ins of `local.steps`, which take the same specs (run by `make run` with no project
-configured). The steps that differ are looked up in `pipeline.backends.BACKENDS`, one entry per
-target; the parameters are `pipeline.parameters.PARAMETERS`.
+`create_pipeline("vertex")` wires the Google Cloud Pipeline Components (`make compile`),
+`create_pipeline("local")` the same DAG with the local stand-ins of `local.steps`, which take the
+same specs; the steps that differ are looked up in `pipeline.backends.BACKENDS`.
 """
 
 from __future__ import annotations
@@ -36,10 +32,9 @@ from pipeline.parameters import REQUIRED, parameters_for
 PIPELINE_NAME = "multiworker-cassava-training"
 COMPILED = ROOT / "compiled" / "pipeline.json"
 COMPILED_NOTIFY = ROOT / "compiled" / "pipeline-notify.json"
-# The pipeline parameters the planning step takes under their own names
-# (`components.plan.plan_jobs`; tests/components/test_steps.py keeps the list equal to its
-# inputs): the preparation's, `plan.MODEL_FLAGS` and the hardware's.
-# `pipeline.rules.trainer_flags.trainer_commands` builds the jobs' flags from the same values.
+# The pipeline parameters the planning step takes under their own names (`components.plan.plan_jobs`;
+# tests/components/test_steps.py keeps the list equal to its inputs), from which
+# `pipeline.rules.trainer_flags.trainer_commands` also builds the jobs' flags.
 PLAN_PARAMETERS = (
     "dataset_source",
     "image_size",
@@ -56,14 +51,13 @@ PLAN_PARAMETERS = (
 
 
 def _dag(target: str, p: dict[str, Any]) -> None:
-    """The DAG, for either target; `p` maps parameter names to pipeline channels. Where the
-    targets differ, `BACKENDS[target]` says which step stands where."""
+    """`p` maps parameter names to pipeline channels."""
     steps = BACKENDS[target]
     where = {"project": p["project"], "location": p["location"]}
 
     # 1. The trainer image, and the registry read before any work: the champion's class names go
-    # to the preparation job (a source of another task is refused there, before any
-    # conversion), its SavedModel to the evaluation job.
+    # to the preparation job (a source of another task is refused there), its SavedModel to the
+    # evaluation job.
     built = steps.build_image(p)
     step.uncached(built, step.BUILD)
     champion = step.uncached(steps.find_champion(where, p), step.FIND_CHAMPION)
@@ -84,9 +78,8 @@ def _dag(target: str, p: dict[str, Any]) -> None:
     step.uncached(plan, step.PLAN)
     out = plan.outputs
 
-    # 3. The dataset, prepared by a one-replica CPU job (on the local target with
-    # prepare_engine=beam too: the job runs Beam's DirectRunner), or on Vertex with
-    # prepare_engine=beam by a Dataflow job. Everything after it is the same in both branches.
+    # 3. The dataset, prepared by a one-replica CPU job (locally with prepare_engine=beam too:
+    # Beam's DirectRunner), or on Vertex with prepare_engine=beam by a Dataflow job.
     tail = {**p, "plan": out, "champion": champion.outputs, "built": built.outputs}
     if target == "vertex":
         with dsl.If(p["prepare_engine"] == "beam", name="prepare-on-dataflow"):
@@ -99,7 +92,6 @@ def _dag(target: str, p: dict[str, Any]) -> None:
 
 
 def _prepare_job(target: str, where: dict[str, Any], p: dict[str, Any], out: Any) -> Any:
-    """The preparation as a one-replica CPU custom job."""
     return BACKENDS[target].custom_job(
         step.PREPARE,
         where,
@@ -110,11 +102,9 @@ def _prepare_job(target: str, where: dict[str, Any], p: dict[str, Any], out: Any
 
 
 def _tune_then_train(target: str, t: dict[str, Any], prepared: Any) -> None:
-    """4-7. Tuning (optional), then the final multi-worker training and everything after it, the
-    same steps in both branches: nothing joins the branches (no `dsl.OneOf`, whose artifact
-    form has no confirmed Vertex support: kubeflow/pipelines#13436), and a KFP sub-pipeline,
-    the other way to share them, compiles to different bytes from run to run (KFP merges its
-    executors in protobuf map order)."""
+    """4-7. Tuning (optional), then the final training and everything after it, the same steps
+    in both branches: nothing joins them (no artifact `dsl.OneOf`: kubeflow/pipelines#13436; a
+    KFP sub-pipeline compiles to different bytes from run to run): docs/architecture.md."""
     where = {"project": t["project"], "location": t["location"]}
     out = t["plan"]
     with dsl.If(t["tune"] == True, name="tuning-enabled"):  # noqa: E712 (a KFP condition)
@@ -125,8 +115,7 @@ def _tune_then_train(target: str, t: dict[str, Any], prepared: Any) -> None:
 
 
 def _job_settings(p: dict[str, Any]) -> dict[str, Any]:
-    """The settings every custom job gets (preparation, training, evaluation): on Vertex the
-    persistent resource too, a parameter of that target alone (the local runner ignores it)."""
+    """The settings every custom job gets; on Vertex the persistent resource too."""
     return {
         "timeout": p["timeout"],
         "restart_job_on_worker_restart": p["restart_job_on_worker_restart"],
@@ -139,10 +128,9 @@ def _job_settings(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, prepared: Any) -> None:
-    """The multi-worker training job (on `training_pools`: the plan's, or the best trial's), the
-    evaluation job, then the registry: on Vertex ModelUploadOp, then the gate (which writes its
-    decision on the version and moves the alias); on the local target the gate, then the local
-    upload. `t` holds the parameters and the outputs of the plan, find-champion and the build."""
+    """The training job (on `training_pools`: the plan's, or the best trial's), the evaluation
+    job, then the registry (`Backend.registry`). `t` holds the parameters and the outputs of the
+    plan, find-champion and the build."""
     steps = BACKENDS[target]
     where = {"project": t["project"], "location": t["location"]}
     plan = t["plan"]
@@ -178,13 +166,9 @@ def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, pre
 
 def create_pipeline(target: str = "vertex", notify: bool = False) -> Callable[..., Any]:
     """The pipeline for `target` ("vertex" or "local"), with the parameters of `PARAMETERS`.
-
     `notify` (Vertex only) wraps the DAG in an exit handler that e-mails `notification_emails`
-    with GCPC's `VertexNotificationEmailOp`. Google documents its recipients as one to three
-    addresses and says nothing of an empty list, so a run without recipients must not call it
-    at all: it gets the template compiled without the handler (`compiled/pipeline.json`); a run
-    with recipients the one with it (`compiled/pipeline-notify.json`), where they are required.
-    """
+    (GCPC's `VertexNotificationEmailOp`); Google documents no empty list of recipients
+    (docs/facts.md, fact 33), so a run without any gets the template without it (`template_for`)."""
     if notify and target != "vertex":
         raise ValueError("notify exists only on the vertex target (the e-mail is sent by Vertex)")
     params = tuple(q for q in parameters_for(target) if notify or q.name != "notification_emails")
@@ -224,8 +208,7 @@ def create_pipeline(target: str = "vertex", notify: bool = False) -> Callable[..
 
 
 def compile_pipeline(path: str | Path = COMPILED, notify: bool = False) -> Path:
-    """Writes a Vertex pipeline spec (with the e-mail exit handler when `notify`); the bytes
-    depend only on the sources."""
+    """Writes a Vertex pipeline spec; the bytes depend only on the sources."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(create_pipeline("vertex", notify=notify), str(out))

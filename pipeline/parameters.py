@@ -1,9 +1,8 @@
 """Every pipeline parameter, once: its name, type, compiled (Vertex) default, local default, the
 targets it exists on and its help (`PARAMETERS`). The compiled spec's parameters
 (`pipeline.dag.create_pipeline`), the flags of `make run` and `make schedule` (`launch.flags`) and
-the pipeline's docstring come from it. A rule that only looks at the value itself (one of a few
-`choices`, a number within `bounds`) is data on the row, checked by `pipeline.rules.check` with
-the rest; every other rule is in `pipeline.rules`, with the parameter's capability.
+the pipeline's docstring come from it. A rule on the value alone is data on the row (`choices`,
+`bounds`); every other rule is in `pipeline.rules`.
 """
 
 from __future__ import annotations
@@ -26,11 +25,9 @@ REQUIRED = object()
 
 @dataclasses.dataclass(frozen=True)
 class Parameter:
-    """One pipeline parameter. `default` is the compiled (Vertex) default (`REQUIRED`: none,
-    the submitter must give it); `local` the local run's default; `targets` where it exists;
+    """One pipeline parameter. `default` is the compiled (Vertex) default (`REQUIRED`: none);
     `choices` the only values allowed (case matters), `bounds` the (lowest, highest) number
-    allowed (`math.inf`: no highest; a whole number for an `int` row), when the rule is that
-    simple (pipeline.rules checks them)."""
+    allowed (`math.inf`: no highest; a whole number for an `int` row): pipeline.rules checks them."""
 
     name: str
     type: type

@@ -15,15 +15,11 @@ EVALUATE, GATE, UPLOAD_SETTINGS, UPLOAD = (
 )
 
 # Steps that read or write state outside the pipeline (the Artifact Registry, the Model
-# Registry) or that make a run's job folders: never served from Vertex's execution cache. A
-# cached `find-champion` answers with the registry as it was when it first ran; a cached
-# `evaluate-model` (the gate) would write no decision on the new version and move no alias; a
-# cached `plan-jobs` hands a new run the job folders of an older one (the tuning trials then find
-# that run's backups), and everything downstream of it is then a cache hit too: a scheduled run
-# would retrain nothing. Vertex keys its cache on a task's inputs, outputs and component spec
-# ("Configure execution caching", Vertex AI Pipelines docs); `PipelineJob(enable_caching=None)`
-# keeps these compiled per-task options (aiplatform `pipeline_jobs.py`:
-# `_set_enable_caching_value` runs only when it is not None).
+# Registry) or that make a run's job folders: never served from Vertex's execution cache
+# (docs/architecture.md#caching says what each would do cached). Vertex keys its cache on a
+# task's inputs, outputs and component spec ("Configure execution caching", Vertex AI Pipelines
+# docs); `PipelineJob(enable_caching=None)` keeps these compiled per-task options (aiplatform
+# `pipeline_jobs.py`: `_set_enable_caching_value` runs only when it is not None).
 NEVER_CACHED = (BUILD, PLAN, FIND_CHAMPION, UPLOAD, GATE)
 
 

@@ -9,12 +9,9 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 if not os.path.exists("/proc/driver/nvidia/version"):
-    # No GPU: host memory through TensorFlow's BFC allocator (as GPU memory always is). Freed
-    # blocks are kept for the next step instead of going back to malloc, which unmapped the large
-    # ones and faulted them in again every step (docs/facts.md, fact 39). Its cap, 64 GiB unless
-    # set, is the machine's memory, so no cache budget is refused below what the machine has.
-    # With a GPU the host holds only the input pipeline, whose threads would share the one
-    # allocator's lock: not measured, so TensorFlow's default stays.
+    # No GPU: host memory through TensorFlow's BFC allocator, which keeps freed blocks where malloc
+    # unmapped and faulted them in every step (docs/facts.md, fact 39); capped at the machine's
+    # memory (64 GiB unless set), so no cache budget is refused below it. With a GPU: not measured.
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     os.environ.setdefault(
         "TF_CPU_BFC_MEM_LIMIT_IN_MB", str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20)

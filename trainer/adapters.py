@@ -2,21 +2,13 @@
 
 Every private name of a library that `trainer/` relies on is used here and nowhere else, beside
 a `check_*` function that fails, naming what changed, when the library no longer has it with the
-signature this code was written against. The tests in tests/trainer/test_adapters.py run every check against the installed
+expected signature. tests/trainer/test_adapters.py runs every check against the installed
 libraries, so an upgrade that changes one fails there, not in a job.
 
-- tf-keras `BackupAndRestore._backup(epoch, batch=0)`: the save `trainer.callbacks.Backup` makes
-  at an epoch's end and, on SIGTERM, mid-epoch (`back_up`). Checked when a `Backup` is built.
-- tf-keras `BackupAndRestore`'s checkpoint layout: the chief's backup in `<backup_dir>/chief` and
-  the position in the variables `ckpt_saved_epoch` and `ckpt_saved_batch`, read to say where a
-  restarted job resumes (`trainer.callbacks.latest_backup`, `backup_position`). Checked by the
-  tests (`check_backup_layout`), and by a real backup read back.
-- TFDS `DatasetBuilder._make_download_manager(download_dir, download_config)`: the hook
-  `trainer.localarchive.local_archive` overrides on one builder to prepare from a local tree.
-  Checked before each use (`check_tfds_download_manager_hook`).
-- tf-keras `Callback._supports_tf_logs`: read by `CallbackList`; set, the callback gets the batch
-  logs as tensors, not converted to numbers after every step (`take_tensor_logs`). Only speed
-  depends on it (an unknown attribute is harmless), so it is checked by the tests only.
+- tf-keras `BackupAndRestore._backup(epoch, batch=0)` (`back_up`): checked when a `Backup` is built.
+- tf-keras `BackupAndRestore`'s checkpoint layout: checked by the tests and by a real backup read back.
+- TFDS `DatasetBuilder._make_download_manager(download_dir, download_config)`: checked before each use.
+- tf-keras `Callback._supports_tf_logs` (`take_tensor_logs`): only speed depends on it, so tests only.
 
 No TensorFlow at import: the checks import the libraries they check when they run.
 """
@@ -126,15 +118,13 @@ def check_backup_layout() -> None:
 
 # --- TFDS's download-manager hook ----------------------------------------------------------------
 
-# Preparing a TFDS builder from a local tree. A builder's `_split_generators` gets its files with
-# `dl_manager.download_and_extract(URL)`, from a download manager TFDS makes inside
-# `download_and_prepare` by calling `self._make_download_manager(download_dir=...,
+# A builder's `_split_generators` gets its files with `dl_manager.download_and_extract(URL)`, from a
+# download manager `download_and_prepare` makes with `self._make_download_manager(download_dir=...,
 # download_config=...)` (tensorflow_datasets 4.9.10: core/dataset_builder.py, the call in
-# `download_and_prepare` at line 726, the method at line 1287). TFDS has no public way to pass a
-# download manager in, and its public way to supply files by hand, `DownloadConfig(manual_dir=)`,
-# checks the file against the URL's registered checksum, so it takes only the real archive. So
-# `trainer.localarchive.local_archive` overrides that one method on one builder instance, for the duration of a `with`
-# block; tests/trainer/test_prepare.py fails if TFDS stops building its manager that way.
+# `download_and_prepare` at line 726, the method at line 1287). TFDS has no public way to pass one
+# in, and `DownloadConfig(manual_dir=)` checks files against the URL's registered checksum, so it
+# takes only the real archive. So `trainer.localarchive.local_archive` overrides that method on one
+# builder instance, in a `with` block; tests/trainer/test_prepare.py fails if TFDS stops doing so.
 TFDS_DOWNLOAD_MANAGER_HOOK = "_make_download_manager"
 TFDS_DOWNLOAD_MANAGER_HOOK_PARAMS = ("self", "download_dir", "download_config")
 TFDS_CHECKED_VERSION = "4.9.10"

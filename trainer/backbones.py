@@ -1,12 +1,10 @@
 """Every backbone the trainer knows, each registered once: adding one is one `Backbone` entry here.
 
-The `--backbone` flag's choices (`trainer.config`), the model builder (`trainer.model`) and the
-checks of the docs (`tests/trainer/test_backbones.py`) are all read from `REGISTRY`. Nothing here
-imports TensorFlow (the flags are checked in milliseconds, `python -m trainer.flagcheck`): a Keras
-application is named by its attribute of `tf_keras.applications`, which `trainer.model` looks up.
-The registry is checked when this module is imported (`registry_problems`: names, preprocessing
-modes, the default); `tests/trainer/test_backbones.py` checks, without downloading weights, that
-every named application exists in the installed tf-keras and builds.
+The `--backbone` flag's choices (`trainer.config`), the model builder (`trainer.model`) and
+`tests/trainer/test_backbones.py` (the docs' lists; every application exists in the installed
+tf-keras and builds) read `REGISTRY`. No TensorFlow here, so flags are checked in milliseconds:
+an application is named by its `tf_keras.applications` attribute. Checked at import
+(`registry_problems`).
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ REGISTRY: tuple[Backbone, ...] = (
     Backbone("resnet101", "ResNet101", "caffe", True),
     Backbone("efficientnet_b0", "EfficientNetB0", "raw", True),  # rescales internally
     Backbone("mobilenet_v2", "MobileNetV2", "tf", True),
-    # A small CNN for tests and fast local runs, trained from scratch.
     Backbone("tiny", None, "unit", False),
 )
 """Every backbone, in the order `--backbone` lists them."""

@@ -2,37 +2,18 @@
 the one-replica job (trainer/shards.py) run as a Beam pipeline, on the DirectRunner here (worker
 processes on this machine) or on Dataflow (`--runner DataflowRunner` and Dataflow's options).
 
-One conversion, two engines. Everything that decides the output is shared with `write_dataset`:
-carving (`carve_plan`), which output split and shard each image goes to (`placement`,
-`shard_items`: round robin, position p of a split of n shards in shard p % n), the shard names,
-the image transform (`record_encoder`: decode, header check, resize, encode), the record
-(`example_record`) and metadata.json (`dataset_metadata`). So for a given source and seed both
-engines write the same bytes: the same shards, manifest and fingerprint
-(tests/trainer/test_beamprep.py compares them).
-
-The pipeline, one element per output shard:
+One conversion, two engines: everything that decides the output (carving, placement, shard
+names, the image transform, the record, metadata.json) is shared with `write_dataset`, so for a
+given source and seed both write the same bytes (tests/trainer/test_beamprep.py compares them).
 
     Create(shard names) | Reshuffle | ParDo(WriteShard) | CombineGlobally(ToList) | ParDo(Finalize)
 
-The driver (this process) lists the source and writes the plan into a work folder beside the
-output, `<output_dir>.beam-work/`: `plan.json` (what decides the output, and its fingerprint) and
-one `tasks/<shard>.json` per shard (the shard's images: file paths, or indices into a TFDS
-split). Only shard names go into the pipeline, so its graph stays small whatever the folder's
-size (Dataflow refuses a job graph over 10 MB). A worker writes its shard, streaming one image
-at a time through tf.data, as `<shard>.partial`, renames it into place, and records
-`done/<shard>.json` (its size, records, SHA-256 and count per class). `Finalize`, once every shard
-is done, writes metadata.json and publishes the folder to `--output_dir` the way the job engine
-does (complete, metadata.json last), then removes the work folder.
-
-Resuming: killed (SIGKILL, a preempted VM, Ctrl-C), a run leaves the work folder. The next run
-with the same plan (same source listing or TFDS files, same flags that decide the output) keeps
-each shard whose done record matches its file (size and SHA-256) and writes only the others; it
-says how many it kept. A run whose plan differs says which inputs changed and starts over.
-
-A bad image is reported by its path: the worker that meets it records `errors/<shard>.json`
-(the image and why) and writes no shard; `Finalize` refuses to publish; the driver prints each
-problem, not a worker's traceback. Images a folder listing can check (the header of a local
-file) are refused before the pipeline starts, as with the job engine.
+The driver writes the plan into `<output_dir>.beam-work/` (`plan.json`, a `tasks/<shard>.json`
+per shard); only shard names enter the pipeline, so its graph stays small (Dataflow refuses one
+over 10 MB). A worker writes `<shard>.partial`, renames it and records `done/<shard>.json` (or
+`errors/<shard>.json` for a bad image); `Finalize` publishes as the job engine does, then removes
+the work folder. A killed run leaves it: the next run with the same plan keeps each shard whose
+done record matches its file. docs/training.md#preparing-on-apache-beam describes it all.
 """
 
 from __future__ import annotations
@@ -74,10 +55,9 @@ OWNER_FILE = ".beam-work"
 
 
 def check_work_dir(work: str) -> None:
-    """Refuses, before any work, a work folder path (`work_dir`) holding anything this engine did not make: a
-    link (removing through it would delete the folder it points to), a file, or a folder without
-    the engine's own OWNER_FILE (checked without following links). Nothing there, or a folder a
-    killed run left, is fine."""
+    """Refuses, before any work, a `work_dir` holding anything this engine did not make: a link
+    (removing through it would delete what it points to), a file, or a folder without OWNER_FILE
+    (not following links). Nothing there, or a folder a killed run left, is fine."""
     from trainer import storage
     from trainer._tf import tf
 
@@ -273,10 +253,9 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
     (complete, metadata.json last) and the work folder removed. Refuses (PrepareError naming each
     bad image) when a worker recorded a problem.
 
-    It may run more than once: Dataflow runs a step again when a worker is lost or the step's
-    result is not committed, even after its side effects. A dataset that an earlier attempt
-    published whole (`published`) is kept as it is, whether or not that attempt went on to remove
-    the work folder; a half-published one is published again, metadata.json last."""
+    It may run more than once (Dataflow reruns a step whose result was not committed, even after
+    its side effects): a dataset an earlier attempt published whole (`published`) is kept as it
+    is; a half-published one is published again, metadata.json last."""
     from trainer import storage
     from trainer._tf import tf
     from trainer.shards import dataset_metadata
@@ -421,10 +400,9 @@ def _beam_steps() -> tuple[Any, Any]:
             yield result
 
     class Finalize(beam.DoFn):
-        """Publishes once every shard is written. With problems recorded it publishes nothing:
-        on the DirectRunner it ends quietly and the driver reports each problem from the work
-        folder; on a remote runner (`fail_on_problems`) it fails the job, with the problems as
-        the job's error, since nobody waits there to read the work folder."""
+        """Publishes once every shard is written; with problems recorded, nothing: on the
+        DirectRunner the driver reports them from the work folder; on a remote runner
+        (`fail_on_problems`) the job fails with them, since nobody waits there to read it."""
 
         def __init__(self, work: str, output_dir: str, fail_on_problems: bool) -> None:
             self.work, self.output_dir, self.fail_on_problems = work, output_dir, fail_on_problems

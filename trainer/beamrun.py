@@ -39,9 +39,8 @@ from trainer.source import PrepareError, Source
 
 
 def _runner(args: Sequence[str]) -> str:
-    """The runner `args` name: DataflowRunner when they carry a `--template_location` (a Flex
-    Template's launcher: Beam then writes the job's graph for Dataflow) and name none, else the
-    DirectRunner when they name none."""
+    """The runner `args` name; if none, DataflowRunner with a `--template_location` (a Flex
+    Template's launcher: Beam then writes the job's graph for Dataflow), else the DirectRunner."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     found = PipelineOptions(list(args)).get_all_options()
@@ -50,12 +49,10 @@ def _runner(args: Sequence[str]) -> str:
     return "DataflowRunner" if found.get("template_location") else "DirectRunner"
 
 
-# The local runner. Beam's "DirectRunner" (2.77: SwitchingDirectRunner, runners/direct/
-# direct_runner.py) first tries its Prism runner: a Go binary it downloads from GitHub at run time
-# into ~/.apache_beam/cache/prism, which runs every step in one process, ignoring
-# direct_running_mode and direct_num_workers, and only falls back (a log line at INFO) when that
-# fails, as it does offline. The FnApiRunner is what it falls back to for this pipeline: named
-# directly, a run downloads nothing and always has the worker processes it is given.
+# The local runner: Beam 2.77's "DirectRunner" (SwitchingDirectRunner, runners/direct/
+# direct_runner.py) first tries Prism, a Go binary downloaded at run time that runs every step in
+# one process (docs/training.md#preparing-on-apache-beam); the FnApiRunner it falls back to, named
+# directly, downloads nothing and has the worker processes it is given.
 LOCAL_RUNNER = "FnApiRunner"
 
 
@@ -126,9 +123,8 @@ def check_beam_installed() -> None:
 
 
 def check_runner_paths(config: PrepareConfig) -> None:
-    """On a remote runner (Dataflow) every path a worker reads or writes must be gs://: the
-    output, a folder source, the TFDS data folder; the synthetic source (made in a temporary
-    folder here) cannot be used."""
+    """On a remote runner (Dataflow) every path a worker reads or writes must be gs:// (the output,
+    a folder source, the TFDS data folder), and the synthetic source, made here, cannot be used."""
     if is_local_runner(config):
         return
     problems = []
@@ -263,9 +259,8 @@ WORKERS_LOG = "beam-workers.log"
 
 @contextlib.contextmanager
 def _stderr_to(name_suffix: str | None) -> Iterator[None]:
-    """File descriptor 2 (this process's and the worker processes' it starts) into a file of the
-    system temp folder ending in `name_suffix`, while the block runs; named on stderr when the
-    block fails, removed when it succeeds."""
+    """File descriptor 2 (this process's and its workers') into a temporary file ending in
+    `name_suffix` while the block runs: named on stderr if the block fails, else removed."""
     if name_suffix is None:
         yield
         return
@@ -300,13 +295,11 @@ def prepare_beam(
     progress: Progress,
     started: float | None = None,
 ) -> dict[str, Any]:
-    """Runs the Beam preparation of the opened `source` and waits for it (on Dataflow too: the
-    job publishes when it ends, and this reads what it published); returns the metadata. Under
-    a Flex Template's launcher (`--template_location` among Beam's options) it only writes the
-    job's graph and returns {}: Dataflow starts the job when the launcher ends. `started`
-    (time.monotonic() before the source was listed) times the listing and planning: under a
-    Flex Template's launcher that is what Dataflow's launch timeout bounds
-    (docs/training.md#preparing-on-apache-beam)."""
+    """Runs the Beam preparation of the opened `source` and waits for it (on Dataflow too, then
+    reads what the job published); returns the metadata. Under a Flex Template's launcher
+    (`--template_location`) it only writes the job's graph and returns {}: Dataflow runs the job,
+    which publishes, once the launcher ends. `started` (time.monotonic() before the source was
+    listed) times what Dataflow's launch timeout bounds (docs/training.md#preparing-on-apache-beam)."""
     import logging
     import time
 
@@ -336,8 +329,6 @@ def prepare_beam(
     build_pipeline(pipeline, work, config.output_dir, names, local=local)
     template = options.get_all_options().get("template_location")
     if template:
-        # A Flex Template's launcher: Beam writes the job's graph to `template_location` and
-        # Dataflow runs it once this process ends; the job publishes when it is done.
         pipeline.run()
         progress.say(f"wrote the Dataflow job's graph to {template}; the job publishes {config.output_dir}")
         return {}

@@ -35,8 +35,7 @@ class ProgressLogger(keras.callbacks.Callback):
         self._every = steps_per_epoch // 10 if steps_per_epoch >= 20 else steps_per_epoch
         self._start = self._train_end = 0.0
         self._epoch = self._ran = 0  # the current epoch, and the steps it ran in this process
-        # Take the batch logs as tensors: otherwise Keras converts them to numbers after every
-        # step, which makes each step wait for the GPU. They are read only when printed.
+        # Batch logs as tensors, read only when printed (`adapters.take_tensor_logs` says why).
         adapters.take_tensor_logs(self)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -84,14 +83,8 @@ class EpochRecorder(keras.callbacks.Callback):
     """The chief's record of every completed epoch, in `history.json` in the checkpoint folder
     (kept across restarts, keyed by epoch so a replayed epoch replaces its first attempt), and
     the tuning metric reported with cloudml-hypertune's `HyperTune` at the end of every epoch.
-
-    The metric file is checked when the callback is built (`hpmetric.reporting_file`, the check
-    `trainer.task` also runs at start): in a tuning trial an unwritable file raises
-    `hpmetric.MetricFileError` here, before training; outside one it was warned about and the
-    metric is not reported.
-
-    Runs before BackupAndRestore saves the epoch, so an epoch is recorded before it counts as
-    done.
+    Runs before `Backup`, so an epoch is recorded before it counts as done. The metric file is
+    checked when built (`hpmetric.reporting_file`: fatal in a trial, before training).
     """
 
     def __init__(self, history_path: str, hp_metric: str) -> None:
@@ -131,43 +124,34 @@ def history_as_lists(history: dict[str, dict[str, float]], up_to: int) -> dict[s
 
 # --- stopping on SIGTERM ----------------------------------------------------------------------
 
-# The exit status of a replica that stopped on SIGTERM after saving its backup: 128 + SIGTERM,
-# the status of a process that SIGTERM ended, and the one TensorFlow's PreemptionCheckpointHandler
-# exits with after its preemption checkpoint on Google Cloud
-# (tensorflow/python/distribute/failure_handling/failure_handling_util.py: _RESTARTABLE_EXIT_CODE
-# = 143, `gce_exit_fn`). The local job runner reads it as a restart, like a replica killed by a
-# signal (docs/contracts.md, section 7).
+# A replica stopped on SIGTERM after saving its backup: 128 + SIGTERM, as TensorFlow's
+# PreemptionCheckpointHandler exits on Google Cloud (tensorflow/python/distribute/failure_handling/
+# failure_handling_util.py: _RESTARTABLE_EXIT_CODE = 143, `gce_exit_fn`). The local job runner
+# reads it as a restart (docs/contracts.md, section 7).
 TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
 
 
 class Terminated(Exception):
-    """SIGTERM reached a replica: its backup is saved, nothing is published; the process exits
-    with TERMINATED_EXIT_CODE."""
+    """SIGTERM reached a replica: backup saved, nothing published; it exits TERMINATED_EXIT_CODE."""
 
 
 class StopRequest:
     """SIGTERM, seen by this replica or by any other.
 
-    SIGTERM is how a container is stopped before it is killed: a Spot VM gets 30 s between its
-    soft-off and power-off (Compute Engine API, `Scheduling.skipGuestOsShutdown`), which GKE turns
-    into SIGTERM then SIGKILL to its containers (cloud.google.com/kubernetes-engine/docs/concepts/
-    spot-vms; kubernetes.io/docs/concepts/workloads/pods/pod-termination/). Vertex's training pages
-    do not name the signal (docs/contracts.md, section 7); the local job runner sends SIGTERM. The
-    handler only sets a flag; the training loop looks at it between steps (`poll`), where saving
-    is safe.
+    SIGTERM stops a container before it is killed (a Spot VM: Compute Engine API,
+    `Scheduling.skipGuestOsShutdown`; cloud.google.com/kubernetes-engine/docs/concepts/spot-vms;
+    kubernetes.io/docs/concepts/workloads/pods/pod-termination/; docs/contracts.md, section 7).
+    The handler only sets a flag; `poll` reads it between steps, where saving is safe.
 
-    Under MultiWorkerMirroredStrategy a backup is a collective save: every replica must take
-    part, at the same step, or the save waits forever. The signal may reach one replica alone
-    (Vertex stops one VM), so `poll` sums every replica's flag with an all-reduce, which every
-    replica runs at the same step: all learn of it together, and all stop at that step (what
+    Under MultiWorkerMirroredStrategy a backup is a collective save: every replica must take part
+    at the same step, or it waits forever. SIGTERM may reach one replica alone, so `poll` sums
+    every replica's flag with an all-reduce at the same step, and all stop there (as
     PreemptionCheckpointHandler does through the coordination service's key-value store).
 
-    The handler must be installed after the strategy is built: TensorFlow's coordination service
-    (started by MultiWorkerMirroredStrategy) installs its own SIGTERM handler, which only records
-    the notice for its preemption sync (`SigtermNotifier` in
+    Install it after the strategy: the coordination service MultiWorkerMirroredStrategy starts
+    installs its own SIGTERM handler, which only records the notice (`SigtermNotifier` in
     xla/tsl/distributed_runtime/preemption/preemption_notifier.cc: `std::signal(SIGTERM, ...)`);
-    with it a replica ignores SIGTERM and trains on (measured here: SigCgt has SIGTERM set in
-    /proc/<pid>/status of both replicas, and a SIGTERMed worker finished its training).
+    under it a replica ignores SIGTERM and trains on (measured here).
     """
 
     def __init__(self, strategy: Any = None, *, collective: bool = False) -> None:
@@ -193,7 +177,6 @@ class StopRequest:
 
     @property
     def received(self) -> bool:
-        """Whether this replica received SIGTERM."""
         return self._event.is_set()
 
     def agreed(self) -> bool:
@@ -241,26 +224,22 @@ class Backup(keras.callbacks.BackupAndRestore):
     (`StopRequest`), at once: after the current step, then the process stops (Terminated). A job
     started again resumes at the step after the last one saved, mid-epoch included.
 
-    Why not tf-keras's own `save_before_preemption=True` (which wraps TensorFlow's
-    PreemptionCheckpointHandler)? In tf-keras 2.21 it is enabled only where the GCE metadata
-    server answers (`distributed_file_utils.support_on_demand_checkpoint_callback`): off Google
-    Cloud (the local target) it is silently off. On a Google Cloud CPU VM,
-    PreemptionCheckpointHandler warns that it "does not support usage with TPU or CPU device on
-    GCP" and skips its set-up, after which tf-keras's per-batch call fails (measured here with
-    the platform detection patched to GCE_CPU: AttributeError `_run_counter`). On a GPU VM it
-    watches the metadata server's `instance/maintenance-event` instead of SIGTERM
-    (`failure_handling_util.termination_watcher_function_gce`) with a default grace period of
-    3600 s, so it keeps training after the notice. Hence this callback.
+    Not tf-keras's `save_before_preemption=True` (TensorFlow's PreemptionCheckpointHandler): in
+    tf-keras 2.21 it is on only where the GCE metadata server answers
+    (`distributed_file_utils.support_on_demand_checkpoint_callback`), so never locally. On a
+    Google Cloud CPU VM the handler "does not support usage with TPU or CPU device on GCP", skips
+    its set-up, and tf-keras's per-batch call then fails (AttributeError `_run_counter`). On a GPU
+    VM it watches the metadata server's `instance/maintenance-event`, not SIGTERM
+    (`failure_handling_util.termination_watcher_function_gce`), with a 3600 s grace period.
 
-    The integer `save_freq` given to the parent is what makes a restart resume mid-epoch:
+    The integer `save_freq` makes a restart resume mid-epoch:
     `WorkerTrainingState.maybe_load_initial_counters_from_ckpt` (tf_keras/src/distribute/
-    worker_training_state.py) uses the saved step only when `save_freq` is an integer; with
-    "epoch" a backup saved mid-epoch would resume at the next epoch, skipping the rest of this
-    one. The parent's periodic save that an integer turns on is replaced here.
+    worker_training_state.py) uses the saved step only then; with "epoch" a mid-epoch backup
+    would resume at the next epoch, skipping the rest of this one. The periodic save it turns on
+    is replaced here.
 
-    Keep it after the other callbacks but `BestEpoch`: an epoch counts as done once it is backed
-    up, after the other callbacks (the history record) have seen it; `BestEpoch` copies the
-    backup just saved.
+    Keep it after the other callbacks (an epoch counts as done once backed up, after the history
+    record) and before `BestEpoch`, which copies the backup just saved.
     """
 
     def __init__(self, backup_dir: str, steps_per_epoch: int, stop: StopRequest, prefix: str) -> None:
@@ -268,9 +247,9 @@ class Backup(keras.callbacks.BackupAndRestore):
         super().__init__(backup_dir, save_freq=steps_per_epoch, delete_checkpoint=False)
         self.steps, self.stop, self.prefix = steps_per_epoch, stop, prefix
         self.epoch = 0  # the epoch under way, 0-based
-        # The first poll (whose all-reduce is traced then) after the batches whose callback times
-        # tf-keras measures, warning when callbacks take longer than a step (tf_keras/src/
-        # callbacks.py, CallbackList: `_num_batches_for_timing_check = 5`).
+        # The first poll (which traces its all-reduce) after the batches on which tf-keras warns of
+        # callbacks slower than a step (tf_keras/src/callbacks.py, CallbackList:
+        # `_num_batches_for_timing_check = 5`).
         self._to_next_poll, self._since, self._since_time = 7, 0, 0.0
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -283,9 +262,8 @@ class Backup(keras.callbacks.BackupAndRestore):
         self._to_next_poll -= 1
         if batch >= self.steps - 1 or self._to_next_poll > 0:
             return  # the epoch's last step: its end backs it up, after validation and the record
-        # A poll is an all-reduce, and waits for the step to finish: on this project's 2-core
-        # machine, polling every step made a small model's epochs 40% slower (measured here).
-        # So replicas poll about every POLL_SECONDS, agreeing on when at each poll.
+        # A poll is an all-reduce that waits for the step: polling every step made a small model's
+        # epochs 40% slower on 2 cores. So replicas poll about every POLL_SECONDS, agreeing when.
         now = time.perf_counter()
         per_step = (now - self._since_time) / max(self._since, 1)
         stop, self._to_next_poll = self.stop.poll(max(1, int(POLL_SECONDS / max(per_step, 1e-6))))
@@ -314,8 +292,8 @@ class Backup(keras.callbacks.BackupAndRestore):
 
 
 def improves(goal: str, value: float, best: float | None) -> bool:
-    """Whether `value` beats `best` (None: no epoch yet) in the direction `goal` ("max" or "min",
-    `config.metric_goal`). Strictly: of equal epochs the earliest stays the best, as Vertex's
+    """Whether `value` beats `best` (None: no epoch yet) in the direction `goal`
+    (`config.metric_goal`). Strictly: the earliest of equal epochs stays the best, as Vertex's
     BEST_MEASUREMENT and `local.tuner` keep the first of equal measurements. A NaN or infinite
     value never improves."""
     if not math.isfinite(value):
@@ -324,11 +302,8 @@ def improves(goal: str, value: float, best: float | None) -> bool:
 
 
 def latest_backup(backup_dir: str) -> str | None:
-    """The newest checkpoint of the chief's backup: tf-keras's BackupAndRestore reads and (on the
-    chief, or a single machine) writes `<backup_dir>/chief` through a CheckpointManager with
-    max_to_keep=1 (`WorkerTrainingState.__init__` in tf_keras/src/distribute/
-    worker_training_state.py: `os.path.join(checkpoint_dir, "chief")`; other workers write into
-    a temporary folder they delete). None when nothing was backed up."""
+    """The newest checkpoint of the chief's backup, `<backup_dir>/chief` (tf-keras's layout:
+    `adapters.BACKUP_CHIEF_FOLDER`); None when nothing was backed up."""
     found: str | None = tf.train.latest_checkpoint(
         storage.resolve(storage.join(backup_dir, adapters.BACKUP_CHIEF_FOLDER))
     )
@@ -336,9 +311,8 @@ def latest_backup(backup_dir: str) -> str | None:
 
 
 def backup_position(checkpoint: str) -> tuple[int, int]:
-    """(epoch, step), both 0-based, at which a backup checkpoint was saved: the variables
-    `ckpt_saved_epoch` and `ckpt_saved_batch` tf-keras saves with the model (same file). A backup
-    saved at an epoch's end holds its last step, steps_per_epoch - 1."""
+    """(epoch, step), both 0-based, at which a backup checkpoint was saved (tf-keras's variables,
+    `adapters.SAVED_EPOCH_KEY`); an epoch's end holds its last step, steps_per_epoch - 1."""
     reader = tf.compat.v1.train.NewCheckpointReader(checkpoint)  # the prefix, never a folder
     epoch = reader.get_tensor(adapters.SAVED_EPOCH_KEY)
     step = reader.get_tensor(adapters.SAVED_BATCH_KEY)
@@ -349,22 +323,13 @@ class BestEpoch(keras.callbacks.Callback):
     """Keeps the epoch with the best `metric` (`--hp_metric`) as the export candidate, and stops
     training once it has not improved for `patience` epochs (0: never).
 
-    Every replica takes the same decisions: the metrics in `logs` are the same on every replica
-    under MultiWorkerMirroredStrategy (Keras reads its metrics' variables across replicas, an
-    all-reduce), and the best so far is read by every replica from `best.json` before training
-    (`resume`). So every replica sets `model.stop_training` at the same epoch, and knows which
-    checkpoint to restore before the export (`export_plan`), which every replica must run.
-
-    Only the chief writes. When an epoch improves and `keep_weights` is set (`--export_epoch
-    best`), it copies that epoch's backup, just saved by `Backup` (so this callback comes after
-    it), into `<checkpoint_dir>/best/epoch-<NNNN>.*`, then records it in `best.json` (written
-    through a temporary name), then deletes the older copies. A crash at any point leaves
-    `best.json` naming a complete copy; files no record names are deleted at the next write.
-
-    A crash (or SIGTERM: `Backup` stops the process after its save, before this callback) after
-    an epoch's backup and before its record loses that epoch's decision: `resume` takes it again
-    at the restart, from `history.json` (written before the backup) and the backup itself, which
-    still holds that epoch's end (the next backup comes after the decision).
+    Every replica takes the same decisions (`logs` metrics are all-reduced; the best so far is
+    read from `best.json` by `resume`), so all stop at the same epoch and restore the same
+    checkpoint before the export (`export_plan`), which every replica must run. Only the chief
+    writes: with `keep_weights` (`--export_epoch best`) it copies an improving epoch's backup,
+    just saved by `Backup`, into `<checkpoint_dir>/best/epoch-<NNNN>.*`, records it in
+    `best.json`, then deletes older copies. A crash or SIGTERM between an epoch's backup and its
+    record is decided again by `resume`. docs/training.md, "Which epoch is exported", says how.
     """
 
     def __init__(
@@ -419,8 +384,8 @@ class BestEpoch(keras.callbacks.Callback):
 
     def resume(self, history: dict[str, dict[str, float]]) -> None:
         """Before training, on every replica: where the backup stands, and the decision on the
-        last epoch it holds if a crash lost it (see the class docstring). Raises ValueError when
-        `best.json` names an epoch the backup has not reached (the backup was deleted)."""
+        last epoch it holds if a crash lost it (from `history.json`, written before the backup).
+        Raises ValueError when `best.json` names an epoch the backup has not reached."""
         latest = latest_backup(self.backup_dir)
         completed = 0
         at_epoch_end = False

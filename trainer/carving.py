@@ -35,11 +35,7 @@ def too_few_to_carve(train_count: int, sizes: Mapping[str, int]) -> str | None:
 
 
 def carve_plan(source: Source, config: PrepareConfig) -> tuple[dict[str, int], Any, dict[str, str]]:
-    """Output split sizes and, per train example, the output split it goes to.
-
-    A split the source lacks is carved from train by a permutation seeded with `seed`, so
-    the same source and seed always give the same split.
-    """
+    """Output split sizes and, per train example, the output split it goes to."""
     import numpy as np
 
     n_train = source.splits["train"].count

@@ -1,11 +1,9 @@
 """The trainer's configuration: one frozen dataclass, built and validated once from flags.
 
 Flags use underscores because they double as Vertex AI tuning parameter ids: a trial receives
-`--<parameter_id>=<value>`. Environment variables are read only here, as flag defaults
-(`AIP_MODEL_DIR`, `AIP_CHECKPOINT_DIR`, `AIP_TENSORBOARD_LOG_DIR`), and as the worker pool's
-hardware request (`gpu_request`: the `TRAINER_POOL_*` variables the pipeline's worker pool specs
-carry). Nothing in this module imports TensorFlow, so a bad flag is rejected (argparse error,
-exit code 2) in milliseconds.
+`--<parameter_id>=<value>`. Environment variables are read only here: as flag defaults (`AIP_*`)
+and as the worker pool's hardware request (`gpu_request`). No TensorFlow, so a bad flag is
+rejected (exit code 2) in milliseconds.
 """
 
 from __future__ import annotations
@@ -21,31 +19,25 @@ from typing import Any
 from trainer import backbones
 
 BACKBONES = backbones.NAMES
-"""Backbones `--backbone` accepts: the registry's (`trainer.backbones.REGISTRY`); `tiny` is a small
-CNN for tests and fast local runs."""
+"""`--backbone`'s choices: the registry's (`trainer.backbones.REGISTRY`)."""
 
 HP_METRICS = ("val_accuracy", "val_loss", "accuracy", "loss")
 """Metrics the trainer computes every epoch, and so the only valid `--hp_metric` tags."""
 
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 32, 1024
-# The most pixels an image may have, in a folder source or a serving request: width x height (for
-# a GIF, every frame's, added up: TensorFlow reads all the frames of a GIF even when it keeps the
-# first; measured here with TF 2.21, decoding a 40-frame 3000x3000 GIF with
-# expand_animations=False raised the peak memory by 430 MB, a 1-frame one by 39 MB). 8192 x 8192 =
-# 67.1 MP: above the largest full-frame cameras' photos (about 61 MP: 9504 x 6336) and phones' 50
-# MP modes, and 8 times the largest --image_size (1024) on each side, so downscaling an image over
-# it loses nothing the training keeps (medium-format 100 MP and phones' 200 MP photos must be
-# downscaled). Decoding and resizing one 8192 x 8192 JPEG raised the peak memory by 231 MB here (a
-# 12 MP photo: 49 MB), and preparation decodes several images at once (tf.data.AUTOTUNE); the 1.1
-# MB PNG of 20000 x 20000 pixels of issue 24 is 6 times the limit. Checked from the header, before
-# decoding.
+# The most pixels an image may have, in a folder source or a serving request, checked from the
+# header before decoding: width x height, a GIF's frames added up (TensorFlow 2.21 reads every
+# frame even to keep the first: a 40-frame 3000x3000 GIF raised the peak memory by 430 MB, one
+# frame by 39 MB). 8192 x 8192 = 67.1 MP is above full-frame cameras' photos (about 61 MP: 9504 x
+# 6336) and phones' 50 MP modes, and 8 times the largest --image_size on each side, so
+# downscaling loses nothing training keeps. One such JPEG raised the peak by 231 MB decoded and
+# resized (a 12 MP photo: 49 MB), and preparation decodes several at once; issue 24's 1.1 MB PNG
+# of 20000 x 20000 pixels is 6 times the limit.
 MAX_IMAGE_PIXELS = 8192 * 8192
 SPLITS = ("train", "validation", "test")
 """The splits every prepared dataset has."""
 AUGMENT_POLICIES = ("auto", "none", "flip_lr", "flip", "leaf")
-"""`--augment`: `none`; `flip_lr` (left-right flips); `flip` (both axes); `leaf` (flips, 90-degree
-rotations, brightness, contrast and a random crop resized back: for photos of leaves, whose
-class does not depend on orientation or framing); `auto` follows the data (`augment_policy`)."""
+"""`--augment` (docs/training.md#augmentation-augment); `auto` follows the data (`resolve_augment`)."""
 EXPORT_EPOCHS = ("best", "last")
 """`--export_epoch`: `best` exports the weights of the epoch with the best `--hp_metric` (the
 earliest of equals), `last` those of the last epoch trained."""
@@ -60,44 +52,24 @@ JPEG/PNG (smaller files, decoded once before the cache)."""
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Everything one training run needs, resolved and validated.
+    """Everything one training run needs, resolved and validated: a field per flag of
+    `build_parser` (docs/contracts.md, section 1). Those whose name does not say it all:
 
-    Attributes:
       data_dir: folder written by `python -m trainer.prepare` (`metadata.json` + TFRecords).
       model_dir: where the chief publishes the SavedModel, `metrics.json` and `config.json`.
       checkpoint_dir: where progress is backed up every epoch (shared by all workers).
-      tensorboard_dir: TensorBoard event files.
-      epochs: number of passes over the training split.
-      per_replica_batch_size: examples per replica per step; the global batch is this times
-        the number of replicas in sync.
-      learning_rate: Adam's learning rate.
-      image_size: side of the square images the model sees; images prepared at another size
-        are resized on the device.
-      backbone: one of BACKBONES.
+      per_replica_batch_size: examples per replica per step (x the replicas in sync: the global batch).
+      image_size: side of the square images the model sees (others are resized on the device).
       weights: "imagenet", "none", or a path (local, `/gcs/` or `gs://`) to a weights file.
-      fine_tune_fraction: fraction of the backbone's layers, counted from the top, that are
-        trained; 0 trains the head only, 1 the whole network.
+      fine_tune_fraction: share of the backbone's layers, from the top, trained (0: head only).
       dense_units: width of the head's hidden layer (0: no hidden layer).
-      dropout: dropout rate before the classifier.
       mixed_precision: compute in float16 on GPUs (bfloat16 on CPUs); the output stays float32.
-      xla: compile the training step with XLA.
-      hp_metric: the metric reported to Vertex AI hyperparameter tuning every epoch.
       seed: seeds weights initialisation and shuffling.
-      shuffle_buffer: examples in the training shuffle buffer.
-      augment: the augmentation policy, one of AUGMENT_POLICIES (applied in the model, on the
-        device, in training only).
-      lr_schedule: one of LR_SCHEDULES.
+      augment: one of AUGMENT_POLICIES (in the model, on the device, in training only).
       warmup_epochs: epochs of linear warm-up of the cosine schedule (at most half the run).
-      lr_reference_batch_size: the global batch size `learning_rate` is meant for; the peak rate
-        is `learning_rate * global batch / lr_reference_batch_size` (the linear scaling rule).
-        0: the per-replica batch size, so `learning_rate` is the rate of one replica and scales
-        with the replicas in sync.
-      label_smoothing: label smoothing of the cross-entropy, in [0, 1).
-      class_weights: one of CLASS_WEIGHTS.
-      export_epoch: which epoch's weights are exported, one of EXPORT_EPOCHS: `best` by
-        `hp_metric` (`metric_goal` gives the direction), or `last`.
-      early_stopping_patience: stop once `hp_metric` has not improved for this many epochs
-        (0: never; train all `epochs`).
+      lr_reference_batch_size: the global batch `learning_rate` is meant for (linear scaling:
+        `model.peak_learning_rate`); 0: the per-replica batch, so it scales with the replicas.
+      export_epoch: one of EXPORT_EPOCHS (`metric_goal` gives `best`'s direction).
     """
 
     data_dir: str
@@ -135,10 +107,9 @@ PATH_FIELDS = ("data_dir", "model_dir", "checkpoint_dir", "tensorboard_dir")
 STATE_FIELDS = tuple(
     f.name for f in dataclasses.fields(TrainConfig) if f.name not in (*PATH_FIELDS, "hp_metric")
 )
-"""Every field that shapes training (all but the folders, whose data is pinned by the dataset's
-fingerprint instead, and the reported metric's name). A backup may only be resumed by a run with
-the same values: resuming another run's backup with another learning rate, dropout, batch size
-or seed would silently publish a model trained half one way and half the other."""
+"""Every field that shapes training (not the folders, whose data the dataset's fingerprint pins,
+nor the reported metric's name). A backup may only be resumed with the same values, or the model
+published would be trained half one way and half the other."""
 
 
 def metric_goal(metric: str) -> str:
@@ -155,12 +126,9 @@ def metric_goal(metric: str) -> str:
 
 
 def whole_number(text: str) -> int:
-    """An integer flag's value: `32`, or a whole-valued number such as `32.0` or `3.2e1`.
-
-    Vertex AI hyperparameter tuning hands every numeric trial value over as a JSON double, so
-    INTEGER and DISCRETE parameters arrive as `--per_replica_batch_size=32.0` (the API returns
-    `Trial.Parameter.value` as a `google.protobuf.Value` number: googleapis/python-aiplatform
-    issue #866). `32.5`, `nan` and `inf` are refused."""
+    """An integer flag's value: `32`, or a whole-valued number such as `32.0` or `3.2e1`, as tuning
+    trials receive INTEGER and DISCRETE values (docs/facts.md, fact 25;
+    googleapis/python-aiplatform issue #866). `32.5`, `nan` and `inf` are refused."""
     try:
         return int(text)
     except ValueError:
@@ -228,13 +196,9 @@ def augment_policy(text: str) -> str:
 
 
 def resolve_augment(policy: str, source: str) -> str:
-    """The policy `auto` stands for, given the prepared dataset's source: `leaf` for TFDS's cassava
-    (leaf photos: no orientation, framing and light vary); `flip` for the synthetic leaves (a
-    smoke-test set trained for a few epochs at 64 px by a tiny model, whose classes are colours
-    and textures: the leaf policy's lighting and crops cost it more epochs than a local run has;
-    `--augment leaf` still applies it); `none` for anything else (an image folder may hold text,
-    digits or scans whose class depends on orientation; a user who knows it does not picks a
-    policy)."""
+    """The policy `auto` stands for, given the prepared dataset's source: `leaf` for TFDS's
+    cassava, `flip` for the synthetic leaves, `none` for anything else (why:
+    docs/training.md#augmentation-augment)."""
     if policy != "auto":
         return policy
     return {"tfds:cassava": "leaf", "synthetic": "flip"}.get(source, "none")
@@ -411,11 +375,9 @@ class GpuRequest:
 
 
 def gpu_request(environ: Mapping[str, str] | None = None) -> GpuRequest | None:
-    """The worker pool's request from `TRAINER_POOL_*` (docs/contracts.md, section 2), or None
-    when none of them is set (a replica not started from this pipeline's worker pool specs: a
-    test, a benchmark, a hand-made job), which nothing checks.
-
-    Raises ValueError naming each variable that is missing or bad and what it takes."""
+    """The worker pool's request from `TRAINER_POOL_*` (docs/contracts.md, section 2), or None when
+    none is set (a replica not started from this pipeline's worker pool specs), which nothing
+    checks. Raises ValueError naming each variable that is missing or bad and what it takes."""
     env = os.environ if environ is None else environ
     values = {name: env.get(name) for name in POOL_ENV}
     if all(value is None for value in values.values()):

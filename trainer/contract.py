@@ -1,10 +1,9 @@
 """What the trainer promises to the code that reads its output: file names and JSON keys.
 
-The pipeline's components read these files but cannot import this package (they run on the
-Google Cloud Pipeline Components image, which has no trainer), so each reading module keeps its
-own list of the keys it reads (`METRICS_READ`, `METADATA_READ`) and `tests/test_contracts.py`
-checks every such list against the declarations here. docs/contracts.md describes each file.
-Standard library only: no TensorFlow, so the contract can be checked in milliseconds.
+The pipeline's components cannot import this package (the Google Cloud Pipeline Components
+image has no trainer), so each reading module lists the keys it reads (`METRICS_READ`,
+`METADATA_READ`) and `tests/test_contracts.py` checks them against the declarations here.
+docs/contracts.md describes each file. Standard library only.
 """
 
 from __future__ import annotations

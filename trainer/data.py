@@ -4,14 +4,11 @@ Built for speed: TFRecord shards are read in parallel and sharded across workers
 worker reads only its own files), images stay uint8 until they reach the device, and batches
 are prefetched. Evaluation order is deterministic.
 
-Memory is bounded by a cache budget (`cache_budget`: a share of the container's memory limit,
-or $TRAINER_CACHE_BUDGET_MB). Each split's decoded size per worker is known from metadata.json
-before anything is read (`plan_cache`): a split that fits what is left of the budget is decoded
-once and cached in memory (training order then non-deterministic: faster); a split that does not
-is streamed from its shards every epoch, decoded per element, through a shuffle buffer sized to
-the budget (training order then a function of the seed). One line per split says which and why.
-
-metadata.json is read, and the shards checked against it, by `trainer.datasetinfo`.
+Memory is bounded by a cache budget (`cache_budget`; docs/running.md#memory): a split whose
+decoded size per worker, known from metadata.json, fits what is left of it is cached decoded
+(training order then non-deterministic: faster); a larger one is streamed from its shards every
+epoch through a shuffle buffer sized to the budget (order then a function of the seed). One line
+per split says which and why (`plan_cache`).
 """
 
 from __future__ import annotations
@@ -45,26 +42,23 @@ CACHE_BUDGET_ENV = "TRAINER_CACHE_BUDGET_MB"
 """Overrides the cache budget: a whole number of MiB (1 MiB = 2**20 bytes) per worker process;
 0 streams every split (with a 1-example training shuffle buffer)."""
 CACHE_FRACTION = 0.5
-"""The share of the process's memory limit that the cache budget may take. The other half is
-for what the budget does not count and cannot know from metadata.json: activations of a training
-step held in host memory (several GiB for ResNet50 at batch 64 on a CPU), tf.data's in-flight
-elements (interleave, parallel map, prefetch), the allocator's fragmentation, and anything else
-in the container. Half is also tf.data's own default RAM budget for autotuned buffers
-(`tf.data.experimental.AutotuneOptions.ram_budget`). Overshooting kills the job (the container is
-OOM-killed) while undershooting only costs reading speed, so the split leans to safety."""
+"""The share of the process's memory limit the cache budget may take. The other half is for what
+it cannot know from metadata.json: a training step's activations in host memory (several GiB for
+ResNet50 at batch 64 on a CPU), tf.data's in-flight elements, the allocator's fragmentation, the
+rest of the container. Half is also tf.data's default RAM budget for autotuned buffers
+(`tf.data.experimental.AutotuneOptions.ram_budget`). Overshooting gets the container OOM-killed;
+undershooting only costs reading speed."""
 MODEL_RESERVE_BYTES = 3 << 29
-"""1.5 GiB taken off the budget for what the model needs whatever the batch: the TensorFlow
-runtime (558 MiB resident after import, measured by the `input` benchmark) plus the largest
-backbone's weights, gradients and two Adam slots (ResNet101: 44.5 M parameters x 16 bytes =
-0.7 GiB)."""
+"""1.5 GiB off the budget for what the model needs whatever the batch: the TensorFlow runtime
+(558 MiB resident after import, the `input` benchmark) plus the largest backbone's weights,
+gradients and two Adam slots (ResNet101: 44.5 M parameters x 16 bytes = 0.7 GiB)."""
 EXAMPLE_OVERHEAD_BYTES = 256
 """Bytes a cached example costs beyond its pixels: the label and two tensors' bookkeeping."""
 STREAM_BUFFER_FACTOR = 3
-"""What a streamed shuffle buffer is charged, per example, in multiples of its decoded size. Its
-records are allocated and freed by many tf.data threads, and glibc's per-thread arenas keep
-freed memory: on the `memory` benchmark's 300 px data (2 cores) buffers of 124 to 1,000 examples
-added 1.8-3.0x their bytes to peak resident memory (1x with `MALLOC_MMAP_THRESHOLD_` fixed, at
-half the speed). A cache, filled once, costs 1x."""
+"""A streamed shuffle buffer's charge per example, in multiples of its decoded size: glibc's
+per-thread arenas keep what tf.data's threads free. On the `memory` benchmark (300 px, 2 cores)
+buffers of 124 to 1,000 examples added 1.8-3.0x their bytes to peak resident memory (1x with
+`MALLOC_MMAP_THRESHOLD_` fixed, at half the speed). A cache, filled once, costs 1x."""
 UNLIMITED = 1 << 60
 """cgroup v1 writes "no limit" as a huge number (9223372036854771712); anything above this is one."""
 MIB = 1 << 20
@@ -273,11 +267,9 @@ def make_dataset(
 
     `batch_size` is the global batch: under a distribution strategy each replica receives its
     share. Training datasets repeat forever (callers give `steps_per_epoch`), so every worker
-    runs the same number of steps whatever its shards hold; evaluation datasets end.
-    With fewer shards than `num_workers` (tiny datasets) FILE sharding is impossible and
-    every worker reads all files, keeping its share of the examples (DATA sharding).
-    `budget` (default: `cache_budget()`) decides whether the split is cached or streamed
-    (`plan_cache`); `log` receives the one line saying which (None: silent).
+    runs the same number of steps whatever its shards hold; evaluation datasets end. `budget`
+    (default `cache_budget()`) decides cached or streamed (`plan_cache`); `log` gets the line
+    saying which (None: silent).
     """
     info = meta.splits[split]
     files = [storage.resolve(storage.join(data_dir, shard)) for shard in info.shards]
@@ -315,11 +307,9 @@ def make_dataset(
         policy.FILE if shards_by_file(info, num_workers) else policy.DATA
     )
     options.deterministic = not training or not plan.cache
-    # No autotuning model: the parallel steps run at min(16, cores) (AutotuneOptions'
-    # initial_parallelism), the most a decode pipeline can use, and the prefetch buffers keep
-    # their own tuner. The model's thread made deleting a training iterator wait for its next
-    # optimisation period: measured here, a worker's `model.fit` returned 38-97 s after its last
-    # epoch under MultiWorkerMirroredStrategy, the chief waiting on it (docs/facts.md, fact 37).
+    # No autotuning model (parallel steps run at min(16, cores), AutotuneOptions'
+    # initial_parallelism; prefetch keeps its own tuner): its thread delayed a worker's `model.fit`
+    # by up to 97 s after its last epoch, the chief waiting on it (docs/facts.md, fact 37).
     options.autotune.enabled = False
     return ds.with_options(options)
 
@@ -328,13 +318,10 @@ def untune_device_iterators() -> None:
     """Turns the autotuning model off in the per-device iterators of every MultiDeviceIterator
     this process builds: what a distribution strategy (and Keras' `fit`) feeds each replica from.
 
-    Those iterators read from TensorFlow's own per-device datasets, built with default options
-    (`tensorflow/python/data/ops/multi_device_iterator_ops.py`, `_create_device_dataset`), so the
-    options `make_dataset` sets never reach them, and no public option does. Their model thread
-    made `model.fit` return up to one optimisation period late (about 9 s in 2 of 3 two-replica
-    runs here) while every other replica waited in the next collective: idle, billed time at the
-    end of every training and trial, GPU or not (docs/facts.md, fact 37). A device iterator only
-    holds a fixed prefetch buffer, so there is nothing to tune there. Idempotent.
+    They read TensorFlow's own per-device datasets, built with default options
+    (`tensorflow/python/data/ops/multi_device_iterator_ops.py`, `_create_device_dataset`), which
+    no public option reaches; their model thread made `model.fit` return late while the other
+    replicas waited (docs/facts.md, fact 37). Idempotent.
     """
     from tensorflow.python.data.ops import multi_device_iterator_ops as mdi
 
@@ -362,13 +349,11 @@ def _streamed(
 ) -> tf.data.Dataset:
     """Every epoch reads the shards again, in parallel, and decodes each example.
 
-    Training: the shard order is shuffled every epoch, each shard is read from a seeded offset
-    onwards and then from its start (every record once), and serialized records pass through a
-    `shuffle_buffer` before they are decoded (smaller than decoded for JPEG/PNG). Reads and
-    decoding keep their order (`deterministic=True`), so the order is a function of the seed.
-    The offsets matter: `trainer.prepare` writes records round-robin in source order, and a folder
-    source lists class by class, so shards read from their starts in lockstep would fill the
-    buffer with one class at a time."""
+    Training: the shard order is shuffled every epoch, each shard read from a seeded offset then
+    from its start (every record once), and records shuffled before decoding (smaller, for JPEG
+    and PNG); the order is a function of the seed. The offsets matter: records are written
+    round-robin in source order, class by class for a folder, so shards read from their starts in
+    lockstep would fill the buffer with one class at a time."""
     ds = tf.data.Dataset.from_tensor_slices(files)
     read: Callable[[tf.Tensor], tf.data.Dataset] = tf.data.TFRecordDataset
     if training:
@@ -414,14 +399,10 @@ def check_global_batch(
 ) -> None:
     """Raises BatchTooLarge when `per_replica_batch_size x replicas` exceeds the training split.
 
-    The rule is the condition under which one training step cannot be filled from one pass over
-    the split. Training batches are `batch(global_batch, drop_remainder=True)` after `repeat()`
-    (`make_dataset`), so the pipeline never runs dry and no error would come: a global batch
-    larger than the split would fill every step by drawing images again (the same image twice in
-    one step, whatever the order), and `count // global_batch`, the steps in an epoch, would be 0,
-    which `steps_per_epoch`'s max(1, ...) would hide, calling one such step an epoch (the learning
-    rate schedule, the best epoch and early stopping all count epochs). A global batch equal to
-    the split is one step per epoch holding every image once."""
+    No error would come otherwise: training batches follow `repeat()` (`make_dataset`), so such a
+    batch would draw images again (the same image twice in one step), and `steps_per_epoch`'s
+    max(1, ...) would call one step an epoch (the learning rate schedule, the best epoch and early
+    stopping all count epochs). A global batch equal to the split is one step holding every image."""
     count = meta.splits["train"].count
     global_batch = per_replica_batch_size * replicas
     if global_batch <= count:

@@ -1,11 +1,9 @@
 """What a prepared dataset's metadata.json says (`load_metadata`, `DatasetMetadata`), and its
 shards checked against it.
 
-The shards are checked against metadata.json's manifest (each shard's name, exact size, record
-count and SHA-256) whenever a dataset is loaded (`verify_shards`): sizes on every load (one
-listing and a stat per shard), the SHA-256 of every shard with $TRAINER_VERIFY_DATA=full, and of
-the shards that need explaining whenever something does not match. A record found corrupt later,
-while training or evaluating, is explained the same way (`explain_read_error`).
+The shards are checked against metadata.json's manifest whenever a dataset is loaded
+(`verify_shards`), and a record found corrupt later, while training or evaluating, is explained
+the same way (`explain_read_error`).
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ class DataError(ValueError):
         self.faults = [(f.where, f.kind) for f in faults]
 
 
-# What can be wrong with a prepared dataset, as DataError.faults names it.
 FAULT_KINDS = (
     "missing",  # a shard metadata.json lists is not in the folder
     "extra",  # a .tfrecord in the folder that metadata.json does not list
@@ -157,9 +154,8 @@ def _split_info(split: str, s: Mapping[str, Any]) -> SplitInfo:
 def manifest_fingerprint(metadata: Mapping[str, Any]) -> str:
     """The dataset's fingerprint, "sha256:<hex>": SHA-256 of the canonical JSON (sorted keys, no
     spaces) of {class_names, image_size, encoding, splits: {split: {count, class_counts, shards:
-    [[name, bytes, records, sha256], ...]}}} taken from metadata.json's own entries. Every shard's
-    SHA-256 is in it, so it is a fingerprint of the content; recomputed by every reader, it
-    changes when any of those entries is edited without the fingerprint."""
+    [[name, bytes, records, sha256], ...]}}} from metadata.json's own entries: a fingerprint of the
+    content, which every reader recomputes to catch an edited entry."""
     doc = {
         "class_names": list(metadata["class_names"]),
         "image_size": metadata["image_size"],
@@ -226,11 +222,8 @@ def read_metadata(data_dir: str) -> DatasetMetadata:
 
 
 def load_metadata(data_dir: str, verify: str | None = None) -> DatasetMetadata:
-    """Reads `metadata.json` and checks the shards it lists (see `verify_shards`).
-
-    `verify`: "size" (cheap: every shard listed is there under its name with its exact size, and
-    no other shard is) or "full" (also the SHA-256 of every shard); None takes
-    $TRAINER_VERIFY_DATA, else "size"."""
+    """Reads `metadata.json` and checks the shards it lists (`verify_shards`; `verify` None takes
+    $TRAINER_VERIFY_DATA, else "size")."""
     meta = read_metadata(data_dir)
     verify_shards(data_dir, meta, verify)
     return meta
@@ -243,14 +236,11 @@ def expected_records(count: int, shards: int, index: int) -> int:
 
 def verify_shards(data_dir: str, meta: DatasetMetadata, verify: str | None = None) -> None:
     """Checks the prepared files against metadata.json's manifest; raises DataError naming each
-    shard that differs, its split, what was expected and what was found, and what to do.
-
-    Always (no shard read): the manifest is self-consistent (names, record counts as written
-    round-robin, class counts adding up, the fingerprint computed again from the entries); the
-    folder lists every shard and no other `.tfrecord`; each shard has its exact size. "full":
-    also the SHA-256 of every shard. A shard of the wrong size, and every shard when the
-    fingerprint shows metadata.json was edited, is hashed to say what it holds (another shard's
-    content: swapped or copied; or how many of its records read intact)."""
+    shard that differs, its split, what was expected and found, and what to do. Always (no shard
+    read, one listing and a stat per shard): the manifest is self-consistent (names, round-robin
+    record counts, class counts, the fingerprint computed again); the folder lists every shard and
+    no other `.tfrecord`; each shard has its exact size. "full": also every shard's SHA-256. A shard of the wrong size, and every shard when metadata.json was edited, is
+    hashed to say what it holds (another shard's content, or how many records read intact)."""
     mode = verify or os.environ.get(VERIFY_ENV) or "size"
     if mode not in VERIFY_MODES:
         raise ValueError(f"verify={mode!r} (or ${VERIFY_ENV}): expected one of {VERIFY_MODES}")

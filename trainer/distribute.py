@@ -1,24 +1,17 @@
 """Who am I in the cluster, and which distribution strategy to build.
 
-The cluster comes from `TF_CONFIG` as Vertex AI writes it: worker pool 0 is the `chief`
-(exactly one replica), pool 1 the `worker`s, and pool 2, when the job has one, `ps` (Vertex's
-"Distributed training" page, "The format of TF_CONFIG": pool 2 is "Parameter servers, Reduction
-Server", and its TF_CONFIG example lists pool 2's replica under `ps`;
-https://cloud.google.com/vertex-ai/docs/training/distributed-training). Without `TF_CONFIG`
-this process is a whole single-machine job. The parsing and the chief rule need no TensorFlow;
-`create_strategy` does.
+The cluster comes from `TF_CONFIG` as Vertex AI writes it: worker pool 0 is the `chief` (one
+replica), pool 1 the `worker`s, and pool 2, when the job has one, `ps` (Vertex's "Distributed
+training" page, "The format of TF_CONFIG": pool 2 is "Parameter servers, Reduction Server", and
+its example lists pool 2's replica under `ps`;
+https://cloud.google.com/vertex-ai/docs/training/distributed-training). Without `TF_CONFIG` this
+process is a whole single-machine job. Only `create_strategy` needs TensorFlow.
 
-Before the strategy, `check_gpus` compares the GPUs TensorFlow sees with those this replica's
-worker pool asked for (`trainer.config.gpu_request`): a replica that sees fewer stops at once with
-one line (`gpu_shortfall`, the one rule; `local.jobs` words its own refusal the same way, pinned by
-tests/local/test_jobs_gpus.py) and exit status `GPUS_MISSING_EXIT_CODE`, instead of training on CPU
-while the GPUs are billed.
-
-Only the training tasks (chief + workers) make up the cluster the strategy is built over: with
-a `ps` entry in its cluster, TensorFlow 2.21's MultiWorkerMirroredStrategy makes `ps` task 0 the
-leader of its coordination service (`multi_worker_util.coordination_leader`), and a Reduction
-Server replica is no TensorFlow server, so every replica waits for it forever (measured:
-tests/trainer/test_reduction_server.py, docs/architecture.md#reduction-server).
+The strategy spans the training tasks (chief + workers) only: with `ps` in its cluster,
+TensorFlow 2.21's MultiWorkerMirroredStrategy makes `ps` task 0 its coordination service's leader
+(`multi_worker_util.coordination_leader`), and a Reduction Server replica is no TensorFlow server,
+so every replica would wait forever (tests/trainer/test_reduction_server.py,
+docs/architecture.md#reduction-server).
 """
 
 from __future__ import annotations
@@ -34,7 +27,6 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 TRAINING_TASK_TYPES = ("chief", "worker")
-# Vertex's worker pool of each training task type (pool 0 is the chief, pool 1 the workers).
 POOL_OF_TASK = {"chief": "workerpool0", "worker": "workerpool1"}
 GPUS_MISSING_EXIT_CODE = 3
 """Exit status of a replica that sees fewer GPUs than its worker pool asked for (`check_gpus`),
@@ -43,18 +35,11 @@ before any training: not 1 (a failure with a traceback), 2 (bad flags) or 143 (S
 
 @dataclasses.dataclass(frozen=True)
 class ClusterInfo:
-    """This process's place in the training cluster.
-
-    Attributes:
-      task_type: "chief", "worker", or None for a single machine without TF_CONFIG.
-      task_index: index within the task type (0 for a single machine).
-      num_workers: machines that train together (chief + workers; 1 for a single machine).
-      has_chief_task: whether the cluster has a `chief` entry (Vertex's layout).
-      training_cluster: the training tasks' addresses, `{"chief": (...), "worker": (...)}`
-        (empty for a single machine): the cluster the strategy is built over.
-      other_task_types: task types TF_CONFIG lists besides those (`ps`, `evaluator`); no
-        training process talks to them.
-    """
+    """This process's place in the training cluster: `task_type` None is a single machine without
+    TF_CONFIG; `num_workers` the machines that train together (chief + workers); `training_cluster`
+    their addresses, the cluster the strategy is built over (empty for a single machine);
+    `other_task_types` those TF_CONFIG also lists (`ps`, `evaluator`), which no training process
+    talks to."""
 
     task_type: str | None = None
     task_index: int = 0
@@ -65,12 +50,8 @@ class ClusterInfo:
 
     @property
     def is_chief(self) -> bool:
-        """The one rule for who writes final artifacts.
-
-        - Vertex's layout: the `chief` task.
-        - A cluster without a chief entry: worker 0.
-        - A single machine (no TF_CONFIG, or a cluster of one): it is the chief.
-        """
+        """The one rule for who writes final artifacts: the `chief` task (Vertex's layout), worker 0
+        in a cluster without one, a single machine (no TF_CONFIG, or a cluster of one)."""
         if self.task_type is None or self.task_type == "chief":
             return True
         return self.task_type == "worker" and self.task_index == 0 and not self.has_chief_task
@@ -197,9 +178,9 @@ def gpu_shortfall(
     seen_by: str,
     detail: str = "",
 ) -> str | None:
-    """The one rule: None when `gpus` (what `seen_by` sees) covers what the pool asked for, else
-    the one line that says so, naming the pool, its machine type, the GPUs asked and the devices
-    seen. More GPUs than asked is fine."""
+    """The one rule (`local.jobs` words its own refusal the same: tests/local/test_jobs_gpus.py):
+    None when `gpus` (what `seen_by` sees) covers what the pool asked for (more is fine), else
+    the one line that says so, naming the pool, its machine type, the GPUs asked and seen."""
     asked = request.accelerator_count
     if gpus >= asked:
         return None

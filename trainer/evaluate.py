@@ -1,21 +1,15 @@
 """Evaluates models side by side on one prepared dataset's split, the way they are served:
 `python -m trainer.evaluate --data_dir D --model_dir CHALLENGER [--champion_dir CHAMPION]`.
 
-The champion/challenger gate's like-for-like comparison. The champion recorded its test figures
-on the test split of *its* run, which may be other data (new images, another preparation); so the
-pipeline's evaluation job (one CPU replica on the trainer image) runs both models here, on this
-run's test split, and the gate compares those figures (docs/training.md, "The gate").
+The champion/challenger gate's like-for-like comparison: the champion's recorded test figures
+may come from other data, so the pipeline's evaluation job (one CPU replica on the trainer image)
+runs both models here, on this run's test split (docs/training.md, "The gate").
 
-Both models are run through their `serving_default` signature, the contract every published
-model keeps: each stored test image is encoded as PNG (lossless) and given as `image_bytes`, so
-each model decodes and resizes it exactly as it would when served, whatever image size it was
-trained at. Writes `evaluation.json` (trainer.contract.EVALUATION_KEYS) into `--output_dir`
-(default: $AIP_MODEL_DIR, which Vertex derives from the job's base output directory), with
-each model's accuracy, loss, macro F1, per-class figures and confusion matrix, and the figures
-the champion recorded on its own test split beside them. With a champion, `comparison` pairs the
-two models example by example (`trainer.pairedstats.compare`): the differences challenger -
-champion in accuracy and macro F1 with their 95% paired-bootstrap intervals, and the exact
-McNemar test of the accuracies.
+Both models run through their `serving_default` signature on stored images encoded as PNG
+(lossless), so each decodes and resizes as served, whatever size it was trained at. Writes
+`evaluation.json` (trainer.contract.EVALUATION_KEYS) into `--output_dir` (default:
+$AIP_MODEL_DIR): each model's figures beside those it recorded and, with a champion, their
+paired `comparison` (`trainer.pairedstats.compare`).
 
 Everything is checked before any image is read: both models load and have the signature, the
 champion was trained on the dataset's class names in the same order. Exit status 2 on a bad
@@ -154,7 +148,6 @@ def evaluate(
     meta = datasetinfo.load_metadata(data_dir)
     if meta.splits[split].count == 0:
         raise EvaluationError(f"{data_dir}: the {split} split has no images")
-    # Every check before any image is read.
     recorded, predictors = {}, {}
     for role, model_dir in models.items():
         recorded[role] = recorded_metrics(model_dir)

@@ -1,9 +1,8 @@
 """`python -m trainer.flagcheck`: the trainer's own flag rules, applied before any job starts.
 
-The trainer's flags are checked by the trainer's parsers (`trainer.config`, `trainer.prepare`),
-which is where they live; this entry point lets the front door (`make run`, `make schedule`)
-apply those same parsers to the flags a run would hand the jobs, in milliseconds and before any
-request, instead of the job failing on its first line hours later. It imports no TensorFlow.
+The front door (`make run`, `make schedule`) applies the trainer's own parsers (`trainer.config`,
+`trainer.prepare`) to the flags a run would hand the jobs, in milliseconds and before any
+request, instead of the job failing on its first line hours later. No TensorFlow.
 
     stdin:  {"trainer.task": ["--epochs=0", ...], "trainer.prepare": ["--shards=0", ...]}
     stdout: [{"program": "trainer.task", "flags": ["epochs"], "message": "..."}, ...]

@@ -1,11 +1,10 @@
 """The image-folder source, `folder:PATH`: its layout's rules, its listing and its reading.
 
 PATH/<split>/<class>/<image>, local or gs://. `list_folder` holds the layout's rules without
-TensorFlow (what `python -m trainer.sourcecheck` applies up front, importing no TensorFlow);
-`open_folder` lists the folder with it and reads the images (TensorFlow imported lazily). Images
-are the files named as a format TensorFlow decodes (IMAGE_FORMATS), each checked from its header
-(`check_image_file`, `check_image_bytes`) before anything is decoded; every other entry is
-skipped and listed (`Skipped`). The source itself is never changed.
+TensorFlow (`python -m trainer.sourcecheck` applies them up front); `open_folder` lists and reads
+with TensorFlow. Images are the files named as a format TensorFlow decodes (IMAGE_FORMATS), each
+checked from its header before anything is decoded; every other entry is skipped and listed
+(`Skipped`). The source itself is never changed.
 """
 
 from __future__ import annotations
@@ -24,12 +23,10 @@ from trainer.imageheaders import BadImageHeader, ImageHeader, read_image_header
 from trainer.progress import Progress
 from trainer.source import Source, SourceSplit, refusal, too_few_classes
 
-# The image files of a folder source, by name: the formats TensorFlow 2.21's `decode_image`
-# decodes ("Unknown image file format. One of JPEG, JPEG XL, PNG, GIF, BMP, WebP required.", its
-# error for any other; tests/trainer/test_prepare_inputs.py decodes one of each through
-# `trainer.images.decode` and checks that TIFF is refused). A GIF gives its first frame
-# (`expand_animations=False`). TensorFlow tells formats apart by their content, not their name,
-# and so does `read_image_header`.
+# The formats TensorFlow 2.21's `decode_image` decodes ("Unknown image file format. One of JPEG,
+# JPEG XL, PNG, GIF, BMP, WebP required.", its error for any other; pinned by
+# tests/trainer/test_prepare_inputs.py). A GIF gives its first frame. TensorFlow goes by content,
+# not name, and so does `read_image_header`.
 IMAGE_FORMATS = {
     ".jpg": "JPEG",
     ".jpeg": "JPEG",
@@ -88,9 +85,8 @@ def image_problem(path: str, header: ImageHeader) -> str | None:
 
 
 def check_image_bytes(data: bytes, path: str) -> int:
-    """The pixels the image `data` (read from `path`) decodes to; raises ValueError, its message
-    the problem in one line, for an image that is refused (unreadable header, a variant
-    TensorFlow cannot decode, more than MAX_IMAGE_PIXELS)."""
+    """The pixels the image `data` (read from `path`) decodes to; ValueError, the problem in one
+    line, for a refused one (unreadable header, undecodable variant, over MAX_IMAGE_PIXELS)."""
     try:
         header = read_image_header(data)
     except BadImageHeader as e:
@@ -222,7 +218,6 @@ class ListingBudget:
         self.deadline = self.clock() + self.seconds
 
     def spend(self) -> None:
-        """Counts one entry; raises _OutOfBudget when the entries or the time run out."""
         self.used += 1
         if self.used > self.entries or self.clock() > self.deadline:
             raise _OutOfBudget
@@ -280,16 +275,10 @@ def _join(base: str, *parts: str) -> str:
 
 @dataclasses.dataclass
 class FolderListing:
-    """A folder source as `list_folder` found it.
-
-    splits: per split present, its image paths and their labels (indexes into class_names).
-    problems: every reason the source is refused, one line each, naming the path and what is
-      allowed; empty when it can be prepared.
-    complete: False when a budget stopped the listing early (`stopped` says where): the counts
-      are then those of the part listed.
-    files_checked: images whose file and header were checked (all of them without a budget,
-      none for a gs:// source, whose images are checked as they are read).
-    """
+    """A folder source as `list_folder` found it: `splits`, per split, its image paths and labels
+    (indexes into class_names); `problems`, every reason it is refused, one line each; `complete`
+    False when a budget stopped the listing early (`stopped` says where; the counts are the listed
+    part's); `files_checked`, images checked (none for gs://, checked as they are read)."""
 
     path: str
     root: str
@@ -319,18 +308,12 @@ def list_folder(
     budget: ListingBudget | None = None,
     check_files: bool = True,
 ) -> FolderListing:
-    """Lists the folder source `folder:PATH` by the layout's rules, without TensorFlow: what
-    preparation reads (`open_folder`) and what `python -m trainer.sourcecheck` checks up front.
-
-    PATH/<split>/<class>/<image>: split folders among SPLITS (train required; hidden folders
-    skipped, any other folder refused, naming validation's usual aliases), class folders the
-    same in every split, each with at least one image (IMAGE_EXTENSIONS). Every other entry is
-    skipped and counted by kind in `skipped`. With `check_files`, every image is checked as a
-    file and by its header (`check_image_file`), once the layout itself is right.
-
-    root: the folder to read (default PATH); tree: how to read it (default the local file
-    system; `open_folder` passes a tf.io.gfile one for gs://); budget: bounds the listing.
-    """
+    """Lists the folder source `folder:PATH` by the layout's rules, without TensorFlow: split
+    folders among SPLITS (train required; hidden ones skipped, any other refused, naming
+    validation's usual aliases), class folders the same in every split, each with an image; every
+    other entry is skipped and counted by kind. With `check_files`, every image is checked
+    (`check_image_file`) once the layout is right. root: the folder to read (default PATH); tree:
+    how (default the local file system); budget: bounds the listing."""
     root = root if root is not None else (path.rstrip("/") or "/")
     listing = FolderListing(path=path, root=root)
     try:
@@ -502,9 +485,8 @@ class _GfileTree:
 
 
 def _checked_pixels(data: bytes, path: bytes) -> Any:
-    """`check_image_bytes` for tf.numpy_function: the pixels, or -1 for a refused image (its
-    message comes from `find_bad_input`; an exception raised here would have TensorFlow print
-    its traceback)."""
+    """`check_image_bytes` for tf.numpy_function: the pixels, or -1 for a refused image (named by
+    `find_bad_input`: an exception raised here would have TensorFlow print its traceback)."""
     import numpy as np
 
     try:

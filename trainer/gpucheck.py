@@ -1,21 +1,9 @@
 """`python -m trainer.gpucheck`: what this container sees of its GPUs, and one NCCL all-reduce.
 
 The in-image half of `make gpu-check` (`launch/gpucheck.py` submits it as a one-replica Vertex
-CustomJob on the trainer image; docs/vertex.md#make-gpu-check). It reports:
-
-- TensorFlow's version and build (`tf.sysconfig.get_build_info()`: CUDA and cuDNN versions, the
-  compute capabilities it has kernels for), every physical device TensorFlow lists, and
-  `nvidia-smi`'s view (GPU, driver, memory, compute capability) when the image has it;
-- the worker pool's request (`TRAINER_POOL_*`, `trainer.config.gpu_request`) checked by the
-  trainer's own rule (`trainer.distribute.gpu_shortfall`): seeing fewer GPUs than asked prints the
-  trainer's one line and exits with the trainer's status, `GPUS_MISSING_EXIT_CODE` (3);
-- with GPUs, one all-reduce over all of them under `MirroredStrategy` with `NcclAllReduce`: a
-  `--all_reduce_mb` float32 tensor per GPU, each filled with its replica's number, summed; it
-  checks the sum and times the first call (NCCL's set-up included) and the mean of
-  `--iterations` more. With no GPU asked and none seen it says so and skips the all-reduce.
-
-It prints a summary and writes it as JSON (`RESULT_FILE`) into `--output_dir` (default
-`$AIP_MODEL_DIR`, which Vertex sets from the job's base output directory; nothing is written
+CustomJob on the trainer image; docs/vertex.md#make-gpu-check says what it reports). It applies
+the trainer's own rule (`trainer.distribute.gpu_shortfall`) to the worker pool's request, and
+writes its summary as JSON (`RESULT_FILE`) into `--output_dir` (default `$AIP_MODEL_DIR`; nothing
 without either), where the launcher reads it back. Exit status: 0 done; 2 bad flags or a bad
 `TRAINER_POOL_*`/`TF_CONFIG`; 3 fewer GPUs than asked; 1 the all-reduce failed or gave a wrong sum.
 TensorFlow is imported only after the flags are checked.
@@ -149,12 +137,10 @@ def xla_compile(device: str = "/gpu:0") -> dict[str, Any]:
 def nccl_all_reduce(
     gpus: int, megabytes: float, iterations: int, devices: Sequence[str] = (), cross_device_ops: Any = None
 ) -> dict[str, Any]:
-    """One SUM all-reduce of a `megabytes` float32 tensor per GPU across all `gpus` GPUs, through
-    `MirroredStrategy(cross_device_ops=NcclAllReduce())`; replica i contributes i + 1 everywhere,
-    so every element of the result must be gpus * (gpus + 1) / 2 (checked after the first call
-    and after the last, outside the timings). Each timed call waits for one element of every
-    replica's result, so it includes filling the tensor (a memory write, small beside the
-    all-reduce). `devices` and `cross_device_ops` replace the GPUs and NCCL (tests, on CPU)."""
+    """One SUM all-reduce of a `megabytes` float32 tensor per GPU over `gpus` GPUs (NCCL): replica
+    i contributes i + 1, so every element must be gpus * (gpus + 1) / 2, checked after the first
+    and last calls, outside the timings; a timed call includes filling the tensor (small beside
+    the all-reduce). `devices` and `cross_device_ops` replace the GPUs and NCCL (tests, on CPU)."""
     from trainer._tf import tf
 
     ops = cross_device_ops or tf.distribute.NcclAllReduce()
@@ -298,7 +284,6 @@ def check(
 
 
 def say(line: str, stream: TextIO | None = None) -> None:
-    """One line to the job's log (stdout, or `stream`), flushed."""
     out = stream or sys.stdout
     out.write(line + "\n")
     out.flush()

@@ -1,12 +1,10 @@
 """Can this process write the tuning metric file? Found out at start, before TensorFlow loads.
 
-A tuning trial reports its metric with cloudml-hypertune's `HyperTune`, which rewrites the file
-named by `CLOUD_ML_HP_METRIC_FILE` (default /tmp/hypertune/output.metrics) at every report; the
-tuning service reads the trial's measurements from that file. A process that cannot write it finds
-out only after its first epoch, or the trial ends with no measurement (INFEASIBLE). So the chief
-checks once, at start: in a trial (`CLOUD_ML_TRIAL_ID` set) an unwritable file is fatal
-(`MetricFileError`); outside one, where nobody reads the file, it is a warning and the metric is
-not reported. No TensorFlow here.
+cloudml-hypertune's `HyperTune` rewrites the file named by `CLOUD_ML_HP_METRIC_FILE` at every
+report, and the tuning service reads the trial's measurements from it (docs/facts.md, fact 34);
+unwritable, it fails only after the first epoch, or the trial ends INFEASIBLE. So the chief checks
+at start: in a trial (`CLOUD_ML_TRIAL_ID` set) an unwritable file is fatal (`MetricFileError`);
+outside one, a warning, and the metric is not reported. No TensorFlow here.
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@
 Preparation reads each image's size here before anything decodes it: a small image file can hold
 a huge image (a 1.1 MB PNG of 20000 x 20000 pixels decodes to 1.2 GB).
 
-Not Pillow (issue 34 weighed it): the rule is what TensorFlow's decoder will allocate and accept,
-which Pillow's public API does not give without decoding (a GIF's frame sizes: `seek` decodes
-each frame before the next; a BMP's bit depth; a WebP's animation flag), and Pillow reads no
-JPEG XL, which TensorFlow decodes.
+Not Pillow (issue 34): the rule is what TensorFlow's decoder will allocate and accept, which
+Pillow's public API does not give without decoding (a GIF's frame sizes: `seek` decodes each
+frame; a BMP's bit depth; a WebP's animation flag), and Pillow reads no JPEG XL.
 """
 
 from __future__ import annotations
@@ -16,13 +15,12 @@ import struct
 from collections.abc import Callable
 from typing import BinaryIO
 
-# Each image's size is read from its header before anything decodes it: a small image file can
-# hold a huge image (a 1.1 MB PNG of 20000 x 20000 pixels decodes to 1.2 GB). The formats'
-# headers: PNG's IHDR chunk (PNG specification, 11.2.2); a JPEG's frame header, the SOFn segment
-# before the first scan (ITU-T T.81, B.2.2); GIF's logical screen and image descriptors (GIF89a
-# specification, 18 and 20); the BMP file and info headers (Microsoft's BITMAPFILEHEADER and
-# BITMAPINFOHEADER); WebP's first chunk, VP8, VP8L or VP8X (RFC 9649); JPEG XL's SizeHeader at
-# the start of its codestream, bare or in a `jxlc`/`jxlp` box (ISO/IEC 18181-1 and -2).
+# The formats' headers: PNG's IHDR chunk (PNG specification, 11.2.2); a JPEG's frame header, the
+# SOFn segment before the first scan (ITU-T T.81, B.2.2); GIF's logical screen and image
+# descriptors (GIF89a specification, 18 and 20); the BMP file and info headers (Microsoft's
+# BITMAPFILEHEADER and BITMAPINFOHEADER); WebP's first chunk, VP8, VP8L or VP8X (RFC 9649); JPEG
+# XL's SizeHeader at the start of its codestream, bare or in a `jxlc`/`jxlp` box (ISO/IEC 18181-1
+# and -2).
 
 
 class BadImageHeader(ValueError):
@@ -33,11 +31,9 @@ class BadImageHeader(ValueError):
 class ImageHeader:
     """What an image file's header says.
 
-    pixels: what decoding it holds in memory, in pixels: width x height, or for a GIF every
-      frame's added up (TensorFlow reads all the frames; see trainer.config.MAX_IMAGE_PIXELS) or its canvas
-      when that is larger.
-    unsupported: why TensorFlow cannot decode this file although it knows its format (None when
-      it can).
+    pixels: what decoding it holds in memory: width x height, or for a GIF every frame's added up
+      (trainer.config.MAX_IMAGE_PIXELS says why) or its canvas when that is larger.
+    unsupported: why TensorFlow cannot decode this file of a format it knows (None: it can).
     """
 
     format: str
@@ -57,13 +53,12 @@ _JXL_CONTAINER = b"\x00\x00\x00\x0cJXL \r\n\x87\n"
 _JPEG_SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
 # JPEG XL's fixed aspect ratios (ISO/IEC 18181-1, SizeHeader: `ratio` 1..7 gives xsize from ysize).
 _JXL_RATIOS = {1: (1, 1), 2: (12, 10), 3: (4, 3), 4: (3, 2), 5: (16, 9), 6: (5, 4), 7: (2, 1)}
-# What TensorFlow 2.21 does with the variants below, measured here and pinned by
-# tests/trainer/test_prepare_inputs.py: `decode_image(channels=3)` (trainer.images.decode)
-# refuses a WebP with transparency ("Number of channels requested does not match input") or
-# animation ("WebP Animation must be 4 channel RGBA") and a BMP of other than 8, 24 or 32 bits
-# ("Number of channels inherent in the image must be 1, 3 or 4"); it reads an 8-bit BMP's palette
-# indices as grey levels and ignores a BMP's compression and colour masks, so such files would
-# train on wrong pixels.
+# TensorFlow 2.21's `decode_image(channels=3)` (trainer.images.decode), pinned by
+# tests/trainer/test_prepare_inputs.py, refuses a WebP with transparency ("Number of channels
+# requested does not match input") or animation ("WebP Animation must be 4 channel RGBA") and a BMP
+# of other than 8, 24 or 32 bits ("Number of channels inherent in the image must be 1, 3 or 4"); it
+# reads an 8-bit BMP's palette indices as grey levels and ignores a BMP's compression and colour
+# masks, so such files would train on wrong pixels.
 _WEBP_ALPHA = "a WebP with transparency, which TensorFlow decodes only with 4 channels, not RGB"
 _WEBP_ANIMATION = "an animated WebP, which TensorFlow decodes only with 4 channels, not RGB"
 _BMP_MASKS = struct.pack("<III", 0x00FF0000, 0x0000FF00, 0x000000FF)

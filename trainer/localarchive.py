@@ -15,9 +15,6 @@ from trainer.adapters import (
 )
 from trainer.source import PrepareError
 
-# Preparing a TFDS builder from a local tree goes through TFDS's private download-manager hook:
-# `trainer.adapters` holds its name and its check (`check_tfds_download_manager_hook`).
-
 
 def _map_urls(url_or_urls: Any, fn: Callable[[Any], Any]) -> Any:
     """`fn` over a URL, or over the URLs in a list, tuple or dict of them (what TFDS accepts)."""
@@ -67,12 +64,9 @@ def local_archive(builder: Any, archive: str, scratch_dir: str) -> Iterator[None
     """Inside the block, `builder.download_and_prepare(...)` takes every URL its
     `_split_generators` passes to `download_and_extract` from the local tree `archive` instead
     of downloading it, and fails rather than download anything else. `scratch_dir` holds the
-    download manager's (empty) download and extraction folders.
-
-    Only this builder object is changed (an attribute of the instance, removed on exit): its
-    class, other builders and other threads keep TFDS's own download manager. The block must
-    prepare the builder (it raises RuntimeError if TFDS did not make a download manager, so a
-    TFDS that stopped calling the hook can never pass off a real download as the local tree).
+    download manager's (empty) folders. Only this builder object is changed, until the block
+    ends. The block must prepare the builder: RuntimeError if TFDS made no download manager, so a
+    TFDS that stopped calling the hook can never pass off a real download as the local tree.
     """
     check_tfds_download_manager_hook()
     made: list[Any] = []

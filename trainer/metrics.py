@@ -1,12 +1,9 @@
 """Metrics that tell the truth on imbalanced data, from the test confusion matrix.
 
-`matrix[true][predicted]` counts (metrics.json's `confusion_matrix`). Per class: precision
-(of the images predicted as the class, the share that are), recall (of the images of the class,
-the share found), F1 (their harmonic mean) and support (images of the class). `macro_f1` is the
-unweighted mean of the per-class F1 over the classes with support: on cassava, where most images
-are one class, a model that always answers that class has a high accuracy and a low macro F1.
-A precision or recall whose denominator is 0 is 0 (scikit-learn's `zero_division=0`).
-No TensorFlow: the evaluation step and the report can read the same numbers.
+`matrix[true][predicted]` counts (metrics.json's `confusion_matrix`). Per class: precision,
+recall, F1 and support; `macro_f1` is the unweighted mean F1 over the classes with support: on
+cassava, mostly one class, a model that always answers it has a high accuracy and a low macro F1.
+A zero denominator gives 0 (scikit-learn's `zero_division=0`). No TensorFlow.
 """
 
 from __future__ import annotations

@@ -21,12 +21,8 @@ CAFFE_MEAN_BGR = (103.939, 116.779, 123.68)
 
 @keras.utils.register_keras_serializable(package="trainer")
 class Preprocess(keras.layers.Layer):
-    """uint8 RGB pixels to what a backbone expects, in the layer's compute dtype.
-
-    Modes (`trainer.backbones.PREPROCESSING_MODES`): `caffe` (BGR, ImageNet mean subtracted:
-    ResNet), `tf` (scaled to [-1, 1]: MobileNet), `unit` (scaled to [0, 1]), `raw` (0-255 floats:
-    EfficientNet).
-    """
+    """uint8 RGB pixels to what a backbone expects (`trainer.backbones.PREPROCESSING_MODES`), in
+    the layer's compute dtype."""
 
     MODES = backbones.PREPROCESSING_MODES
 
@@ -101,11 +97,9 @@ TINY_BLOCKS = ((16, 1), (32, 2), (64, 2), (128, 2))
 def tiny_backbone(input_shape: tuple[int, int, int], seed: int) -> keras.Model:
     """A small VGG-style CNN (about 290k weights) for tests and local runs, trained from scratch.
 
-    Its depth is what lets it learn classes that differ by where a shape sits (b, d, p and q):
-    every 3x3 convolution widens what one output sees, and a 64-pixel image needs a receptive
-    field of about its whole side before global pooling. On a folder of tilted, blurred characters,
-    20 epochs on one machine took the 3-convolution version this replaced (an 18-pixel field) to
-    0.35 test accuracy and this one to 0.99 (docs/training.md, "Training locally on an image folder").
+    Its depth lets it learn classes that differ by where a shape sits (b, d, p and q): a 64-pixel
+    image needs a receptive field of about its whole side before global pooling (docs/training.md,
+    "Training locally on an image folder").
     """
     init = keras.initializers.HeNormal(seed=seed)
     inputs = keras.Input(input_shape)
@@ -181,10 +175,8 @@ def set_trainable(backbone: keras.Model, fraction: float, pretrained: bool) -> i
 
 
 def build_model(config: TrainConfig, num_classes: int, input_size: int) -> keras.Model:
-    """uint8 [B, input_size, input_size, 3] -> float32 class probabilities [B, num_classes].
-
-    Images prepared at another size than `config.image_size` are resized inside the model.
-    """
+    """uint8 [B, input_size, input_size, 3] -> float32 class probabilities [B, num_classes]; images
+    prepared at another size than `config.image_size` are resized inside the model."""
     backbone, mode = build_backbone(config)
     pretrained = config.weights != "none"
     set_trainable(backbone, config.fine_tune_fraction, pretrained)
@@ -198,7 +190,6 @@ def build_model(config: TrainConfig, num_classes: int, input_size: int) -> keras
     x = Preprocess(mode, name="preprocess")(x)
     if input_size != config.image_size:
         x = keras.layers.Resizing(config.image_size, config.image_size, name="resize")(x)
-    # A pretrained backbone always runs in inference mode (frozen BatchNorm statistics).
     x = backbone(x, training=False) if pretrained else backbone(x)
     x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
     if config.dense_units:

@@ -1,16 +1,11 @@
 """Paired statistics of two models on the same examples: is the challenger better than the
 champion, or only lucky on this test split?
 
-Both models answer every example of one split, so their figures are paired: what differs between
-them is only the model. `compare` gives, for accuracy and for macro F1, the difference
-challenger - champion with a 95% interval from a paired bootstrap (BOOTSTRAP_RESAMPLES resamples
-of the examples with replacement, each resample's indices used for both models, from a generator
-seeded with BOOTSTRAP_SEED: the same predictions give the same interval on every run), and the
-exact McNemar test of the accuracies (`mcnemar_exact`). Macro F1 is `trainer.metrics`' rule in
-every resample: the mean F1 over the classes with examples in that resample.
-
-numpy and the standard library only: no TensorFlow (evaluation.json's `comparison`,
-trainer.contract.EVALUATION_COMPARISON_KEYS).
+Both models answer every example of one split, so their figures are paired: only the model
+differs. `compare` gives, for accuracy and macro F1 (`trainer.metrics`' rule in every resample),
+the difference challenger - champion with a 95% paired-bootstrap interval (seeded: the same
+predictions give the same interval on every run), and the exact McNemar test of the accuracies.
+numpy only, no TensorFlow (evaluation.json's `comparison`, trainer.contract.EVALUATION_COMPARISON_KEYS).
 """
 
 from __future__ import annotations

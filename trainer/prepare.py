@@ -3,39 +3,21 @@
 Sources:
   tfds:NAME     a TFDS image-classification dataset (default `tfds:cassava`) through its real
                 builder; downloads unless already in --tfds_data_dir.
-  folder:PATH   your own images, local or gs://, in the cassava archive's layout:
-                PATH/<split>/<class>/<image> with split in train, validation, test. Images are
-                the files named as a format TensorFlow decodes (IMAGE_FORMATS: JPEG, PNG, GIF
-                (its first frame), BMP, WebP, JPEG XL), each checked from its header, before
-                anything is decoded, to be no larger than MAX_IMAGE_PIXELS. Everything else in
-                the tree (other files, folders inside class folders, files beside the class
-                folders, hidden entries) is skipped and listed: one `prepare: skipped ...` line
-                with counts by kind and examples, and `source_info.skipped` in metadata.json.
-                The source itself is never changed. `folders.list_folder` holds the layout's
-                rules without TensorFlow; `python -m trainer.sourcecheck` applies them up front.
+  folder:PATH   your own images, local or gs://, as PATH/<split>/<class>/<image> (split in
+                train, validation, test); other entries are skipped and listed
+                (trainer/folders.py).
   synthetic     a small learnable leaf image set in the cassava archive layout, prepared
                 offline through the real TFDS `cassava` builder (tests and local runs).
 
-Output: images resized once to N x N, uint8, stored as --encoding, in TFRecord shards per split
-(`<split>-00000-of-000NN.tfrecord`, enough for FILE sharding across many workers), and
-`metadata.json` (format version, class names, counts per split and class, image size, shards,
-source, a content fingerprint). A split the source lacks is carved deterministically from
-train. Output is written to a staging folder and published only when complete.
+Output: images resized once to N x N, in TFRecord shards per split (enough for FILE sharding
+across many workers), and `metadata.json`
+(docs/contracts.md#a-prepared-dataset-python--m-trainerprepare-output); a split the source lacks
+is carved deterministically from train. It is staged and published only when complete.
 
-Progress: tqdm bars (ours and TFDS's) when stdout and stderr are both terminals. Otherwise (CI,
-a log file, a pipeline step's log) no bars, whose carriage returns and cursor-up escapes become
-hundreds of garbled lines there, but plain `prepare: ...` lines on stdout: one as each tenth of
-a split is passed (at most one every 5 s, at least one a minute), one when each split is done,
-one before and one after TFDS prepares.
-
-Stopping: SIGTERM (the local job runner stopping a replica, Vertex stopping a VM) unwinds the
-command like Ctrl-C: the staging folder is removed, nothing is published, and it exits with
-status 143 (`TERMINATED_EXIT_CODE`).
-
-Modules: this one is the command (flags, `prepare`, `main`, stopping on SIGTERM);
-trainer/prepareconfig.py its config; trainer/sources.py opens the --source (trainer/tfdssource.py,
-trainer/folders.py, trainer/localarchive.py); trainer/carving.py carves missing splits;
-trainer/shards.py writes the shards and metadata.json; trainer/progress.py reports progress.
+Progress: tqdm bars when stdout and stderr are both terminals, else plain `prepare: ...` lines,
+not bars' garbled escapes (`trainer.progress.Progress`). SIGTERM unwinds the command like Ctrl-C:
+the staging folder is removed, nothing is published, and it exits with status 143
+(`TERMINATED_EXIT_CODE`). The preparation's other modules: docs/architecture.md#the-trainers-parts.
 """
 
 from __future__ import annotations
@@ -222,39 +204,32 @@ def parse_args(
 
 # --- stopping on SIGTERM ----------------------------------------------------------------------
 
-# The exit status of a preparation stopped on SIGTERM: 128 + SIGTERM, what the local job runner
-# counts as a replica stopped on SIGTERM (local/jobs.py: `TERMINATED`, restartable by
-# `_restartable`, worded by `describe_exit`) and what the trainer exits with then
-# (trainer.callbacks.TERMINATED_EXIT_CODE, not imported here: it loads TensorFlow).
+# 128 + SIGTERM: what the local job runner counts as a replica stopped on SIGTERM (local/jobs.py:
+# `TERMINATED`, `_restartable`, `describe_exit`), as trainer.callbacks.TERMINATED_EXIT_CODE (not
+# imported: it loads TensorFlow).
 TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
 
 
 class Terminated(BaseException):
-    """SIGTERM reached `main`. Raised in the main thread, wherever it is, so that every `finally`
-    and `with` on the way out runs: `storage.staged_output` removes its staging folder, a
-    synthetic source its temporary folder. Without a handler SIGTERM ends the process at once,
-    running none of them (Python's `signal` documentation: Python turns only SIGINT into an
-    exception, KeyboardInterrupt; other signals keep the system's default action, which for
-    SIGTERM is to terminate). A BaseException, like KeyboardInterrupt, so that no
-    `except Exception` on the way swallows it."""
+    """SIGTERM reached `main`. Raised in the main thread so that every `finally` and `with` on the
+    way out runs (`storage.staged_output` removes its staging folder, a synthetic source its
+    temporary folder): unhandled, SIGTERM ends the process at once (Python's `signal`
+    documentation: only SIGINT becomes an exception). A BaseException, like KeyboardInterrupt, so
+    that no `except Exception` on the way swallows it."""
 
 
-# Set by the SIGTERM handler of `sigterm_unwinds`; read by `stop_if_asked` at every image.
 _STOP = threading.Event()
 
 
 @contextlib.contextmanager
 def sigterm_unwinds() -> Iterator[None]:
     """Inside the block, SIGTERM raises Terminated in the main thread, and records that it came:
-    every image's progress update then raises it again (`stop_if_asked`). The exception alone is
-    not enough: Python runs a handler between two bytecodes of whatever the main thread runs, and
-    an exception raised there is dropped when that is a `__del__`, a weakref callback (importlib's
-    module-lock clean-up) or C code that clears errors (`abc.register` during an import): measured
-    with `python -m trainer.prepare`'s old handler, 10 of 200 SIGTERMs sent while numpy imported
-    `numpy.random` ran the handler (it had set SIGTERM to SIG_IGN) and lost the exception, so the
-    preparation ran to its end with SIGTERM ignored. A second SIGTERM during the unwinding does
-    nothing, so the clean-up is not cut short (SIGKILL still ends it); SIGTERM stays caught, never
-    ignored. A long call into TensorFlow finishes first: images are read one at a time, each in
+    every image's progress update then raises it again (`stop_if_asked`), as Python drops an
+    exception raised by a handler that ran inside a `__del__`, a weakref callback (importlib's
+    module-lock clean-up) or C code that clears errors (`abc.register` during an import: 10 of
+    200 SIGTERMs sent while numpy imported `numpy.random`, measured). A second SIGTERM during the
+    unwinding does nothing, so the clean-up is not cut short; SIGTERM stays caught, never ignored.
+    A long call into TensorFlow finishes first: images are read one at a time, each in
     milliseconds. Once stopping, other threads' exceptions are not printed: the Beam engine's
     threads fail as its workers (in the same process group) die of the same SIGTERM."""
     if threading.current_thread() is not threading.main_thread():
@@ -395,9 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     if code in (TERMINATED_EXIT_CODE, 128 + signal.SIGINT):
-        # Stopped: exit now, without waiting for threads that wait on what is gone (the Beam
-        # engine's worker handlers once its workers died of the same SIGTERM: a driver of 64
-        # workers slept 14 minutes there). Everything of ours was cleaned up on the way out.
+        # Stopped, and cleaned up: exit without waiting for threads that wait on what is gone (the
+        # Beam engine's worker handlers: a driver of 64 workers slept 14 minutes there).
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -8,26 +8,13 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
-    """Attributes:
-    source: "tfds:NAME", "folder:PATH" or "synthetic".
-    output_dir: where the prepared dataset is published.
+    """The flags' values (their help: `trainer.prepare.build_parser`). Those it does not describe:
     image_size: side of the square uint8 images written.
     encoding: how images are stored (raw pixels, jpeg or png).
     shards: TFRecord files per split (fewer when a split has fewer images).
-    validation_fraction, test_fraction: of train, carved when the source lacks the split.
     seed: decides carving and synthetic images.
-    tfds_data_dir: TFDS's own data folder (download cache and prepared TFDS records).
-    synthetic_per_class: synthetic training images per class (a third of that for
-      validation and for test).
+    synthetic_per_class: synthetic training images per class (a third for validation, and test).
     synthetic_source_size: side of the synthetic JPEGs, before resizing to image_size.
-    overwrite: replace an existing prepared dataset in output_dir.
-    champion_class_names: the registered champion's class names, in order (empty: none): a
-      source with other classes, or the same in another order, is refused as soon as it is
-      listed, before any conversion (a model trained on it could not be compared with the
-      champion, nor replace it).
-    engine: "job" (this process converts every image) or "beam" (an Apache Beam pipeline,
-      trainer/beamprep.py); both write the same bytes.
-    beam_workers: the DirectRunner's worker processes (0: one per CPU).
     beam_args: Beam's own options, as given (e.g. --runner DataflowRunner --project ...).
     """
 

@@ -1,16 +1,12 @@
 """Checks that a published model serves: `python -m trainer.serve --model_dir DIR [--image FILE]`.
 
-Loads the SavedModel, calls its `serving_default` signature the way Vertex's prebuilt TensorFlow
-container does (encoded image bytes in `image_bytes`) and prints one JSON line per image:
-{"image", "class_name", "class_index", "probabilities"}. Without `--image` it classifies one
-synthetic leaf per class (so the check needs no data). Exit status 1 when the model does not
-load or answer, with the reason.
+Calls `serving_default` as Vertex's prebuilt TensorFlow container does (encoded image bytes in
+`image_bytes`) and prints one JSON line per image; without `--image`, one synthetic leaf per
+class. Exit status 1 when the model does not load or answer, with the reason.
 
-It needs TensorFlow and numpy only: no tf_keras, nothing of the trainer that imports it. Vertex's
-prebuilt TensorFlow prediction container is TensorFlow Serving, which loads the SavedModel's
-graph and nothing of Keras, and its newest TensorFlow (2.15) is older than the trainer's; so the
-check is meant to run under that older TensorFlow too, and under the release of TensorFlow
-Serving the custom serving image runs (Dockerfile.serving), from the environments that
+TensorFlow and numpy only, no tf_keras: Vertex's prebuilt container is TensorFlow Serving, which
+loads the graph and nothing of Keras, at TensorFlow 2.15 at most; the check runs under that
+older TensorFlow and the custom serving image's (Dockerfile.serving) too, from the environments
 `local.servingenv.python_for(version)` makes.
 """
 
@@ -24,21 +20,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The signature's one input. Vertex's prebuilt TensorFlow containers base64-decode an instance's
-# `{"b64": ...}` value for an input whose name ends in `_bytes`. Equal to
-# trainer.export.SERVING_INPUT (tests check it; that module needs tf_keras, so it is not imported).
+# The signature's one input (docs/facts.md, fact 23). Equal to trainer.export.SERVING_INPUT
+# (tests check it; that module needs tf_keras, so it is not imported).
 SERVING_INPUT = "image_bytes"
 SIGNATURE = "serving_default"
-# The most images one call of the signature takes (trainer.export refuses more, in the graph):
-# every image of a call is decoded and run through the model together, so a call's memory grows
-# with its images (one request of 60,000 tiny images took a server past 4.5 GB). Measured here
-# (2026-11-28, ResNet50 at 224 px, CPU): 64 images raised the peak by 590 MiB over one image,
-# about 9 MiB an image; 64 photos of 1024 px, by 704 MiB. Vertex sets no count of its own, only
-# the body's size (1.5 MB on a shared public endpoint, 10 MB on a dedicated one).
+# The most images one call of the signature takes (trainer.export refuses more, in the graph): a
+# call's images are decoded and run together, so its memory grows with them (60,000 tiny images
+# took a server past 4.5 GB; ResNet50 at 224 px on CPU: 64 images raised the peak by 590 MiB over
+# one, 64 photos of 1024 px by 704 MiB). Vertex bounds only the body's size (1.5 MB on a shared
+# public endpoint, 10 MB on a dedicated one).
 MAX_INSTANCES = 64
 OUTPUTS = ("probabilities", "class_index", "class_name")
-# As trainer.storage.resolve (which imports tf_keras through trainer._tf): the Cloud Storage FUSE
-# mount's paths become gs:// where the mount does not exist.
+# As trainer.storage.GCS_FUSE_ROOT and `resolve` (not imported: trainer._tf loads tf_keras).
 GCS_FUSE_ROOT = "/gcs/"
 
 Prediction = dict[str, Any]

@@ -41,10 +41,9 @@ def target_split(source_split: str, index: int, assignment: Any) -> str:
 
 
 def placement(source: Source, assignment: Any) -> dict[str, list[tuple[str, int]]]:
-    """Every output split's images, as (source split, index), in the order they are written:
-    the source's splits in order, each in its own order. The image at position p of an output
-    split of n shards goes to shard p % n, after the images of that shard before it (round
-    robin: `ShardWriter.write`, `shard_items`)."""
+    """Every output split's images, as (source split, index), in the order they are written (the
+    source's splits in order, each in its own order). The image at position p of an output split
+    of n shards goes to shard p % n (round robin: `ShardWriter.write`, `shard_items`)."""
     placed: dict[str, list[tuple[str, int]]] = {split: [] for split in SPLITS}
     for split_name, source_split in source.splits.items():
         for i in range(source_split.count):
@@ -89,9 +88,8 @@ class ShardWriter:
         self.written += 1
 
     def close(self) -> dict[str, str]:
-        """Closes the shards and hashes them as written: returns {name: SHA-256 hex of the file's
-        bytes}, and sets `manifest`, metadata.json's `shards` for them (contract
-        METADATA_SHARD_KEYS: each file's name, size, records and SHA-256)."""
+        """Closes and hashes the shards: returns {name: SHA-256 hex}, and sets `manifest`,
+        metadata.json's `shards` for them (trainer.contract.METADATA_SHARD_KEYS)."""
         from trainer import datasetinfo
 
         for w in self._writers:
@@ -228,10 +226,9 @@ LISTING_STAT_THREADS = 16
 
 
 def source_identity(source: Source, config: PrepareConfig) -> dict[str, Any]:
-    """What identifies the source beyond its own `info` (name and version for TFDS, the folder
-    and its skipped entries): a TFDS dataset's registered download checksums
-    (`tfds_downloads`), a folder's listing fingerprint (`listing`). The synthetic set is named by
-    its generator, size and seed already (its archive is made here, not downloaded)."""
+    """What identifies the source beyond its own `info`: a TFDS dataset's registered download
+    checksums (`tfds_downloads`), a folder's listing fingerprint (`listing`). The synthetic set is
+    named by its generator, size and seed already (its archive is made here, not downloaded)."""
     kind = config.source.partition(":")[0]
     if config.source == "synthetic":
         return {}
@@ -262,10 +259,8 @@ def tfds_downloads(name: str) -> list[dict[str, Any]] | None:
 
 def folder_listing(path: str) -> dict[str, Any]:
     """The identity of a folder source's listing, as preparation read it: {images, bytes,
-    fingerprint}. The fingerprint is "sha256:<hex>" over one line per image, in sorted order:
-    its path under the folder (`<split>/<class>/<file>`), its size in bytes and its modification
-    time in nanoseconds, separated by tabs. A file added, removed, renamed, resized or rewritten
-    changes it."""
+    fingerprint} (trainer.contract.METADATA_SOURCE_INFO_KEYS). A file added, removed, renamed,
+    resized or rewritten changes the fingerprint."""
     from trainer import folders, storage
     from trainer._tf import tf
 

@@ -13,8 +13,6 @@ from typing import Any
 
 from trainer.prepareconfig import PrepareConfig
 
-# A classifier needs at least two classes: with one, every prediction is right (test accuracy
-# 1.0) and the model would look better than any real champion.
 MIN_CLASSES = 2
 # Problems shown in a refusal; the rest are counted.
 MAX_PROBLEMS_SHOWN = 20

@@ -1,10 +1,8 @@
 """`python -m trainer.sourcecheck`: a local folder source checked before any job starts.
 
-The preparation job refuses a bad image folder on its first line, but only once the pipeline has
-started (and on Vertex, after the image build). This entry point lets the front door apply the
-preparation's own layout rules (`trainer.folders.list_folder`, the function the job lists the
-folder with: no second copy of the rules) to `--dataset_source folder:PATH` in seconds, as
-`python -m trainer.flagcheck` does for flags. It imports no TensorFlow.
+The front door applies the preparation's own layout rules (`trainer.folders.list_folder`: no
+second copy) to `--dataset_source folder:PATH` in seconds, before the pipeline (and on Vertex the
+image build) starts, as `python -m trainer.flagcheck` does for flags. No TensorFlow.
 
     stdin:  {"source": "folder:/data/leaves", "validation_fraction": 0.15, "test_fraction": 0.15}
             (the fractions are optional: trainer.prepare's defaults)
@@ -20,21 +18,15 @@ folder with: no second copy of the rules) to `--dataset_source folder:PATH` in s
                                     "count": 2, "examples": ["train/daisy/a.tiff", ...]}, ...]},
                         "skipped_summary": "skipped 3 entries of the source ...: ..."}}
 
-`problems` lists every reason the preparation would refuse the source, one line each naming the
-path and what is allowed (empty: it would not); `counts` is null when the folder could not be
-listed at all. `prepared` is what the preparation would write per split (a split the source
-lacks carved from train with the fractions given), for the launcher to check that the global
-batch fits the training split; null while the layout has problems.
+`problems`: every reason the preparation would refuse the source, one line each; `counts`: null
+when the folder could not be listed. `prepared`: what the preparation would write per split (for
+the launcher to check the global batch against), null while the layout has problems.
 
-Bounded: at most MAX_ENTRIES folder entries and SECONDS of wall time, so `folder:/`, a home
-folder or a 10-million-file tree answers in seconds. When the listing stops early, `complete` is
-false, `stopped` says where, and the counts are those of the part listed (no problem is made of
-what was not reached). Each image's file and header are checked (`check_image_file`: readable,
-a format TensorFlow decodes, at most MAX_IMAGE_PIXELS) while time is left: `images_checked`.
-
-A source that is not a local folder (`synthetic`, `tfds:NAME`, `gs://...`, `/gcs/...` without
-the Cloud Storage FUSE mount) is not checked here: `checked` is false and `why` says so; the
-preparation job checks it. Exit status: 0 answered (whatever the problems), 2 a bad request.
+Bounded (MAX_ENTRIES, SECONDS), so `folder:/` or a 10-million-file tree answers in seconds: when
+the listing stops early, `complete` is false, `stopped` says where, the counts are the listed
+part's (nothing unreached is a problem). Images are checked (`check_image_file`) while time is
+left: `images_checked`. A source that is not a local folder is not checked here (`checked`
+false, `why` says so). Exit status: 0 answered (whatever the problems), 2 a bad request.
 """
 
 from __future__ import annotations

@@ -41,9 +41,6 @@ def open_synthetic(config: PrepareConfig, progress: Progress | None = None) -> I
             )
         builder = tfds.builder("cassava", data_dir=os.path.join(tmp, "tfds"))
         image_key, label_key = image_classification_keys(builder.info, "cassava")
-        # The builder's `_split_generators` gets the archive with
-        # `dl_manager.download_and_extract(URL)`, which returns the folder the zip extracts to;
-        # `local_archive` answers with the local tree instead. Everything else is TFDS's own.
         with local_archive(builder, archive, scratch_dir=os.path.join(tmp, "tfds-downloads")):
             download_and_prepare(
                 builder, progress, download_config=tfds.download.DownloadConfig(try_download_gcs=False)
@@ -69,12 +66,9 @@ def open_source(config: PrepareConfig, progress: Progress | None = None) -> Iter
 
 def split_subset(spec: dict[str, Any], indices: Sequence[int]) -> Any:
     """The tf.data dataset of (uint8 image, label) of images `indices` (ascending) of the source
-    split that `spec` describes (`SourceSplit.spec`), in that order: how a Beam worker, in
-    another process or on another machine, reads the images of the shard it writes.
-
-    A folder split reads just those files. A TFDS split is read through in its own order, every
-    record parsed and the others dropped before their image is decoded; it is one read of the
-    split per shard (TFDS's record files give no random access)."""
+    split that `spec` describes (`SourceSplit.spec`), in that order: how a Beam worker reads the
+    images of the shard it writes. A folder split reads just those files; a TFDS split is read
+    through, the others dropped before decoding (TFDS's record files give no random access)."""
     from trainer._tf import tf
     from trainer.folders import image_files_dataset
 

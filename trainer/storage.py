@@ -69,13 +69,10 @@ def is_nonempty_dir(path: str) -> bool:
 @contextlib.contextmanager
 def staged_output(final: str, *, overwrite: bool = True) -> Iterator[str]:
     """Yields a fresh folder to write into; publishes it as `final` only if the block succeeds.
-
     A failed block leaves `final` as it was and removes the staging folder. Local folders are
-    staged beside `final` and renamed into place (atomic). Remote folders are staged on local
-    disk and copied, the COMPLETION_FILES last, so a crash mid-copy never leaves something
-    that looks finished. A process killed mid-way (SIGKILL: no `finally` runs) leaves its
-    staging folder beside `final`: the next publish of `final`, the restarted job's, removes it
-    first (`remove_leftovers`).
+    staged beside `final` and renamed into place (atomic); remote ones staged on local disk and
+    copied, the COMPLETION_FILES last, so a crash mid-copy never looks finished. A staging folder
+    a SIGKILL left is removed by the next publish of `final` (`remove_leftovers`).
     """
     final = resolve(final)
     if not overwrite and is_nonempty_dir(final):
@@ -83,8 +80,7 @@ def staged_output(final: str, *, overwrite: bool = True) -> Iterator[str]:
     staging = ""
     try:
         # Made inside the `try`: an exception raised between making it and the `try` (a signal
-        # handler's, as `trainer.prepare`'s SIGTERM one, runs between any two bytecodes) would
-        # leave it behind, as a SIGTERM sent the moment it appeared did in a loaded `make test`.
+        # handler's, as `trainer.prepare`'s SIGTERM one) would leave it behind.
         if is_remote(final):
             staging = tempfile.mkdtemp(prefix="staging-")
         else:

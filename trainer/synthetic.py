@@ -1,10 +1,8 @@
 """A small, learnable, leaf-like image set in the cassava archive's layout.
 
-`cassavaleafdata/{train,validation,test}/{cbb,cbsd,cgm,cmd,healthy}/<split>-<class>-<i>.jpg`:
-the layout the real TFDS `cassava` builder reads, so local runs and tests go through the same
-TFDS code path production uses. Classes are told apart by colour and texture, as the real
-diseases are (mosaic patches, brown streaks, dark blight spots, pale mite speckles), so a small
-model reaches high accuracy in a few epochs.
+`cassavaleafdata/{train,validation,test}/{cbb,cbsd,cgm,cmd,healthy}/<split>-<class>-<i>.jpg`,
+read by the real TFDS `cassava` builder as in production. Classes differ by colour and texture,
+as the real diseases do, so a small model reaches high accuracy in a few epochs.
 """
 
 from __future__ import annotations

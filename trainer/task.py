@@ -1,27 +1,17 @@
 """Entry point of the trainer image: `python -m trainer.task --data_dir ... [flags]`.
 
 Runs as a single machine (no `TF_CONFIG`) or as one task of a MultiWorkerMirroredStrategy
-cluster (Vertex AI writes `TF_CONFIG`: pool 0 is the chief, pool 1 the workers). Progress is
-backed up to `--checkpoint_dir` every epoch, and a job started again with the same flags
-resumes from the last completed epoch. The chief publishes to `--model_dir`, atomically: a
-SavedModel whose `serving_default` takes encoded images, `metrics.json` and `config.json`. The
-weights exported are the best epoch's by `--hp_metric` (`--export_epoch`), kept in the checkpoint
-folder as training goes; `--early_stopping_patience` ends training early
-(`callbacks.BestEpoch`; docs/training.md, "Which epoch is exported").
-Non-chief workers save into a temporary folder that is deleted.
+cluster (Vertex AI writes `TF_CONFIG`), resuming a backup in `--checkpoint_dir`. The chief
+publishes to `--model_dir`, atomically, a SavedModel whose `serving_default` takes encoded
+images, `metrics.json` and `config.json` (docs/contracts.md, section 4): the best epoch's weights
+by `--hp_metric` (docs/training.md, "Which epoch is exported").
 
-At start, before the distribution strategy: a replica whose worker pool asked for GPUs
-(`TRAINER_POOL_*`, set by the pipeline's worker pool specs) and that sees fewer exits with one
-line and status 3 (`distribute.GPUS_MISSING_EXIT_CODE`; docs/vertex.md#no-silent-cpu-training).
-Then, from metadata.json alone: a global batch (`--per_replica_batch_size` x the replicas the
-strategy will have) larger than the training split exits with one line naming the largest
-`--per_replica_batch_size` that fits and status 2, the status of a bad flag
-(`data.check_global_batch`).
-
-SIGTERM (Vertex stopping the replica's VM, or the job being cancelled) stops every replica
-after the current step: the backup is saved at that step, nothing is exported or published, and
-the process exits with status 143 (`callbacks.TERMINATED_EXIT_CODE`); a restart resumes at the
-next step (docs/contracts.md, section 7).
+At start, before the strategy: a replica seeing fewer GPUs than its pool asked for exits with one
+line and status 3 (`distribute.GPUS_MISSING_EXIT_CODE`; docs/vertex.md#no-silent-cpu-training); a
+global batch larger than the training split, with one line naming the largest
+`--per_replica_batch_size` that fits and status 2 (`data.check_global_batch`). SIGTERM stops
+every replica after the current step, backed up, nothing published, with status 143
+(`callbacks.TERMINATED_EXIT_CODE`; docs/contracts.md, section 7).
 """
 
 from __future__ import annotations
@@ -55,27 +45,22 @@ def run(
 ) -> dict[str, Any] | None:
     """Trains, evaluates and exports. Returns the metrics on the chief, None elsewhere.
 
-    `strategy` and `callbacks` let tests inject a strategy and extra Keras callbacks. Raises
-    `callbacks.Terminated` when SIGTERM stopped it (backed up, nothing published), and
-    `data.BatchTooLarge` (one line) when the global batch exceeds the training split, before the
-    strategy is built (and again with the strategy's own count of replicas, before anything is
-    written).
+    `strategy` and `callbacks` are for tests. Raises `callbacks.Terminated` on SIGTERM, and
+    `data.BatchTooLarge` when the global batch exceeds the training split.
     """
     from trainer import callbacks as cb
     from trainer import data, datasetinfo, distribute
 
     cluster = cluster or ClusterInfo()
     if strategy is None:
-        # The global batch against the training split, from metadata.json alone, before the
-        # strategy (a multi-worker one waits for every replica) and the model are built: every
-        # replica reads the same file with the same flags, so all stop here together.
+        # Before the strategy (a multi-worker one waits for every replica): every replica reads
+        # the same file with the same flags, so all stop here together.
         meta = datasetinfo.read_metadata(config.data_dir)
         data.check_global_batch(
             meta, config.per_replica_batch_size, _replicas_expected(cluster), config.data_dir
         )
     strategy = strategy or distribute.create_strategy(cluster)  # before any other TF op
-    # After the strategy: its coordination service installs a SIGTERM handler of its own
-    # (callbacks.StopRequest says why this one must replace it).
+    # After the strategy, whose own SIGTERM handler this one replaces (callbacks.StopRequest).
     stop = cb.StopRequest(strategy, collective=cluster.is_multi_worker)
     with stop.installed():
         return _run(config, cluster, strategy, callbacks, stop)
@@ -134,8 +119,7 @@ def _plan(config: TrainConfig, cluster: ClusterInfo, strategy: Any) -> _Plan:
 
     meta = datasetinfo.load_metadata(config.data_dir)
     replicas = strategy.num_replicas_in_sync
-    # `main` checked this before the strategy, with the replicas it expected; this is the strategy's
-    # own count (and `run`'s other callers), before anything is written.
+    # Again with the strategy's own count of replicas, before anything is written.
     data.check_global_batch(meta, config.per_replica_batch_size, replicas, config.data_dir)
     # `--augment auto` follows the data (before the resume check: a backup records the policy used).
     config = dataclasses.replace(config, augment=resolve_augment(config.augment, meta.source))
@@ -168,7 +152,6 @@ def _datasets(plan: _Plan, cluster: ClusterInfo) -> tuple[Any, Any]:
 
 
 def _build_model(plan: _Plan, strategy: Any) -> Any:
-    """The model, built and compiled in the strategy's scope."""
     from trainer import model as model_lib
 
     config, meta = plan.config, plan.meta
@@ -202,7 +185,6 @@ def _train(
 
     config, prefix, steps = plan.config, plan.prefix, plan.steps
     backup_dir = storage.join(config.checkpoint_dir, "backup")
-    # The export candidate and early stopping: where a backup being resumed stands (every replica).
     best = cb.BestEpoch(
         config.checkpoint_dir,
         backup_dir,
@@ -223,8 +205,7 @@ def _train(
         ]
     fit_callbacks += [
         *callbacks,
-        # An epoch counts as done once it is backed up, after it has been recorded; then the best
-        # epoch's backup is copied.
+        # In this order: callbacks.Backup's docstring says why.
         cb.Backup(storage.resolve(backup_dir), steps, stop, prefix),
         best,
     ]
@@ -370,9 +351,8 @@ def _check_resumable(config: TrainConfig, fingerprint: str, cluster: ClusterInfo
 def _final_metrics(
     model: Any, config: TrainConfig, meta: Any, history: dict[str, Any], exported_epoch: int
 ) -> dict[str, Any]:
-    """Exact loss, accuracy and confusion matrix of `model` over the whole validation and test
-    splits, per-class precision, recall and F1 and the macro F1 on the test split
-    (`trainer.evaluate.summarize`, as the gate's evaluation job computes them), plus the training
+    """metrics.json's exact figures of `model` over the whole validation and test splits
+    (`trainer.evaluate.summarize`, as the gate's evaluation job computes them), the training
     history and the exported epoch's (1-based) training loss and accuracy."""
     import numpy as np
 
@@ -411,10 +391,9 @@ def _at_epoch(hist: dict[str, list[float]], key: str, epoch: int) -> float | Non
 
 
 def _replicas_expected(cluster: ClusterInfo) -> int:
-    """The replicas `distribute.create_strategy` will have in sync, without building it (which
-    must come before any other TensorFlow op; listing physical devices is none): one per GPU of
-    this machine, or one for its CPU (MirroredStrategy over all GPUs; MultiWorkerMirroredStrategy
-    with `num_accelerators` = this machine's GPUs), times the machines that train together."""
+    """The replicas `distribute.create_strategy` will have in sync, without building it (it must
+    come before any other TensorFlow op; listing physical devices is none): one per GPU of this
+    machine, or one for its CPU, times the machines that train together."""
     from trainer._tf import tf
 
     return cluster.num_workers * max(1, len(tf.config.list_physical_devices("GPU")))
@@ -438,9 +417,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
         except hpmetric.MetricFileError as e:
             print(f"python -m trainer.task: error: {e}", file=sys.stderr)
             return 2
-    # The GPUs this replica's worker pool asked for against those TensorFlow sees, before the
-    # strategy (and its all-reduce) is built: a replica that cannot see its GPUs stops here
-    # with one line instead of training on CPU while the GPUs are billed.
+    # Before the strategy: no training on CPU while GPUs are billed.
     try:
         request = gpu_request(os.environ)
     except ValueError as e:

@@ -1,24 +1,12 @@
 """Every pipeline parameter's allowed values and every rule between parameters, for both targets:
 one module per capability, one entry.
 
-`check(values, target, region="")` applies them all, before any request and before any local work:
-`make run` on both targets and `make schedule` call it (`launch.cli`, `launch.submit`). It reports
-every bad parameter at once (`OptionsError`, one line per problem, each starting with the
-parameter's name and saying what is allowed) and returns warnings. The parameters themselves
-(names, types, defaults) are `pipeline.parameters.PARAMETERS`, whose rows also hold the rules
-that need only the value (`choices`, `bounds`: the gate's metric, rule, minimum and margin, the
-search algorithm, the scheduling strategy, the tuning job's trial counts), checked here first. The steps that run on Vertex apply
-the same rules where they can (`worker_pools` calls `hardware.validate_machine`).
-
-    common.py               Problem, OptionsError
-    jobs.py                 machines and GPUs, scheduling, timeout, identity, network, CMEK, labels
-    persistent_resource.py  persistent_resource_id, and the resource's fit (launch.submit)
-    tuning.py               the tuning job and its search space
-    data.py                 the dataset source, Dataflow, shards, weights
-    gate.py                 the model's name, serving image and model root
-    trainer_flags.py        the trainer's own parsers on the jobs' flags and a folder source
-    local.py                the local target's own rules
-    notification.py         notification_emails (called by launch.submit)
+`check(values, target, region="")` applies them all, before any request and before any local work
+(`make run` on both targets and `make schedule`: `launch.cli`, `launch.submit`); it reports every
+bad parameter at once (`OptionsError`) and returns warnings. A rule on the value alone is data on
+its row of `pipeline.parameters.PARAMETERS` (`choices`, `bounds`), checked here first. The steps
+that run on Vertex apply the same rules where they can (`worker_pools` calls
+`hardware.validate_machine`). Its modules: docs/architecture.md#layout.
 """
 
 from __future__ import annotations
@@ -83,9 +71,7 @@ def _row_problems(values: Mapping[str, Any]) -> list[Problem]:
 
 def check(values: Mapping[str, Any], target: str, region: str = "") -> list[str]:
     """Applies every rule to a run's parameter values (the target's defaults with the user's
-    values over them); `region` is the Vertex region (the local target has none). The local
-    target adds its own rules (`local_problems`). Raises OptionsError naming every bad
-    parameter; returns warnings. The one entry of `make run` (both targets) and `make schedule`."""
+    values over them); `region` is the Vertex region. Raises OptionsError; returns warnings."""
     if target not in ("vertex", "local"):
         raise ValueError(f"target must be vertex or local, got {target!r}")
     warnings: list[str] = []

@@ -32,12 +32,10 @@ def data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
         elif target == "local" and not Path(path).is_dir():
             problems.append(Problem(("dataset_source",), f"{source}: no such folder"))
     if target == "vertex" and v.get("prepare_engine") == "beam" and not source.startswith("folder:"):
-        # The Flex Template's launcher lists the source and plans the shards before Dataflow starts a
-        # worker, and Dataflow bounds the launcher's time ("Timeout in polling result file",
-        # docs/training.md#preparing-on-apache-beam). A TFDS source would be built there whole: TFDS
-        # runs a builder on Beam only when its _generate_examples returns a Beam transform
-        # (tensorflow_datasets/core/split_builder.py), and cassava's is a generator. The synthetic
-        # source is made in a temporary folder of that launcher, which the workers cannot read.
+        # The Flex Template's launcher lists the source and plans the shards before any worker, in a
+        # time Dataflow bounds ("Timeout in polling result file", docs/training.md#preparing-on-apache-beam).
+        # TFDS runs a builder on Beam only when its _generate_examples returns a Beam transform
+        # (tensorflow_datasets/core/split_builder.py), and cassava's is a generator.
         why = (
             "the synthetic source is made in a temporary folder of the Flex Template's launcher, which "
             "Dataflow's workers cannot read"

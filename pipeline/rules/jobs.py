@@ -11,15 +11,13 @@ pipeline.parameters.SCHEDULING_STRATEGIES):
   required with provided tensorboard" (google/cloud/aiplatform/jobs.py), and "the TensorBoard
   instance must be in the same region as the training job" (Vertex AI docs, "Use Vertex AI
   TensorBoard with custom training").
-- A CMEK key must be in the job's region, exactly: aiplatform_v1 `EncryptionSpec.kms_key_name`, "The
-  Cloud KMS key must be in the same region as the resource" (REST reference `EncryptionSpec`, and
-  the "Customer-managed encryption keys (CMEK)" guide). Cloud KMS's `global` and multi-region
-  locations (`us`, `europe`, `asia`) are not regions, so their keys are refused too
-  (`kms_key_problem`, the one rule the KMS_KEY setting also goes by).
+- A CMEK key must be in the job's region, exactly (aiplatform_v1 `EncryptionSpec.kms_key_name`:
+  "The Cloud KMS key must be in the same region as the resource"; the "Customer-managed encryption
+  keys (CMEK)" guide), so global and multi-region keys are refused too (`kms_key_problem`).
 - Labels: keys and values at most 63 characters of lowercase letters (international ones
   included), digits, `_` and `-`, keys starting with a lowercase letter, at most 64 labels on a
-  resource (Google Cloud "Labels" doc; aiplatform_v1 `CustomJob.labels`). Three are added to the
-  model version (pipeline_run, source_commit, and GCPC's vertex-ai-pipelines-run-billing-id).
+  resource (Google Cloud "Labels" doc; aiplatform_v1 `CustomJob.labels`), less those the run adds
+  (`RUN_LABELS`).
 """
 
 from __future__ import annotations
@@ -46,11 +44,10 @@ FLEX_START_MAX_SECONDS = 7 * 24 * 3600
 
 
 # The model version also gets pipeline_run and source_commit (components.registry.upload_settings),
-# gate and dataset (the gate's decision and the dataset fingerprint:
-# components.evaluation.evaluate_model), and every GCPC launcher adds Vertex's system label
-# vertex-ai-pipelines-run-billing-id (GCPC's VERTEX_AI_PIPELINES_RUN_LABELS, merged into each
-# job's and model's labels). The run's own keys are refused as the user's: they would be
-# overwritten without a word.
+# gate and dataset (the gate's decision, the dataset's fingerprint: components.evaluation.evaluate_model),
+# and every GCPC launcher adds Vertex's system label vertex-ai-pipelines-run-billing-id (GCPC's
+# VERTEX_AI_PIPELINES_RUN_LABELS, merged into each job's and model's labels). The run's own keys
+# are refused as the user's: they would be overwritten without a word.
 RUN_LABELS = ("pipeline_run", "source_commit", "gate", "dataset")
 
 
@@ -72,18 +69,16 @@ KMS_KEY = re.compile(r"^projects/[^/]+/locations/([^/]+)/keyRings/[^/]+/cryptoKe
 TENSORBOARD = re.compile(r"^projects/[^/]+/locations/([^/]+)/tensorboards/[0-9]+$")
 
 
-# The shortest job timeout accepted. Vertex documents no minimum for `Scheduling.timeout` ("The
-# maximum job running time"), but a job cannot do any work in less: its replicas import
-# TensorFlow (about 6 s on a small machine) and read the dataset before the first step, and a
-# Vertex replica's VM and image pull come first. A shorter timeout only buys a failed job.
+# Vertex documents no minimum for `Scheduling.timeout` ("The maximum job running time"), but a
+# job cannot work in less: its replicas import TensorFlow (about 6 s on a small machine) and read
+# the dataset before the first step, after a Vertex replica's VM and image pull.
 MIN_TIMEOUT_SECONDS = 60
 
 
 def kms_key_problem(key: str, region: str) -> str:
     """What is wrong with `key` as the CMEK key of Vertex AI resources in `region` ("" when
-    nothing is; `region` "" checks the form only). The one rule for both ways a key comes in: the
-    pipeline parameter `encryption_spec_key_name` (`check`) and the KMS_KEY setting
-    (`launch.settings.load`), so both give the same verdict in the same words.
+    nothing is; `region` "" checks the form only): the one rule of `encryption_spec_key_name` and
+    of the KMS_KEY setting (`launch.settings.load`).
 
     Vertex: "The Cloud KMS key must be in the same region as the resource. It must have the format
     projects/{project}/locations/{location}/keyRings/{key_ring}/cryptoKeys/{crypto_key}"

@@ -20,9 +20,7 @@ MAX_LOCAL_REPLICAS = 1 + MAX_LOCAL_WORKERS
 
 
 def local_problems(args: Mapping[str, Any]) -> list[Problem]:
-    """The local target's own rules: no more GPUs than this machine has, at most 8 workers (and
-    parallel trials within the same bound), a local serving environment for the serving image's
-    TensorFlow, a TFDS source this machine can prepare, a registry folder this run can write."""
+    """The module's rules; at most MAX_LOCAL_WORKERS workers, and parallel trials within the same bound."""
     from local import gpus, servingenv
 
     problems: list[Problem] = []

@@ -2,11 +2,8 @@
 resource itself can run the run's jobs (`persistent_resource_fit`, called by `launch.submit` once
 it has read the resource).
 
-persistent_resource_id: a persistent resource's ID (aiplatform_v1
-`CreatePersistentResourceRequest.persistent_resource_id`), with STANDARD scheduling (this
-pipeline's rule); the resource itself, read when the run is submitted, must be RUNNING, on the
-run's network, CMEK key and service account, with a pool for each job's machines
-(docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).
+Offline: the ID's form (`PERSISTENT_RESOURCE_ID`) and STANDARD scheduling (this pipeline's rule);
+docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource.
 """
 
 from __future__ import annotations
@@ -37,8 +34,7 @@ PERSISTENT_RESOURCE_DOC = "docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex
 
 def persistent_resource_id_problem(resource_id: str) -> str:
     """What is wrong with `resource_id` as a persistent resource's ID ("" when nothing is): the
-    one rule of the parameter `persistent_resource_id` (`check`) and of the PERSISTENT_RESOURCE_ID
-    setting (`launch.settings.load`), so both say the same in the same words."""
+    one rule of `persistent_resource_id` and of the PERSISTENT_RESOURCE_ID setting."""
     if PERSISTENT_RESOURCE_ID.match(resource_id):
         return ""
     hint = ""
@@ -55,9 +51,7 @@ def persistent_resource_id_problem(resource_id: str) -> str:
 
 
 def persistent_resource_problems(v: Mapping[str, Any], warnings: list[str]) -> list[Problem]:
-    """The offline rules of `persistent_resource_id`; what the resource itself holds (its state,
-    network, CMEK key, service account and pools) is read and judged when the run is submitted
-    (`persistent_resource_fit`, called by `launch.submit`)."""
+    """The offline rules of `persistent_resource_id` (module docstring)."""
     resource_id = v.get("persistent_resource_id", "")
     if not resource_id:
         return []
@@ -111,10 +105,8 @@ def _machines(key: tuple[str, str, int, str]) -> str:
 
 def persistent_resource_jobs(v: Mapping[str, Any], region: str = "") -> dict[str, list[dict[str, Any]]]:
     """The worker pools of each job that runs on the persistent resource (`PERSISTENT_RESOURCE_JOBS`),
-    built as the planning step builds them (`components.plan.plan_jobs`: the same builder and
-    hardware arguments; the image and flags, which a resource pool does not constrain, left out).
-    The preparation and evaluation jobs are one CPU replica of `prepare_machine_type`; the
-    training job the chief, the workers and the Reduction Server pool."""
+    built as the planning step builds them (`components.plan.plan_jobs`), less the image and
+    flags, which a resource pool does not constrain."""
 
     def build(**hardware: Any) -> list[dict[str, Any]]:
         specs: list[dict[str, Any]] = worker_pools.build_worker_pool_specs(
@@ -135,31 +127,27 @@ def persistent_resource_fit(
     resource: Any, v: Mapping[str, Any], region: str = ""
 ) -> tuple[list[str], list[str]]:
     """Why the aiplatform_v1 `PersistentResource` `resource` (as `get_persistent_resource` returns
-    it, from the run's project and region) cannot run this run's jobs, one message per problem,
-    and warnings. `v` are the run's parameter values (every offline rule passed).
+    it) cannot run this run's jobs, one message per problem, and warnings. `v` are the run's
+    parameter values (every offline rule passed).
 
-    - `state` RUNNING ("the persistent resource is healthy and fully usable"; PROVISIONING,
-      UPDATING and REBOOTING are not usable yet, STOPPING and ERROR not at all: `PersistentResource.State`).
-    - `network` and `encryption_spec.kms_key_name` the run's `network` and
-      `encryption_spec_key_name`: "The network and CMEK configs on the job should be consistent
-      with those on the PersistentResource, otherwise, the job will be rejected"
-      (`CustomJobSpec.persistent_resource_id`; GCPC's CustomTrainingJobOp says the same).
+    - `state` RUNNING ("the persistent resource is healthy and fully usable": `PersistentResource.State`).
+    - `network` and `encryption_spec.kms_key_name` the run's: "The network and CMEK configs on
+      the job should be consistent with those on the PersistentResource, otherwise, the job will
+      be rejected" (`CustomJobSpec.persistent_resource_id`; GCPC's CustomTrainingJobOp alike).
     - Its service account rule: with `resource_runtime_spec.service_account_spec
       .enable_custom_service_account`, "custom user-managed service account is enforced to run
       any workloads (for example, Vertex Jobs) on the resource. Otherwise, uses the Vertex AI
-      Custom Code Service Agent" (`ServiceAccountSpec`): the run's `service_account` must be set
-      when the resource enforces one, and a run that has one needs a resource that takes it
-      (else its jobs would run as another identity than the one
-      docs/vertex.md#the-iam-roles-a-first-run-needs grants roles to).
+      Custom Code Service Agent" (`ServiceAccountSpec`): the run needs a `service_account` when
+      the resource enforces one, and a run with one a resource that takes it (else its jobs run as
+      another identity than docs/vertex.md#the-iam-roles-a-first-run-needs grants roles to).
     - Each job's worker pools: a resource pool whose `machine_spec` (machine type, GPU type and
       count) and boot disk type are the pool's, holding its replicas: "values for machine-type and
       disk-type matches exactly with a corresponding resource pool", and "a replica-count less than
       or equal to the replica-count or max-replica-count of the corresponding resource pool"
       ("Run training jobs on a persistent resource",
-      https://cloud.google.com/vertex-ai/docs/training/persistent-resource-train). The pools of one
-      job with the same machines are counted together (its replicas run at once); the jobs of a
-      run one after another, so they share a pool. Replicas other jobs hold now
-      (`used_replica_count`) are a warning: the job waits for them."""
+      https://cloud.google.com/vertex-ai/docs/training/persistent-resource-train). One job's pools
+      of the same machines count together (its replicas run at once); a run's jobs run one after
+      another, so they share a pool. Replicas held now (`used_replica_count`) are a warning."""
     problems: list[str] = []
     warnings: list[str] = []
     state = resource.state.name

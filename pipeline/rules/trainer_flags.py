@@ -28,11 +28,9 @@ PREPARE_INPUTS = {
 
 
 def trainer_commands(values: Mapping[str, Any]) -> dict[str, list[str]]:
-    """The flags the run hands `trainer.task` and `trainer.prepare`, built by the very functions
-    the planning step runs (`components.plan.build_trainer_args`,
-    `components.prepare.build_prepare_args`), from the parameters `pipeline.dag` hands it
-    (`dag.PLAN_PARAMETERS`). The folders are left out: the jobs get them from Vertex (flagcheck
-    stands in for them), and so are the champion's class names, read at run time."""
+    """The flags the run hands `trainer.task` and `trainer.prepare` (`components.plan.build_trainer_args`,
+    `components.prepare.build_prepare_args`), less the folders (Vertex gives them; flagcheck stands
+    in) and the champion's class names (read at run time)."""
     flags = {name: values[name] for name in plan.MODEL_FLAGS}
     task, _ = plan.build_trainer_args("/check/dataset", values["image_size"], flags, plan.TUNABLE)
     inputs = {arg: values[name] for arg, name in PREPARE_INPUTS.items() if name in values}
@@ -86,10 +84,9 @@ def trainer_flag_problems(values: Mapping[str, Any]) -> list[Problem]:
 
 
 def source_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """A local `folder:PATH` source judged by the preparation's own rules (`trainer_check`:
-    trainer.sourcecheck, bounded to seconds), and the global batch
-    against the training split it would prepare: a batch larger than the split cannot make one
-    step. Other sources are checked by the preparation job (sourcecheck says so: nothing here)."""
+    """A local `folder:PATH` source judged by the preparation's own rules (trainer.sourcecheck),
+    and the global batch against its training split (a larger batch cannot make one step). Other
+    sources are checked by the preparation job."""
     source = str(values.get("dataset_source", ""))
     if not source.startswith("folder:"):
         return []

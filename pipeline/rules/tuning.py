@@ -2,16 +2,13 @@
 
 - GRID_SEARCH needs every study parameter INTEGER, CATEGORICAL or DISCRETE (aiplatform_v1
   `StudySpec.Algorithm.GRID_SEARCH`: "Simple grid search within the feasible space. To use grid
-  search, all parameters must be INTEGER, CATEGORICAL, or DISCRETE."): the declared
-  `search_space`'s.
+  search, all parameters must be INTEGER, CATEGORICAL, or DISCRETE.").
 - search_space (checked when `tune` is true, the only time it is used): a list of
-  `StudySpec.ParameterSpec` that parses strictly (`tuning.parse_search_space`); a parameter_id is
-  "unique amongst all ParameterSpecs"; UNIT_LOG_SCALE and UNIT_REVERSE_LOG_SCALE need "the entire
-  feasible space ... strictly positive"; scale_type is left "unset for CATEGORICAL parameters";
-  DISCRETE values are "in increasing order and at least 1e-10 apart", at most 1,000 (aiplatform_v1
-  `types/study.py`, `ParameterSpec`). This pipeline's own rules: every id is a trainer flag a
-  tuning job may set (`tuning.TUNABLE_FLAGS`), every range has min < max, no conditional
-  parameter specs, and every value a trial may get is accepted by the trainer's own parser.
+  `StudySpec.ParameterSpec` that parses strictly; a parameter_id is "unique amongst all
+  ParameterSpecs"; UNIT_LOG_SCALE and UNIT_REVERSE_LOG_SCALE need "the entire feasible space ...
+  strictly positive"; scale_type is left "unset for CATEGORICAL parameters"; DISCRETE values are
+  "in increasing order and at least 1e-10 apart", at most 1,000 (aiplatform_v1 `types/study.py`,
+  `ParameterSpec`); and this pipeline's own rules (docs/options.md#the-search-space-search_space).
 """
 
 from __future__ import annotations
