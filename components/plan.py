@@ -21,7 +21,7 @@ The trainer's command line is spelled here once (`build_trainer_args`; its flags
 docs/contracts.md#1-the-trainers-command-line-python--m-trainertask); `--checkpoint_dir` and
 `--tensorboard_dir` keep their AIP_* defaults (per trial in a tuning job). The best trial's step
 writes its values into the planned training flags (`apply_hyperparameters`); the pre-flight
-(`pipeline.rules.trainer_flags.trainer_commands`) calls `build_trainer_args` itself, so the
+(`pipeline.options.trainer_flags.trainer_commands`) calls `build_trainer_args` itself, so the
 trainer's parsers check the very command line the jobs get. A tunable hyperparameter is one row
 of `hyperparameters()` and one input of `plan_jobs`.
 """
@@ -51,7 +51,7 @@ def train_command() -> list:
 
 def hyperparameters() -> list:
     """The hyperparameters a tuning job may set, each once: (name, kind, Vertex default, local
-    default, help). The pipeline parameter of each is made from its row (`pipeline.parameters`),
+    default, help). The pipeline parameter of each is made from its row (`pipeline.options`),
     the kinds are `tunable()`'s, and `plan_jobs` takes each as an input of the same name (its
     signature lists them: tests/components/test_steps.py keeps the two equal). A trial's values
     arrive as JSON numbers (`32.0`): `build_trainer_args` and `apply_hyperparameters` write them

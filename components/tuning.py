@@ -6,7 +6,7 @@ Vertex's `StudySpec.ParameterSpec` (aiplatform_v1 `types/study.py`), by default
 `VERTEX_SEARCH_SPACE` (the compiled template) and `LOCAL_SEARCH_SPACE` (the local target);
 docs/options.md#the-search-space-search_space says why each. `parse_search_space` reads one
 strictly into the API type, `canonical_search_space` writes it back in the proto JSON form
-Vertex's launcher takes, and `pipeline.rules.tuning.search_space_problems` holds the rules a
+Vertex's launcher takes, and `pipeline.options.tuning.search_space_problems` holds the rules a
 space must meet. The metric (`study_metrics`) is fixed; trial counts and the search algorithm
 are pipeline parameters (docs/contracts.md#3-tuning-parameter-ids-are-trainer-flags).
 

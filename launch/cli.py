@@ -543,10 +543,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         except ValueError as err:
             parser.error(f"--training_config: {err}")
         args = local_arguments(ns, pipeline.parameters_for("local"))
-        from pipeline import rules
+        from pipeline import options
 
         try:
-            warnings = rules.check(args, "local")
+            warnings = options.check(args, "local")
         except ValueError as err:
             parser.error(f"bad parameters (nothing was started):\n{err}")
         if problem := runs_dir_problem(Path(ns.runs_dir)):

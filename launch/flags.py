@@ -75,7 +75,7 @@ def parse_search_space(text: str) -> Any:
     """`--search_space`: a list of parameter specs (Vertex's `StudySpec.ParameterSpec`, snake_case
     or camelCase JSON), inline or from a file (`read_document`), in the proto JSON form Vertex's
     launcher takes when it parses (`components.tuning.canonical_search_space`); else as given, for
-    `pipeline.rules.check` to name what is wrong."""
+    `pipeline.options.check` to name what is wrong."""
     value = read_document(text)
     if not isinstance(value, list):
         raise argparse.ArgumentTypeError(

@@ -16,8 +16,8 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipeline.rules import jobs as job_rules
-from pipeline.rules.persistent_resource import persistent_resource_id_problem
+from pipeline.options import jobs as job_rules
+from pipeline.options.persistent_resource import persistent_resource_id_problem
 
 # Setting -> (what it is, required). The order is env.sh.example's.
 SETTINGS: dict[str, tuple[str, bool]] = {
@@ -102,7 +102,7 @@ _KFP_REPO = re.compile(
     r"^https://([a-z0-9-]+)-kfp\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z][a-z0-9-]{0,62}$"
 )
 # The forms of the pipeline parameters they fill (service_account, network; the CMEK key's rule
-# is `kms_key_problem`, shared with encryption_spec_key_name): one home, pipeline/rules/jobs.py.
+# is `kms_key_problem`, shared with encryption_spec_key_name): one home, pipeline/options/jobs.py.
 _SERVICE_ACCOUNT, _NETWORK = job_rules.SERVICE_ACCOUNT, job_rules.NETWORK
 _LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")

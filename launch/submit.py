@@ -99,11 +99,11 @@ def run_values(values: Mapping[str, Any], compiled: Mapping[str, Any]) -> dict[s
 
 
 def check_options(values: Mapping[str, Any], compiled: Mapping[str, Any], region: str) -> list[str]:
-    """Every rule (`pipeline.rules.check`, both targets' one entry) on `run_values` for `region`,
+    """Every rule (`pipeline.options.check`, both targets' one entry) on `run_values` for `region`,
     before any request: OptionsError names every bad parameter; prints and returns the warnings."""
-    from pipeline import rules
+    from pipeline import options
 
-    warnings = rules.check(run_values(values, compiled), "vertex", region)
+    warnings = options.check(run_values(values, compiled), "vertex", region)
     for warning in warnings:
         print(f"WARNING: {warning}", flush=True)
     return warnings
@@ -165,11 +165,11 @@ def check_persistent_resource(
     """Reads the run's persistent resource (`values["persistent_resource_id"]` of `run_values`;
     none when empty) with aiplatform_v1 `PersistentResourceServiceClient.get_persistent_resource`
     before anything of the run is uploaded or created; judges it by `persistent_resource_fit`
-    (`pipeline.rules.persistent_resource`). Raises PersistentResourceRefused (one line) when
+    (`pipeline.options.persistent_resource`). Raises PersistentResourceRefused (one line) when
     missing or unfit; prints and returns the warnings. `client`: for tests."""
     from google.api_core import exceptions
 
-    from pipeline.rules import persistent_resource
+    from pipeline.options import persistent_resource
 
     resource_id = str(values.get("persistent_resource_id") or "")
     if not resource_id:
@@ -396,9 +396,9 @@ class PreflightRefused(ValueError):
 
 
 def refusal(err: ValueError) -> str:
-    from pipeline import rules
+    from pipeline import options
 
-    if isinstance(err, rules.OptionsError):
+    if isinstance(err, options.OptionsError):
         return f"bad parameters (nothing was sent):\n{err}"
     return str(err)
 
@@ -407,7 +407,7 @@ def with_template(given: Mapping[str, Any], template: Path) -> tuple[dict[str, A
     """Validates `notification_emails`; picks the notify template for a run that has them (when
     `template` is the default one) and drops the parameter for a run that has none."""
     import pipeline
-    from pipeline.rules import notification
+    from pipeline.options import notification
 
     values = dict(given)
     emails = notification.check_notification_emails(values.pop("notification_emails", None))

@@ -2,8 +2,7 @@
 
 Its modules: docs/architecture.md#layout. `import pipeline` is this package (a package wins over
 the top-level `pipeline.py` beside it, which is only the `make compile` script); what callers use
-is re-exported here. `pipeline.rules` is not imported here: the launcher imports it where it
-checks a run.
+is re-exported here.
 """
 
 from pipeline.backends import BACKENDS, Backend
@@ -16,7 +15,7 @@ from pipeline.dag import (
     create_pipeline,
     template_for,
 )
-from pipeline.parameters import PARAMETERS, REQUIRED, TARGETS, Parameter, parameters_for
+from pipeline.options import PARAMETERS, REQUIRED, TARGETS, Parameter, parameters_for
 from pipeline.step import NEVER_CACHED
 
 __all__ = [

@@ -56,7 +56,7 @@ def _vertex_custom_job(
     ID is passed explicitly, as aiplatform_v1 `CustomJobSpec.persistent_resource_id` ("the job
     will be run on existing machines held by the PersistentResource instead of on-demand
     short-live machines"), whose network and CMEK rule `launch.submit` checks before the run
-    (`pipeline.rules.persistent_resource.persistent_resource_fit`)."""
+    (`pipeline.options.persistent_resource.persistent_resource_fit`)."""
     from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp
 
     job_settings = dict(settings)
@@ -84,7 +84,7 @@ def dataflow_preparation(
     20 s until JOB_STATE_DONE and fails on any other end state (container/v1/wait_gcp_resources/
     remote_runner.py). The job runs with the run's service account, network (by name), CMEK key
     and labels (the op adds the run's own), in `dataflow_subnetwork` when given
-    (`pipeline.rules.data.dataflow_problems`)."""
+    (`pipeline.options.data.dataflow_problems`)."""
     from google_cloud_pipeline_components.v1.dataflow import DataflowFlexTemplateJobOp
     from google_cloud_pipeline_components.v1.wait_gcp_resources import WaitGcpResourcesOp
 
@@ -124,7 +124,7 @@ def _local_custom_job(
 
 def _study(p: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, Any]:
     """The study both tuning steps get: the fixed metric and the declared `search_space` (checked
-    by `pipeline.rules` before the run; `make run` hands it over in the proto JSON form)."""
+    by `pipeline.options` before the run; `make run` hands it over in the proto JSON form)."""
     return {
         "study_spec_metrics": metrics,
         "study_spec_parameters": p["search_space"],

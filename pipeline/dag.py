@@ -27,14 +27,14 @@ from components import plan, registry, worker_pools
 from components.plan import plan_jobs
 from local import ROOT
 from pipeline.backends import BACKENDS, dataflow_preparation
-from pipeline.parameters import REQUIRED, parameters_for
+from pipeline.options import REQUIRED, parameters_for
 
 PIPELINE_NAME = "multiworker-cassava-training"
 COMPILED = ROOT / "compiled" / "pipeline.json"
 COMPILED_NOTIFY = ROOT / "compiled" / "pipeline-notify.json"
 # The pipeline parameters the planning step takes under their own names (`components.plan.plan_jobs`;
 # tests/components/test_steps.py keeps the list equal to its inputs), from which
-# `pipeline.rules.trainer_flags.trainer_commands` also builds the jobs' flags.
+# `pipeline.options.trainer_flags.trainer_commands` also builds the jobs' flags.
 PLAN_PARAMETERS = (
     "dataset_source",
     "image_size",

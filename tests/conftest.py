@@ -90,7 +90,7 @@ def templates_parsed_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def trainer_check_in_process(module: str, request: Any, timeout: float | None = None) -> Any:
-    """`pipeline.rules.trainer_flags.trainer_check` answered in this process: the same module's `main` on the
+    """`pipeline.options.trainer_flags.trainer_check` answered in this process: the same module's `main` on the
     same JSON, without a Python start per check (hundreds of them across the suite)."""
     import contextlib
     import importlib
@@ -114,10 +114,10 @@ def trainer_check_in_process(module: str, request: Any, timeout: float | None = 
 @pytest.fixture(autouse=True)
 def trainer_checks_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The front door's trainer checks run in-process, except in the tests marked
-    `trainer_check_process`, which prove the process path (`pipeline.rules.trainer_flags.trainer_check`)."""
+    `trainer_check_process`, which prove the process path (`pipeline.options.trainer_flags.trainer_check`)."""
     if request.node.get_closest_marker("trainer_check_process"):
         return
-    from pipeline.rules import trainer_flags
+    from pipeline.options import trainer_flags
 
     monkeypatch.setattr(trainer_flags, "trainer_check", trainer_check_in_process)
 

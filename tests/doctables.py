@@ -203,7 +203,7 @@ def metrics_keys() -> str:
 def parameters() -> str:
     """Parameter | Type | Vertex default | Local default | Allowed | What it is."""
     import pipeline
-    from pipeline.parameters import REQUIRED
+    from pipeline.options import REQUIRED
 
     def shown(value: Any) -> str:
         if value is REQUIRED:

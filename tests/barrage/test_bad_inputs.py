@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from launch import cli, schedules, submit
-from pipeline.rules import local as local_rules
+from pipeline.options import local as local_rules
 
 pytestmark = pytest.mark.hardening  # make test-hardening
 

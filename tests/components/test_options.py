@@ -1,4 +1,4 @@
-"""The rules of `pipeline.rules`, one by one: each refusal names the parameter and what is
+"""The rules of `pipeline.options`, one by one: each refusal names the parameter and what is
 allowed; everything wrong is named at once; what Vertex accepts passes."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 import pipeline
 from components import plan
-from pipeline import rules
-from pipeline.rules import trainer_flags
+from pipeline import options
+from pipeline.options import trainer_flags
 
 REGION = "us-central1"
 
@@ -21,14 +21,14 @@ def vertex(**given: Any) -> dict[str, Any]:
     return {**values, **given}
 
 
-def refused(values: dict[str, Any], target: str = "vertex") -> rules.OptionsError:
-    with pytest.raises(rules.OptionsError) as err:
-        rules.check(values, target, REGION if target == "vertex" else "")
+def refused(values: dict[str, Any], target: str = "vertex") -> options.OptionsError:
+    with pytest.raises(options.OptionsError) as err:
+        options.check(values, target, REGION if target == "vertex" else "")
     return err.value
 
 
 def test_the_vertex_defaults_pass() -> None:
-    assert rules.check(vertex(), "vertex", REGION) == []
+    assert options.check(vertex(), "vertex", REGION) == []
 
 
 H100_8: dict[str, str | int] = {
@@ -160,7 +160,7 @@ def test_each_rule_names_its_parameter(given: dict[str, Any], parameters: set[st
 
 
 def test_every_rows_choices_and_bounds_are_checked() -> None:
-    """A rule held as data on a parameter's row (pipeline.parameters: `choices`, `bounds`) refuses
+    """A rule held as data on a parameter's row (pipeline.options: `choices`, `bounds`) refuses
     what is outside it, naming the parameter, and lets the row's own default through."""
     rows = [p for p in pipeline.PARAMETERS if p.choices or p.bounds is not None]
     assert {"gate_metric", "gate_rule", "min_score", "gate_margin", "search_algorithm"} <= {
@@ -194,18 +194,18 @@ def test_every_rows_choices_and_bounds_are_checked() -> None:
     ],
 )
 def test_what_vertex_accepts_passes(given: dict[str, Any]) -> None:
-    rules.check(vertex(**given), "vertex", REGION)
+    options.check(vertex(**given), "vertex", REGION)
 
 
 def test_a_dataflow_run_on_a_network_without_a_subnetwork_is_warned() -> None:
     """Dataflow takes a network given alone as an auto-mode network of the job's project."""
     beam = {"prepare_engine": "beam", "dataset_source": "folder:gs://bucket/images"}
     network = {"network": "projects/123/global/networks/vpc"}
-    [warning] = rules.check(vertex(**beam, **network), "vertex", REGION)
+    [warning] = options.check(vertex(**beam, **network), "vertex", REGION)
     assert warning.startswith("prepare_engine=beam with a network and no dataflow_subnetwork")
     shared = "https://www.googleapis.com/compute/v1/projects/host-proj/regions/us-central1/subnetworks/s"
-    assert rules.check(vertex(**beam, **network, dataflow_subnetwork=shared), "vertex", REGION) == []
-    assert rules.check(vertex(**network), "vertex", REGION) == []  # the job engine: no Dataflow
+    assert options.check(vertex(**beam, **network, dataflow_subnetwork=shared), "vertex", REGION) == []
+    assert options.check(vertex(**network), "vertex", REGION) == []  # the job engine: no Dataflow
 
 
 def test_every_problem_is_named_at_once_one_per_line() -> None:
@@ -222,9 +222,9 @@ def test_every_problem_is_named_at_once_one_per_line() -> None:
 
 def test_the_region_override_turns_the_refusal_into_a_warning() -> None:
     given = H100_8 | {"worker_count": 1}
-    with pytest.raises(rules.OptionsError, match="set check_gpu_region=false"):
-        rules.check(vertex(**given), "vertex", "southamerica-east1")
-    warnings = rules.check(vertex(**given, check_gpu_region=False), "vertex", "southamerica-east1")
+    with pytest.raises(options.OptionsError, match="set check_gpu_region=false"):
+        options.check(vertex(**given), "vertex", "southamerica-east1")
+    warnings = options.check(vertex(**given, check_gpu_region=False), "vertex", "southamerica-east1")
     assert len(warnings) == 1 and "not offered in southamerica-east1" in warnings[0]
 
 

@@ -174,7 +174,7 @@ def test_labels_vertex_would_refuse_are_refused(labels: dict[str, str], match: s
 
 
 def test_registry_parameters_are_checked_before_any_work() -> None:
-    """What pipeline.rules.gate calls for the registry's parameters, before any work."""
+    """What pipeline.options.gate calls for the registry's parameters, before any work."""
     from components import servingimage
 
     servingimage.check_serving_parameters("custom", "2.15", "cpu", "")  # the pipeline builds the image

@@ -18,7 +18,7 @@ from kfp import compiler
 import pipeline
 from components import plan, tuning
 from launch import flags
-from pipeline import rules
+from pipeline import options
 from tests.model_flags import MODEL_FLAG_VALUES
 from tests.test_pipeline import default_pools, render_payload, root_values, task_inputs, walk
 
@@ -58,11 +58,11 @@ def values_for(target: str, **given: Any) -> dict[str, Any]:
 
 
 def check(target: str = "vertex", **given: Any) -> list[str]:
-    return rules.check(values_for(target, **given), target, REGION if target == "vertex" else "")
+    return options.check(values_for(target, **given), target, REGION if target == "vertex" else "")
 
 
-def refused(target: str = "vertex", **given: Any) -> rules.OptionsError:
-    with pytest.raises(rules.OptionsError) as err:
+def refused(target: str = "vertex", **given: Any) -> options.OptionsError:
+    with pytest.raises(options.OptionsError) as err:
         check(target, **given)
     return err.value
 

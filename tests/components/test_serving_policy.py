@@ -12,7 +12,7 @@ import pytest
 
 from components import registry, servingimage
 from pipeline import parameters_for
-from pipeline.rules import OptionsError, check
+from pipeline.options import OptionsError, check
 
 END_215 = "2027-01-14"
 

@@ -25,8 +25,8 @@ from google.protobuf import json_format
 
 import pipeline
 from launch import cli, schedules, settings, submit
-from pipeline import rules
-from pipeline.rules import persistent_resource
+from pipeline import options
+from pipeline.options import persistent_resource
 from tests.contract.test_submit import BUCKET, JOBS, env, vertex  # noqa: F401 (vertex: a fixture)
 from tests.fakes import Abort, GrpcFake, RestFake, insecure_client
 from tests.test_pipeline import render_payload, root_values
@@ -124,7 +124,7 @@ def vertex_values(**given: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("resource_id", ["warm-pool", "a", "a" * 63, "pool-2"])
 def test_an_id_of_googles_form_passes(resource_id: str) -> None:
-    rules.check(vertex_values(persistent_resource_id=resource_id), "vertex", "us-central1")
+    options.check(vertex_values(persistent_resource_id=resource_id), "vertex", "us-central1")
     assert persistent_resource.persistent_resource_id_problem(resource_id) == ""
 
 
@@ -143,8 +143,8 @@ def test_an_id_of_googles_form_passes(resource_id: str) -> None:
     ],
 )
 def test_a_bad_id_is_refused_naming_the_parameter(resource_id: str, said: str) -> None:
-    with pytest.raises(rules.OptionsError) as info:
-        rules.check(vertex_values(persistent_resource_id=resource_id), "vertex", "us-central1")
+    with pytest.raises(options.OptionsError) as info:
+        options.check(vertex_values(persistent_resource_id=resource_id), "vertex", "us-central1")
     assert info.value.parameters == {"persistent_resource_id"}
     assert said in str(info.value) and "CreatePersistentResourceRequest.persistent_resource_id" in str(
         info.value
@@ -161,18 +161,20 @@ def test_spot_and_flex_start_are_refused_on_a_resource(strategy: str) -> None:
         chief_machine_type="g2-standard-8",
         worker_machine_type="g2-standard-8",
     )
-    with pytest.raises(rules.OptionsError) as info:
-        rules.check(values, "vertex", "us-central1")
+    with pytest.raises(options.OptionsError) as info:
+        options.check(values, "vertex", "us-central1")
     [line] = [line for line in str(info.value).splitlines() if line.startswith("persistent_resource_id")]
     assert line.startswith("persistent_resource_id, scheduling_strategy: ") and "STANDARD" in line
 
 
 def test_tuning_with_a_resource_warns_that_the_trials_start_machines() -> None:
-    warnings = rules.check(
+    warnings = options.check(
         vertex_values(persistent_resource_id=RESOURCE_ID, tune=True), "vertex", "us-central1"
     )
     assert any("trials run on machines started for them" in w for w in warnings), warnings
-    assert not any("persistent" in w for w in rules.check(vertex_values(tune=True), "vertex", "us-central1"))
+    assert not any(
+        "persistent" in w for w in options.check(vertex_values(tune=True), "vertex", "us-central1")
+    )
 
 
 def test_the_parameter_is_vertex_only() -> None:

@@ -98,32 +98,32 @@ def test_bad_flag_values_are_named(
 def test_local_settings_are_checked_before_any_step(
     overrides: dict[str, object], parameter: str, message: str
 ) -> None:
-    from pipeline import rules
+    from pipeline import options
 
     # Judged on tests/conftest.py's fixed day: serving_image=auto means the prebuilt image.
     args = {q.name: q.default_for("local") for q in pipeline.parameters_for("local")}
-    with pytest.raises(rules.OptionsError) as err:
-        rules.check({**args, **overrides}, "local")
+    with pytest.raises(options.OptionsError) as err:
+        options.check({**args, **overrides}, "local")
     assert err.value.parameters >= {parameter}, str(err.value)
     lines = [str(p) for p in err.value.problems if parameter in p.parameters]
     assert any(message in line for line in lines), lines
 
 
 def test_every_bad_local_setting_is_named_at_once() -> None:
-    from pipeline import rules
+    from pipeline import options
 
     args = {q.name: q.default_for("local") for q in pipeline.parameters_for("local")}
     bad = {"epochs": 0, "timeout": "soon", "labels": {"A": "b"}, "worker_count": 9}
-    with pytest.raises(rules.OptionsError) as err:
-        rules.check({**args, **bad}, "local")
+    with pytest.raises(options.OptionsError) as err:
+        options.check({**args, **bad}, "local")
     assert err.value.parameters >= set(bad)
     assert len(str(err.value).splitlines()) == len(err.value.problems)
 
 
 def test_local_defaults_pass_validation() -> None:
-    from pipeline import rules
+    from pipeline import options
 
-    rules.check({q.name: q.default_for("local") for q in pipeline.parameters_for("local")}, "local")
+    options.check({q.name: q.default_for("local") for q in pipeline.parameters_for("local")}, "local")
 
 
 def test_screen_shows_step_output_not_kfp_bookkeeping() -> None:

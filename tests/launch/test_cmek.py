@@ -1,7 +1,7 @@
 """One CMEK rule, two doors: the KMS_KEY setting (`launch.settings.load`) and the pipeline
-parameter `encryption_spec_key_name` (`pipeline.rules.check`, which `make run` and
+parameter `encryption_spec_key_name` (`pipeline.options.check`, which `make run` and
 `make schedule` apply to the run's values) give the same verdict in the same words, because both
-call `pipeline.rules.jobs.kms_key_problem`. Vertex: "The Cloud KMS key must be in the same region
+call `pipeline.options.jobs.kms_key_problem`. Vertex: "The Cloud KMS key must be in the same region
 as the resource" (aiplatform_v1 `EncryptionSpec`), so `global` and multi-region keys (`us`,
 `europe`) are refused even over a region inside them."""
 
@@ -14,8 +14,8 @@ import pytest
 
 import pipeline
 from launch import settings
-from pipeline import rules
-from pipeline.rules import jobs as job_rules
+from pipeline import options
+from pipeline.options import jobs as job_rules
 
 
 def key(location: str) -> str:
@@ -43,7 +43,7 @@ def settings_verdict(kms_key: str, region: str) -> str:
 
 
 def parameter_verdict(kms_key: str, region: str) -> str:
-    """The encryption_spec_key_name problem of `rules.check` for a Vertex run in `region`, or ""."""
+    """The encryption_spec_key_name problem of `options.check` for a Vertex run in `region`, or ""."""
     values: dict[str, Any] = {q.name: q.default_for("vertex") for q in pipeline.parameters_for("vertex")}
     values.update(
         project="p-proj",
@@ -53,8 +53,8 @@ def parameter_verdict(kms_key: str, region: str) -> str:
         encryption_spec_key_name=kms_key,
     )
     try:
-        rules.check(values, "vertex", region)
-    except rules.OptionsError as err:
+        options.check(values, "vertex", region)
+    except options.OptionsError as err:
         # (the default GPUs may be missing from the region: only the key's problem is compared)
         found = [p.message for p in err.problems if "encryption_spec_key_name" in p.parameters]
         assert len(found) <= 1, found

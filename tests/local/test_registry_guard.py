@@ -17,7 +17,7 @@ from kfp import dsl
 
 import pipeline
 from local import steps
-from pipeline import rules
+from pipeline import options
 
 CLASSES = ["cbb", "cbsd", "cgm", "cmd", "healthy"]
 NAME = "cassava-classifier"
@@ -31,19 +31,19 @@ def local_args(**overrides: Any) -> dict[str, Any]:
 
 
 def test_a_registry_dir_to_be_made_or_already_there_passes_and_nothing_is_left(tmp_path: Path) -> None:
-    rules.check(local_args(registry_dir=str(tmp_path / "new" / "registry")), "local")
+    options.check(local_args(registry_dir=str(tmp_path / "new" / "registry")), "local")
     assert list(tmp_path.iterdir()) == []  # checked, not created: upload-model makes it
     (tmp_path / "registry").mkdir()
-    rules.check(local_args(registry_dir=str(tmp_path / "registry")), "local")
+    options.check(local_args(registry_dir=str(tmp_path / "registry")), "local")
     assert list((tmp_path / "registry").iterdir()) == []  # the probe file is removed
 
 
 def test_a_registry_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "registry").write_text("not a folder")
     with pytest.raises(ValueError, match=f"registry_dir: {tmp_path / 'registry'} exists and is not a folder"):
-        rules.check(local_args(registry_dir=str(tmp_path / "registry")), "local")
+        options.check(local_args(registry_dir=str(tmp_path / "registry")), "local")
     with pytest.raises(ValueError, match=rf"cannot be created: {tmp_path / 'registry'} is not a folder"):
-        rules.check(local_args(registry_dir=str(tmp_path / "registry" / "models")), "local")
+        options.check(local_args(registry_dir=str(tmp_path / "registry" / "models")), "local")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -53,9 +53,9 @@ def test_a_read_only_registry_dir_is_refused(tmp_path: Path) -> None:
     folder.chmod(0o555)
     try:
         with pytest.raises(ValueError, match=f"registry_dir: {folder} is not writable"):
-            rules.check(local_args(registry_dir=str(folder)), "local")
+            options.check(local_args(registry_dir=str(folder)), "local")
         with pytest.raises(ValueError, match=f"cannot be created in {folder}"):
-            rules.check(local_args(registry_dir=str(folder / "models")), "local")
+            options.check(local_args(registry_dir=str(folder / "models")), "local")
     finally:
         folder.chmod(0o755)
 
@@ -66,9 +66,9 @@ def test_a_registry_dir_on_a_read_only_filesystem_is_refused() -> None:
     if not probe.is_dir() or _writable(probe):
         pytest.skip("no read-only folder on this machine")
     with pytest.raises(ValueError, match="registry_dir: /sys is not writable"):
-        rules.check(local_args(registry_dir="/sys"), "local")
+        options.check(local_args(registry_dir="/sys"), "local")
     with pytest.raises(ValueError, match="registry_dir: /sys/no/registry cannot be created in /sys "):
-        rules.check(local_args(registry_dir="/sys/no/registry"), "local")
+        options.check(local_args(registry_dir="/sys/no/registry"), "local")
 
 
 def _writable(folder: Path) -> bool:

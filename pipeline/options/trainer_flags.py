@@ -1,7 +1,7 @@
-"""The trainer's own parsers on the flags a run would hand its jobs (`python -m trainer.flagcheck`)
-and on a local folder source (`python -m trainer.sourcecheck`): the flags are built by the very
-functions the planning step runs (`trainer_commands`), so what the pre-flight checks is what the
-jobs get."""
+"""The model's and the training's parameters (the trainer's flags), judged by the trainer's own
+parsers on the flags a run would hand its jobs (`python -m trainer.flagcheck`), and a local
+folder source (`python -m trainer.sourcecheck`): the flags are built by the very functions the
+planning step runs (`trainer_commands`), so what the pre-flight checks is what the jobs get."""
 
 from __future__ import annotations
 
@@ -13,7 +13,59 @@ from typing import Any
 
 from components import plan, prepare
 from local import ROOT
-from pipeline.rules.common import Problem, whole
+from pipeline.options.common import Parameter as _p
+from pipeline.options.common import Problem, whole
+
+PARAMETERS: tuple[_p, ...] = (
+    _p(
+        "backbone",
+        str,
+        "resnet50",
+        "A backbone of the trainer's registry (trainer/backbones.py), checked by its --backbone choices.",
+        "tiny",
+    ),
+    _p("weights", str, "imagenet", "imagenet, none, or a weights file (gs://...).", "none"),
+    _p("fine_tune_fraction", float, -1.0, "Backbone fraction trained (-1: the trainer's default)."),
+    # The tunable hyperparameters, one row each in `components.plan.hyperparameters()`.
+    *(
+        _p(name, {"int": int, "float": float}[kind], default, help_, local)
+        for name, kind, default, local, help_ in plan.hyperparameters()
+    ),
+    _p("mixed_precision", bool, True, "mixed_float16 compute (GPUs).", False),
+    _p("xla", bool, True, "Compile the train step with XLA.", False),
+    _p(
+        "augment",
+        str,
+        "auto",
+        "Augmentation: none, flip_lr, flip, leaf (flips, 90-degree rotations, brightness, contrast, "
+        "crop) or auto (leaf for tfds:cassava, flip for synthetic, none for a folder).",
+    ),
+    _p("lr_schedule", str, "cosine", "cosine (linear warm-up, then cosine decay) or constant."),
+    _p("warmup_epochs", float, 1.0, "Warm-up epochs of the cosine schedule (at most half the run)."),
+    _p(
+        "lr_reference_batch_size",
+        int,
+        0,
+        "Global batch learning_rate is meant for; the peak rate scales linearly with the global "
+        "batch (0: the per-replica batch, so learning_rate is one replica's rate).",
+    ),
+    _p("label_smoothing", float, 0.0, "Label smoothing of the cross-entropy, in [0, 1)."),
+    _p("class_weights", str, "none", "none or balanced (each class weighs the same in the loss)."),
+    _p(
+        "export_epoch",
+        str,
+        "best",
+        "best (the epoch with the best validation accuracy, kept as training goes) or last. Tuning "
+        "trials are measured the same way (BEST_MEASUREMENT or LAST_MEASUREMENT).",
+    ),
+    _p(
+        "early_stopping_patience",
+        int,
+        0,
+        "Stop training when validation accuracy has not improved for this many epochs (0: never).",
+        5,
+    ),
+)
 
 # The inputs of `components.prepare.build_prepare_args` (its `trainer.prepare` flags), by the
 # pipeline parameter the planning step hands each (`components.plan.plan_jobs`).

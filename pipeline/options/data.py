@@ -1,4 +1,4 @@
-"""The dataset and the starting weights: the source each target can read, the Beam engine on
+"""The dataset's parameters and rules: the source each target can read, the Beam engine on
 Dataflow (an extra) and its subnetwork, the shards per replica, a weights file."""
 
 from __future__ import annotations
@@ -9,7 +9,51 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.rules.common import Problem, whole
+from pipeline.options.common import Parameter as _p
+from pipeline.options.common import Problem, whole
+
+PARAMETERS: tuple[_p, ...] = (
+    _p("dataset_source", str, "tfds:cassava", "tfds:NAME, folder:PATH or synthetic.", "synthetic"),
+    _p("image_size", int, 300, "Image side in pixels (the codelab resizes to 300).", 64),
+    _p("dataset_shards", int, 32, "TFRecord shards per split (>= workers, for FILE sharding).", 8),
+    _p(
+        "prepare_engine",
+        str,
+        "job",
+        "How the dataset is prepared: job (one process on one machine) or beam (an Apache Beam "
+        "pipeline: on Dataflow on Vertex, in Beam's local worker processes locally; resumable; the "
+        "same bytes). docs/training.md#preparing-on-apache-beam.",
+    ),
+    _p(
+        "dataflow_max_workers",
+        int,
+        8,
+        "prepare_engine=beam: the most Dataflow workers the preparation may scale to.",
+        targets=("vertex",),
+        # dataflow_v1beta3 FlexTemplateRuntimeEnvironment.max_workers: "from 1 to 1000". GCPC's
+        # launcher drops a 0 from the request (json_util.recursive_remove_empty), so Dataflow
+        # would choose the count.
+        bounds=(1, 1000),
+    ),
+    _p(
+        "dataflow_machine_type",
+        str,
+        "n1-standard-4",
+        "prepare_engine=beam: the Dataflow workers' machine type.",
+        targets=("vertex",),
+    ),
+    _p(
+        "dataflow_subnetwork",
+        str,
+        "",
+        "prepare_engine=beam: the Dataflow workers' subnetwork, regions/REGION/subnetworks/NAME or "
+        "(Shared VPC) https://www.googleapis.com/compute/v1/projects/HOST/regions/REGION/subnetworks/NAME; "
+        "needed with a custom-mode network ('': the network alone, taken as auto-mode).",
+        targets=("vertex",),
+    ),
+    _p("synthetic_per_class", int, 60, "Training images per class of the synthetic source."),
+    _p("seed", int, 42, "Seed of the split carving and of training."),
+)
 
 # The first bytes of an HDF5 file (the HDF5 format specification, "Format Signature"): the one
 # weights-file format `--weights PATH` loads (tf_keras `load_weights` of a single local file).

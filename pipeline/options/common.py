@@ -1,11 +1,36 @@
-"""What every rule module shares: a problem (`Problem`, naming its parameters), the error that
-lists them all (`OptionsError`), and two readings of values."""
+"""What every option module shares: a parameter's row (`Parameter`), a problem (`Problem`, naming
+its parameters), the error that lists them all (`OptionsError`), and two readings of values."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
 from typing import Any
+
+TARGETS = ("vertex", "local")
+# The compiled default of a parameter the submitter must give (no default in the template).
+REQUIRED = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """One pipeline parameter. `default` is the compiled (Vertex) default (`REQUIRED`: none);
+    `choices` the only values allowed (case matters), `bounds` the (lowest, highest) number
+    allowed (`math.inf`: no highest; a whole number for an `int` row): `check` applies them."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    local: Any = None
+    targets: tuple[str, ...] = TARGETS
+    choices: tuple[str, ...] = ()
+    bounds: tuple[float, float] | None = None
+
+    def default_for(self, target: str) -> Any:
+        if target == "local" and self.local is not None:
+            return self.local
+        return self.default
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,13 @@
-"""Every pipeline parameter's allowed values and every rule between parameters, for both targets:
-one module per capability, one entry.
+"""Every pipeline parameter and its rules, one module per capability: each module's `PARAMETERS`
+(its rows: name, type, compiled (Vertex) default, local default, targets, help, and the rule on
+the value alone, `choices` or `bounds`) and its rules between parameters, for both targets.
+`PARAMETERS` here is all of them; the compiled spec's parameters (`pipeline.dag`), the flags of
+`make run` and `make schedule` (`launch.flags`) and the doc tables come from it.
 
 `check(values, target, region="")` applies them all, before any request and before any local work
 (`make run` on both targets and `make schedule`: `launch.cli`, `launch.submit`); it reports every
 bad parameter at once (`OptionsError`) and returns warnings. A rule on the value alone is data on
-its row of `pipeline.parameters.PARAMETERS` (`choices`, `bounds`), checked here first. The steps
+its row (`choices`, `bounds`), checked here first. The steps
 that run on Vertex apply the same rules where they can (`worker_pools` calls
 `hardware.validate_machine`). Its modules: docs/architecture.md#layout.
 """
@@ -15,17 +18,54 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.parameters import PARAMETERS
-from pipeline.rules.common import OptionsError, Problem, whole
-from pipeline.rules.data import data_problems, dataflow_problems
-from pipeline.rules.gate import registry_problems
-from pipeline.rules.jobs import flex_start_problems, hardware_problems, job_settings_problems
-from pipeline.rules.local import local_problems
-from pipeline.rules.persistent_resource import persistent_resource_problems
-from pipeline.rules.trainer_flags import source_problems, trainer_flag_problems
-from pipeline.rules.tuning import tuning_problems
+from pipeline.options import (
+    data,
+    gate,
+    jobs,
+    local,
+    notification,
+    persistent_resource,
+    run,
+    trainer_flags,
+    tuning,
+)
+from pipeline.options.common import REQUIRED, TARGETS, OptionsError, Parameter, Problem, whole
+from pipeline.options.data import data_problems, dataflow_problems
+from pipeline.options.gate import registry_problems
+from pipeline.options.jobs import flex_start_problems, hardware_problems, job_settings_problems
+from pipeline.options.local import local_problems
+from pipeline.options.persistent_resource import persistent_resource_problems
+from pipeline.options.trainer_flags import source_problems, trainer_flag_problems
+from pipeline.options.tuning import tuning_problems
 
-__all__ = ["OptionsError", "Problem", "check"]
+__all__ = [
+    "PARAMETERS",
+    "REQUIRED",
+    "TARGETS",
+    "OptionsError",
+    "Parameter",
+    "Problem",
+    "check",
+    "parameters_for",
+]
+
+PARAMETERS: tuple[Parameter, ...] = (
+    *run.PARAMETERS,
+    *data.PARAMETERS,
+    *trainer_flags.PARAMETERS,
+    *jobs.PARAMETERS,
+    *persistent_resource.PARAMETERS,
+    *tuning.PARAMETERS,
+    *gate.PARAMETERS,
+    *local.PARAMETERS,
+    *notification.PARAMETERS,
+)
+
+
+def parameters_for(target: str) -> tuple[Parameter, ...]:
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+    return tuple(p for p in PARAMETERS if target in p.targets)
 
 
 def _number_problems(values: Mapping[str, Any]) -> list[Problem]:
@@ -39,7 +79,7 @@ def _number_problems(values: Mapping[str, Any]) -> list[Problem]:
 
 
 def _row_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """The rules a parameter's own row holds: `choices` and `bounds` (pipeline.parameters)."""
+    """The rules a parameter's own row holds: `choices` and `bounds` (pipeline.options)."""
     problems = []
     for p in PARAMETERS:
         if p.name not in values:

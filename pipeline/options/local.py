@@ -1,5 +1,5 @@
-"""The local target's own rules: this machine's GPUs and processes, its serving environments, a
-TFDS source it can prepare, a registry folder it can write."""
+"""The local target's own parameter (`registry_dir`) and rules: this machine's GPUs and processes,
+its serving environments, a TFDS source it can prepare, a registry folder it can write."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from components import servingimage
-from pipeline.rules.common import Problem
+from pipeline.options.common import Parameter as _p
+from pipeline.options.common import Problem
+
+PARAMETERS: tuple[_p, ...] = (
+    _p("registry_dir", str, "local_runs/registry", "Folder of the local model registry.", targets=("local",)),
+)
 
 # The most trainer processes a local run starts at once: one job's chief and 8 workers, or the
 # replicas of all the tuning trials running at the same time.

@@ -1,8 +1,8 @@
-"""The machines and the job settings: worker pools and GPUs, scheduling, timeout, service
-account, network, CMEK, TensorBoard, labels, the image build's settings.
+"""The machines' and the jobs' parameters and rules: worker pools and GPUs, scheduling, timeout,
+service account, network, CMEK, TensorBoard, labels, the image build's settings.
 
 Google's rules, each with its source (scheduling_strategy's values are its row's choices,
-pipeline.parameters.SCHEDULING_STRATEGIES):
+SCHEDULING_STRATEGIES):
 - FLEX_START (Dynamic Workload Scheduler) needs L4, A100, H100, H200 or B200 GPUs, a timeout of
   at most 7 days and "the same machine configuration for all worker pools" ("Schedule training
   jobs based on resource availability", https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws):
@@ -27,7 +27,84 @@ from collections.abc import Mapping
 from typing import Any
 
 from components import hardware, image, worker_pools
-from pipeline.rules.common import Problem, duration_seconds
+from components.hardware import V100
+from pipeline.options.common import Parameter as _p
+from pipeline.options.common import Problem, duration_seconds
+
+# aiplatform_v1 `Scheduling.Strategy`, less the deprecated ON_DEMAND and LOW_COST. The GCPC
+# launcher looks the name up in the enum, so `spot` would fail there with `KeyError: 'spot'`,
+# after the image build and the dataset job (docs/facts.md, fact 28).
+SCHEDULING_STRATEGIES = ("STANDARD", "SPOT", "FLEX_START")
+PARAMETERS: tuple[_p, ...] = (
+    _p(
+        "build_location",
+        str,
+        "",
+        "Cloud Build region of the image build ('': the Vertex location; or global), the BUILD_REGION setting.",
+        targets=("vertex",),
+    ),
+    _p(
+        "build_machine_type",
+        str,
+        "E2_HIGHCPU_8",
+        "Cloud Build worker of the image build (BuildOptions.MachineType; UNSPECIFIED: the default "
+        "worker; not sent with build_worker_pool, whose workers are the pool's).",
+        targets=("vertex",),
+    ),
+    _p(
+        "build_service_account",
+        str,
+        "",
+        "Service account the image build runs as, an e-mail or projects/P/serviceAccounts/EMAIL "
+        "('': Cloud Build's default; logs then go to Cloud Logging only).",
+        targets=("vertex",),
+    ),
+    _p(
+        "build_worker_pool",
+        str,
+        "",
+        "Cloud Build private pool of the image build, projects/P/locations/REGION/workerPools/POOL "
+        "('': the default pool); the build runs in the pool's region.",
+        targets=("vertex",),
+    ),
+    _p("prepare_machine_type", str, "n1-standard-8", "CPU machine of the preparation and evaluation jobs."),
+    _p("chief_machine_type", str, "n1-standard-8", "Machine of the chief (pool 0, one replica)."),
+    _p("chief_accelerator_type", str, V100, "GPU of the chief ('' for none).", ""),
+    _p("chief_accelerator_count", int, 1, "GPUs of the chief.", 0),
+    _p("worker_count", int, 1, "Workers in pool 1 (0: the chief trains alone)."),
+    _p("worker_machine_type", str, "n1-standard-8", "Machine of each worker."),
+    _p("worker_accelerator_type", str, V100, "GPU of each worker ('' for none).", ""),
+    _p("worker_accelerator_count", int, 1, "GPUs of each worker.", 0),
+    _p("boot_disk_type", str, "pd-ssd", "Boot disk type of every replica."),
+    _p("boot_disk_size_gb", int, 100, "Boot disk size of every replica."),
+    _p("reduction_server_count", int, 0, "Reduction Server replicas (pool 2; 0: none)."),
+    _p("reduction_server_machine_type", str, "n1-highcpu-16", "Machine of each Reduction Server replica."),
+    _p(
+        "check_gpu_region",
+        bool,
+        True,
+        "Refuse a GPU the region table does not list for the region (false: warn and proceed).",
+    ),
+    _p("timeout", str, "86400s", "Longest run of each job.", "1800s"),
+    _p(
+        "restart_job_on_worker_restart",
+        bool,
+        True,
+        "Restart the whole job when a replica restarts (resumes from backup).",
+    ),
+    _p(
+        "scheduling_strategy",
+        str,
+        "STANDARD",
+        "STANDARD, SPOT or FLEX_START.",
+        choices=SCHEDULING_STRATEGIES,
+    ),
+    _p("service_account", str, "", "Service account the jobs run as ('' : Vertex's default)."),
+    _p("network", str, "", "VPC network to peer, projects/<number>/global/networks/<name>."),
+    _p("encryption_spec_key_name", str, "", "CMEK key of the jobs and the model."),
+    _p("tensorboard", str, "", "Vertex TensorBoard resource for the training job."),
+    _p("labels", dict, {}, "Labels of the jobs and the model version."),
+)
 
 FLEX_START_GPUS = (
     "NVIDIA_L4",

@@ -1,4 +1,4 @@
-"""The tuning job's settings and its declared search space.
+"""The tuning job's parameters and rules, its declared search space included.
 
 - GRID_SEARCH needs every study parameter INTEGER, CATEGORICAL or DISCRETE (aiplatform_v1
   `StudySpec.Algorithm.GRID_SEARCH`: "Simple grid search within the feasible space. To use grid
@@ -14,12 +14,51 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 from typing import Any
 
-from components import tuning
-from pipeline.rules.common import Problem, whole
-from pipeline.rules.trainer_flags import trainer_flag_problems
+from components import plan, tuning
+from pipeline.options.common import Parameter as _p
+from pipeline.options.common import Problem, whole
+from pipeline.options.trainer_flags import trainer_flag_problems
+
+PARAMETERS: tuple[_p, ...] = (
+    _p("tune", bool, False, "Run a hyperparameter tuning job first; train with the best trial."),
+    _p("max_trial_count", int, 8, "Trials of the tuning job.", 2, bounds=(1, math.inf)),
+    _p("parallel_trial_count", int, 2, "Trials run at once.", 1),
+    _p(
+        "max_failed_trial_count",
+        int,
+        0,
+        "Failed trials that fail the tuning job (0: Vertex decides).",
+        bounds=(0, math.inf),
+    ),
+    _p(
+        "search_algorithm",
+        str,
+        "ALGORITHM_UNSPECIFIED",
+        "ALGORITHM_UNSPECIFIED (Bayesian), GRID_SEARCH (every parameter INTEGER, DISCRETE or "
+        "CATEGORICAL) or RANDOM_SEARCH.",
+        choices=tuning.ALGORITHMS,
+    ),
+    _p(
+        "search_space",
+        list,
+        tuning.VERTEX_SEARCH_SPACE,
+        "The tuning job's parameters: a list of Vertex StudySpec.ParameterSpec (parameter_id; one of "
+        "double_value_spec or integer_value_spec {min_value, max_value}, discrete_value_spec or "
+        "categorical_value_spec {values}; scale_type UNIT_LINEAR_SCALE, UNIT_LOG_SCALE or "
+        "UNIT_REVERSE_LOG_SCALE), snake_case or camelCase; ids among "
+        + ", ".join(plan.TUNABLE)
+        + ". make run takes inline JSON, @FILE or "
+        "a .json/.yaml/.yml file. Default on Vertex: learning_rate 1e-4..1e-2 log, dense_units "
+        "32..1024 log, dropout 0..0.5, per_replica_batch_size 16/32/64; locally (two short trials): "
+        "learning_rate 5e-4..5e-3 log and dropout 0..0.3, centred on the local defaults "
+        "(docs/options.md).",
+        tuning.LOCAL_SEARCH_SPACE,
+    ),
+)
 
 
 def tuning_problems(v: Mapping[str, Any]) -> list[Problem]:

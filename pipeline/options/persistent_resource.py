@@ -14,7 +14,22 @@ from typing import Any
 
 import pipeline.step as step
 from components import worker_pools
-from pipeline.rules.common import Problem
+from pipeline.options.common import Parameter as _p
+from pipeline.options.common import Problem
+
+PARAMETERS: tuple[_p, ...] = (
+    _p(
+        "persistent_resource_id",
+        str,
+        "",
+        "ID of a Vertex persistent resource, in the run's project and region, that the preparation, "
+        "training and evaluation jobs run on instead of machines started for each ('': on demand; "
+        "the PERSISTENT_RESOURCE_ID setting). It needs a pool for each job's machines, the run's "
+        "network, CMEK key and service account; tuning trials and the pipeline's own steps still "
+        "start machines (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).",
+        targets=("vertex",),
+    ),
+)
 
 # A persistent resource's ID: "The maximum length is 63 characters, and valid characters are
 # /^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$/" (aiplatform_v1 `CreatePersistentResourceRequest

@@ -6,6 +6,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from pipeline.options.common import REQUIRED
+from pipeline.options.common import Parameter as _p
+
+PARAMETERS: tuple[_p, ...] = (
+    _p(
+        "notification_emails",
+        list,
+        REQUIRED,
+        "One to three addresses e-mailed when the run ends (Vertex only). Given: the run uses "
+        "the template with a notification exit handler; not given: the template without one.",
+        targets=("vertex",),
+    ),
+)
+
 EMAIL = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
 
 
