@@ -7,7 +7,8 @@ and tests/test_docs.py fails while one is stale (as tests/test_pipeline.py does 
   the training job, and `components.prepare.build_prepare_args` the preparation job, "(tunable)"
   where a tuning job's search space may declare the flag (`components.plan.TUNABLE`).
 - docs/contracts.md, metrics.json's keys: `trainer.contract.METRICS`.
-- docs/options.md, "Every parameter": each row of `pipeline.PARAMETERS`.
+- docs/options.md, "Every parameter": each row of `pipeline.PARAMETERS`; "The rules": every rule
+  that is not on a row (`pipeline.options.RULES`, each capability's module its own).
 - docs/vertex.md, the GPUs per N1 machine type and per region: `components.hardware`'s tables.
 - docs/architecture.md, "Layout": each package and module, with its docstring's first sentence.
 
@@ -227,6 +228,13 @@ def parameters() -> str:
     return "\n".join(lines) + "\n"
 
 
+def rules() -> str:
+    """Parameters | Rule | Source: each capability's `RULES` (`pipeline.options.RULES`)."""
+    from pipeline.options import RULES
+
+    return "| Parameters | Rule | Source |\n|---|---|---|\n" + RULES
+
+
 # --- the GPU tables ------------------------------------------------------------------------------
 
 
@@ -292,6 +300,7 @@ TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "prepare-flags": ("docs/contracts.md", prepare_flags),
     "metrics-keys": ("docs/contracts.md", metrics_keys),
     "parameters": ("docs/options.md", parameters),
+    "rules": ("docs/options.md", rules),
     "layout": ("docs/architecture.md", layout),
     "gpus-n1": ("docs/vertex.md", gpus_n1),
     "gpus-regions": ("docs/vertex.md", gpus_regions),

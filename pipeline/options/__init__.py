@@ -61,6 +61,10 @@ PARAMETERS: tuple[Parameter, ...] = (
     *notification.PARAMETERS,
 )
 
+# Every rule that is not on a row, as docs/options.md's table shows it (`make docs`): markdown
+# table rows, each capability's beside the code that applies them.
+RULES = "".join(m.RULES.lstrip("\n") for m in (jobs, persistent_resource, tuning, data, trainer_flags, gate))
+
 
 def parameters_for(target: str) -> tuple[Parameter, ...]:
     if target not in TARGETS:

@@ -55,6 +55,14 @@ PARAMETERS: tuple[_p, ...] = (
     _p("seed", int, 42, "Seed of the split carving and of training."),
 )
 
+# docs/options.md#the-rules, this capability's rows (`make docs` writes the table): the parameters,
+# the rule, its source.
+RULES = """
+| `dataset_shards`, `worker_count` | at least one shard per training replica (each reads whole files: FILE auto-sharding) | `trainer/data.py` |
+| `dataset_source` | `tfds:NAME`, `folder:PATH` or `synthetic`; on Vertex a folder must be in Cloud Storage (`folder:gs://...`); locally it must exist | the preparation job runs on Vertex |
+"""
+
+
 # The first bytes of an HDF5 file (the HDF5 format specification, "Format Signature"): the one
 # weights-file format `--weights PATH` loads (tf_keras `load_weights` of a single local file).
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"

@@ -1,23 +1,8 @@
 """The machines' and the jobs' parameters and rules: worker pools and GPUs, scheduling, timeout,
 service account, network, CMEK, TensorBoard, labels, the image build's settings.
 
-Google's rules, each with its source (scheduling_strategy's values are its row's choices,
-SCHEDULING_STRATEGIES):
-- FLEX_START (Dynamic Workload Scheduler) needs L4, A100, H100, H200 or B200 GPUs, a timeout of
-  at most 7 days and "the same machine configuration for all worker pools" ("Schedule training
-  jobs based on resource availability", https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws):
-  a Reduction Server pool (CPU machines) breaks the last rule.
-- A TensorBoard needs a service account: aiplatform's `CustomJob.run` raises "service_account is
-  required with provided tensorboard" (google/cloud/aiplatform/jobs.py), and "the TensorBoard
-  instance must be in the same region as the training job" (Vertex AI docs, "Use Vertex AI
-  TensorBoard with custom training").
-- A CMEK key must be in the job's region, exactly (aiplatform_v1 `EncryptionSpec.kms_key_name`:
-  "The Cloud KMS key must be in the same region as the resource"; the "Customer-managed encryption
-  keys (CMEK)" guide), so global and multi-region keys are refused too (`kms_key_problem`).
-- Labels: keys and values at most 63 characters of lowercase letters (international ones
-  included), digits, `_` and `-`, keys starting with a lowercase letter, at most 64 labels on a
-  resource (Google Cloud "Labels" doc; aiplatform_v1 `CustomJob.labels`), less those the run adds
-  (`RUN_LABELS`).
+Google's rules and their sources are `RULES`, below (docs/options.md#the-rules shows them);
+scheduling_strategy's values are its row's choices (`SCHEDULING_STRATEGIES`).
 """
 
 from __future__ import annotations
@@ -105,6 +90,21 @@ PARAMETERS: tuple[_p, ...] = (
     _p("tensorboard", str, "", "Vertex TensorBoard resource for the training job."),
     _p("labels", dict, {}, "Labels of the jobs and the model version."),
 )
+
+# docs/options.md#the-rules, this capability's rows (`make docs` writes the table): the parameters,
+# the rule, its source.
+RULES = """
+| hardware (`chief_*`, `worker_*`, `boot_disk_*`, `reduction_server_*`, `prepare_machine_type`) | the GPU tables of docs/vertex.md#gpus-for-training-what-google-allows-and-what-this-project-checks, per pool; K80 and GB200 refused; `check_gpu_region=false` makes the region table a warning | docs/vertex.md#gpus-for-training-what-google-allows-and-what-this-project-checks |
+| `scheduling_strategy=FLEX_START` | L4, A100, A100 80GB, H100, H100 Mega, H200 or B200 GPUs in every pool; the same machine configuration in every pool (so no Reduction Server pool); `timeout` at most 7 days | "Schedule training jobs based on resource availability", https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws |
+| `timeout` | a protobuf Duration in seconds, `86400s`; each job's, and each tuning trial's (`trial_job_spec.scheduling.timeout`) | aiplatform_v1 `Scheduling.timeout` |
+| `service_account`, `network` | a service account e-mail; `projects/<number>/global/networks/<name>` | aiplatform_v1 `CustomJobSpec` |
+| `tensorboard`, `service_account` | `projects/<p>/locations/<region>/tensorboards/<id>` in the job's region, and only with a service account | aiplatform `jobs.py` ("service_account is required with provided tensorboard"); "Use Vertex AI TensorBoard with custom training" ("the TensorBoard instance must be in the same region as the training job") |
+| `encryption_spec_key_name` | `projects/<p>/locations/<region>/keyRings/<r>/cryptoKeys/<k>`, in the job's region exactly: `global` and multi-region keys are refused too (`kms_key_problem`, which the `KMS_KEY` setting also goes by) | aiplatform_v1 `EncryptionSpec.kms_key_name` ("The Cloud KMS key must be in the same region as the resource"); "Customer-managed encryption keys (CMEK)" (Vertex AI docs) |
+| `labels` | keys 1-63 lowercase letters (international too), digits, `_`, `-`, starting with a letter; values 0-63 of the same; at most 59, none named `pipeline_run`, `source_commit`, `gate` or `dataset` (the run adds those four to the model version, and GCPC its billing label) | aiplatform_v1 `CustomJob.labels`, Google Cloud "Labels" |
+| `build_location` (the `BUILD_REGION` setting) | `''` (the Vertex region), `global` or a Cloud Build region; when a project restricted to six regions is refused, an unset `BUILD_REGION` retries once in the restricted region of the same continent (`components.image.restricted_build_fallback` says which), saying so in one line; a chosen one fails naming `BUILD_REGION` | "Cloud Build locations", https://cloud.google.com/build/docs/locations |
+| `build_machine_type`, `build_service_account`, `build_worker_pool` (Vertex) | the build's worker: a name of Cloud Build's `BuildOptions.MachineType` (default `E2_HIGHCPU_8`; `UNSPECIFIED`: Cloud Build's default worker); the account it runs as: `''` (Cloud Build's default), an e-mail (taken as an account of `project`) or `projects/P/serviceAccounts/EMAIL`, and then its logs go to Cloud Logging only (`CLOUD_LOGGING_ONLY`); its private pool: `''` or `projects/P/locations/REGION/workerPools/POOL`, the build then runs in the pool's region (a different `build_location` is refused) and sends no machine type (the pool's workers are the pool's). Checked before any work (`components.image.build_settings`); roles: docs/vertex.md#3-cloud-builds-service-account | google-cloud-build `cloudbuild_v1` `BuildOptions`, `Build.service_account`; "Increase vCPU for builds", https://cloud.google.com/build/docs/optimize-builds/increase-vcpu-for-builds; "Configure user-specified service accounts", https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts; "Run builds in a private pool", https://cloud.google.com/build/docs/private-pools/run-builds-in-private-pool |
+"""
+
 
 FLEX_START_GPUS = (
     "NVIDIA_L4",

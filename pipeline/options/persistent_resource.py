@@ -31,6 +31,13 @@ PARAMETERS: tuple[_p, ...] = (
     ),
 )
 
+# docs/options.md#the-rules, this capability's rows (`make docs` writes the table): the parameters,
+# the rule, its source.
+RULES = """
+| `persistent_resource_id` (Vertex; the `PERSISTENT_RESOURCE_ID` setting) | `''` (every job starts its own machines) or a persistent resource's ID, 1-63 lowercase letters, digits and `-`, starting with a letter; only with `scheduling_strategy=STANDARD`; `tune=true` warns that the trials still start machines. When the run is submitted, the resource is read: it must exist in the run's project and region, be `RUNNING`, have the run's `network`, CMEK key and service account, and a pool for each job's machines (machine type, GPU type and count, boot disk type) with its replicas: `prepare_machine_type` for the preparation and evaluation jobs, the chief's, the workers' and the Reduction Server's for the training job | aiplatform_v1 `CreatePersistentResourceRequest.persistent_resource_id`, `CustomJobSpec.persistent_resource_id`; "Run training jobs on a persistent resource"; docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource |
+"""
+
+
 # A persistent resource's ID: "The maximum length is 63 characters, and valid characters are
 # /^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$/" (aiplatform_v1 `CreatePersistentResourceRequest
 # .persistent_resource_id`, types/persistent_resource_service.py). A job names the resource by

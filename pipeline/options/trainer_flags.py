@@ -67,6 +67,13 @@ PARAMETERS: tuple[_p, ...] = (
     ),
 )
 
+# docs/options.md#the-rules, this capability's rows (`make docs` writes the table): the parameters,
+# the rule, its source.
+RULES = """
+| model and data flags (`backbone`, `weights`, `epochs`, `learning_rate`, `per_replica_batch_size`, `dense_units`, `dropout`, `image_size`, `seed`, `fine_tune_fraction`, `dataset_shards`, `synthetic_per_class`, ...) | whatever the trainer's own parsers accept, applied to the exact flags the run would hand the jobs (`python -m trainer.flagcheck`, no TensorFlow, ~0.1 s); `fine_tune_fraction` is -1 (the trainer's default) or 0 to 1 | `trainer/config.py`, `trainer/prepare.py` |
+"""
+
+
 # The inputs of `components.prepare.build_prepare_args` (its `trainer.prepare` flags), by the
 # pipeline parameter the planning step hands each (`components.plan.plan_jobs`).
 PREPARE_INPUTS = {

@@ -60,6 +60,13 @@ PARAMETERS: tuple[_p, ...] = (
     ),
 )
 
+# docs/options.md#the-rules, this capability's rows (`make docs` writes the table): the parameters,
+# the rule, its source.
+RULES = """
+| `tune`, `search_algorithm` | `ALGORITHM_UNSPECIFIED` (Bayesian), `GRID_SEARCH` or `RANDOM_SEARCH`; `GRID_SEARCH` only when every parameter of the declared `search_space` is INTEGER, CATEGORICAL or DISCRETE (the default spaces have DOUBLE `learning_rate` and `dropout`) | aiplatform_v1 `StudySpec.Algorithm` |
+| `parallel_trial_count` | 1 to `max_trial_count` | aiplatform_v1 `HyperparameterTuningJob` |
+"""
+
 
 def tuning_problems(v: Mapping[str, Any]) -> list[Problem]:
     problems = []

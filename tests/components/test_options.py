@@ -263,3 +263,24 @@ def test_the_trainer_checks_answer_as_processes_what_the_suite_answers_in_proces
     )
     with pytest.raises(RuntimeError, match=r"trainer\.flagcheck"):
         trainer_flags.trainer_check("trainer.flagcheck", {"trainer.unknown": []})
+
+
+def test_the_rules_table_names_only_parameters_that_exist() -> None:
+    """docs/options.md's rules table is `options.RULES`: each row's first cell names parameters
+    (and the settings that fill them) in backticks (`name` or `name=VALUE`): a renamed or removed
+    one fails here."""
+    import re
+
+    from launch import settings
+
+    names = {p.name for p in pipeline.PARAMETERS} | set(settings.SETTINGS)  # and the env.sh settings
+    rows = options.RULES.splitlines()
+    assert all(row.startswith("| ") and row.count(" | ") == 2 and row.endswith(" |") for row in rows), rows
+    named = [m.split("=")[0] for row in rows for m in re.findall(r"`([^`]+)`", row.split(" | ")[0])]
+    # The hardware row names families of parameters by their prefix (`chief_*`).
+    unknown = [
+        n
+        for n in named
+        if n not in names and not (n.endswith("*") and any(p.startswith(n[:-1]) for p in names))
+    ]
+    assert named and not unknown, unknown
