@@ -8,7 +8,8 @@ and tests/test_docs.py fails while one is stale (as tests/test_pipeline.py does 
   where a tuning job's search space may declare the flag (`components.plan.TUNABLE`).
 - docs/contracts.md, metrics.json's keys: `trainer.contract.METRICS`.
 - docs/options.md, "Every parameter": each row of `pipeline.PARAMETERS`; "The rules": every rule
-  that is not on a row (`pipeline.options.RULES`, each capability's module its own).
+  that is not on a row (`pipeline.options.RULES`, each capability's module its own); the search
+  space's rules (`pipeline.options.tuning.SEARCH_SPACE_RULES`).
 - docs/vertex.md, the GPUs per N1 machine type and per region: `components.hardware`'s tables.
 - docs/architecture.md, "Layout": each package and module, with its docstring's first sentence.
 
@@ -235,6 +236,13 @@ def rules() -> str:
     return "| Parameters | Rule | Source |\n|---|---|---|\n" + RULES
 
 
+def search_space_rules() -> str:
+    """Rule | Source: what `search_space_problems` checks (`pipeline.options.tuning`)."""
+    from pipeline.options.tuning import SEARCH_SPACE_RULES
+
+    return "| Rule | Source |\n|---|---|" + SEARCH_SPACE_RULES
+
+
 # --- the GPU tables ------------------------------------------------------------------------------
 
 
@@ -301,6 +309,7 @@ TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "metrics-keys": ("docs/contracts.md", metrics_keys),
     "parameters": ("docs/options.md", parameters),
     "rules": ("docs/options.md", rules),
+    "search-space-rules": ("docs/options.md", search_space_rules),
     "layout": ("docs/architecture.md", layout),
     "gpus-n1": ("docs/vertex.md", gpus_n1),
     "gpus-regions": ("docs/vertex.md", gpus_regions),

@@ -1,15 +1,5 @@
-"""The tuning job's parameters and rules, its declared search space included.
-
-- GRID_SEARCH needs every study parameter INTEGER, CATEGORICAL or DISCRETE (aiplatform_v1
-  `StudySpec.Algorithm.GRID_SEARCH`: "Simple grid search within the feasible space. To use grid
-  search, all parameters must be INTEGER, CATEGORICAL, or DISCRETE.").
-- search_space (checked when `tune` is true, the only time it is used): a list of
-  `StudySpec.ParameterSpec` that parses strictly; a parameter_id is "unique amongst all
-  ParameterSpecs"; UNIT_LOG_SCALE and UNIT_REVERSE_LOG_SCALE need "the entire feasible space ...
-  strictly positive"; scale_type is left "unset for CATEGORICAL parameters"; DISCRETE values are
-  "in increasing order and at least 1e-10 apart", at most 1,000 (aiplatform_v1 `types/study.py`,
-  `ParameterSpec`); and this pipeline's own rules (docs/options.md#the-search-space-search_space).
-"""
+"""The tuning job's parameters and rules, its declared search space included: `RULES` and
+`SEARCH_SPACE_RULES` say each rule and its source (docs/options.md#the-search-space-search_space)."""
 
 from __future__ import annotations
 
@@ -65,6 +55,20 @@ PARAMETERS: tuple[_p, ...] = (
 RULES = """
 | `tune`, `search_algorithm` | `ALGORITHM_UNSPECIFIED` (Bayesian), `GRID_SEARCH` or `RANDOM_SEARCH`; `GRID_SEARCH` only when every parameter of the declared `search_space` is INTEGER, CATEGORICAL or DISCRETE (the default spaces have DOUBLE `learning_rate` and `dropout`) | aiplatform_v1 `StudySpec.Algorithm` |
 | `parallel_trial_count` | 1 to `max_trial_count` | aiplatform_v1 `HyperparameterTuningJob` |
+"""
+
+# docs/options.md#the-search-space-search_space's table (`make docs` writes it): the rule, its source.
+SEARCH_SPACE_RULES = """
+| a list of at least one spec, each parsing strictly into `StudySpec.ParameterSpec` with one value spec | aiplatform_v1 `types/study.py` |
+| no two specs with the same `parameter_id` | "must be unique amongst all ParameterSpecs" (`ParameterSpec.parameter_id`) |
+| every id one of the flags above | `components.plan.build_trainer_args` |
+| `min_value` < `max_value` | this pipeline (a range of one point tunes nothing) |
+| `UNIT_LOG_SCALE` and `UNIT_REVERSE_LOG_SCALE`: `min_value` (or every discrete value) > 0 | "The entire feasible space must be strictly positive" (aiplatform_v1 `ParameterSpec.ScaleType`) |
+| discrete `values` increasing, at least 1e-10 apart, at most 1,000 | "in increasing order and at least 1e-10 apart" (aiplatform_v1 `ParameterSpec.DiscreteValueSpec.values`) |
+| categorical: no `scale_type`; values distinct | "Leave unset for CATEGORICAL parameters" (`ParameterSpec.scale_type`) |
+| no `conditional_parameter_specs` | this pipeline: every tuned flag is declared at the top level |
+| every value a trial may get is accepted by the trainer's own parser: both ends of each range, a fractional value inside a DOUBLE range, every listed value, formatted as Vertex formats them | `trainer/config.py`, through `python -m trainer.flagcheck` (`trainer_flag_problems`): `dropout` 0..1.0 is refused because `--dropout` takes [0, 1); `epochs` as a DOUBLE because `--epochs` takes whole numbers |
+| `search_algorithm=GRID_SEARCH`: every declared spec INTEGER, DISCRETE or CATEGORICAL | "To use grid search, all parameters must be INTEGER, CATEGORICAL, or DISCRETE." (aiplatform_v1 `StudySpec.Algorithm.GRID_SEARCH`) |
 """
 
 
