@@ -7,9 +7,9 @@ the value alone, `choices` or `bounds`) and its rules between parameters, for bo
 `check(values, target, region="")` applies them all, before any request and before any local work
 (`make run` on both targets and `make schedule`: `launch.cli`, `launch.submit`); it reports every
 bad parameter at once (`OptionsError`) and returns warnings. A rule on the value alone is data on
-its row (`choices`, `bounds`), checked here first. The steps
-that run on Vertex apply the same rules where they can (`worker_pools` calls
-`hardware.validate_machine`). Its modules: docs/architecture.md#layout.
+its row (`choices`, `bounds`), checked here first. The steps that run on Vertex apply the same
+rules where they can (`worker_pools` calls `hardware.validate_machine`). Its modules:
+docs/architecture.md#layout.
 """
 
 from __future__ import annotations
@@ -116,8 +116,8 @@ def _row_problems(values: Mapping[str, Any]) -> list[Problem]:
 def check(values: Mapping[str, Any], target: str, region: str = "") -> list[str]:
     """Applies every rule to a run's parameter values (the target's defaults with the user's
     values over them); `region` is the Vertex region. Raises OptionsError; returns warnings."""
-    if target not in ("vertex", "local"):
-        raise ValueError(f"target must be vertex or local, got {target!r}")
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
     warnings: list[str] = []
     problems = _number_problems(values)  # before rules that would compare them
     if not problems:
@@ -131,7 +131,7 @@ def check(values: Mapping[str, Any], target: str, region: str = "") -> list[str]
     if values["tune"] and (values["scheduling_strategy"] != "STANDARD" or values["tensorboard"]):
         # GCPC 2.22's HyperparameterTuningJobRunOp has no scheduling, timeout, labels or
         # TensorBoard inputs (v1/hyperparameter_tuning_job/component.py); the pipeline's
-        # `tuning.hyperparameter_tuning_job` adds the timeout alone.
+        # `components.tuning.hyperparameter_tuning_job` adds the timeout alone.
         warnings.append(
             "tune=true: the tuning job's trials run with standard (on-demand) scheduling and without "
             "the TensorBoard: GCPC's HyperparameterTuningJobRunOp takes neither; scheduling_strategy "
