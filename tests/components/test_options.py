@@ -167,8 +167,14 @@ def test_every_rows_choices_and_bounds_are_checked() -> None:
         p.name for p in rows
     }
     for p in rows:
-        outside = "nothing-of-the-kind" if p.choices else p.bounds[1] + 0.5  # type: ignore[index]
-        assert refused(vertex(**{p.name: outside})).parameters == {p.name}, p.name
+        if p.choices:
+            outside: list[Any] = ["nothing-of-the-kind"]
+        else:
+            low, high = p.bounds  # type: ignore[misc]
+            outside = [low - 1] + ([high + (1 if p.type is int else 0.5)] if high != float("inf") else [])
+            outside += [2.5] if p.type is int else []  # not a whole number
+        for value in outside:
+            assert refused(vertex(**{p.name: value})).parameters == {p.name}, (p.name, value)
         assert not p.choices or p.default in p.choices, p.name
         assert p.bounds is None or p.bounds[0] <= p.default <= p.bounds[1], p.name
 
