@@ -181,7 +181,7 @@ def build_tfds(archive: str, data_dir: str) -> dict[str, Any]:
 
     import tensorflow_datasets as tfds
 
-    from trainer.localarchive import local_archive
+    from trainer.preparation.localarchive import local_archive
 
     started = time.perf_counter()
     builder = tfds.builder("cassava", data_dir=data_dir)

@@ -179,7 +179,7 @@ def synthesize(output_dir: str, train_images: int, image_size: int) -> dict[str,
 
     from trainer import contract, datasetinfo, images, storage
     from trainer._tf import tf
-    from trainer.shards import ShardWriter, example_record
+    from trainer.preparation.shards import ShardWriter, example_record
 
     started = time.perf_counter()
     os.makedirs(output_dir)

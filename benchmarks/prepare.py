@@ -11,7 +11,7 @@ per second of `prepare()` (TensorFlow's import excluded, reported separately), w
 synthetic source's phases timed: generating JPEGs, the TFDS build, and our resize-and-write.
 No baseline: the codelab prepares nothing (it decodes every epoch; see `input`).
 
-The Beam row (`--engine beam`, trainer/beamprep.py, on the DirectRunner's worker processes): the
+The Beam row (`--engine beam`, trainer/preparation/beamprep.py, on the DirectRunner's worker processes): the
 folder at 1 and 2 workers, then the folder and a folder 10 times its size (each image linked 10
 times under other names) at 2 workers, beside the job engine on the same 10x folder. Memory is
 the whole process tree's (the driver and its Beam workers), sampled every 0.1 s from /proc:
@@ -215,8 +215,8 @@ def measure_tree(
     import os
     import threading
 
+    from trainer.preparation.progress import Progress
     from trainer.prepare import PrepareConfig, prepare
-    from trainer.progress import Progress
 
     peaks = {"tree": 0.0, "process": 0.0}
     stop = threading.Event()

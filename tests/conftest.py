@@ -103,7 +103,7 @@ def trainer_check_in_process(module: str, request: Any, timeout: float | None = 
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             main = importlib.import_module(module).main
-            code = main([]) if module == "trainer.sourcecheck" else main()
+            code = main([]) if module == "trainer.preparation.sourcecheck" else main()
     finally:
         sys.stdin = stdin
     if code != 0:

@@ -179,3 +179,7 @@ def test_the_training_core_names_the_trainers_parts_only_at_their_seams() -> Non
     assert all(path.startswith("trainer/") for modules, seams in table.values() for path in modules | seams)
     wrong = seam_problems(table)
     assert not wrong, "docs/architecture.md's trainer's parts table:\n" + "\n".join(wrong)
+    # The preparation part is its folder (and its entry point, trainer/prepare.py): whole.
+    [preparation] = [modules for part, (modules, _) in table.items() if part.startswith("Preparation")]
+    folder = {str(p.relative_to(ROOT)) for p in (ROOT / "trainer" / "preparation").glob("*.py")}
+    assert preparation == (folder - {"trainer/preparation/__init__.py"}) | {"trainer/prepare.py"}

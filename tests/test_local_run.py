@@ -241,7 +241,7 @@ def test_a_replica_killed_mid_training_restarts_the_job_which_resumes(
 
 def test_a_failing_step_fails_the_run_with_its_log_tail(tmp_path: Path) -> None:
     """An image whose header is sound and whose data is not: the launcher's up-front check reads
-    headers only (trainer.sourcecheck), so the preparation job is the one to find it, and fail."""
+    headers only (trainer.preparation.sourcecheck), so the preparation job is the one to find it, and fail."""
     from PIL import Image
 
     images = tmp_path / "images"

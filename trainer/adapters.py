@@ -123,7 +123,7 @@ def check_backup_layout() -> None:
 # download_config=...)` (tensorflow_datasets 4.9.10: core/dataset_builder.py, the call in
 # `download_and_prepare` at line 726, the method at line 1287). TFDS has no public way to pass one
 # in, and `DownloadConfig(manual_dir=)` checks files against the URL's registered checksum, so it
-# takes only the real archive. So `trainer.localarchive.local_archive` overrides that method on one
+# takes only the real archive. So `trainer.preparation.localarchive.local_archive` overrides that method on one
 # builder instance, in a `with` block; tests/trainer/test_prepare.py fails if TFDS stops doing so.
 TFDS_DOWNLOAD_MANAGER_HOOK = "_make_download_manager"
 TFDS_DOWNLOAD_MANAGER_HOOK_PARAMS = ("self", "download_dir", "download_config")
@@ -132,7 +132,7 @@ TFDS_CHECKED_VERSION = "4.9.10"
 
 def check_tfds_download_manager_hook() -> None:
     """Raises RuntimeError unless TFDS's DatasetBuilder still has the method
-    `trainer.localarchive.local_archive` overrides, with the parameters it expects."""
+    `trainer.preparation.localarchive.local_archive` overrides, with the parameters it expects."""
     import tensorflow_datasets as tfds
 
     method = getattr(tfds.core.DatasetBuilder, TFDS_DOWNLOAD_MANAGER_HOOK, None)
@@ -141,5 +141,5 @@ def check_tfds_download_manager_hook() -> None:
         raise RuntimeError(
             f"tensorflow_datasets {tfds.__version__}: DatasetBuilder.{TFDS_DOWNLOAD_MANAGER_HOOK} "
             f"has parameters {params}, expected {TFDS_DOWNLOAD_MANAGER_HOOK_PARAMS} (as in TFDS "
-            f"{TFDS_CHECKED_VERSION}); trainer.localarchive.local_archive needs updating for this TFDS"
+            f"{TFDS_CHECKED_VERSION}); trainer.preparation.localarchive.local_archive needs updating for this TFDS"
         )

@@ -100,7 +100,7 @@ METADATA_SOURCE_INFO_KEYS = {
 verifies for the dataset, `[{url, bytes, sha256}]` from its registered checksums (null when TFDS
 records none). `listing`: `{images, bytes, fingerprint}`, the fingerprint "sha256:<hex>" over one
 line per image read, in sorted order: its path `<split>/<class>/<file>`, its size in bytes and its
-modification time in ns, tab-separated (trainer.shards.folder_listing)."""
+modification time in ns, tab-separated (trainer.preparation.shards.folder_listing)."""
 
 # --- in the evaluation job's output folder (`python -m trainer.evaluate`) --------------------
 EVALUATION_FILE = "evaluation.json"

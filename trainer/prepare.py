@@ -5,7 +5,7 @@ Sources:
                 builder; downloads unless already in --tfds_data_dir.
   folder:PATH   your own images, local or gs://, as PATH/<split>/<class>/<image> (split in
                 train, validation, test); other entries are skipped and listed
-                (trainer/folders.py).
+                (trainer/preparation/folders.py).
   synthetic     a small learnable leaf image set in the cassava archive layout, prepared
                 offline through the real TFDS `cassava` builder (tests and local runs).
 
@@ -15,7 +15,7 @@ across many workers), and `metadata.json`
 is carved deterministically from train. It is staged and published only when complete.
 
 Progress: tqdm bars when stdout and stderr are both terminals, else plain `prepare: ...` lines,
-not bars' garbled escapes (`trainer.progress.Progress`). SIGTERM unwinds the command like Ctrl-C:
+not bars' garbled escapes (`trainer.preparation.progress.Progress`). SIGTERM unwinds the command like Ctrl-C:
 the staging folder is removed, nothing is published, and it exits with status 143
 (`TERMINATED_EXIT_CODE`). The preparation's other modules: docs/architecture.md#the-trainers-parts.
 """
@@ -35,11 +35,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from trainer.config import ENCODINGS, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, float_in, int_in
-from trainer.prepareconfig import PrepareConfig
-from trainer.progress import Progress
-from trainer.shards import write_dataset
-from trainer.source import PrepareError
-from trainer.sources import open_source
+from trainer.preparation.prepareconfig import PrepareConfig
+from trainer.preparation.progress import Progress
+from trainer.preparation.shards import write_dataset
+from trainer.preparation.source import PrepareError
+from trainer.preparation.sources import open_source
 
 ENGINES = ("job", "beam")
 
@@ -272,7 +272,7 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
     progress.stop = stop_if_asked  # every image's update: the work loop's stop point
 
     if config.engine == "beam":  # before the output is looked at: on Dataflow that is a request
-        from trainer.beamrun import (
+        from trainer.preparation.beamrun import (
             check_beam_installed,
             check_google_cloud,
             check_runner_paths,
@@ -299,7 +299,7 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
             "to replace it"
         )
     if config.engine == "beam":
-        from trainer.beamprep import check_work_dir, work_dir
+        from trainer.preparation.beamprep import check_work_dir, work_dir
 
         check_work_dir(work_dir(config.output_dir))  # before anything is listed or removed
     started = time.monotonic()
@@ -308,8 +308,8 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
         if mismatch:
             raise PrepareError(mismatch)
         if config.engine == "beam":
-            from trainer.beamrun import prepare_beam
-            from trainer.shards import source_identity
+            from trainer.preparation.beamrun import prepare_beam
+            from trainer.preparation.shards import source_identity
 
             info = {**source.info, **source_identity(source, config)}
             return prepare_beam(config, source, info, progress, started=started)
@@ -326,7 +326,7 @@ def _left(argv: Sequence[str] | None) -> str:
         return "no staging folder is left"
     if config.engine != "beam":
         return "no staging folder is left"
-    from trainer.beamprep import work_dir
+    from trainer.preparation.beamprep import work_dir
 
     return f"the shards written so far are kept in {work_dir(config.output_dir)} for the next run to resume"
 

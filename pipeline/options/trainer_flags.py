@@ -1,6 +1,6 @@
 """The model's and the training's parameters (the trainer's flags), judged by the trainer's own
 parsers on the flags a run would hand its jobs (`python -m trainer.flagcheck`), and a local
-folder source (`python -m trainer.sourcecheck`): the flags are built by the very functions the
+folder source (`python -m trainer.preparation.sourcecheck`): the flags are built by the very functions the
 planning step runs (`trainer_commands`), so what the pre-flight checks is what the jobs get."""
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def trainer_commands(values: Mapping[str, Any]) -> dict[str, list[str]]:
 
 
 def trainer_check(module: str, request: Any, timeout: float | None = None) -> Any:
-    """The JSON answer of `python -m <module>` (trainer.flagcheck or trainer.sourcecheck) to the
+    """The JSON answer of `python -m <module>` (trainer.flagcheck or trainer.preparation.sourcecheck) to the
     JSON `request` on its stdin: a process, since the trainer is never imported by the pipeline's
     layers (no TensorFlow; ~0.1 s). The test suite answers in-process instead (tests/conftest.py),
     and one test per module goes through the process."""
@@ -143,13 +143,13 @@ def trainer_flag_problems(values: Mapping[str, Any]) -> list[Problem]:
 
 
 def source_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """A local `folder:PATH` source judged by the preparation's own rules (trainer.sourcecheck),
+    """A local `folder:PATH` source judged by the preparation's own rules (trainer.preparation.sourcecheck),
     and the global batch against its training split (a larger batch cannot make one step). Other
     sources are checked by the preparation job."""
     source = str(values.get("dataset_source", ""))
     if not source.startswith("folder:"):
         return []
-    answer = trainer_check("trainer.sourcecheck", {"source": source}, timeout=120)
+    answer = trainer_check("trainer.preparation.sourcecheck", {"source": source}, timeout=120)
     problems = [Problem(("dataset_source",), f"trainer.prepare says: {p}") for p in answer["problems"]]
     counts = answer.get("counts") or {}
     train = (counts.get("prepared") or {}).get("train")

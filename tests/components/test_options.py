@@ -254,7 +254,7 @@ def test_the_checked_flags_are_built_by_the_steps_own_functions(capsys: pytest.C
 @pytest.mark.process
 @pytest.mark.trainer_check_process
 def test_the_trainer_checks_answer_as_processes_what_the_suite_answers_in_process(tmp_path: Any) -> None:
-    """`make run` starts `python -m trainer.flagcheck` and `trainer.sourcecheck` (the pipeline's
+    """`make run` starts `python -m trainer.flagcheck` and `trainer.preparation.sourcecheck` (the pipeline's
     layers never import the trainer); elsewhere the suite answers in-process (tests/conftest.py):
     both answers are the same, and a module that fails is named."""
     from tests.conftest import trainer_check_in_process
@@ -264,8 +264,8 @@ def test_the_trainer_checks_answer_as_processes_what_the_suite_answers_in_proces
     assert by_process == trainer_check_in_process("trainer.flagcheck", flags)
     assert {p["program"] for p in by_process} == {"trainer.task", "trainer.prepare"}
     source = {"source": f"folder:{tmp_path}"}
-    assert trainer_flags.trainer_check("trainer.sourcecheck", source) == trainer_check_in_process(
-        "trainer.sourcecheck", source
+    assert trainer_flags.trainer_check("trainer.preparation.sourcecheck", source) == trainer_check_in_process(
+        "trainer.preparation.sourcecheck", source
     )
     with pytest.raises(RuntimeError, match=r"trainer\.flagcheck"):
         trainer_flags.trainer_check("trainer.flagcheck", {"trainer.unknown": []})

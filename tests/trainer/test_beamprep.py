@@ -1,5 +1,5 @@
 """`python -m trainer.prepare --engine beam`: the same bytes as the one-replica job, resumable
-after a kill, a bad image named by its path (trainer/beamprep.py). Runs Beam's real DirectRunner
+after a kill, a bad image named by its path (trainer/preparation/beamprep.py). Runs Beam's real DirectRunner
 in multi-process mode, as `make run` does with prepare_engine=beam."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import pytest
 
 from tests.processes import ROOT, trainer_env
 from tests.trainer.test_prepare import write_images
-from trainer import beamprep, beamrun, data
+from trainer import data
+from trainer.preparation import beamprep, beamrun
 
 pytestmark = pytest.mark.serial
 
@@ -312,7 +313,7 @@ def test_without_beam_installed_the_engine_is_refused_naming_the_fix(
 def test_the_runner_is_the_directrunner_unless_dataflow_is_named_or_implied(
     args: tuple[str, ...], runner: str, local: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.prepareconfig import PrepareConfig
+    from trainer.preparation.prepareconfig import PrepareConfig
 
     monkeypatch.setattr(beamrun, "local_workers", lambda config: config.beam_workers)  # any machine
     config = PrepareConfig(source="folder:gs://b/i", output_dir="gs://b/o", beam_args=args, beam_workers=3)
@@ -324,8 +325,8 @@ def test_the_runner_is_the_directrunner_unless_dataflow_is_named_or_implied(
 def test_the_plan_does_not_depend_on_where_a_tfds_split_was_built() -> None:
     """The synthetic source is built by TFDS in a new temporary folder by every run: a run killed
     and started again has the same plan, and resumes; other images make another plan."""
-    from trainer.prepareconfig import PrepareConfig
-    from trainer.source import Source, SourceSplit
+    from trainer.preparation.prepareconfig import PrepareConfig
+    from trainer.preparation.source import Source, SourceSplit
 
     def source(folder: str, train: int = 30) -> Source:
         def split(name: str, count: int) -> SourceSplit:

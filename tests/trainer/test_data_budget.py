@@ -328,7 +328,7 @@ def class_sorted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A prepared dataset written as `trainer.prepare` writes a folder source: round-robin
     shards in source order, and the source listed class by class (5 classes x 200, 32 px)."""
     from trainer import images
-    from trainer.shards import ShardWriter, example_record
+    from trainer.preparation.shards import ShardWriter, example_record
 
     out = tmp_path_factory.mktemp("sorted")
     rng = np.random.default_rng(0)

@@ -13,11 +13,11 @@ import pytest
 
 from tests.processes import ROOT, trainer_env
 from trainer import data, datasetinfo
-from trainer.folders import IMAGE_EXTENSIONS
+from trainer.preparation.folders import IMAGE_EXTENSIONS
+from trainer.preparation.prepareconfig import PrepareConfig
+from trainer.preparation.progress import Progress
+from trainer.preparation.source import PrepareError
 from trainer.prepare import prepare
-from trainer.prepareconfig import PrepareConfig
-from trainer.progress import Progress
-from trainer.source import PrepareError
 from trainer.synthetic import CASSAVA_CLASSES
 
 
@@ -272,7 +272,7 @@ def test_tiny_splits_are_warned_about(image_folder: Path, tmp_path: Path) -> Non
 
 
 def test_few_images_warnings_name_the_split_and_its_small_classes() -> None:
-    from trainer.shards import few_images_warnings
+    from trainer.preparation.shards import few_images_warnings
 
     counts = {"train": {"a": 50, "b": 60}, "test": {"a": 4, "b": 30}}
     [warning] = few_images_warnings(counts)
@@ -500,7 +500,7 @@ def test_the_hook_check_fails_loudly_when_tfds_changes(monkeypatch: pytest.Monke
 def test_local_archive_changes_one_builder_only_and_only_inside_the_block(tmp_path: Path) -> None:
     import tensorflow_datasets as tfds
 
-    from trainer.localarchive import local_archive
+    from trainer.preparation.localarchive import local_archive
 
     builder = tfds.builder("cassava", data_dir=str(tmp_path / "tfds"))
     other = tfds.builder("cassava", data_dir=str(tmp_path / "tfds"))
@@ -521,7 +521,7 @@ def test_local_archive_changes_one_builder_only_and_only_inside_the_block(tmp_pa
 def test_local_archive_fails_if_the_builder_was_not_prepared_through_it(tmp_path: Path) -> None:
     import tensorflow_datasets as tfds
 
-    from trainer.localarchive import local_archive
+    from trainer.preparation.localarchive import local_archive
 
     builder = tfds.builder("cassava", data_dir=str(tmp_path / "tfds"))
     with pytest.raises(RuntimeError, match="was not prepared through _make_download_manager"):

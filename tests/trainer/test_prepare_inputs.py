@@ -28,12 +28,12 @@ import pytest
 from PIL import Image, features
 
 from tests.processes import ROOT, trainer_env
-from trainer import folders, imageheaders, source
 from trainer import prepare as P
 from trainer.config import MAX_IMAGE_PIXELS
-from trainer.prepareconfig import PrepareConfig
-from trainer.progress import Progress
-from trainer.source import PrepareError
+from trainer.preparation import folders, imageheaders, source
+from trainer.preparation.prepareconfig import PrepareConfig
+from trainer.preparation.progress import Progress
+from trainer.preparation.source import PrepareError
 
 pytestmark = pytest.mark.hardening  # make test-hardening
 
@@ -726,7 +726,7 @@ def test_the_beam_engine_refuses_a_work_folder_it_did_not_make_and_deletes_nothi
     """`<output>.beam-work` is the Beam engine's to resume into and remove only when it made it:
     a link there (removing through it deleted the folder it points to), a file or a folder of
     the user's is refused before any work, named, and left as it was."""
-    from trainer import beamprep
+    from trainer.preparation import beamprep
 
     users = tmp_path / "users"
     users.mkdir()
@@ -764,7 +764,7 @@ def test_beam_workers_are_bounded_by_this_machines_cpus_and_memory(monkeypatch: 
     """24 workers on 2 CPUs started 49 TensorFlow processes and reached 17 GB before the kernel
     killed them: more workers than the CPUs or the available memory hold are refused, naming both;
     0 means as many as both allow."""
-    from trainer import beamrun
+    from trainer.preparation import beamrun
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     config = PrepareConfig(source="synthetic", output_dir="/tmp/x", engine="beam", beam_workers=24)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer import contract, shards
+from trainer import contract
+from trainer.preparation import shards
 
 
 @pytest.fixture
@@ -78,8 +79,8 @@ def test_tfds_downloads_are_the_checksums_tfds_registers() -> None:
 
 def test_a_prepared_folder_records_its_identity(folder: Path, tmp_path: Path) -> None:
     from trainer._tf import tf
+    from trainer.preparation.prepareconfig import PrepareConfig
     from trainer.prepare import prepare
-    from trainer.prepareconfig import PrepareConfig
 
     for path in folder.rglob("*.jpg"):  # real images now; the listing is taken after this
         path.write_bytes(tf.io.encode_jpeg(tf.zeros((8, 8, 3), tf.uint8)).numpy())

@@ -1,4 +1,4 @@
-"""`python -m trainer.sourcecheck`: the preparation's own folder rules, up front, in seconds, with
+"""`python -m trainer.preparation.sourcecheck`: the preparation's own folder rules, up front, in seconds, with
 no TensorFlow; its counts are what the preparation then writes."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import pytest
 from PIL import Image
 
 from tests.processes import ROOT, trainer_env
-from trainer import folders, prepare, sourcecheck
-from trainer.prepareconfig import PrepareConfig
-from trainer.source import PrepareError
+from trainer import prepare
+from trainer.preparation import folders, sourcecheck
+from trainer.preparation.prepareconfig import PrepareConfig
+from trainer.preparation.source import PrepareError
 
 
 def png(seed: int) -> bytes:
@@ -40,7 +41,7 @@ def folder(root: Path, counts: dict[str, dict[str, int]]) -> Path:
 
 def run(request: Any, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "trainer.sourcecheck", *args],
+        [sys.executable, "-m", "trainer.preparation.sourcecheck", *args],
         input=request if isinstance(request, str) else json.dumps(request),
         cwd=ROOT,
         env=trainer_env(),
@@ -54,7 +55,7 @@ def test_importing_and_running_it_loads_no_tensorflow(tmp_path: Path) -> None:
     root = folder(tmp_path / "src", {"train": {"a": 2, "b": 2}})
     probe = (
         "import io, sys, json\n"
-        "from trainer import sourcecheck\n"
+        "from trainer.preparation import sourcecheck\n"
         f"sys.stdin = io.StringIO(json.dumps({{'source': 'folder:{root}'}}))\n"
         "out = io.StringIO(); sys.stdout, real = out, sys.stdout\n"
         "code = sourcecheck.main([])\n"

@@ -1,7 +1,7 @@
 """`python -m trainer.prepare --engine beam`'s driver: the runner and its options (the
 DirectRunner's worker processes here, Dataflow's), what is checked before any work (Beam
 installed, the runner's paths, Google Cloud reachable), the plan written into the work folder,
-the progress lines, and `prepare_beam`, which runs the pipeline of `trainer.beamprep` and waits
+the progress lines, and `prepare_beam`, which runs the pipeline of `trainer.preparation.beamprep` and waits
 for it (that module's docstring describes the design).
 """
 
@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from trainer.beamprep import (
+from trainer.preparation.beamprep import (
     DONE,
     ERRORS,
     OWNER_FILE,
@@ -33,9 +33,9 @@ from trainer.beamprep import (
     work_dir,
     write_json,
 )
-from trainer.prepareconfig import PrepareConfig
-from trainer.progress import Progress
-from trainer.source import PrepareError, Source
+from trainer.preparation.prepareconfig import PrepareConfig
+from trainer.preparation.progress import Progress
+from trainer.preparation.source import PrepareError, Source
 
 
 def _runner(args: Sequence[str]) -> str:
@@ -318,7 +318,7 @@ def prepare_beam(
     local = is_local_runner(config)
     if local:
         # The DirectRunner's worker processes import trainer/ as this process does.
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     planned = f", listed and planned in {time.monotonic() - started:.1f} s" if started is not None else ""
     progress.say(

@@ -1,6 +1,6 @@
 """Carving: a split the source lacks (validation, test) is taken from train, deterministically
 (`carve_plan`: a permutation seeded with --seed). `carve_sizes` and `too_few_to_carve` are
-TensorFlow-free: `python -m trainer.sourcecheck` applies them up front."""
+TensorFlow-free: `python -m trainer.preparation.sourcecheck` applies them up front."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from trainer.config import SPLITS
-from trainer.prepareconfig import PrepareConfig
-from trainer.source import PrepareError, Source
+from trainer.preparation.prepareconfig import PrepareConfig
+from trainer.preparation.source import PrepareError, Source
 
 CARVED_SPLITS = ("validation", "test")
 

@@ -13,7 +13,7 @@ from trainer.adapters import (
     TFDS_DOWNLOAD_MANAGER_HOOK,
     check_tfds_download_manager_hook,
 )
-from trainer.source import PrepareError
+from trainer.preparation.source import PrepareError
 
 
 def _map_urls(url_or_urls: Any, fn: Callable[[Any], Any]) -> Any:

@@ -1,7 +1,7 @@
 """What a dataset source gives preparation (`Source`: class names and, per split, a dataset of
 (uint8 image, label) pairs), and the refusals every kind of source shares (`PrepareError`).
 
-TensorFlow-free: the folder listing (trainer/folders.py), which `python -m trainer.sourcecheck`
+TensorFlow-free: the folder listing (trainer/preparation/folders.py), which `python -m trainer.preparation.sourcecheck`
 runs without TensorFlow, refuses through here.
 """
 
@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainer.prepareconfig import PrepareConfig
+from trainer.preparation.prepareconfig import PrepareConfig
 
 MIN_CLASSES = 2
 # Problems shown in a refusal; the rest are counted.
@@ -30,7 +30,7 @@ class SourceSplit:
     dataset: Callable[[], Any]  # () -> tf.data.Dataset of (uint8 [H, W, 3], int64)
     find_bad_input: Callable[[], str | None] = lambda: None
     # How another process opens the split (the Beam engine's workers): JSON, read by
-    # `trainer.sources.split_subset`. {"kind": "files", "paths", "labels"} or {"kind": "tfds",
+    # `trainer.preparation.sources.split_subset`. {"kind": "files", "paths", "labels"} or {"kind": "tfds",
     # "dir", "split", "image_key", "label_key"}.
     spec: dict[str, Any] = dataclasses.field(default_factory=dict)
 

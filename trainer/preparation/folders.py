@@ -1,7 +1,7 @@
 """The image-folder source, `folder:PATH`: its layout's rules, its listing and its reading.
 
 PATH/<split>/<class>/<image>, local or gs://. `list_folder` holds the layout's rules without
-TensorFlow (`python -m trainer.sourcecheck` applies them up front); `open_folder` lists and reads
+TensorFlow (`python -m trainer.preparation.sourcecheck` applies them up front); `open_folder` lists and reads
 with TensorFlow. Images are the files named as a format TensorFlow decodes (IMAGE_FORMATS), each
 checked from its header before anything is decoded; every other entry is skipped and listed
 (`Skipped`). The source itself is never changed.
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from trainer.config import MAX_IMAGE_PIXELS, MAX_IMAGE_SIZE, SPLITS
-from trainer.imageheaders import BadImageHeader, ImageHeader, read_image_header
-from trainer.progress import Progress
-from trainer.source import Source, SourceSplit, refusal, too_few_classes
+from trainer.preparation.imageheaders import BadImageHeader, ImageHeader, read_image_header
+from trainer.preparation.progress import Progress
+from trainer.preparation.source import Source, SourceSplit, refusal, too_few_classes
 
 # The formats TensorFlow 2.21's `decode_image` decodes ("Unknown image file format. One of JPEG,
 # JPEG XL, PNG, GIF, BMP, WebP required.", its error for any other; pinned by
@@ -206,7 +206,7 @@ class _OutOfBudget(Exception):
 
 @dataclasses.dataclass
 class ListingBudget:
-    """Bounds a listing (`python -m trainer.sourcecheck`, which must answer in seconds whatever
+    """Bounds a listing (`python -m trainer.preparation.sourcecheck`, which must answer in seconds whatever
     the folder): at most `entries` folder entries read, and nothing after `seconds`."""
 
     entries: int

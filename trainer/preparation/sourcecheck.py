@@ -1,6 +1,6 @@
-"""`python -m trainer.sourcecheck`: a local folder source checked before any job starts.
+"""`python -m trainer.preparation.sourcecheck`: a local folder source checked before any job starts.
 
-The front door applies the preparation's own layout rules (`trainer.folders.list_folder`: no
+The front door applies the preparation's own layout rules (`trainer.preparation.folders.list_folder`: no
 second copy) to `--dataset_source folder:PATH` in seconds, before the pipeline (and on Vertex the
 image build) starts, as `python -m trainer.flagcheck` does for flags. No TensorFlow.
 
@@ -38,9 +38,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from trainer import carving, folders
 from trainer.config import SPLITS
-from trainer.prepareconfig import PrepareConfig
+from trainer.preparation import carving, folders
+from trainer.preparation.prepareconfig import PrepareConfig
 
 # The listing's bounds: a local folder of a million entries lists in about a second
 # (os.scandir); SECONDS caps a slow disk or a network mount.
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RequestError("give one source, folder:PATH, as the argument, or a JSON request on stdin")
         source, validation, test = (argv[0], None, None) if argv else parse_request(sys.stdin.read())
     except RequestError as e:
-        sys.stderr.write(f"python -m trainer.sourcecheck: {e}\n")
+        sys.stderr.write(f"python -m trainer.preparation.sourcecheck: {e}\n")
         return 2
     json.dump(check(source, validation, test), sys.stdout)
     sys.stdout.write("\n")

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config import SPLITS
-from trainer.progress import Progress
-from trainer.source import PrepareError, Source, SourceSplit
+from trainer.preparation.progress import Progress
+from trainer.preparation.source import PrepareError, Source, SourceSplit
 
 
 def open_tfds(

@@ -1,5 +1,5 @@
 """Preparation on Apache Beam: `python -m trainer.prepare --engine beam`, the same conversion as
-the one-replica job (trainer/shards.py) run as a Beam pipeline, on the DirectRunner here (worker
+the one-replica job (trainer/preparation/shards.py) run as a Beam pipeline, on the DirectRunner here (worker
 processes on this machine) or on Dataflow (`--runner DataflowRunner` and Dataflow's options).
 
 One conversion, two engines: everything that decides the output (carving, placement, shard
@@ -27,11 +27,11 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from trainer.carving import carve_plan
 from trainer.config import SPLITS
-from trainer.prepareconfig import PrepareConfig
-from trainer.shards import placement, shard_items, shard_names
-from trainer.source import PrepareError, Source, check_classes
+from trainer.preparation.carving import carve_plan
+from trainer.preparation.prepareconfig import PrepareConfig
+from trainer.preparation.shards import placement, shard_items, shard_names
+from trainer.preparation.source import PrepareError, Source, check_classes
 
 WORK_SUFFIX = ".beam-work"
 PLAN_FILE = "plan.json"
@@ -195,9 +195,9 @@ def write_shard(work: str, name: str, config: PrepareConfig) -> dict[str, Any] |
     problem (one line naming the image) when an image of it cannot be converted."""
     from trainer import datasetinfo, storage
     from trainer._tf import tf
-    from trainer.folders import find_bad_image
-    from trainer.shards import example_record, record_encoder
-    from trainer.sources import split_subset
+    from trainer.preparation.folders import find_bad_image
+    from trainer.preparation.shards import example_record, record_encoder
+    from trainer.preparation.sources import split_subset
 
     task = read_json(storage.join(work, TASKS, f"{name}.json"))
     class_names = read_json(storage.join(work, PLAN_FILE))["class_names"]
@@ -258,7 +258,7 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
     is; a half-published one is published again, metadata.json last."""
     from trainer import storage
     from trainer._tf import tf
-    from trainer.shards import dataset_metadata
+    from trainer.preparation.shards import dataset_metadata
 
     problems = read_problems(work)
     if problems:
@@ -301,7 +301,7 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
 
 def _publish_local(work: str, final: str, names: list[str], metadata: dict[str, Any]) -> None:
     from trainer import storage
-    from trainer.shards import write_metadata
+    from trainer.preparation.shards import write_metadata
 
     parent = os.path.dirname(os.path.abspath(final))
     storage.remove_leftovers(final)
@@ -323,7 +323,7 @@ def _publish_remote(work: str, final: str, names: list[str], metadata: dict[str,
     last."""
     from trainer import data, storage
     from trainer._tf import tf
-    from trainer.shards import write_metadata
+    from trainer.preparation.shards import write_metadata
 
     stale = storage.join(final, data.METADATA_FILE)
     if exists(stale):

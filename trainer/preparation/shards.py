@@ -12,19 +12,19 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.carving import carve_plan
 from trainer.config import SPLITS
 from trainer.contract import METADATA_FORMAT_VERSION
-from trainer.prepareconfig import PrepareConfig
-from trainer.progress import Progress
-from trainer.source import PrepareError, Source, check_classes
+from trainer.preparation.carving import carve_plan
+from trainer.preparation.prepareconfig import PrepareConfig
+from trainer.preparation.progress import Progress
+from trainer.preparation.source import PrepareError, Source, check_classes
 
 # A split with fewer images than this of a class gets a warning: its figures (the gate's test
 # accuracy, the tuning metric) are too noisy to compare models by.
 FEW_IMAGES_PER_CLASS = 5
 
 
-# --- where each image goes: the rules both engines follow (trainer/beamprep.py, write_dataset) --
+# --- where each image goes: the rules both engines follow (trainer/preparation/beamprep.py, write_dataset) --
 
 
 def shard_names(split: str, count: int, shards: int) -> list[str]:
@@ -261,8 +261,9 @@ def folder_listing(path: str) -> dict[str, Any]:
     """The identity of a folder source's listing, as preparation read it: {images, bytes,
     fingerprint} (trainer.contract.METADATA_SOURCE_INFO_KEYS). A file added, removed, renamed,
     resized or rewritten changes the fingerprint."""
-    from trainer import folders, storage
+    from trainer import storage
     from trainer._tf import tf
+    from trainer.preparation import folders
 
     root = storage.resolve(path.rstrip("/")) or "/"
     remote = storage.is_remote(root)

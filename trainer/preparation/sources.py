@@ -1,6 +1,6 @@
-"""Opening `--source`: `tfds:NAME` (trainer/tfdssource.py), `folder:PATH` (trainer/folders.py)
+"""Opening `--source`: `tfds:NAME` (trainer/preparation/tfdssource.py), `folder:PATH` (trainer/preparation/folders.py)
 or `synthetic`, defined here: the synthetic leaf archive (trainer/synthetic.py) prepared offline
-through the real TFDS `cassava` builder (trainer/localarchive.py). Every source imports
+through the real TFDS `cassava` builder (trainer/preparation/localarchive.py). Every source imports
 TensorFlow lazily: flag errors come back before it loads."""
 
 from __future__ import annotations
@@ -11,12 +11,17 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from trainer.folders import open_folder
-from trainer.localarchive import local_archive
-from trainer.prepareconfig import PrepareConfig
-from trainer.progress import Progress
-from trainer.source import Source
-from trainer.tfdssource import download_and_prepare, image_classification_keys, open_tfds, tfds_source
+from trainer.preparation.folders import open_folder
+from trainer.preparation.localarchive import local_archive
+from trainer.preparation.prepareconfig import PrepareConfig
+from trainer.preparation.progress import Progress
+from trainer.preparation.source import Source
+from trainer.preparation.tfdssource import (
+    download_and_prepare,
+    image_classification_keys,
+    open_tfds,
+    tfds_source,
+)
 
 
 @contextlib.contextmanager
@@ -70,7 +75,7 @@ def split_subset(spec: dict[str, Any], indices: Sequence[int]) -> Any:
     images of the shard it writes. A folder split reads just those files; a TFDS split is read
     through, the others dropped before decoding (TFDS's record files give no random access)."""
     from trainer._tf import tf
-    from trainer.folders import image_files_dataset
+    from trainer.preparation.folders import image_files_dataset
 
     if spec["kind"] == "files":
         paths, labels = spec["paths"], spec["labels"]
