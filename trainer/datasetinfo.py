@@ -421,13 +421,13 @@ def _content_problem(
         return Fault(entry.name, "missing", f"{where}: {what}")
     expected = f"expected {entry.bytes:,} bytes, {entry.records} records, SHA-256 {entry.sha256[:16]}"
     found = f"found {size:,} bytes{' (the same size)' if size == entry.bytes else ''}, SHA-256 {sha[:16]}"
-    twin = next(((s, e) for s, e in _listed(meta) if e.sha256 == sha and e.name != entry.name), None)
+    twins = ((s, e) for s, e in _listed(meta) if e.sha256 == sha and e.name != entry.name)
     if sha == entry.sha256:
         kind, what = (
             "entry_edited",
             "the SHA-256 recorded, so the shard is intact and its entry in metadata.json was edited",
         )
-    elif twin is not None:
+    elif (twin := next(twins, None)) is not None:
         kind, what = (
             "swapped",
             f"it holds the content of {_where(twin[0], twin[1].name)}: swapped or copied over",

@@ -13,6 +13,9 @@ from pipeline.options.common import Parameter as _p
 from pipeline.options.common import Problem, whole
 from pipeline.options.trainer_flags import trainer_flag_problems
 
+# The trial counts' bounds: aiplatform_v1 `HyperparameterTuningJob` (types/hyperparameter_tuning_job.py):
+# max_trial_count is "Required" (proto3 sends no 0), and max_failed_trial_count 0 means "Vertex AI
+# decides how many Trials must fail"; parallel_trial_count's upper bound is a rule below.
 PARAMETERS: tuple[_p, ...] = (
     _p("tune", bool, False, "Run a hyperparameter tuning job first; train with the best trial."),
     _p("max_trial_count", int, 8, "Trials of the tuning job.", 2, bounds=(1, math.inf)),
