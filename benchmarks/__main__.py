@@ -14,22 +14,17 @@ from benchmarks.common import BENCHMARKS_MD, RESULTS_DIR, WORK_DIR, load_results
 
 
 def regenerate_table(results_dir: Path, markdown: Path) -> None:
-    rendered = table.render_table(load_results(results_dir), registry.TITLES, registry.not_implemented())
-    table.update_markdown(markdown, rendered)
+    table.update_markdown(markdown, table.render_table(load_results(results_dir), registry.TITLES))
     say(f"table regenerated in {markdown}")
 
 
 def run(names: Sequence[str], results_dir: Path, work: Path, markdown: Path) -> int:
     failed = []
     for name in names:
-        module = registry.module(name)
-        if not getattr(module, "IMPLEMENTED", True):
-            say(f"{name}: {getattr(module, 'NOT_IMPLEMENTED', 'not yet implemented')}; skipped")
-            continue
         say(f"{name}: running")
         started = time.perf_counter()
         try:
-            result = module.run(work, results_dir)
+            result = registry.module(name).run(work, results_dir)
         except Exception:  # noqa: BLE001 - report it, run the others, fail at the end
             failed.append(name)
             say(f"{name}: FAILED\n{traceback.format_exc()}")
@@ -41,18 +36,6 @@ def run(names: Sequence[str], results_dir: Path, work: Path, markdown: Path) -> 
         say(f"failed: {', '.join(failed)}")
         return 1
     return 0
-
-
-def _names(values: Sequence[str] | None) -> list[str]:
-    if not values:
-        return list(registry.BENCHMARKS)
-    names = [n.strip() for value in values for n in value.split(",") if n.strip()]
-    unknown = [n for n in names if n not in registry.BENCHMARKS]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(registry.BENCHMARKS)}"
-        )
-    return names
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,18 +59,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "list":
-        missing = registry.not_implemented()
         for name, title in registry.TITLES.items():
-            print(f"{name:10} {title}" + (f"  [{missing[name]}]" if name in missing else ""))  # noqa: T201
+            print(f"{name:10} {title}")  # noqa: T201
         return 0
     if args.command == "table":
         regenerate_table(args.results_dir, args.markdown)
         return 0
-    try:
-        names = _names(args.bench)
-    except argparse.ArgumentTypeError as e:
-        parser.error(str(e))
-    return run(names, args.results_dir, args.work_dir, args.markdown)
+    names = [n.strip() for value in args.bench or [] for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in registry.BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(registry.BENCHMARKS)}")
+    return run(names or list(registry.BENCHMARKS), args.results_dir, args.work_dir, args.markdown)
 
 
 if __name__ == "__main__":

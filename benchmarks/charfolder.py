@@ -39,12 +39,6 @@ class Variant:
     noise: float
 
 
-def _font_dir() -> Path:
-    import matplotlib
-
-    return Path(matplotlib.get_data_path()) / "fonts" / "ttf"
-
-
 _ALL_FACES = tuple(
     f"DejaVu{family}{face}.ttf"
     for family, faces in (
@@ -98,7 +92,9 @@ def render(root: Path, variant: str, seed: int = 0, per_class: tuple[int, int] |
         spec = dataclasses.replace(spec, train_per_class=per_class[0], test_per_class=per_class[1])
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(f"{root} is not empty: render into a new folder")
-    fonts = [_font_dir() / name for name in spec.fonts]
+    import matplotlib
+
+    fonts = [Path(matplotlib.get_data_path()) / "fonts" / "ttf" / name for name in spec.fonts]
     missing = [str(f) for f in fonts if not f.is_file()]
     if missing:
         raise FileNotFoundError(f"matplotlib's DejaVu fonts are missing: {', '.join(missing)}")

@@ -11,7 +11,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from benchmarks.common import peak_rss_self_mib
+from benchmarks.common import rss_self_mib
 
 
 def main(argv: Sequence[str]) -> int:
@@ -23,7 +23,7 @@ def main(argv: Sequence[str]) -> int:
     with open(args_path, encoding="utf-8") as f:
         kwargs = json.load(f)
     figures = dict(function(**kwargs))
-    figures.setdefault("peak_rss_mib_self", peak_rss_self_mib())
+    figures.setdefault("peak_rss_mib_self", rss_self_mib(peak=True))
     with open(out_path, "w", encoding="utf-8") as f:
         json.dump(figures, f)
     return 0

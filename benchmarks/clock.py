@@ -59,3 +59,39 @@ def make_clock(warmup_steps: int | None) -> Any:
                 self.seconds = time.perf_counter() - self._start
 
     return Clock()
+
+
+def fit_timed(
+    model: Any,
+    dataset: Any,
+    warmup_steps: int | None,
+    steps: int = 0,
+    *,
+    ours_batch_size: int | None = None,
+    progress_tf_logs: bool = False,
+) -> dict[str, Any]:
+    """One `fit` as its side's trainer fits, timed by `make_clock`: `warmup_steps` then `steps`
+    timed steps, or (`warmup_steps` None) two whole epochs, the second timed.
+
+    Ours (`ours_batch_size` given) fits with `trainer.callbacks.ProgressLogger` (what
+    `trainer.task.run` adds), the codelab with Keras's default progress bar (`verbose=1`). Both
+    read the loss after every step, waiting for the device each step (Keras converts batch logs to
+    numpy unless every batch callback sets `_supports_tf_logs`); `progress_tf_logs` sets it on
+    ProgressLogger (which formats the loss only every tenth of an epoch), to measure that wait."""
+    clock = make_clock(warmup_steps)
+    fit_args: dict[str, Any] = {"verbose": 1, "callbacks": [clock]}
+    if ours_batch_size is not None:
+        from trainer import callbacks
+
+        logger = callbacks.ProgressLogger("bench", 1, (warmup_steps or 0) + steps, ours_batch_size)
+        logger._supports_tf_logs = progress_tf_logs
+        fit_args = {"verbose": 0, "callbacks": [logger, clock]}
+    if warmup_steps is None:
+        model.fit(dataset, epochs=2, **fit_args)
+    else:
+        model.fit(dataset, epochs=1, steps_per_epoch=warmup_steps + steps, **fit_args)
+    return {
+        "timed_steps": clock.steps,
+        "timed_seconds": round(clock.seconds, 3),
+        "warmup_seconds": round(clock.warmup_seconds, 3),
+    }

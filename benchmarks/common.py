@@ -1,5 +1,5 @@
-"""What every benchmark shares: paths, the machine's description, the result file, and
-running one side of a comparison in its own process with its peak memory measured.
+"""What every benchmark shares: paths, the machine's description, the result file, running
+one side of a comparison in its own process with its peak memory measured, and the local run.
 
 Nothing here imports TensorFlow: the runner stays light and every measurement happens in a
 child process (`python -m benchmarks.child MODULE:FUNCTION ...`).
@@ -13,7 +13,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from local import ROOT
+from local.gpus import local_gpus
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
@@ -43,96 +43,46 @@ def say(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)  # noqa: T201
 
 
-# --- the machine ----------------------------------------------------------------------------
+# --- the machine ---------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
+def _proc_value(path: str, key: str) -> str | None:
+    """The value of `key` in a `key: value` /proc file (cpuinfo, meminfo, status)."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        with open(path, encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(key)), None)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def gpu_names() -> list[str]:
-    """NVIDIA GPUs as `nvidia-smi` names them; empty without a driver (no TensorFlow import)."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return []
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
         return None
 
 
-def _memory_gib() -> float | None:
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return round(int(line.split()[1]) / MIB, 1)
-    except OSError:
-        pass
-    return None
+def _from_kib(value: str | None, unit: int = 1024) -> float | None:
+    """A /proc figure in KiB ("123 kB") in `unit` KiB (MiB by default)."""
+    return round(int(value.split()[0]) / unit, 1) if value else None
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def machine_info() -> dict[str, Any]:
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    gpus = gpu_names()
+    gpus = local_gpus()  # from the NVIDIA driver, no TensorFlow import
+    try:
+        tensorflow: str | None = importlib.metadata.version("tensorflow")
+    except importlib.metadata.PackageNotFoundError:
+        tensorflow = None
     return {
-        "cpu_count": usable,
-        "cpu_model": cpu_model(),
+        "cpu_count": _cpus(),
+        "cpu_model": _proc_value("/proc/cpuinfo", "model name") or platform.processor() or platform.machine(),
         "python": platform.python_version(),
-        "tensorflow": _version("tensorflow"),
+        "tensorflow": tensorflow,
         "gpu": gpus[0] if gpus else None,
         "gpu_count": len(gpus),
-        "memory_gib": _memory_gib(),
+        "memory_gib": _from_kib(_proc_value("/proc/meminfo", "MemTotal:"), MIB),
         "platform": platform.platform(),
     }
 
 
 # --- results --------------------------------------------------------------------------------
-
-
-def now_iso() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-
-
-def resnet50_config(data_dir: str, image_size: int, batch_size: int, mixed_precision: bool, xla: bool) -> Any:
-    """The trainer's TrainConfig for the ResNet50 side of the train and gpu benchmarks: random
-    weights (no download), every layer trained, nothing written."""
-    from trainer.config import TrainConfig
-
-    return TrainConfig(
-        data_dir=data_dir,
-        model_dir="unused",
-        checkpoint_dir="unused",
-        tensorboard_dir="unused",
-        per_replica_batch_size=batch_size,
-        image_size=image_size,
-        backbone="resnet50",
-        weights="none",
-        fine_tune_fraction=1.0,
-        mixed_precision=mixed_precision,
-        xla=xla,
-    )
 
 
 def make_result(
@@ -154,7 +104,7 @@ def make_result(
         "ratio": None if ratio is None else round(float(ratio), 3),
         "goal": dict(goal),
         "goal_met": goal_met,
-        "when": now_iso(),
+        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         **{k: v for k, v in extra.items() if v is not None},  # e.g. no `notes` when there are none
     }
     problems = validate_result(result)
@@ -214,88 +164,39 @@ def load_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict[str, Any]]:
     return results
 
 
-# --- child processes ------------------------------------------------------------------------
+# --- processes ------------------------------------------------------------------------------
 
 
 class ChildError(RuntimeError):
     """A measurement process failed; the message ends with the tail of its output."""
 
 
-@dataclasses.dataclass
-class ChildRun:
-    figures: dict[str, Any]
-    peak_rss_mib: float
-    """The process's peak resident memory (its own, from wait4's rusage)."""
-    wall_seconds: float
-    """Process start to exit, TensorFlow import included."""
-    log: Path
-    other_cpu_share: float | None = None
-    """The share of the machine's CPU time that other processes used while this one ran
-    (0: the machine was ours; 0.5 on 2 CPUs: something else kept a whole CPU busy)."""
-
-    def merged(self) -> dict[str, Any]:
-        """The child's figures plus what the parent measured about it."""
-        return {**self.figures, "peak_rss_mib": self.peak_rss_mib, "other_cpu_share": self.other_cpu_share}
-
-
-def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.setdefault("TF_USE_LEGACY_KERAS", "1")
-    env.update(extra or {})
-    return env
-
-
-def run_child(
-    target: str,
-    kwargs: Mapping[str, Any],
-    *,
-    log: Path,
-    timeout: float = 1800,
-    env: Mapping[str, str] | None = None,
-) -> ChildRun:
-    """Runs `target` ("module:function") with `kwargs` in a fresh Python process.
-
-    The function returns a JSON-able dict of figures; the process's peak RSS comes from the
-    kernel's accounting of that one child (`os.wait4`), so sides never share a high-water mark.
-    """
+def _run(
+    command: Sequence[str], log: Path, timeout: float, env: Mapping[str, str] | None = None
+) -> tuple[int, float, Any, float | None]:
+    """Runs `command`, its output into `log`: (exit code, wall seconds, its rusage, the share of
+    the machine's CPU time other processes used meanwhile). The rusage is `os.wait4`'s, that
+    process's own, so runs never share a high-water mark; the share is 0 when the machine was
+    ours, 0.5 on 2 CPUs when something else kept a whole CPU busy."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="bench-child-") as tmp:
-        args_path, out_path = Path(tmp) / "args.json", Path(tmp) / "figures.json"
-        args_path.write_text(json.dumps(dict(kwargs)), encoding="utf-8")
-        busy_before = _cpu_busy_seconds()
-        started = time.perf_counter()
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.child", target, str(args_path), str(out_path)],
-                cwd=ROOT,
-                env=child_env(env),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-            timer = threading.Timer(timeout, proc.kill)
-            timer.start()
-            try:
-                _, status, usage = os.wait4(proc.pid, 0)
-            finally:
-                timer.cancel()
-            proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.perf_counter() - started
-        busy_after = _cpu_busy_seconds()
-        if proc.returncode != 0:
-            why = "timed out" if wall >= timeout else f"exited with {proc.returncode}"
-            raise ChildError(f"{target} {why}; last output ({log}):\n{tail(log)}")
-        figures = json.loads(out_path.read_text(encoding="utf-8"))
-    # ru_maxrss is in KiB on Linux.
-    return ChildRun(
-        figures=figures,
-        peak_rss_mib=round(usage.ru_maxrss / 1024, 1),
-        wall_seconds=wall,
-        log=log,
-        other_cpu_share=_other_share(busy_before, busy_after, usage.ru_utime + usage.ru_stime, wall),
-    )
+    busy_before = _cpu_busy_seconds()
+    started = time.perf_counter()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - started
+    busy_after = _cpu_busy_seconds()
+    other = None
+    if busy_before is not None and busy_after is not None and wall > 0:
+        others = max(0.0, busy_after - busy_before - usage.ru_utime - usage.ru_stime)
+        other = round(min(1.0, others / (wall * _cpus())), 3)
+    return proc.returncode, wall, usage, other
 
 
 def _cpu_busy_seconds() -> float | None:
@@ -309,12 +210,63 @@ def _cpu_busy_seconds() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def _other_share(before: float | None, after: float | None, own_cpu: float, wall: float) -> float | None:
-    if before is None or after is None or wall <= 0:
-        return None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    others = max(0.0, (after - before) - own_cpu)
-    return round(min(1.0, others / (wall * cpus)), 3)
+def run_child(
+    target: str,
+    kwargs: Mapping[str, Any],
+    *,
+    log: Path,
+    timeout: float = 1800,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Runs `target` ("module:function") with `kwargs` in a fresh Python process
+    (`benchmarks.child`); returns the dict of figures the function returns plus the process's
+    `peak_rss_mib` (wait4's ru_maxrss) and `other_cpu_share` (`_run`)."""
+    with tempfile.TemporaryDirectory(prefix="bench-child-") as tmp:
+        args_path, out_path = Path(tmp) / "args.json", Path(tmp) / "figures.json"
+        args_path.write_text(json.dumps(dict(kwargs)), encoding="utf-8")
+        child_env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+            "PYTHONUNBUFFERED": "1",
+            "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+            "TF_USE_LEGACY_KERAS": os.environ.get("TF_USE_LEGACY_KERAS", "1"),
+            **(env or {}),
+        }
+        command = [sys.executable, "-m", "benchmarks.child", target, str(args_path), str(out_path)]
+        code, wall, usage, other = _run(command, log, timeout, child_env)
+        if code != 0:
+            why = "timed out" if wall >= timeout else f"exited with {code}"
+            raise ChildError(f"{target} {why}; last output ({log}):\n{tail(log)}")
+        figures = json.loads(out_path.read_text(encoding="utf-8"))
+    # ru_maxrss is in KiB on Linux.
+    return {**figures, "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "other_cpu_share": other}
+
+
+def alternate(
+    bench: str,
+    sides: Mapping[str, tuple[str, Mapping[str, Any]]],
+    repeats: int,
+    work: Path,
+    env: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Every run's figures by side: each side (`name: (target, kwargs)`, with `env[name]` added to
+    its environment) in its own process (`run_child`), the sides alternating, `repeats` times."""
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    for repeat in range(repeats):
+        for side, (target, kwargs) in sides.items():
+            log = work / "logs" / f"{bench}-{side}-{repeat}.log"
+            figures = run_child(target, kwargs, log=log, env=(env or {}).get(side))
+            say(
+                f"{bench} {side} run {repeat + 1}/{repeats}: {figures['images_per_second']:,.1f} img/s, "
+                f"peak RSS {figures['peak_rss_mib']:,.0f} MiB"
+            )
+            runs[side].append(figures)
+    return runs
+
+
+def best(runs: Sequence[Mapping[str, Any]], key: str) -> float:
+    """The highest figure among repeated runs: the least disturbed by a noisy machine."""
+    return max(float(r[key]) for r in runs)
 
 
 BUSY_SHARE = 0.15
@@ -331,22 +283,31 @@ def busy_note(runs: Iterable[Mapping[str, Any]]) -> str | None:
     )
 
 
-def local_run_command(folder: Path, *flags: str) -> list[str]:
-    """What `make run` runs with no project configured, into `folder`'s own runs folder and
-    registry (`folder/runs`, `folder/registry`), with extra pipeline `flags`."""
-    return [
-        sys.executable,
-        "-m",
-        "launch.cli",
-        "run",
-        "--target",
-        "local",
-        "--runs_dir",
-        str(folder / "runs"),
-        "--registry_dir",
-        str(folder / "registry"),
-        *flags,
-    ]
+@dataclasses.dataclass
+class LocalRun:
+    """One local `make run` and what it left."""
+
+    summary: dict[str, Any]
+    wall_seconds: float
+    other_cpu_share: float | None = None
+    log: str = ""
+
+
+def local_run(folder: Path, *flags: str, log: Path, timeout: float = 3600) -> LocalRun:
+    """Runs what `make run` runs with no project configured (`python -m launch.cli run --target
+    local`) into `folder`'s own runs folder and registry (`folder/runs`, `folder/registry`), with
+    extra pipeline `flags`. The wall time is what the user waits for, interpreter and imports
+    included; the summary is the run's summary.json."""
+    runs, registry = str(folder / "runs"), str(folder / "registry")
+    command = [sys.executable, "-m", "launch.cli", "run", "--target", "local", "--runs_dir", runs]
+    command += ["--registry_dir", registry, *flags]
+    code, wall, _, other = _run(command, log, timeout)
+    summary = folder / "runs" / "latest" / "summary.json"
+    if code != 0 or not summary.exists():
+        raise RuntimeError(
+            f"{' '.join(command)} failed (exit {code}); the end of its output ({log}):\n{tail(log)}"
+        )
+    return LocalRun(json.loads(summary.read_text(encoding="utf-8")), wall, other, str(log))
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -357,30 +318,43 @@ def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def peak_rss_self_mib() -> float | None:
-    """This process's peak RSS so far (VmHWM), for figures reported from inside a child."""
-    try:
-        with open("/proc/self/status", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
+# --- in the child processes -------------------------------------------------------------------
 
 
-def rss_self_mib() -> float | None:
-    """This process's current RSS (VmRSS)."""
-    try:
-        with open("/proc/self/status", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
+def rss_self_mib(peak: bool = False) -> float | None:
+    """This process's current resident memory (VmRSS), or its peak so far (VmHWM)."""
+    return _from_kib(_proc_value("/proc/self/status", "VmHWM:" if peak else "VmRSS:"))
 
 
-def best(runs: Sequence[Mapping[str, Any]], key: str) -> float:
-    """The highest figure among repeated runs: the least disturbed by a noisy machine."""
-    return max(float(r[key]) for r in runs)
+def ours_resnet50(
+    image_size: int, batch_size: int, num_classes: int, mixed_precision: bool, xla: bool
+) -> Any:
+    """(model, strategy, precision policy): our side of the train, gpu and profile measurements,
+    the trainer's ResNet50 (random weights: no download; every layer trained) built and compiled
+    by `trainer.model` under `trainer.distribute.create_strategy` with the trainer's precision
+    policy, as `trainer.task.run` does."""
+    from trainer import distribute, task
+    from trainer import model as model_lib
+    from trainer._tf import keras, tf
+    from trainer.config import TrainConfig
+
+    strategy = distribute.create_strategy(distribute.ClusterInfo())
+    config = TrainConfig(
+        data_dir="unused",
+        model_dir="unused",
+        checkpoint_dir="unused",
+        tensorboard_dir="unused",
+        per_replica_batch_size=batch_size,
+        image_size=image_size,
+        backbone="resnet50",
+        weights="none",
+        fine_tune_fraction=1.0,
+        mixed_precision=mixed_precision,
+        xla=xla,
+    )
+    precision = task._precision_policy(mixed_precision, bool(tf.config.list_physical_devices("GPU")))
+    keras.mixed_precision.set_global_policy(precision)
+    with strategy.scope():
+        model = model_lib.build_model(config, num_classes, image_size)
+        model_lib.compile_model(model, config)
+    return model, strategy, precision

@@ -5,23 +5,18 @@ Runs exactly what `make run` runs with no project configured (`python -m launch.
 builder, the tiny backbone at 64 px, one chief and one worker) into a fresh runs folder and a
 fresh registry, and reports the command's wall time (what the user waits for, interpreter and
 imports included) and each step's seconds from the run's summary.json. No baseline: the codelab
-has no pipeline to run end to end. Goal (issue 6): within 120 s on 2 cores.
+has no pipeline to run end to end. Goal: within 120 s on 2 cores.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import local_run_command, make_result, say
-from local import ROOT
+from benchmarks.common import local_run, make_result
 
 NAME = "e2e"
-IMPLEMENTED = True
 GOAL_SECONDS = 120.0
 GOAL = {
     "description": f"the default local run within {GOAL_SECONDS:.0f} s on 2 cores",
@@ -32,22 +27,10 @@ GOAL = {
 def run(work: Path, results_dir: Path) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-e2e-", dir=work) as tmp:
-        runs = Path(tmp) / "runs"
-        command = local_run_command(Path(tmp))
-        log = work / "logs" / "e2e.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        with log.open("w") as out:
-            code = subprocess.run(
-                command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=False
-            ).returncode
-        wall = time.perf_counter() - started
-        if code != 0:
-            raise RuntimeError(f"the local run failed (exit {code}); its output: {log}")
-        summary = json.loads((runs / "latest" / "summary.json").read_text())
+        done = local_run(Path(tmp), log=work / "logs" / "e2e.log")
+    summary, wall = done.summary, done.wall_seconds
     steps = {s["name"]: s["seconds"] for s in summary["steps"]}
-    slowest = sorted(steps.items(), key=lambda kv: -kv[1])[:3]
-    say(f"e2e: {wall:.1f}s wall; slowest steps " + ", ".join(f"{n} {s:.1f}s" for n, s in slowest))
+    slowest = ", ".join(f"{n} {s:.0f}s" for n, s in sorted(steps.items(), key=lambda kv: -kv[1])[:3])
     return make_result(
         NAME,
         inputs={
@@ -64,6 +47,5 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
         ratio=None,
         goal=GOAL,
         goal_met=wall <= GOAL_SECONDS,
-        summary=f"{wall:.0f}s wall (pipeline {summary['wall_seconds']:.0f}s); slowest: "
-        + ", ".join(f"{n} {s:.0f}s" for n, s in slowest),
+        summary=f"{wall:.0f}s wall (pipeline {summary['wall_seconds']:.0f}s); slowest: {slowest}",
     )

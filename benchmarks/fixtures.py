@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import WORK_DIR, run_child, say
+from trainer.synthetic import ARCHIVE_FOLDER, CASSAVA_CLASSES  # numpy only, no TensorFlow
 
-ARCHIVE_FOLDER = "cassavaleafdata"
 SPLIT_FOLDERS = ("train", "validation", "test")
-NUM_CLASSES = 5
-"""cassava's classes (`trainer.synthetic.CASSAVA_CLASSES`; not imported here: it loads TF)."""
+NUM_CLASSES = len(CASSAVA_CLASSES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,59 +59,48 @@ class CassavaSource:
     """A TFDS data folder where `cassava` is prepared."""
 
 
-def _cached(folder: Path, params: dict[str, Any]) -> bool:
+def built(folder: Path, params: dict[str, Any], what: str, *steps: tuple[str, dict[str, Any], Path]) -> None:
+    """Builds `folder` with the child processes `steps` (target, kwargs, log) unless its DONE.json
+    says it was built with `params`; a stale or half-built folder is removed first."""
     marker = folder / "DONE.json"
     params = json.loads(json.dumps(params))  # tuples become lists, as in the file
     if marker.exists() and json.loads(marker.read_text(encoding="utf-8")) == params:
-        return True
-    if folder.exists():
-        shutil.rmtree(folder)
-    return False
-
-
-def _mark_done(folder: Path, params: dict[str, Any]) -> None:
-    (folder / "DONE.json").write_text(json.dumps(params, sort_keys=True), encoding="utf-8")
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    say(f"{what} in {folder} (once; cached)")
+    folder.mkdir(parents=True)
+    for target, kwargs, log in steps:
+        run_child(target, kwargs, log=log)
+    marker.write_text(json.dumps(params, sort_keys=True), encoding="utf-8")
 
 
 def cassava_source(spec: SourceSpec | None = None, work: Path = WORK_DIR) -> CassavaSource:
     """The archive and its TFDS preparation, built unless already cached."""
     spec = spec or SourceSpec()
-    folder = work / f"cassava-{spec.key()}"
+    folder, logs = work / f"cassava-{spec.key()}", work / "logs"
     source = CassavaSource(spec, folder / "download", folder / "tfds")
-    params = {"spec": dataclasses.asdict(spec), "version": 1}
-    if _cached(folder, params):
-        return source
-    say(f"building the cassava-like source in {folder} (once; cached)")
-    folder.mkdir(parents=True)
-    log = work / "logs" / "fixtures.log"
-    run_child(
-        "benchmarks.fixtures:build_archive",
-        {"root": str(source.archive), **dataclasses.asdict(spec)},
-        log=log,
+    archive = {"root": str(source.archive), **dataclasses.asdict(spec)}
+    tfds = {"archive": str(source.archive), "data_dir": str(source.tfds_dir)}
+    built(
+        folder,
+        {"spec": dataclasses.asdict(spec), "version": 1},
+        "building the cassava-like source",
+        ("benchmarks.fixtures:build_archive", archive, logs / "fixtures.log"),
+        ("benchmarks.fixtures:build_tfds", tfds, logs / "fixtures-tfds.log"),
     )
-    run_child(
-        "benchmarks.fixtures:build_tfds",
-        {"archive": str(source.archive), "data_dir": str(source.tfds_dir)},
-        log=log.with_name("fixtures-tfds.log"),
-    )
-    _mark_done(folder, params)
     return source
 
 
 def prepared(source: CassavaSource, image_size: int, work: Path = WORK_DIR) -> Path:
     """Our prepared dataset (raw uint8, 32 shards) of `source` at `image_size`."""
     folder = work / f"prepared-{source.spec.key()}-{image_size}"
-    params = {"spec": dataclasses.asdict(source.spec), "image_size": image_size, "version": 1}
-    if _cached(folder, params):
-        return folder / "data"
-    say(f"preparing our dataset at {image_size}px in {folder} (once; cached)")
-    folder.mkdir(parents=True)
-    run_child(
-        "benchmarks.fixtures:build_prepared",
-        {"tfds_dir": str(source.tfds_dir), "output_dir": str(folder / "data"), "image_size": image_size},
-        log=work / "logs" / f"fixtures-prepared-{image_size}.log",
+    kwargs = {"tfds_dir": str(source.tfds_dir), "output_dir": str(folder / "data"), "image_size": image_size}
+    built(
+        folder,
+        {"spec": dataclasses.asdict(source.spec), "image_size": image_size, "version": 1},
+        f"preparing our dataset at {image_size}px",
+        ("benchmarks.fixtures:build_prepared", kwargs, work / "logs" / f"fixtures-prepared-{image_size}.log"),
     )
-    _mark_done(folder, params)
     return folder / "data"
 
 
@@ -122,8 +110,6 @@ def prepared(source: CassavaSource, image_size: int, work: Path = WORK_DIR) -> P
 def _jobs(
     root: str, train_per_class: int, heldout_per_class: int, heights: list[int], seed: int
 ) -> list[tuple[str, str, int, list[int]]]:
-    from trainer.synthetic import CASSAVA_CLASSES
-
     jobs = []
     for s, split in enumerate(SPLIT_FOLDERS):
         count = train_per_class if split == "train" else heldout_per_class

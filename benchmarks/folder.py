@@ -20,20 +20,17 @@ cores: the reference runs train 60 epochs.
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
-import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from benchmarks import charfolder
-from benchmarks.common import ROOT, local_run_command, make_result, say, tail
+from benchmarks.common import local_run, make_result, say
 
 NAME = "folder"
-IMPLEMENTED = True
 VARIANTS = ("clean", "hard")
 SEED = 0
 """The rendering's seed (the pipeline's own `--seed` stays at its default)."""
@@ -109,21 +106,6 @@ def build_result(
     )
 
 
-def launch(work: Path, data: Path, flags: Sequence[str], log: Path) -> dict[str, Any]:
-    command = local_run_command(work, "--dataset_source", f"folder:{data}", *flags)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with log.open("w") as out:
-        code = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
-    wall = time.perf_counter() - started
-    summary_path = work / "runs" / "latest" / "summary.json"
-    if code != 0 or not summary_path.exists():
-        raise FolderBenchmarkError(
-            f"{' '.join(command)} failed (exit {code}); the end of {log}:\n{tail(log)}"
-        )
-    return run_figures(json.loads(summary_path.read_text(encoding="utf-8")), wall)
-
-
 def run(work: Path, results_dir: Path) -> dict[str, Any]:
     started = time.perf_counter()
     root = work / "folder"
@@ -140,7 +122,10 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
             say(f"folder: {name}: {side} run")
             runs = root / "runs" / f"{name}-{side}"
             shutil.rmtree(runs, ignore_errors=True)
-            figures = launch(runs, data, flags, root / "logs" / f"{name}-{side}.log")
+            done = local_run(
+                runs, "--dataset_source", f"folder:{data}", *flags, log=root / "logs" / f"{name}-{side}.log"
+            )
+            figures = run_figures(done.summary, done.wall_seconds)
             variants[name][side] = figures
             say(
                 f"folder: {name}: {side}: test accuracy {figures['test_accuracy']:.4f} after "

@@ -1,7 +1,6 @@
 """`gpu`: ResNet50 training images per second on one NVIDIA GPU, ours versus the codelab's.
 
-Run it on a machine with a GPU: `python -m benchmarks run --bench gpu` (or `make bench
-BENCH=gpu`); where TensorFlow sees none it writes a result saying `"skipped": "no GPU"`.
+Where TensorFlow sees no GPU it writes a result saying `"skipped": "no GPU"`.
 
 Per image size (224 and 300), each in its own process, on synthetic in-memory data (the input
 pipeline is the `input` benchmark's business, so both sides get theirs free):
@@ -10,12 +9,12 @@ pipeline is the `input` benchmark's business, so both sides get theirs free):
 - ours: `trainer.model.build_model`/`compile_model` under `trainer.distribute.create_strategy`
   with `--mixed_precision true --xla true` (mixed_float16, jit-compiled step), fed uint8 images
   (the cast and preprocessing run in the model, on the device), trainer defaults otherwise.
-Both train every layer of a randomly initialised ResNet50 at the codelab's batch of 64, and fit
-as their trainers do (`measure`). Ours is also measured at batch 256 at 224 pixels, what one
-would run on an H100, and with ProgressLogger not waiting for the device every step (`_tflogs`).
+Both train every layer of a randomly initialised ResNet50 at the codelab's batch of 64. Ours is
+also measured at batch 256 at 224 pixels, what one would run on an H100, and with ProgressLogger
+not waiting for the device every step (`_tflogs`).
 
 Each run is one `fit` of `WARMUP_STEPS` (tracing, XLA compilation, cuDNN autotuning) and then
-`STEPS` steps, timed by `clock.make_clock`, on one GPU (the first of `CUDA_VISIBLE_DEVICES`).
+`STEPS` timed steps (`clock.fit_timed`), on one GPU (the first of `CUDA_VISIBLE_DEVICES`).
 Every run's raw output is kept in the result (`raw_output`) and in `results/gpu.raw.txt`.
 """
 
@@ -56,7 +55,7 @@ def run(work: Path, results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
         "ours_flags": "--mixed_precision true --xla true",
         "gpus_used": 1,
     }
-    if not probe.figures["gpus"]:
+    if not probe["gpus"]:
         say("gpu: no GPU visible to TensorFlow; skipped")
         return make_result(
             NAME,
@@ -69,7 +68,7 @@ def run(work: Path, results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
             summary="skipped: no GPU on this machine",
         )
 
-    device = probe.figures["gpus"][0]["name"]
+    device = probe["gpus"][0]["name"]
     # One GPU: both strategies would otherwise use every local GPU.
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
     plan = [(side, size, BATCH_SIZE, False) for size in IMAGE_SIZES for side in ("codelab", "ours")]
@@ -82,7 +81,7 @@ def run(work: Path, results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
         key = f"{side}_{size}_b{batch}" + ("_tflogs" if tf_logs else "")
         log = work / "logs" / f"gpu-{key}.log"
         try:
-            child = run_child(
+            runs[key] = run_child(
                 "benchmarks.gpu:measure",
                 {
                     "side": side,
@@ -95,32 +94,30 @@ def run(work: Path, results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
                 log=log,
                 env={"CUDA_VISIBLE_DEVICES": visible},
             )
-            runs[key] = child.merged()
             say(f"gpu {key}: {runs[key]['images_per_second']:,.0f} img/s on {device}")
         except ChildError as e:  # e.g. out of memory at the large batch: keep the others
             runs[key] = {"error": str(e).splitlines()[0]}
             say(f"gpu {key}: failed ({runs[key]['error']})")
         raw[key] = tail(log, 400)
 
-    def rate(key: str) -> float | None:
-        value = runs.get(key, {}).get("images_per_second")
-        return float(value) if value is not None else None
-
+    rates = {key: r.get("images_per_second") for key, r in runs.items()}
     ratios = {}
     for size in IMAGE_SIZES:
-        ours, codelab = rate(f"ours_{size}_b{BATCH_SIZE}"), rate(f"codelab_{size}_b{BATCH_SIZE}")
+        ours, codelab = rates.get(f"ours_{size}_b{BATCH_SIZE}"), rates.get(f"codelab_{size}_b{BATCH_SIZE}")
         ratios[str(size)] = round(ours / codelab, 3) if ours and codelab else None
     ours_224 = max(
-        (r for r in (rate(f"ours_224_b{BATCH_SIZE}"), rate(f"ours_224_b{LARGE_BATCH}")) if r), default=None
+        (r for r in (rates.get(f"ours_224_b{b}") for b in (BATCH_SIZE, LARGE_BATCH)) if r), default=None
     )
-    known = [r for r in ratios.values() if r is not None]
-    ratio = min(known) if known else None
+    ratio = min((r for r in ratios.values() if r is not None), default=None)
     is_h100 = "H100" in device.upper()
-    goal_met: bool | None = None
-    if ratio is not None:
-        goal_met = ratio >= GOAL["min_ratio"]
-        if is_h100:
-            goal_met = goal_met and bool(ours_224 and ours_224 >= GOAL["min_images_per_second_h100_224"])
+    goal_met = None
+    if ratio is not None:  # the img/s goal is for an H100 only
+        h100_met = not is_h100 or (ours_224 or 0) >= GOAL["min_images_per_second_h100_224"]
+        goal_met = ratio >= GOAL["min_ratio"] and h100_met
+
+    def rate(key: str) -> str:
+        return f"{rates.get(key) or 0:,.0f}"
+
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "gpu.raw.txt").write_text(
         "".join(f"===== {key} =====\n{text}\n" for key, text in raw.items()), encoding="utf-8"
@@ -130,8 +127,8 @@ def run(work: Path, results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
         inputs=inputs,
         figures={
             "device": device,
-            "tensorflow_gpus": probe.figures["gpus"],
-            "images_per_second": {key: r.get("images_per_second") for key, r in runs.items()},
+            "tensorflow_gpus": probe["gpus"],
+            "images_per_second": rates,
             "ratio_by_image_size": ratios,
             "ours_best_224": ours_224,
             "runs": runs,
@@ -142,11 +139,11 @@ def run(work: Path, results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
         raw_output=raw,
         notes=busy_note(r for r in runs.values() if "error" not in r),
         summary=(
-            f"{device}: at 224 ours {rate(f'ours_224_b{BATCH_SIZE}') or 0:,.0f} vs codelab "
-            f"{rate(f'codelab_224_b{BATCH_SIZE}') or 0:,.0f} img/s (batch {BATCH_SIZE}), ours "
-            f"{rate(f'ours_224_b{LARGE_BATCH}') or 0:,.0f} at batch {LARGE_BATCH}; at 300 ours "
-            f"{rate(f'ours_300_b{BATCH_SIZE}') or 0:,.0f} vs {rate(f'codelab_300_b{BATCH_SIZE}') or 0:,.0f}; "
-            f"ours at 224 without the per-step wait {rate(f'ours_224_b{BATCH_SIZE}_tflogs') or 0:,.0f}"
+            f"{device}: at 224 ours {rate(f'ours_224_b{BATCH_SIZE}')} vs codelab "
+            f"{rate(f'codelab_224_b{BATCH_SIZE}')} img/s (batch {BATCH_SIZE}), ours "
+            f"{rate(f'ours_224_b{LARGE_BATCH}')} at batch {LARGE_BATCH}; at 300 ours "
+            f"{rate(f'ours_300_b{BATCH_SIZE}')} vs {rate(f'codelab_300_b{BATCH_SIZE}')}; "
+            f"ours at 224 without the per-step wait {rate(f'ours_224_b{BATCH_SIZE}_tflogs')}"
             + ("" if is_h100 else " (not an H100: the 3,000 img/s goal is not judged)")
         ),
     )
@@ -161,29 +158,20 @@ def probe() -> dict[str, Any]:
     gpus = []
     for device in tf.config.list_physical_devices("GPU"):
         details = tf.config.experimental.get_device_details(device)
-        gpus.append(
-            {
-                "name": details.get("device_name", device.name),
-                "compute_capability": list(details.get("compute_capability") or []),
-            }
-        )
-    return {"gpus": gpus, "tensorflow": tf.__version__, "built_with_cuda": tf.test.is_built_with_cuda()}
+        capability = list(details.get("compute_capability") or [])
+        gpus.append({"name": details.get("device_name", device.name), "compute_capability": capability})
+    return {"gpus": gpus}
 
 
 def measure(
     side: str, image_size: int, batch_size: int, warmup: int, steps: int, progress_tf_logs: bool = False
 ) -> dict[str, Any]:
-    """Steady-state training images per second of one side, on synthetic in-memory batches.
-
-    Each side fits as its trainer does: the codelab with Keras's default progress bar
-    (`verbose=1`), ours with `trainer.callbacks.ProgressLogger` (what `trainer.task.run` adds).
-    Both read the loss after every step, waiting for the device each step (Keras converts batch
-    logs to numpy unless every batch callback sets `_supports_tf_logs`); `progress_tf_logs` sets
-    it on ProgressLogger (which formats the loss only every tenth of an epoch), to measure that
-    wait's cost."""
+    """Steady-state training images per second of one side, on synthetic in-memory batches,
+    fitting as its trainer does (`clock.fit_timed`)."""
     import numpy as np
 
-    from trainer._tf import keras, tf
+    from benchmarks.clock import fit_timed
+    from trainer._tf import tf
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (batch_size, image_size, image_size, 3), dtype=np.uint8)
@@ -197,45 +185,25 @@ def measure(
             model = codelab.create_model(NUM_CLASSES)
         precision = "float32"
     elif side == "ours":
-        from benchmarks.common import resnet50_config
-        from trainer import distribute, task
-        from trainer import model as model_lib
+        from benchmarks.common import ours_resnet50
 
-        strategy = distribute.create_strategy(distribute.ClusterInfo())
-        config = resnet50_config("unused", image_size, batch_size, mixed_precision=True, xla=True)
-        has_gpu = bool(tf.config.list_physical_devices("GPU"))
-        precision = task._precision_policy(True, has_gpu)
-        keras.mixed_precision.set_global_policy(precision)
         x = images
-        with strategy.scope():
-            model = model_lib.build_model(config, NUM_CLASSES, image_size)
-            model_lib.compile_model(model, config)
+        model, _, precision = ours_resnet50(
+            image_size, batch_size, NUM_CLASSES, mixed_precision=True, xla=True
+        )
     else:
         raise ValueError(f"unknown side {side!r}")
 
-    from benchmarks.clock import make_clock
-
-    clock = make_clock(warmup)
-    if side == "codelab":
-        fit_args: dict[str, Any] = {"verbose": 1, "callbacks": [clock]}
-    else:
-        from trainer import callbacks
-
-        logger = callbacks.ProgressLogger("bench", 1, warmup + steps, batch_size)
-        if progress_tf_logs:
-            logger._supports_tf_logs = True
-        fit_args = {"verbose": 0, "callbacks": [logger, clock]}
     ds = tf.data.Dataset.from_tensors((x, labels)).repeat().prefetch(tf.data.AUTOTUNE)
-    model.fit(ds, epochs=1, steps_per_epoch=warmup + steps, **fit_args)
-    seconds, warmup_seconds = clock.seconds, clock.warmup_seconds
+    ours = batch_size if side == "ours" else None
+    figures = fit_timed(model, ds, warmup, steps, ours_batch_size=ours, progress_tf_logs=progress_tf_logs)
+    seconds = figures["timed_seconds"]
     gpus = tf.config.list_physical_devices("GPU")
     memory = tf.config.experimental.get_memory_info("GPU:0")["peak"] if gpus else None
     return {
-        "images_per_second": round(clock.steps * batch_size / seconds, 1),
-        "timed_steps": clock.steps,
-        "step_ms": round(1000 * seconds / max(clock.steps, 1), 2),
-        "timed_seconds": round(seconds, 3),
-        "warmup_seconds": round(warmup_seconds, 3),
+        "images_per_second": round(figures["timed_steps"] * batch_size / seconds, 1),
+        **figures,
+        "step_ms": round(1000 * seconds / max(figures["timed_steps"], 1), 2),
         "precision": precision,
         "xla": side == "ours",
         "progress_tf_logs": progress_tf_logs,

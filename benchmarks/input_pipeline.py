@@ -9,18 +9,19 @@ Both read the same 1,000 cassava-like training images (500x500 and 500x375 JPEGs
 
 Each side runs in its own process for 3 epochs at batch 64, consuming every batch, and
 reports images delivered per second (first batch to last, shuffle-buffer fill included) and
-its peak resident memory. The sides alternate, `REPEATS` times; the best run of each counts
-(`common.best`), every run is kept in the result.
+its peak resident memory. The sides alternate, `REPEATS` times (`common.alternate`); the best
+run of each counts, every run is kept in the result.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import fixtures
-from benchmarks.common import best, busy_note, make_result, rss_self_mib, run_child, say
+from benchmarks.common import alternate, best, busy_note, make_result, rss_self_mib
 
 NAME = "input"
 IMAGE_SIZE = 300
@@ -37,28 +38,15 @@ GOAL: dict[str, Any] = {
 def run(work: Path, results_dir: Path) -> dict[str, Any]:
     source = fixtures.cassava_source(work=work)
     ours_dir = fixtures.prepared(source, IMAGE_SIZE, work)
-    sides: dict[str, tuple[str, dict[str, Any]]] = {
+    common = {"batch_size": BATCH_SIZE, "epochs": EPOCHS}
+    sides = {
         "codelab": (
             "benchmarks.input_pipeline:measure_codelab",
-            {"data_dir": str(source.tfds_dir), "image_size": IMAGE_SIZE},
+            {"data_dir": str(source.tfds_dir), "image_size": IMAGE_SIZE, **common},
         ),
-        "ours": ("benchmarks.input_pipeline:measure_ours", {"data_dir": str(ours_dir)}),
+        "ours": ("benchmarks.input_pipeline:measure_ours", {"data_dir": str(ours_dir), **common}),
     }
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
-    for repeat in range(REPEATS):
-        for side, (target, kwargs) in sides.items():
-            child = run_child(
-                target,
-                {**kwargs, "batch_size": BATCH_SIZE, "epochs": EPOCHS},
-                log=work / "logs" / f"input-{side}-{repeat}.log",
-            )
-            figures = child.merged()
-            say(
-                f"input {side} run {repeat + 1}/{REPEATS}: {figures['images_per_second']:,.0f} img/s, "
-                f"peak RSS {child.peak_rss_mib:,.0f} MiB"
-            )
-            runs[side].append(figures)
-
+    runs = alternate(NAME, sides, REPEATS, work)
     rate = {side: best(r, "images_per_second") for side, r in runs.items()}
     peak = {side: max(f["peak_rss_mib"] for f in r) for side, r in runs.items()}
     ratio = rate["ours"] / rate["codelab"]
@@ -105,7 +93,7 @@ def _consume(batches: Any, epochs: int, steps: int | None) -> dict[str, Any]:
     iterator = iter(batches) if steps is not None else None
     for _ in range(epochs):
         epoch_start, epoch_images = time.perf_counter(), 0
-        for x, _y in iterator_slices(iterator, steps) if iterator is not None else batches:
+        for x, _y in itertools.islice(iterator, steps) if iterator is not None else batches:
             epoch_images += int(tf.shape(x)[0])
         per_epoch.append({"images": epoch_images, "seconds": round(time.perf_counter() - epoch_start, 3)})
         images += epoch_images
@@ -118,18 +106,12 @@ def _consume(batches: Any, epochs: int, steps: int | None) -> dict[str, Any]:
     }
 
 
-def iterator_slices(iterator: Any, steps: int | None) -> Any:
-    for _ in range(steps or 0):
-        yield next(iterator)
-
-
 def measure_codelab(data_dir: str, image_size: int, batch_size: int, epochs: int) -> dict[str, Any]:
     from benchmarks import codelab
 
     rss_before = rss_self_mib()
     ds, _ = codelab.create_dataset(batch_size, data_dir=data_dir, image_size=image_size)
-    figures = _consume(ds, epochs, steps=None)
-    return {**figures, "rss_after_import_mib": rss_before}
+    return {**_consume(ds, epochs, steps=None), "rss_after_import_mib": rss_before}
 
 
 def measure_ours(data_dir: str, batch_size: int, epochs: int) -> dict[str, Any]:

@@ -15,23 +15,22 @@ to the budget. Here the budget is 64 MiB, so the data stays small enough for a 2
 - cached (the baseline): the 1x dataset with the budget raised so that it is cached (what a full
   cache holds), and the 10x dataset cached the same way (as if every split were cached).
 
-Each run is its own process (TensorFlow imported once there): it builds the training dataset
+Each run (`common.alternate`: its own process, `REPEATS` times) builds the training dataset
 (batch 32, seed 0) and pulls a fixed 160 batches (5,120 images: 20 epochs of the 1x data, 2 of
 the 10x), timed from creating the iterator to the last batch (cache fill and shuffle-buffer fill
-included). Peak RSS is the process's own (`wait4`). The runs alternate, `REPEATS` times; the best
-images/s and the highest peak RSS of each count. The shards are read from the page cache (they
-were just written): reading from Cloud Storage would cost the streamed side more.
+included); the best images/s and the highest peak RSS of each side count. The shards are read
+from the page cache (they were just written): reading from Cloud Storage would cost the
+streamed side more.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import fixtures
-from benchmarks.common import MIB, best, busy_note, make_result, rss_self_mib, run_child, say
+from benchmarks.common import MIB, alternate, best, busy_note, make_result, rss_self_mib
 
 NAME = "memory"
 IMAGE_SIZE = 300
@@ -67,59 +66,40 @@ def images_for(multiple: int) -> int:
 
 def dataset(work: Path, train_images: int) -> Path:
     folder = work / f"memory-{IMAGE_SIZE}px-{train_images}"
-    params = {"train_images": train_images, "image_size": IMAGE_SIZE, "shards": SHARDS, "version": 2}
-    if fixtures._cached(folder, params):
-        return folder / "data"
-    say(f"synthesizing {train_images:,} prepared {IMAGE_SIZE}px images in {folder} (once; cached)")
-    folder.mkdir(parents=True)
-    run_child(
-        "benchmarks.memory:synthesize",
-        {"output_dir": str(folder / "data"), "train_images": train_images, "image_size": IMAGE_SIZE},
-        log=work / "logs" / f"memory-synthesize-{train_images}.log",
+    kwargs = {"output_dir": str(folder / "data"), "train_images": train_images, "image_size": IMAGE_SIZE}
+    fixtures.built(
+        folder,
+        {"train_images": train_images, "image_size": IMAGE_SIZE, "shards": SHARDS, "version": 2},
+        f"synthesizing {train_images:,} prepared {IMAGE_SIZE}px images",
+        ("benchmarks.memory:synthesize", kwargs, work / "logs" / f"memory-synthesize-{train_images}.log"),
     )
-    fixtures._mark_done(folder, params)
     return folder / "data"
 
 
-@dataclasses.dataclass(frozen=True)
-class Side:
-    name: str
-    multiple: int
-    budget_mib: int
-    expect_cache: bool
-
-
-SIDES = (
-    Side("cached_1x", 1, CACHED_BUDGET_MIB, True),
-    *(Side(f"streamed_{m}x", m, BUDGET_MIB, False) for m in MULTIPLES),
-    Side("cached_10x", 10, CACHED_BUDGET_MIB, True),
-)
+SIDES = {
+    "cached_1x": (1, CACHED_BUDGET_MIB),
+    **{f"streamed_{m}x": (m, BUDGET_MIB) for m in MULTIPLES},
+    "cached_10x": (10, CACHED_BUDGET_MIB),
+}
+"""Each side's dataset (a multiple of the budget) and cache budget."""
 
 
 def run(work: Path, results_dir: Path) -> dict[str, Any]:
     dirs = {m: dataset(work, images_for(m)) for m in MULTIPLES}
-    runs: dict[str, list[dict[str, Any]]] = {side.name: [] for side in SIDES}
-    for repeat in range(REPEATS):
-        for side in SIDES:
-            child = run_child(
-                "benchmarks.memory:measure",
-                {
-                    "data_dir": str(dirs[side.multiple]),
-                    "budget_bytes": side.budget_mib * MIB,
-                    "batch_size": BATCH_SIZE,
-                    "batches": BATCHES,
-                },
-                log=work / "logs" / f"memory-{side.name}-{repeat}.log",
-            )
-            figures = child.merged()
-            if figures["cached"] != side.expect_cache:
-                raise RuntimeError(f"{side.name}: expected cached={side.expect_cache}: {figures['plan']}")
-            say(
-                f"memory {side.name} run {repeat + 1}/{REPEATS}: {figures['images_per_second']:,.0f} img/s, "
-                f"peak RSS {child.peak_rss_mib:,.0f} MiB"
-            )
-            runs[side.name].append(figures)
-
+    sides = {
+        name: (
+            "benchmarks.memory:measure",
+            {
+                "data_dir": str(dirs[multiple]),
+                "budget_bytes": budget * MIB,
+                "batch_size": BATCH_SIZE,
+                "batches": BATCHES,
+                "expect_cache": budget == CACHED_BUDGET_MIB,
+            },
+        )
+        for name, (multiple, budget) in SIDES.items()
+    }
+    runs = alternate(NAME, sides, REPEATS, work)
     rate = {name: best(r, "images_per_second") for name, r in runs.items()}
     peak = {name: max(f["peak_rss_mib"] for f in r) for name, r in runs.items()}
     baseline = min(f["rss_after_import_mib"] for r in runs.values() for f in r)
@@ -171,53 +151,42 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
 
 
 def synthesize(output_dir: str, train_images: int, image_size: int) -> dict[str, Any]:
-    """A prepared dataset as `trainer.prepare` writes it (raw uint8), with random pixels:
-    `train_images` training images, 8 each for validation and test, 5 classes in turn."""
+    """A prepared dataset as `trainer.prepare` writes it (raw uint8, its shard writer and
+    metadata), with random pixels: `train_images` training images, 8 each for validation and
+    test, 5 classes in turn."""
     import os
 
     import numpy as np
 
-    from trainer import contract, datasetinfo, images, storage
+    from trainer import images
     from trainer._tf import tf
-    from trainer.preparation.shards import ShardWriter, example_record
+    from trainer.preparation.prepareconfig import PrepareConfig
+    from trainer.preparation.shards import ShardWriter, dataset_metadata, example_record, write_metadata
 
     started = time.perf_counter()
     os.makedirs(output_dir)
-    rng = np.random.default_rng(2024)
+    config = PrepareConfig(
+        source="benchmarks.memory", output_dir=output_dir, image_size=image_size, seed=2024
+    )
+    rng = np.random.default_rng(config.seed)
     classes = ["a", "b", "c", "d", "e"]
-    splits: dict[str, Any] = {}
+    splits = {}
     for split, count in (("train", train_images), ("validation", 8), ("test", 8)):
         writer = ShardWriter(output_dir, split, count, SHARDS)
-        class_counts = [0] * len(classes)
         for i in range(count):
             pixels = rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8)
-            label = i % len(classes)
-            writer.write(example_record(images.encode(tf.constant(pixels), "raw").numpy(), label))
-            class_counts[label] += 1
+            writer.write(example_record(images.encode(tf.constant(pixels), "raw").numpy(), i % len(classes)))
         writer.close()
-        splits[split] = {
-            "count": count,
-            "class_counts": dict(zip(classes, class_counts, strict=True)),
-            "shards": writer.manifest,
-        }
-    metadata = {
-        "format_version": contract.METADATA_FORMAT_VERSION,
-        "source": "benchmarks.memory",
-        "source_info": {"generator": "random pixels"},
-        "class_names": classes,
-        "num_classes": len(classes),
-        "image_size": image_size,
-        "channels": 3,
-        "encoding": "raw",
-        "seed": 2024,
-        "splits": splits,
-    }
-    metadata["fingerprint"] = datasetinfo.manifest_fingerprint(metadata)
-    storage.write_json(os.path.join(output_dir, contract.METADATA_FILE), metadata)
+        splits[split] = (writer.manifest, [len(range(c, count, len(classes))) for c in range(len(classes))])
+    write_metadata(output_dir, dataset_metadata(config, {"generator": "random pixels"}, classes, splits, {}))
     return {"train_images": train_images, "seconds": round(time.perf_counter() - started, 3)}
 
 
-def measure(data_dir: str, budget_bytes: int, batch_size: int, batches: int) -> dict[str, Any]:
+def measure(
+    data_dir: str, budget_bytes: int, batch_size: int, batches: int, expect_cache: bool
+) -> dict[str, Any]:
+    """Images per second of `batches` training batches; refuses a side whose split the pipeline
+    does not cache (or streams) as `expect_cache` says."""
     from trainer import data, datasetinfo
     from trainer._tf import tf
 
@@ -229,6 +198,8 @@ def measure(data_dir: str, budget_bytes: int, batch_size: int, batches: int) -> 
         data_dir, meta, "train", batch_size=batch_size, training=True, seed=0, budget=budget, log=lines.append
     )
     plan = data.plan_cache(meta, budget)["train"]
+    if plan.cache != expect_cache:
+        raise RuntimeError(f"expected cached={expect_cache}: {lines[0]}")
     started = time.perf_counter()
     iterator = iter(ds)
     images, half_time = 0, 0.0

@@ -11,8 +11,8 @@ per second of `prepare()` (TensorFlow's import excluded, reported separately), w
 synthetic source's phases timed: generating JPEGs, the TFDS build, and our resize-and-write.
 No baseline: the codelab prepares nothing (it decodes every epoch; see `input`).
 
-The Beam row (`--engine beam`, trainer/preparation/beamprep.py, on the DirectRunner's worker processes): the
-folder at 1 and 2 workers, then the folder and a folder 10 times its size (each image linked 10
+The Beam rows (`--engine beam`, trainer/preparation/beamprep.py, on the DirectRunner's worker
+processes): the folder at 1 and 2 workers, and a folder 10 times its size (each image linked 10
 times under other names) at 2 workers, beside the job engine on the same 10x folder. Memory is
 the whole process tree's (the driver and its Beam workers), sampled every 0.1 s from /proc:
 the peak of the tree's total RSS, and the largest single process's peak. Flat memory means the
@@ -33,26 +33,40 @@ NAME = "prepare"
 IMAGE_SIZE = 224
 SYNTHETIC_PER_CLASS = 200
 GOAL = {"description": "none set; reported for tracking"}
+TIMES = 10  # the larger folder: each image linked this many times
 
 
 def run(work: Path, results_dir: Path) -> dict[str, Any]:
     source = fixtures.cassava_source(work=work)
-    sources: dict[str, dict[str, Any]] = {
+    folder = source.archive / fixtures.ARCHIVE_FOLDER
+    big = tenfold(folder, work / f"{folder.name}-x{TIMES}")
+    tree_cases = {  # measured with their process tree's memory
+        "beam_1_worker": (folder, "beam", 1),
+        "beam_2_workers": (folder, "beam", 2),
+        "beam_2_workers_10x": (big, "beam", 2),
+        "job_10x": (big, "job", 0),
+    }
+    cases: dict[str, dict[str, Any]] = {
         "synthetic": {"source": "synthetic", "synthetic_per_class": SYNTHETIC_PER_CLASS},
-        "folder": {"source": f"folder:{source.archive / fixtures.ARCHIVE_FOLDER}"},
+        "folder": {"source": f"folder:{folder}"},
+        **{
+            k: {"source": f"folder:{src}", "engine": e, "beam_workers": w}
+            for k, (src, e, w) in tree_cases.items()
+        },
     }
     runs: dict[str, dict[str, Any]] = {}
-    for name, kwargs in sources.items():
+    for name, kwargs in cases.items():
         with tempfile.TemporaryDirectory(prefix=f"bench-prepare-{name}-", dir=work) as tmp:
-            child = run_child(
-                "benchmarks.prepare:measure",
+            runs[name] = run_child(
+                f"benchmarks.prepare:{'measure_tree' if name in tree_cases else 'measure'}",
                 {**kwargs, "output_dir": str(Path(tmp) / "out"), "image_size": IMAGE_SIZE},
                 log=work / "logs" / f"prepare-{name}.log",
             )
-        runs[name] = child.merged()
-        say(f"prepare {name}: {runs[name]['images_per_second']:,.0f} img/s ({runs[name]['images']} images)")
-    beam = beam_runs(work, source.archive / fixtures.ARCHIVE_FOLDER)
-    runs.update(beam)
+        tree = runs[name].get("tree_peak_rss_mib")
+        say(
+            f"prepare {name}: {runs[name]['images_per_second']:,.0f} img/s ({runs[name]['images']} images)"
+            + (f", tree peak {tree:,.0f} MiB" if tree is not None else "")
+        )
     rate = {name: float(r["images_per_second"]) for name, r in runs.items()}
     return make_result(
         NAME,
@@ -77,13 +91,10 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
             f"({rate['beam_2_workers'] / rate['folder']:.2f}x the job); at 10x the folder Beam (2 workers) "
             f"{rate['beam_2_workers_10x']:,.0f} img/s, the job {rate['job_10x']:,.0f} "
             f"({rate['beam_2_workers_10x'] / rate['job_10x']:.2f}x); peak tree RSS "
-            f"{beam['beam_2_workers']['tree_peak_rss_mib']:,.0f} MiB at 1x, "
-            f"{beam['beam_2_workers_10x']['tree_peak_rss_mib']:,.0f} MiB at 10x"
+            f"{runs['beam_2_workers']['tree_peak_rss_mib']:,.0f} MiB at 1x, "
+            f"{runs['beam_2_workers_10x']['tree_peak_rss_mib']:,.0f} MiB at 10x"
         ),
     )
-
-
-TIMES = 10  # the larger folder: each image linked this many times
 
 
 def tenfold(folder: Path, out: Path) -> Path:
@@ -101,47 +112,27 @@ def tenfold(folder: Path, out: Path) -> Path:
     return out
 
 
-def beam_runs(work: Path, folder: Path) -> dict[str, dict[str, Any]]:
-    big = tenfold(folder, work / f"{folder.name}-x{TIMES}")
-    cases = {
-        "beam_1_worker": (folder, "beam", 1),
-        "beam_2_workers": (folder, "beam", 2),
-        "beam_2_workers_10x": (big, "beam", 2),
-        "job_10x": (big, "job", 0),
-    }
-    runs = {}
-    for name, (source, engine, workers) in cases.items():
-        with tempfile.TemporaryDirectory(prefix=f"bench-prepare-{name}-", dir=work) as tmp:
-            child = run_child(
-                "benchmarks.prepare:measure_tree",
-                {
-                    "source": f"folder:{source}",
-                    "output_dir": str(Path(tmp) / "out"),
-                    "image_size": IMAGE_SIZE,
-                    "engine": engine,
-                    "beam_workers": workers,
-                },
-                log=work / "logs" / f"prepare-{name}.log",
-            )
-        runs[name] = child.merged()
-        say(
-            f"prepare {name}: {runs[name]['images_per_second']:,.0f} img/s ({runs[name]['images']} images), "
-            f"tree peak {runs[name]['tree_peak_rss_mib']:,.0f} MiB"
-        )
-    return runs
-
-
 # --- run in child processes -----------------------------------------------------------------
 
 
+def _timed_prepare(config: Any, *args: Any) -> dict[str, Any]:
+    """`trainer.prepare.prepare(config, *args)`, timed: images written, seconds, images per second."""
+    from trainer.prepare import prepare
+
+    started = time.perf_counter()
+    metadata = prepare(config, *args)
+    seconds = time.perf_counter() - started
+    images = sum(split["count"] for split in metadata["splits"].values())
+    return {"images": images, "seconds": round(seconds, 3), "images_per_second": round(images / seconds, 1)}
+
+
 def measure(source: str, output_dir: str, image_size: int, synthetic_per_class: int = 60) -> dict[str, Any]:
-    import contextlib
     from unittest import mock
 
     import tensorflow_datasets as tfds
 
     from trainer import synthetic
-    from trainer.prepare import PrepareConfig, prepare
+    from trainer.prepare import PrepareConfig
 
     phases: dict[str, float] = {}
 
@@ -155,30 +146,17 @@ def measure(source: str, output_dir: str, image_size: int, synthetic_per_class: 
 
         return wrapper
 
-    builder_class = tfds.core.DatasetBuilder
-    patches = [
-        mock.patch.object(synthetic, "write_archive", timed("generate_jpegs", synthetic.write_archive)),
-        mock.patch.object(
-            builder_class, "download_and_prepare", timed("tfds_build", builder_class.download_and_prepare)
-        ),
-    ]
+    builder = tfds.core.DatasetBuilder
     config = PrepareConfig(
         source=source, output_dir=output_dir, image_size=image_size, synthetic_per_class=synthetic_per_class
     )
-    with contextlib.ExitStack() as stack:
-        for patch in patches:
-            stack.enter_context(patch)
-        started = time.perf_counter()
-        metadata = prepare(config)
-        seconds = time.perf_counter() - started
-    images = sum(split["count"] for split in metadata["splits"].values())
-    phases["resize_and_write"] = seconds - sum(phases.values())
-    return {
-        "images": images,
-        "seconds": round(seconds, 3),
-        "images_per_second": round(images / seconds, 1),
-        "phases_seconds": {k: round(v, 3) for k, v in phases.items()},
-    }
+    with (
+        mock.patch.object(synthetic, "write_archive", timed("generate_jpegs", synthetic.write_archive)),
+        mock.patch.object(builder, "download_and_prepare", timed("tfds_build", builder.download_and_prepare)),
+    ):
+        figures = _timed_prepare(config)
+    phases["resize_and_write"] = figures["seconds"] - sum(phases.values())
+    return {**figures, "phases_seconds": {k: round(v, 3) for k, v in phases.items()}}
 
 
 def _tree_rss_mib(root: int) -> tuple[float, float]:
@@ -216,7 +194,7 @@ def measure_tree(
     import threading
 
     from trainer.preparation.progress import Progress
-    from trainer.prepare import PrepareConfig, prepare
+    from trainer.prepare import PrepareConfig
 
     peaks = {"tree": 0.0, "process": 0.0}
     stop = threading.Event()
@@ -236,18 +214,13 @@ def measure_tree(
     )
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    started = time.perf_counter()
-    metadata = prepare(config, Progress(bars=False))
-    seconds = time.perf_counter() - started
+    figures = _timed_prepare(config, Progress(bars=False))
     stop.set()
     thread.join()
-    images = sum(split["count"] for split in metadata["splits"].values())
     return {
         "engine": engine,
         "beam_workers": beam_workers,
-        "images": images,
-        "seconds": round(seconds, 3),
-        "images_per_second": round(images / seconds, 1),
+        **figures,
         "tree_peak_rss_mib": round(peaks["tree"], 1),
         "largest_process_peak_rss_mib": round(peaks["process"], 1),
     }

@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from benchmarks import fixtures
 from benchmarks.common import WORK_DIR
@@ -60,28 +59,21 @@ def op_breakdown(logdir: str, top: int = 25) -> list[tuple[str, float, int]]:
 
 def profile_train(side: str, image_size: int, batch_size: int, mixed_precision: bool, steps: int) -> None:
     from benchmarks import codelab
-    from benchmarks.common import resnet50_config
-    from trainer import data, datasetinfo, distribute
-    from trainer import model as model_lib
-    from trainer._tf import keras, tf
+    from benchmarks.common import ours_resnet50
+    from trainer import data, datasetinfo
+    from trainer._tf import tf
 
     source = fixtures.cassava_source(work=WORK_DIR)
     if side == "codelab":
         ds, classes = codelab.create_dataset(batch_size, data_dir=str(source.tfds_dir), image_size=image_size)
         ds = ds.repeat()
-        strategy: Any = tf.distribute.MultiWorkerMirroredStrategy()
-        with strategy.scope():
+        with tf.distribute.MultiWorkerMirroredStrategy().scope():
             model = codelab.create_model(classes)
     else:
         data_dir = str(fixtures.prepared(source, image_size, WORK_DIR))
         meta = datasetinfo.load_metadata(data_dir)
-        strategy = distribute.create_strategy(distribute.ClusterInfo())
-        keras.mixed_precision.set_global_policy("mixed_bfloat16" if mixed_precision else "float32")
-        config = resnet50_config(data_dir, image_size, batch_size, mixed_precision, xla=False)
+        model, _, _ = ours_resnet50(image_size, batch_size, meta.num_classes, mixed_precision, xla=False)
         ds = data.make_dataset(data_dir, meta, "train", batch_size=batch_size, training=True)
-        with strategy.scope():
-            model = model_lib.build_model(config, meta.num_classes, meta.image_size)
-            model_lib.compile_model(model, config)
     model.fit(ds, epochs=1, steps_per_epoch=5, verbose=0)
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as logdir:
         started = time.perf_counter()

@@ -6,7 +6,7 @@ hand-written analysis) is kept.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,10 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render_row(name: str, title: str, result: Mapping[str, Any] | None, not_implemented: str | None) -> str:
+def render_row(name: str, title: str, result: Mapping[str, Any] | None) -> str:
     label = f"`{name}`: {title}" if title else f"`{name}`"
     if result is None:
-        what = not_implemented or f"no result yet: run `make bench BENCH={name}`"
+        what = f"no result yet: run `make bench BENCH={name}`"
         return f"| {_cell(label)} | {_cell(what)} | {DASH} | {DASH} | {DASH} | {DASH} | {DASH} |"
     ratio = result.get("ratio")
     if result.get("skipped"):
@@ -46,29 +46,15 @@ def render_row(name: str, title: str, result: Mapping[str, Any] | None, not_impl
     )
 
 
-def render_table(
-    results: Mapping[str, Mapping[str, Any]],
-    titles: Mapping[str, str],
-    not_implemented: Mapping[str, str] | None = None,
-) -> str:
+def render_table(results: Mapping[str, Mapping[str, Any]], titles: Mapping[str, str]) -> str:
     """The markdown table: one row per known benchmark (in `titles`' order), then any other
     result found."""
-    not_implemented = not_implemented or {}
-    names: Sequence[str] = [*titles, *sorted(set(results) - set(titles))]
     lines = [
         "| Benchmark | Result | Ratio | Goal | Goal met | Machine | Measured |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in names:
-        result = results.get(name)
-        lines.append(
-            render_row(
-                name,
-                titles.get(name, ""),
-                result,
-                None if result is not None else not_implemented.get(name),
-            )
-        )
+    for name in [*titles, *sorted(set(results) - set(titles))]:
+        lines.append(render_row(name, titles.get(name, ""), results.get(name)))
     return "\n".join(lines)
 
 

@@ -14,12 +14,12 @@ reading the same 1,000 cassava-like JPEGs:
   docs/facts.md, fact 39; never the headline). `--xla true` is not measured: on this CPU it
   made training about 4x slower (12 vs 47 img/s, see BENCHMARKS.md) and took minutes.
 
-Each run, in its own process, fits as its trainer does (`_train`), timed by
-`clock.make_clock`: the codelab's whole second epoch (the first one traces, its last partial
-batch included; the second is a fresh pass of its pipeline: shuffle buffer refilled, every JPEG
-decoded again), and ours one epoch's worth of steps after `WARMUP_STEPS` steps (its in-memory
-cache still filling from the TFRecords: conservative for ours). The sides alternate, `REPEATS`
-times; the best run of each counts. The headline ratio is our fastest variant over the codelab.
+Each run, in its own process, fits as its trainer does, timed (`clock.fit_timed`): the codelab's
+whole second epoch (the first one traces, its last partial batch included; the second is a
+fresh pass of its pipeline: shuffle buffer refilled, every JPEG decoded again), and ours one
+epoch's worth of steps after `WARMUP_STEPS` steps (its in-memory cache still filling from the
+TFRecords: conservative for ours). The sides alternate, `REPEATS` times (`common.alternate`);
+the best run of each counts. The headline ratio is our fastest variant over the codelab.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import fixtures
-from benchmarks.common import best, busy_note, make_result, run_child, say
+from benchmarks.common import alternate, best, busy_note, make_result
 
 NAME = "train"
 IMAGE_SIZE = 64
@@ -58,16 +58,7 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
             for name, flags in VARIANTS.items()
         },
     }
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
-    for repeat in range(REPEATS):
-        for side, (target, kwargs) in sides.items():
-            log = work / "logs" / f"train-{side}-{repeat}.log"
-            child = run_child(target, kwargs, log=log, env=VARIANT_ENV.get(side))
-            runs[side].append(child.merged())
-            say(
-                f"train {side} run {repeat + 1}/{REPEATS}: "
-                f"{child.figures['images_per_second']:,.1f} img/s (timed epoch)"
-            )
+    runs = alternate(NAME, sides, REPEATS, work, env=VARIANT_ENV)
 
     rate = {side: best(r, "images_per_second") for side, r in runs.items()}
     fastest = max((v for v in VARIANTS if v not in VARIANT_ENV), key=lambda v: rate[v])
@@ -108,31 +99,6 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
 # --- run in child processes -----------------------------------------------------------------
 
 
-def _train(
-    model: Any, dataset: Any, *, warmup_steps: int | None, steps: int, batch_size: int | None
-) -> dict[str, Any]:
-    """One fit, timed by `clock.make_clock`: `warmup_steps` then `steps` timed steps (ours:
-    `trainer.task.run`'s ProgressLogger attached), or (`warmup_steps` None: the codelab) two
-    whole epochs, the second timed, with Keras's default progress bar as in the codelab."""
-    from benchmarks.clock import make_clock
-
-    clock = make_clock(warmup_steps)
-    if warmup_steps is None:
-        model.fit(dataset, epochs=2, callbacks=[clock], verbose=1)
-    else:
-        from trainer import callbacks
-
-        logger = callbacks.ProgressLogger("bench", 1, warmup_steps + steps, batch_size or 0)
-        model.fit(
-            dataset, epochs=1, steps_per_epoch=warmup_steps + steps, callbacks=[logger, clock], verbose=0
-        )
-    return {
-        "timed_steps": clock.steps,
-        "timed_seconds": round(clock.seconds, 3),
-        "warmup_seconds": round(clock.warmup_seconds, 3),
-    }
-
-
 def _tfds_train_images(data_dir: str) -> int:
     """Examples in the TFDS train split: what one codelab epoch delivers."""
     import tensorflow_datasets as tfds
@@ -142,6 +108,7 @@ def _tfds_train_images(data_dir: str) -> int:
 
 def measure_codelab(data_dir: str, image_size: int, batch_size: int) -> dict[str, Any]:
     from benchmarks import codelab
+    from benchmarks.clock import fit_timed
     from benchmarks.common import rss_self_mib
     from trainer._tf import tf
 
@@ -152,7 +119,7 @@ def measure_codelab(data_dir: str, image_size: int, batch_size: int) -> dict[str
     )
     with strategy.scope():
         model = codelab.create_model(number_of_classes)
-    figures = _train(model, train_data, warmup_steps=None, steps=0, batch_size=None)
+    figures = fit_timed(model, train_data, warmup_steps=None)
     images = _tfds_train_images(data_dir)
     return {
         **figures,
@@ -165,24 +132,17 @@ def measure_codelab(data_dir: str, image_size: int, batch_size: int) -> dict[str
 def measure_ours(
     data_dir: str, image_size: int, batch_size: int, warmup_steps: int, mixed_precision: bool, xla: bool
 ) -> dict[str, Any]:
-    from benchmarks.common import resnet50_config, rss_self_mib
-    from trainer import data, datasetinfo, distribute, task
-    from trainer import model as model_lib
-    from trainer._tf import keras, tf
+    from benchmarks.clock import fit_timed
+    from benchmarks.common import ours_resnet50, rss_self_mib
+    from trainer import data, datasetinfo
 
     rss_before = rss_self_mib()
-    strategy = distribute.create_strategy(distribute.ClusterInfo())
-    config = resnet50_config(data_dir, image_size, batch_size, mixed_precision, xla)
     meta = datasetinfo.load_metadata(data_dir)
-    precision = task._precision_policy(mixed_precision, bool(tf.config.list_physical_devices("GPU")))
-    keras.mixed_precision.set_global_policy(precision)
+    model, strategy, precision = ours_resnet50(image_size, batch_size, meta.num_classes, mixed_precision, xla)
     global_batch = batch_size * strategy.num_replicas_in_sync
-    steps = data.steps_per_epoch(meta, global_batch)
     ds = data.make_dataset(data_dir, meta, "train", batch_size=global_batch, training=True)
-    with strategy.scope():
-        model = model_lib.build_model(config, meta.num_classes, meta.image_size)
-        model_lib.compile_model(model, config)
-    figures = _train(model, ds, warmup_steps=warmup_steps, steps=steps, batch_size=global_batch)
+    steps = data.steps_per_epoch(meta, global_batch)
+    figures = fit_timed(model, ds, warmup_steps=warmup_steps, steps=steps, ours_batch_size=global_batch)
     images = figures["timed_steps"] * global_batch
     return {
         **figures,

@@ -1,60 +1,39 @@
 """`tuning`: does `make run ARGS="--tune true"` end at or above the untuned run?
 
-Each repetition uses a fresh runs folder and a fresh local registry and runs what `make run`
-runs with no project configured (`python -m launch.cli run --target local`, the default local
-parameters), twice, with the same `--seed`:
+Each repetition (one per seed in `SEEDS`) runs the default local run twice with the same
+`--seed`, into a fresh runs folder and a fresh registry (`common.local_run`):
 1. untuned: version 1 of the model, the champion (no champion before it);
-2. `--tune true` (the defaults: 2 trials, 1 at a time, the local search space around the local
-   learning rate and dropout), into the same registry: its `evaluate-models` job evaluates the
-   tuned model (the challenger) and version 1 (the champion) side by side on this run's test
-   split, and the gate compares them.
+2. `--tune true` (its defaults: 2 trials, 1 at a time, the local search space), into the same
+   registry: its `evaluate-models` job evaluates the tuned model (the challenger) and version 1
+   (the champion) side by side on this run's test split, and the gate compares them.
 
-The accuracies and macro F1 compared are those of that side-by-side evaluation (run 2's
-`version.json`, `evaluation.models.{challenger,champion}`): both models on the same images,
-through their serving signatures (each run's own `test_accuracy` is on its own split). Also
-recorded: every trial (parameters, final val_accuracy), the best trial's hyperparameters, each
-run's wall time (what the user waits for, interpreter and imports included), the share of the
-CPUs other processes used meanwhile, and whether the gate promoted.
+The figures compared are those of that side-by-side evaluation (run 2's `version.json`,
+`evaluation.models.{challenger,champion}`): both models on the same images (each run's own
+`test_accuracy` is on its own split). Also recorded: every trial, the best trial's
+hyperparameters, each run's wall time and `other_cpu_share`, the gate's decision. A repetition
+slower than `MAX_REPETITION_SECONDS` skips the rest, and the result's inputs say so.
 
-Two repetitions (`SEEDS`), about 4 minutes each on 2 cores (more with the machine busy); the
-result's inputs say when `MAX_REPETITION_SECONDS` skipped some.
-
-Ratio: mean tuned accuracy / mean untuned accuracy on the shared test split. The comparison is
-stated as the gate states it (`trainer.pairedstats`, evaluation.json's `comparison`): per
-repetition, the paired difference tuned - untuned in accuracy with its 95% bootstrap interval
-and the exact McNemar p. Goal: tuning never makes the model significantly worse, that is the
-interval's upper end is at least 0 in every repetition; whether it made it significantly
-better (the lower end above 0) is reported beside. At this size (100 test images, one image =
-0.01) an interval spans several images: two trials of a tiny model on synthetic leaves that the
-untuned model already classifies almost perfectly rarely tell the two models apart.
+Ratio: mean tuned / mean untuned accuracy. The comparison is stated as the gate states it
+(`trainer.pairedstats`, evaluation.json's `comparison`): per repetition, the paired difference
+in accuracy with its 95% bootstrap interval and the exact McNemar p. Goal: tuning never makes the
+model significantly worse (the interval's upper end at least 0) in any repetition; "significantly
+better" (the lower end above 0) is reported beside. At 100 test images an interval spans several
+images, so this catches tuning that clearly hurts rather than shows a gain.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import resource
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    ROOT,
-    _cpu_busy_seconds,
-    _other_share,
-    busy_note,
-    local_run_command,
-    make_result,
-    say,
-    tail,
-)
+from benchmarks.common import LocalRun, busy_note, local_run, make_result, say
 
 NAME = "tuning"
-IMPLEMENTED = True
 SEEDS = (42, 43)
 """One repetition per seed: 42 is the pipeline's default (repetition 1 is exactly `make run`)."""
 MAX_REPETITION_SECONDS = 300.0
@@ -68,16 +47,6 @@ GOAL = {
     "metric": METRIC,
     "every_repetition": True,
 }
-
-
-@dataclasses.dataclass
-class Launch:
-    """One `launch.cli run` and what it left."""
-
-    summary: dict[str, Any]
-    wall_seconds: float
-    other_cpu_share: float | None = None
-    log: str = ""
 
 
 class TuningBenchmarkError(RuntimeError):
@@ -114,7 +83,7 @@ def _side(evaluation: Mapping[str, Any], side: str) -> dict[str, Any]:
     }
 
 
-def _succeeded(launch: Launch, what: str) -> dict[str, Any]:
+def _succeeded(launch: LocalRun, what: str) -> dict[str, Any]:
     summary = launch.summary
     if summary.get("status") != "SUCCEEDED":
         raise TuningBenchmarkError(
@@ -125,7 +94,9 @@ def _succeeded(launch: Launch, what: str) -> dict[str, Any]:
     return summary
 
 
-def _run_figures(evaluated: Mapping[str, Any], summary: Mapping[str, Any], launch: Launch) -> dict[str, Any]:
+def _run_figures(
+    evaluated: Mapping[str, Any], summary: Mapping[str, Any], launch: LocalRun
+) -> dict[str, Any]:
     """One run's side of a repetition: its model's figures on the shared split, its own."""
     return {
         "accuracy": evaluated["accuracy"],
@@ -139,7 +110,7 @@ def _run_figures(evaluated: Mapping[str, Any], summary: Mapping[str, Any], launc
 
 
 def repetition_figures(
-    seed: int, untuned: Launch, tuned: Launch, version_record: Mapping[str, Any]
+    seed: int, untuned: LocalRun, tuned: LocalRun, version_record: Mapping[str, Any]
 ) -> dict[str, Any]:
     """One repetition's figures from the two runs' summaries and the tuned version's
     `version.json`. Raises when the comparison is not the one this benchmark means to make (the
@@ -183,10 +154,7 @@ def repetition_figures(
         },
         "gate": {
             "promote": bool(gate.get("promote")),
-            "reason": gate.get("reason"),
-            "metric": gate.get("metric"),
-            "score": gate.get("score"),
-            "champion_score": gate.get("champion_score"),
+            **{k: gate.get(k) for k in ("reason", "metric", "score", "champion_score")},
         },
         "champion_moved": bool(second["model"].get("champion")),
         "tuned_at_least_untuned": challenger[METRIC] >= champion[METRIC],
@@ -204,15 +172,15 @@ def paired(evaluation: Mapping[str, Any]) -> dict[str, Any]:
         )
     figure = comparison[METRIC]
     low, high = (float(x) for x in figure["ci95"])
-    p_value = float(comparison["mcnemar"]["p_value"])
-    verdict = (
-        "significantly worse" if high < 0 else "significantly better" if low > 0 else "indistinguishable"
-    )
     return {
         "difference": float(figure["difference"]),
         "ci95": [low, high],
-        "mcnemar_p": p_value,
-        "verdict": verdict,
+        "mcnemar_p": float(comparison["mcnemar"]["p_value"]),
+        "verdict": "significantly worse"
+        if high < 0
+        else "significantly better"
+        if low > 0
+        else "indistinguishable",
     }
 
 
@@ -279,30 +247,8 @@ def build_result(
 # --- the runs ---------------------------------------------------------------------------------
 
 
-def launch(work_dir: Path, seed: int, *, tune: bool, log: Path) -> Launch:
-    """`python -m launch.cli run --target local` into `work_dir`'s runs folder and registry."""
-    command = local_run_command(work_dir, "--seed", str(seed), *(["--tune", "true"] if tune else []))
-    log.parent.mkdir(parents=True, exist_ok=True)
-    usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    busy_before = _cpu_busy_seconds()
-    started = time.perf_counter()
-    with log.open("w") as out:
-        code = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
-    wall = time.perf_counter() - started
-    usage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    own_cpu = (usage_after.ru_utime + usage_after.ru_stime) - (usage_before.ru_utime + usage_before.ru_stime)
-    summary_path = work_dir / "runs" / "latest" / "summary.json"
-    if code != 0 or not summary_path.exists():
-        raise TuningBenchmarkError(
-            f"the {'tuned' if tune else 'untuned'} run (seed {seed}) failed (exit {code}); "
-            f"the end of its output ({log}):\n{tail(log)}"
-        )
-    return Launch(
-        summary=json.loads(summary_path.read_text(encoding="utf-8")),
-        wall_seconds=wall,
-        other_cpu_share=_other_share(busy_before, _cpu_busy_seconds(), own_cpu, wall),
-        log=str(log),
-    )
+def launch(work_dir: Path, seed: int, *, tune: bool, log: Path) -> LocalRun:
+    return local_run(work_dir, "--seed", str(seed), *(["--tune", "true"] if tune else []), log=log)
 
 
 def repetition(work: Path, seed: int, index: int, count: int) -> dict[str, Any]:
@@ -311,11 +257,7 @@ def repetition(work: Path, seed: int, index: int, count: int) -> dict[str, Any]:
         logs = work / "logs"
         say(f"tuning: repetition {index}/{count} (seed {seed}): untuned run (fresh registry)")
         untuned = launch(where, seed, tune=False, log=logs / f"tuning-{seed}-untuned.log")
-        say(
-            f"tuning: untuned run done in {untuned.wall_seconds:.0f}s "
-            f"(test accuracy {untuned.summary.get('metrics', {}).get('test_accuracy')} on its own split); "
-            "tuned run (--tune true)"
-        )
+        say(f"tuning: untuned run done in {untuned.wall_seconds:.0f}s; tuned run (--tune true)")
         tuned = launch(where, seed, tune=True, log=logs / f"tuning-{seed}-tuned.log")
         model = tuned.summary.get("model") or {}
         version_path = Path(str(model.get("path", where / "missing"))) / "version.json"
@@ -324,10 +266,8 @@ def repetition(work: Path, seed: int, index: int, count: int) -> dict[str, Any]:
         record = json.loads(version_path.read_text(encoding="utf-8")) if version_path.exists() else {}
         figures = repetition_figures(seed, untuned, tuned, record)
     say(
-        f"tuning: tuned run done in {tuned.wall_seconds:.0f}s; on the shared test split "
-        f"({figures['test_examples']} images) tuned accuracy {figures['tuned']['accuracy']:.4f} "
-        f"vs untuned {figures['untuned']['accuracy']:.4f} (macro F1 {figures['tuned']['macro_f1']:.4f} "
-        f"vs {figures['untuned']['macro_f1']:.4f}); gate {'promoted' if figures['gate']['promote'] else 'held'} it"
+        f"tuning: tuned run done in {tuned.wall_seconds:.0f}s; tuned accuracy {figures['tuned']['accuracy']:.4f} "
+        f"vs untuned {figures['untuned']['accuracy']:.4f} on {figures['test_examples']} shared test images"
     )
     return figures
 
@@ -361,6 +301,4 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
         "tuning": first["tuning_parameters"],
         **({"repetitions_skipped": skipped} if skipped else {}),
     }
-    result = build_result(repetitions, inputs=inputs, wall_seconds=time.perf_counter() - started)
-    say(f"tuning: {result['summary']}")
-    return result
+    return build_result(repetitions, inputs=inputs, wall_seconds=time.perf_counter() - started)

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 from benchmarks import gpu
-from benchmarks.common import ChildRun, validate_result
+from benchmarks.common import validate_result
 
 RATES = {"codelab": {224: 1000.0, 300: 560.0}, "ours": {224: 2900.0, 300: 1500.0}}
 
 
 def fake_run_child(device: str, calls: list[dict[str, Any]]) -> Any:
-    def run_child(target: str, kwargs: dict[str, Any], *, log: Path, **options: Any) -> ChildRun:
+    def run_child(target: str, kwargs: dict[str, Any], *, log: Path, **options: Any) -> dict[str, Any]:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(f"raw output of {target} {kwargs}\n", encoding="utf-8")
         calls.append({"target": target, **kwargs, **options})
@@ -27,7 +27,7 @@ def fake_run_child(device: str, calls: list[dict[str, Any]]) -> Any:
             if kwargs["progress_tf_logs"]:
                 rate *= 1.1
             figures = {"images_per_second": rate}
-        return ChildRun(figures=figures, peak_rss_mib=1.0, wall_seconds=1.0, log=log, other_cpu_share=0.0)
+        return {**figures, "peak_rss_mib": 1.0, "other_cpu_share": 0.0}
 
     return run_child
 
@@ -62,7 +62,7 @@ def test_a_slow_h100_misses_the_goal_and_a_failed_run_is_kept(
     calls: list[dict[str, Any]] = []
     fake = fake_run_child("NVIDIA H100 PCIe", calls)
 
-    def run_child(target: str, kwargs: dict[str, Any], **options: Any) -> ChildRun:
+    def run_child(target: str, kwargs: dict[str, Any], **options: Any) -> dict[str, Any]:
         if kwargs.get("batch_size") == gpu.LARGE_BATCH:
             raise gpu.ChildError("benchmarks.gpu:measure exited with 1; last output: OOM")
         return fake(target, kwargs, **options)

@@ -1,4 +1,4 @@
-"""The runner's plumbing: selection, placeholders, failures, no TensorFlow import."""
+"""The runner's plumbing: selection, failures, no TensorFlow import."""
 
 from __future__ import annotations
 
@@ -17,21 +17,30 @@ from benchmarks.common import ROOT, load_results, make_result
 MACHINE = {"cpu_count": 2, "cpu_model": "Test CPU", "python": "3.11", "tensorflow": "2.21.0", "gpu": None}
 
 
-def test_a_placeholder_benchmark_runs_cleanly_and_says_so(
+def test_run_writes_the_selected_results_and_their_table_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    e2e = registry.module("e2e")
-    monkeypatch.setattr(e2e, "IMPLEMENTED", False, raising=False)
-    monkeypatch.setattr(e2e, "NOT_IMPLEMENTED", "not yet implemented (test)", raising=False)
+    def e2e(work: Path, results_dir: Path) -> dict[str, Any]:
+        return make_result(
+            "e2e", inputs={}, figures={}, ratio=None, goal={}, goal_met=True, machine=MACHINE, summary="63s"
+        )
+
+    real = registry.module
+    monkeypatch.setattr(
+        registry, "module", lambda name: SimpleNamespace(run=e2e) if name == "e2e" else real(name)
+    )
     markdown = tmp_path / "BENCHMARKS.md"
     rc = runner.main(
         ["run", "--bench", "e2e", "--results-dir", str(tmp_path / "r"), "--markdown", str(markdown)]
     )
     assert rc == 0
-    assert not (tmp_path / "r" / "e2e.json").exists()
-    row = next(line for line in markdown.read_text(encoding="utf-8").splitlines() if "`e2e`" in line)
-    assert "not yet implemented" in row
-    assert registry.not_implemented() == {"e2e": "not yet implemented (test)"}
+    assert list(load_results(tmp_path / "r")) == ["e2e"]
+    rows = {
+        line.split("`")[1]: line
+        for line in markdown.read_text(encoding="utf-8").splitlines()
+        if "| `" in line
+    }
+    assert "63s" in rows["e2e"] and "no result yet" in rows["input"]
 
 
 def test_unknown_benchmarks_are_refused_with_the_known_names(capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,7 +82,7 @@ def test_a_failing_benchmark_fails_the_run_after_the_others_ran(
 
 
 def test_the_runner_never_imports_tensorflow() -> None:
-    modules = ", ".join(sorted(set(registry.BENCHMARKS.values())))
+    modules = ", ".join(sorted({module for module, _ in registry.BENCHMARKS.values()}))
     code = (
         "import sys, benchmarks.__main__, benchmarks.table, benchmarks.fixtures; "
         f"import {modules}; "
@@ -85,9 +94,9 @@ def test_the_runner_never_imports_tensorflow() -> None:
 @pytest.mark.serial
 def test_gpu_without_a_gpu_writes_a_skipped_result(tmp_path: Path) -> None:
     from benchmarks import gpu
-    from benchmarks.common import gpu_names
+    from local.gpus import local_gpus
 
-    if gpu_names():
+    if local_gpus():
         pytest.skip("this machine has a GPU: the benchmark would really run")
     result = gpu.run(tmp_path / "work", tmp_path)
     assert result["skipped"] == "no GPU"

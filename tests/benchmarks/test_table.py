@@ -46,7 +46,7 @@ def test_one_row_per_benchmark_in_order_with_what_each_result_says() -> None:
         "prepare": result("prepare", summary="synthetic 150 img/s", notes="no baseline"),
         "extra": result("extra", ratio=0.5, goal_met=False, summary="slower"),
     }
-    rendered = table.render_table(results, registry.TITLES, {"e2e": "not yet implemented"})
+    rendered = table.render_table(results, registry.TITLES)
     by_name = rows(rendered)
     assert list(by_name) == [
         "input",
@@ -65,10 +65,10 @@ def test_one_row_per_benchmark_in_order_with_what_each_result_says() -> None:
     assert "no result yet: run `make bench BENCH=train`" in by_name["train"]
     assert "skipped: no GPU on this machine" in by_name["gpu"] and "not measured" in by_name["gpu"]
     assert "skipped: skipped" not in table.render_row(
-        "gpu", "t", result("gpu", skipped="no GPU", summary="skipped: no GPU"), None
+        "gpu", "t", result("gpu", skipped="no GPU", summary="skipped: no GPU")
     )
     assert "synthetic 150 img/s. no baseline" in by_name["prepare"]
-    assert "not yet implemented" in by_name["e2e"]
+    assert "no result yet: run `make bench BENCH=e2e`" in by_name["e2e"]
     assert "| 0.50x |" in by_name["extra"] and "**no**" in by_name["extra"]
     for line in rendered.splitlines():
         assert line.count("|") == 8, line  # 7 cells: a pipe inside a cell is escaped

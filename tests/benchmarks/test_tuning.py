@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from benchmarks import tuning
-from benchmarks.common import validate_result
+from benchmarks.common import LocalRun, validate_result
 
 MACHINE = {"cpu_count": 2, "cpu_model": "Test CPU", "python": "3.11", "tensorflow": "2.21.0", "gpu": None}
 SPACE = [{"parameter_id": "learning_rate", "double_value_spec": {"min_value": 0.0005, "max_value": 0.005}}]
@@ -124,8 +124,8 @@ def version_record(
 def repetition(seed: int, tuned: float, untuned: float, **f1: float) -> dict[str, Any]:
     return tuning.repetition_figures(
         seed,
-        tuning.Launch(untuned_summary(0.96), wall_seconds=70.0, other_cpu_share=0.01),
-        tuning.Launch(tuned_summary(tuned, untuned), wall_seconds=140.0, other_cpu_share=0.02),
+        LocalRun(untuned_summary(0.96), wall_seconds=70.0, other_cpu_share=0.01),
+        LocalRun(tuned_summary(tuned, untuned), wall_seconds=140.0, other_cpu_share=0.02),
         version_record(tuned, untuned, **f1),
     )
 
@@ -206,8 +206,8 @@ def test_a_version_without_the_paired_comparison_is_refused() -> None:
     with pytest.raises(tuning.TuningBenchmarkError, match="no paired comparison"):
         tuning.repetition_figures(
             42,
-            tuning.Launch(untuned_summary(0.96), wall_seconds=70.0, other_cpu_share=0.01),
-            tuning.Launch(tuned_summary(0.9, 0.9), wall_seconds=140.0, other_cpu_share=0.02),
+            LocalRun(untuned_summary(0.96), wall_seconds=70.0, other_cpu_share=0.01),
+            LocalRun(tuned_summary(0.9, 0.9), wall_seconds=140.0, other_cpu_share=0.02),
             record,
         )
 
@@ -266,23 +266,23 @@ def test_a_comparison_that_is_not_tuned_vs_untuned_is_refused(
     untuned: dict[str, Any], tuned: dict[str, Any], record: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(tuning.TuningBenchmarkError, match=message):
-        tuning.repetition_figures(42, tuning.Launch(untuned, 1.0), tuning.Launch(tuned, 1.0), record)
+        tuning.repetition_figures(42, LocalRun(untuned, 1.0), LocalRun(tuned, 1.0), record)
 
 
 def fake_launch(accuracies: dict[int, tuple[float, float]], calls: list[tuple[int, bool]]) -> Any:
     """Stands in for `launch`: writes the tuned version's version.json where its summary says."""
 
-    def launch(work_dir: Path, seed: int, *, tune: bool, log: Path) -> tuning.Launch:
+    def launch(work_dir: Path, seed: int, *, tune: bool, log: Path) -> LocalRun:
         calls.append((seed, tune))
         assert (work_dir / "registry").parent == work_dir and work_dir.exists()
         if not tune:
-            return tuning.Launch(untuned_summary(), wall_seconds=50.0, other_cpu_share=0.0, log=str(log))
+            return LocalRun(untuned_summary(), wall_seconds=50.0, other_cpu_share=0.0, log=str(log))
         tuned, untuned = accuracies[seed]
         folder = work_dir / "registry" / "m" / "2"
         folder.mkdir(parents=True)
         (folder / "version.json").write_text(json.dumps(version_record(tuned, untuned)), encoding="utf-8")
         summary = tuned_summary(tuned, untuned, path=str(folder))
-        return tuning.Launch(summary, wall_seconds=100.0, other_cpu_share=0.0, log=str(log))
+        return LocalRun(summary, wall_seconds=100.0, other_cpu_share=0.0, log=str(log))
 
     return launch
 
