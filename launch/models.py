@@ -74,12 +74,10 @@ def model_table(registry_dir: str) -> list[tuple[str, list[list[str]]]]:
                             record = registry.load(vfd, "version.json", root, "version", VERSION_FIX)
                         finally:
                             os.close(vfd)
-                    except registry.Damaged as err:
-                        rows.append([version, f"damaged: {err.path} {err.problem}", *["-"] * 6])
-                        continue
-                    try:
                         name = str(record.get("model", name))
                         rows.append(_row(version, record, aliases.get("champion", "")))
+                    except registry.Damaged as err:
+                        rows.append([version, f"damaged: {err.path} {err.problem}", *["-"] * 6])
                     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
                         # Hand-edited: named in its row, never a traceback for the whole table.
                         problem = f"{type(err).__name__}: {err}"

@@ -1,12 +1,13 @@
 """report.html for a run, local (launch.cli) or on Vertex (launch.vertexrun): the step
 timeline, training curves, confusion matrix and tuning trials as pictures, with the run's steps
 and metrics as tables. Pictures are PNGs embedded in the page (one file to open or attach), drawn
-with matplotlib's Agg backend (no display needed)."""
+on matplotlib `Figure`s, which save through the Agg backend: no pyplot, no display needed."""
 
 from __future__ import annotations
 
 import base64
 import io
+import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,23 +47,18 @@ SUMMARY_METRICS = (
 
 
 def _png(fig: Any) -> str:
-    import matplotlib.pyplot as plt
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
 def curves_png(history: Mapping[str, Sequence[float]], exported_epoch: int | None = None) -> str:
     """Loss and accuracy per epoch, training and validation; a vertical line at the epoch whose
     weights were exported (1-based), when given."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig = Figure(figsize=(10, 3.6))
+    axes = fig.subplots(1, 2)
     for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
         for key, style in ((metric, "-o"), (f"val_{metric}", "--s")):
             values = history.get(key) or []
@@ -72,8 +68,7 @@ def curves_png(history: Mapping[str, Sequence[float]], exported_epoch: int | Non
             ax.axvline(
                 exported_epoch, color="tab:green", alpha=0.6, label=f"exported (epoch {exported_epoch})"
             )
-        ax.set_xlabel("epoch")
-        ax.set_title(metric)
+        ax.set(xlabel="epoch", title=metric)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
@@ -90,47 +85,42 @@ TOP_CONFUSIONS = 25
 def confusion_png(labels: Sequence[str], matrix: Sequence[Sequence[int]]) -> str:
     """The annotated matrix, for at most MAX_DRAWN_CLASSES classes. Class names are drawn as
     plain text (`parse_math=False`): a folder named `a$^$b` is a name, not a formula."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     if len(labels) > MAX_DRAWN_CLASSES:
         raise ValueError(f"{len(labels)} classes: the picture is drawn for at most {MAX_DRAWN_CLASSES}")
     side = max(4.2, 0.32 * len(labels) + 1.5)
-    fig, ax = plt.subplots(figsize=(side + 0.6, side))
+    fig = Figure(figsize=(side + 0.6, side))
+    ax = fig.subplots()
     ax.imshow(matrix, cmap="Blues")
     ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", parse_math=False)
     ax.set_yticks(range(len(labels)), labels, parse_math=False)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
+    ax.set(xlabel="predicted", ylabel="true", title="test confusion matrix")
     peak = max((max(row) for row in matrix), default=0)
     for i, row in enumerate(matrix):
         for j, count in enumerate(row):
             ax.text(
                 j, i, str(count), ha="center", va="center", color="white" if count > peak / 2 else "black"
             )
-    ax.set_title("test confusion matrix")
     return _png(fig)
 
 
+def _final(trial: Mapping[str, Any], default: Any) -> Any:
+    """A trial's final measurement (its first metric's value), else `default`."""
+    return (trial.get("finalMeasurement", {}).get("metrics") or [{"value": default}])[0]["value"]
+
+
 def trials_png(trials: Sequence[Mapping[str, Any]], metric_id: str) -> str:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ids, values, colours = [], [], []
-    for t in trials:
-        ids.append(t["id"])
-        final = t.get("finalMeasurement", {}).get("metrics", [])
-        values.append(final[0]["value"] if final else 0.0)
-        colours.append("tab:green" if t["state"] == "SUCCEEDED" else "tab:red")
-    ax.bar(ids, values, color=colours)
-    ax.set_xlabel("trial (red: failed)")
-    ax.set_ylabel(metric_id)
-    ax.set_title("tuning trials")
+    fig = Figure(figsize=(6, 3.2))
+    ax = fig.subplots()
+    ax.bar(
+        [t["id"] for t in trials],
+        [_final(t, 0.0) for t in trials],
+        color=["tab:green" if t["state"] == "SUCCEEDED" else "tab:red" for t in trials],
+    )
+    ax.set(xlabel="trial (red: failed)", ylabel=metric_id, title="tuning trials")
     return _png(fig)
 
 
@@ -158,22 +148,8 @@ def timeline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     only their seconds, laid end to end (kfp.local runs one step at a time)."""
     steps = summary.get("steps") or []
     if not any("offset_seconds" in s for s in steps):
-        rows, at = [], 0.0
-        for s in steps:
-            seconds = float(s.get("seconds") or 0.0)
-            rows.append(
-                {
-                    "label": s["name"],
-                    "level": 0,
-                    "start": at,
-                    "queued": None,
-                    "run": seconds,
-                    "status": s["status"],
-                    "running": s["status"] == "RUNNING",
-                }
-            )
-            at += seconds
-        return rows
+        starts = itertools.accumulate((float(s.get("seconds") or 0.0) for s in steps), initial=0.0)
+        steps = [{**s, "offset_seconds": at} for s, at in zip(steps, starts, strict=False)]
 
     def row(label: str, level: int, entry: Mapping[str, Any]) -> dict[str, Any] | None:
         if entry.get("offset_seconds") is None:
@@ -193,29 +169,24 @@ def timeline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     jobs: dict[Any, list[Mapping[str, Any]]] = {}
     for job in summary.get("jobs") or []:
         jobs.setdefault(job.get("task_id"), []).append(job)
-    rows = []
+    rows: list[dict[str, Any] | None] = []
     for s in steps:
         if s.get("group") or (r := row(s["name"], 0, s)) is None:
             continue
         rows.append(r)
         for job in jobs.get(s.get("task_id"), []):
-            if (r := row(f"\u21b3 {job['type']} {str(job['name']).rsplit('/', 1)[-1]}", 1, job)) is not None:
-                rows.append(r)
-            for trial in job.get("trials") or []:
-                if (r := row(f"\u21b3 trial {trial['id']}", 2, trial)) is not None:
-                    rows.append(r)
-    return rows
+            rows.append(row(f"\u21b3 {job['type']} {str(job['name']).rsplit('/', 1)[-1]}", 1, job))
+            rows += [row(f"\u21b3 trial {trial['id']}", 2, trial) for trial in job.get("trials") or []]
+    return [r for r in rows if r is not None]
 
 
 def timeline_png(rows: Sequence[Mapping[str, Any]]) -> str:
     """One bar per row, as TIMELINE_VERTEX says; labels drawn as plain text (`parse_math=False`)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    fig, ax = plt.subplots(figsize=(10, 0.3 * len(rows) + 1.4))
+    fig = Figure(figsize=(10, 0.3 * len(rows) + 1.4))
+    ax = fig.subplots()
     for i, r in enumerate(rows):
         colour = STATE_COLOURS.get(str(r["status"]), "tab:purple")
         queued = float(r["queued"] or 0.0)
@@ -235,9 +206,8 @@ def timeline_png(rows: Sequence[Mapping[str, Any]]) -> str:
         if r.get("level"):  # a job under its step, a trial under its job
             label.set_color("dimgray")
             label.set_fontsize("small")
-    ax.set_ylim(len(rows) - 0.5, -0.5)
-    ax.set_xlim(left=0)
-    ax.set_xlabel("seconds since the run began")
+    ax.set(ylim=(len(rows) - 0.5, -0.5), xlim=(0, None), xlabel="seconds since the run began")
+    ax.set_title("step timeline")
     ax.grid(axis="x", alpha=0.3)
     seen = {str(r["status"]) for r in rows}
     handles = [Patch(color=c, label=s) for s, c in STATE_COLOURS.items() if s in seen]
@@ -249,7 +219,6 @@ def timeline_png(rows: Sequence[Mapping[str, Any]]) -> str:
     if any(r["running"] for r in rows):
         handles.append(Patch(facecolor="tab:blue", hatch="//", edgecolor="white", label="still running"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
-    ax.set_title("step timeline")
     return _png(fig)
 
 
@@ -321,10 +290,6 @@ def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> Block:
     return {"table": {"header": list(header), "rows": [list(row) for row in rows]}}
 
 
-def _image(png: str, alt: str) -> Block:
-    return {"img": png, "alt": alt}
-
-
 def write_report(
     path: Path,
     summary: Mapping[str, Any],
@@ -349,7 +314,7 @@ def write_report(
     bars = timeline_rows(summary)
     if len(bars) >= TIMELINE_MIN_BARS:
         caption = TIMELINE_VERTEX if summary.get("target") == "vertex" else TIMELINE_LOCAL
-        sections.append(("Timeline", [{"p": caption}, _image(timeline_png(bars), "step timeline")]))
+        sections.append(("Timeline", [{"p": caption}, {"img": timeline_png(bars), "alt": "step timeline"}]))
     if summary.get("jobs"):
         jobs = [
             (
@@ -381,12 +346,12 @@ def write_report(
                 t["id"],
                 t["state"],
                 ", ".join(f"{p['parameterId']}={p['value']}" for p in t.get("parameters", [])),
-                (t.get("finalMeasurement", {}).get("metrics") or [{"value": ""}])[0]["value"],
+                _final(t, ""),
             )
             for t in trials
         ]
         table = _table(trial_rows, ("trial", "state", "parameters", "final measurement"))
-        sections.append(("Tuning", [_image(image, "tuning trials"), table]))
+        sections.append(("Tuning", [{"img": image, "alt": "tuning trials"}, table]))
     template = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
         TEMPLATE.read_text()
     )
@@ -453,23 +418,20 @@ def _metrics_sections(metrics: Mapping[str, Any]) -> list[tuple[str, list[Block]
         if k in metrics
     ]
     sections = [("Metrics", [_table(rows, ("metric", "value"))])]
-    per_class = metrics.get("per_class") or {}
-    if per_class:
+    if per_class := metrics.get("per_class"):
         class_rows = [
             (name, f"{c['precision']:.3f}", f"{c['recall']:.3f}", f"{c['f1']:.3f}", c["support"])
             for name, c in per_class.items()
         ]
         header = ("class", "precision", "recall", "F1", "support")
         sections.append(("Per class (test split)", [_table(class_rows, header)]))
-    history = metrics.get("history") or {}
-    if history:
+    if history := metrics.get("history"):
         image = curves_png(history, metrics.get("best_epoch"))
-        sections.append(("Training curves", [_image(image, "training curves")]))
+        sections.append(("Training curves", [{"img": image, "alt": "training curves"}]))
     cm = metrics.get("confusion_matrix")
     if cm and len(cm["labels"]) <= MAX_DRAWN_CLASSES:
-        sections.append(
-            ("Confusion matrix", [_image(confusion_png(cm["labels"], cm["matrix"]), "confusion matrix")])
-        )
+        image = confusion_png(cm["labels"], cm["matrix"])
+        sections.append(("Confusion matrix", [{"img": image, "alt": "confusion matrix"}]))
     elif cm:
         note = (
             f"{len(cm['labels'])} classes: the picture is drawn for at most {MAX_DRAWN_CLASSES}. "

@@ -121,7 +121,7 @@ class Reader:
         return self._read(
             uri,
             uri,
-            self._service(bucket),
+            (f"Cloud Storage for gs://{bucket}", str(self._storage.api_endpoint), ""),
             lambda: str(self._storage.bucket(bucket).blob(name).download_as_text()),
         )
 
@@ -137,9 +137,6 @@ class Reader:
         except exceptions.GoogleAPICallError as err:
             self.unreadable.append(f"{name}: {said(err)}")
             return None
-
-    def _service(self, bucket: str) -> tuple[str, str, str]:
-        return f"Cloud Storage for gs://{bucket}", str(self._storage.api_endpoint), ""
 
 
 def said(err: Exception) -> str:

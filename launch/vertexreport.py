@@ -55,12 +55,10 @@ def parse_run(text: str) -> Run:
     value = text.strip()
     if not value:
         raise ValueError(f"RUN is not set: give {RUN_FORMS}")
-    full = _RESOURCE.fullmatch(value)
-    if full:
+    if full := _RESOURCE.fullmatch(value):
         project, location, job_id = full.groups()
         if _PROJECT.fullmatch(project) and _JOB_ID.fullmatch(job_id):
-            problem = settings_mod.region_problem(location)
-            if problem:
+            if settings_mod.region_problem(location):
                 raise ValueError(f"RUN={value!r}: its region {location!r} is not a Vertex AI region")
             return Run(job_id, project, location)
     elif _JOB_ID.fullmatch(value):
@@ -79,47 +77,6 @@ def run_settings(run: Run, environ: Mapping[str, str], env_file: Path = Path("en
 
 def resource_name(run: Run, settings: Settings) -> str:
     return f"projects/{settings.project}/locations/{settings.region}/pipelineJobs/{run.job_id}"
-
-
-def cloud(settings: Settings) -> vertexreader.Cloud:
-    return vertexreader.Cloud(vertex_service(settings), reach, reaching)
-
-
-def write_for_run(
-    name: str,
-    settings: Settings,
-    runs_dir: Path,
-    *,
-    credentials: Any = None,
-    transport: str | None = None,
-    now: datetime.datetime | None = None,
-    out: Any = None,
-    dataflow_endpoint: str = vertexreader.DATAFLOW_ENDPOINT,
-) -> dict[str, Any]:
-    """Reads the run `name` and writes its folder; returns the summary."""
-    from google.cloud import aiplatform
-    from google.cloud.aiplatform import initializer
-
-    submit.init_aiplatform(settings, credentials, transport)
-    initializer.global_config.credentials  # noqa: B018 (found now: none is exit 2, before any contact)
-    reader = vertexreader.Reader(settings.project, cloud(settings), credentials, dataflow_endpoint)
-    vertex = reader.cloud.vertex
-    reader.ensure(vertex)
-    with (
-        reaching("reading the pipeline run", vertex),
-        refused_as(
-            f"reading the pipeline run {name}",
-            f"roles/aiplatform.user in project {settings.project}",
-            settings,
-        ),
-    ):
-        job = aiplatform.PipelineJob.get(resource_name=name).gca_resource
-    run_dir, summary = vertexrun.write(job, reader, runs_dir, now, submit.console_url(name))
-    vertexrun.show(summary, run_dir, out or sys.stdout)
-    return summary
-
-
-# --- entry point --------------------------------------------------------------------------------
 
 
 def main(
@@ -158,17 +115,26 @@ def main(
         return 2
     name = resource_name(run, settings)
     from google.api_core import exceptions
+    from google.cloud import aiplatform
+    from google.cloud.aiplatform import initializer
 
     try:
-        write_for_run(
-            name,
-            settings,
-            runs_dir,
-            credentials=credentials,
-            transport=transport,
-            now=now,
-            dataflow_endpoint=dataflow_endpoint,
-        )
+        submit.init_aiplatform(settings, credentials, transport)
+        initializer.global_config.credentials  # noqa: B018 (found now: none is exit 2, before any contact)
+        vertex = vertex_service(settings)
+        cloud = vertexreader.Cloud(vertex, reach, reaching)
+        reader = vertexreader.Reader(settings.project, cloud, credentials, dataflow_endpoint)
+        reader.ensure(vertex)
+        with (
+            reaching("reading the pipeline run", vertex),
+            refused_as(
+                f"reading the pipeline run {name}",
+                f"roles/aiplatform.user in project {settings.project}",
+                settings,
+            ),
+        ):
+            job = aiplatform.PipelineJob.get(resource_name=name).gca_resource
+        run_dir, summary = vertexrun.write(job, reader, runs_dir, now, submit.console_url(name))
     except GoogleUnreachable as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 1
@@ -180,6 +146,7 @@ def main(
             f"{PROG}: Vertex AI has no pipeline run {name} (404: {vertexreader.said(err)})", file=sys.stderr
         )
         return 1
+    vertexrun.show(summary, run_dir, sys.stdout)
     return 0
 
 

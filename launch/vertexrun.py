@@ -16,7 +16,7 @@ Everything comes from the run's records, read through the real client libraries
   create -> start -> end (aiplatform_v1 `CustomJob.create_time`; `start_time`: "Time when the
   CustomJob for the first time entered the JOB_STATE_RUNNING state"; `end_time`), and a tuning
   job's trials (`HyperparameterTuningJob.trials`, each with its `start_time` and `end_time`);
-- a Dataflow job (prepare_engine=beam: `DATAFLOW_JOB`, `_DATAFLOW_URI`), read with
+- a Dataflow job (prepare_engine=beam: `DATAFLOW_JOB`), read with
   google-cloud-dataflow-client (dataflow_v1beta3): its state and times
   (`Job.create_time`; `start_time`, which equals the creation for all but FlexRS jobs;
   `current_state_time`, its end once the state is terminal), and its first messages of importance
@@ -43,21 +43,21 @@ from typing import Any
 from launch import report
 from launch.vertexreader import Reader
 
-# As launch.cli's (tests/launch/test_vertexreport.py checks them against trainer/contract.py).
-METRICS_READ = report.SUMMARY_METRICS
 METRICS_FILE = "metrics.json"  # trainer.contract.METRICS_FILE (the trainer is not imported here)
 
-# The job a launcher started, in its gcp_resources' resourceUri (GCPC's job_remote_runner:
-# `f'https://{api_endpoint}/v1/{job_name}'`).
 _JOB_URI = re.compile(r"/v1/(projects/[^/]+/locations/[^/]+/(customJobs|hyperparameterTuningJobs)/[^/?#]+)$")
-JOB_TYPES = ("CustomJob", "HyperparameterTuningJob")
-# A Dataflow job, as GCPC 2.22's flex-template launcher names it (container/preview/dataflow/
-# flex_template/remote_runner.py) and its wait launcher parses it (container/v1/
-# wait_gcp_resources/remote_runner.py, _DATAFLOW_URI_TEMPLATE).
-_DATAFLOW_URI = re.compile(
-    r"^https://dataflow\.googleapis\.com/v1b3/(projects/[^/]+/locations/[^/]+/jobs/[^/?#]+)$"
-)
 DATAFLOW_JOB = "DataflowJob"
+# A gcp_resources' resourceUri by its resourceType: a Vertex job's as GCPC's job_remote_runner
+# writes it (module docstring); a Dataflow job's as GCPC 2.22's flex-template launcher names it
+# (container/preview/dataflow/flex_template/remote_runner.py) and its wait launcher parses it
+# (container/v1/wait_gcp_resources/remote_runner.py, _DATAFLOW_URI_TEMPLATE).
+_JOB_URIS = {
+    "CustomJob": _JOB_URI,
+    "HyperparameterTuningJob": _JOB_URI,
+    DATAFLOW_JOB: re.compile(
+        r"^https://dataflow\.googleapis\.com/v1b3/(projects/[^/]+/locations/[^/]+/jobs/[^/?#]+)$"
+    ),
+}
 # Dataflow's terminal job states (dataflow_v1beta3 JobState: "a terminal job state").
 DATAFLOW_TERMINAL = (
     "JOB_STATE_DONE",
@@ -121,17 +121,9 @@ def launched_jobs(outputs: Mapping[str, Any]) -> list[tuple[str, str]]:
         return []
     found = []
     for resource in resources if isinstance(resources, list) else []:
-        kind = resource.get("resourceType") if isinstance(resource, dict) else None
-        uri = str(resource.get("resourceUri", "")) if kind else ""
-        match = (
-            _DATAFLOW_URI.match(uri)
-            if kind == DATAFLOW_JOB
-            else _JOB_URI.search(uri)
-            if kind in JOB_TYPES
-            else None
-        )
-        if match:
-            found.append((str(kind), match.group(1)))
+        kind = str(resource.get("resourceType")) if isinstance(resource, dict) else ""
+        if kind in _JOB_URIS and (match := _JOB_URIS[kind].search(str(resource.get("resourceUri", "")))):
+            found.append((kind, match.group(1)))
     return found
 
 
@@ -146,38 +138,32 @@ def _dataflow_entry(
     job, messages = read
     state = dataflow.JobState(job.current_state).name
     ended = job.current_state_time if state in DATAFLOW_TERMINAL else None
-    entry: dict[str, Any] = {
+    return {
         "state": state,
         **_timing(job.create_time, job.start_time or job.create_time, ended, origin, now),
         "job_id": job.id,
+        "messages": [
+            {
+                "seconds": _seconds(job.create_time, m.time),
+                "importance": dataflow.JobMessageImportance(m.message_importance).name,
+                "text": m.message_text,
+            }
+            for m in sorted(messages, key=lambda m: m.time)
+        ],
     }
-    entry["messages"] = [
-        {
-            "seconds": _seconds(job.create_time, m.time),
-            "importance": dataflow.JobMessageImportance(m.message_importance).name,
-            "text": m.message_text,
-        }
-        for m in sorted(messages, key=lambda m: m.time)
-    ]
-    return entry
 
 
 def _artifacts(task: Any) -> list[dict[str, Any]]:
-    from google.protobuf import json_format
-
-    found = []
-    for output, listed in task.outputs.items():
-        for artifact in listed.artifacts:
-            raw = type(artifact).pb(artifact)
-            found.append(
-                {
-                    "output": output,
-                    "schema_title": artifact.schema_title,
-                    "uri": artifact.uri,
-                    "metadata": json_format.MessageToDict(raw.metadata) if raw.HasField("metadata") else {},
-                }
-            )
-    return found
+    return [
+        {
+            "output": output,
+            "schema_title": artifact.schema_title,
+            "uri": artifact.uri,
+            "metadata": _plain(artifact, "metadata"),
+        }
+        for output, listed in task.outputs.items()
+        for artifact in listed.artifacts
+    ]
 
 
 def collect(
@@ -220,8 +206,7 @@ def collect(
             step["unique_name"] = task.task_unique_name
         if task.error and task.error.message:
             step["error"] = task.error.message
-        launched = launched_jobs(outputs)
-        if launched:
+        if launched := launched_jobs(outputs):
             step["jobs"] = [name for _, name in launched]
         steps.append(step)
         for kind, name in launched:
@@ -245,15 +230,8 @@ def collect(
             if found.error and found.error.message:
                 entry["error"] = found.error.message
             if kind == "HyperparameterTuningJob":
-                table, entry["trials"] = _trials(found, origin, now)
-                metric_id, goal = _study_metric(found)
-                trials = table
-                tuning = {
-                    "metric_id": metric_id,
-                    "goal": goal,
-                    "trials": table,
-                    "best": _best(table, metric_id, goal),
-                }
+                trials, entry["trials"] = _trials(found, origin, now)
+                tuning = _tuning(found, trials)
             jobs.append(entry)
     state = job.state.name if job.state is not None else "PIPELINE_STATE_UNSPECIFIED"
     status = state.removeprefix("PIPELINE_STATE_")
@@ -264,6 +242,8 @@ def collect(
             f": {failed[0]['error']}" if failed[0].get("error") else ""
         )
     run_timing = _timing(job.create_time, job.start_time, job.end_time, origin, now)
+    metrics = _metrics(tasks, artifacts_of, reader)
+    gate = _gate(outputs_of, parameters)
     summary: dict[str, Any] = {
         "pipeline": spec.get("pipelineInfo", {}).get("name") or job.display_name,
         "run_id": job_id,
@@ -273,28 +253,20 @@ def collect(
         "error": error,
         "resource_name": job.name,
         "console": console,
-        "created": run_timing["created"],
-        "started": run_timing["started"],
-        "ended": run_timing["ended"],
-        "queued_seconds": run_timing["queued_seconds"],
+        **{k: run_timing[k] for k in ("created", "started", "ended", "queued_seconds")},
         "wall_seconds": run_timing["seconds"],
         "as_of": now.isoformat(),
         "steps": sorted(steps, key=_order),
         "jobs": sorted(jobs, key=_order),
-        "metrics": {},
-        "model": None,
+        "metrics": {k: metrics[k] for k in report.SUMMARY_METRICS if k in metrics} if metrics else {},
+        "model": _model(tasks, outputs_of, artifacts_of, parameters, gate, status, reader),
         "report": None,
         "parameters": parameters,
         # Vertex's preflight validations were asked for at submission (the run exists: they passed).
         "preflight_validations": bool(job.preflight_validations),
     }
-    metrics = _metrics(tasks, artifacts_of, reader)
-    if metrics:
-        summary["metrics"] = {k: metrics[k] for k in METRICS_READ if k in metrics}
-    gate = _gate(outputs_of, parameters)
     if gate:
         summary["gate"] = gate
-    summary["model"] = _model(tasks, outputs_of, artifacts_of, parameters, gate, status, reader)
     if tuning is not None:
         summary["tuning"] = tuning
     if reader.unreadable:
@@ -325,21 +297,20 @@ def _trials(job: Any, origin: Any, now: datetime.datetime) -> tuple[list[Any], l
     return table, times
 
 
-def _study_metric(job: Any) -> tuple[str, str]:
+def _tuning(job: Any, table: list[Any]) -> dict[str, Any]:
+    """The study's metric and goal, the trials table and its best trial (components.tuning's pick)."""
     from google.cloud.aiplatform_v1.types import StudySpec
 
-    for metric in job.study_spec.metrics:
-        return metric.metric_id, StudySpec.MetricSpec.GoalType(metric.goal).name
-    return "", ""
-
-
-def _best(table: list[Any], metric_id: str, goal: str) -> dict[str, Any] | None:
     from components.tuning import pick_best_trial
 
+    metric = next(iter(job.study_spec.metrics), None)
+    metric_id = metric.metric_id if metric else ""
+    goal = StudySpec.MetricSpec.GoalType(metric.goal).name if metric else ""
     try:
-        return pick_best_trial(table, metric_id, goal)
+        best = pick_best_trial(table, metric_id, goal)
     except (RuntimeError, ValueError):
-        return None
+        best = None
+    return {"metric_id": metric_id, "goal": goal, "trials": table, "best": best}
 
 
 def _metrics(

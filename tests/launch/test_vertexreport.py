@@ -388,7 +388,7 @@ def test_the_report_of_a_finished_run(
         ("2", "SUCCEEDED", 340.0),
     ]
 
-    assert summary["metrics"] == {k: METRICS[k] for k in vertexrun.METRICS_READ}
+    assert summary["metrics"] == {k: METRICS[k] for k in report.SUMMARY_METRICS}
     assert summary["gate"] == {
         "promote": True,
         "reason": "accuracy 0.8100 >= min_score 0.5; no champion yet",
@@ -808,8 +808,8 @@ def test_the_local_report_draws_the_steps_end_to_end(tmp_path: Path) -> None:
 def test_both_targets_summaries_show_the_same_metrics_keys() -> None:
     from trainer import contract
 
-    assert vertexrun.METRICS_READ == cli.METRICS_READ
-    assert set(vertexrun.METRICS_READ) <= set(contract.METRICS_KEYS)
+    assert cli.METRICS_READ == report.SUMMARY_METRICS  # what launch.vertexrun shows
+    assert set(report.SUMMARY_METRICS) <= set(contract.METRICS_KEYS)
     assert vertexrun.METRICS_FILE == contract.METRICS_FILE
 
 
