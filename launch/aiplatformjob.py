@@ -68,18 +68,14 @@ IGNORED_FIELDS = {
     "encryptionConfig": "give --encryption_spec_key_name",
     "scheduling": "give --timeout (maxRunningTime) and --scheduling_strategy",
     "hyperparameters": "give --tune true (the pipeline's own study)",
-    "args": OWN_IMAGE,
-    "packageUris": OWN_IMAGE,
-    "pythonModule": OWN_IMAGE,
-    "runtimeVersion": OWN_IMAGE,
-    "pythonVersion": OWN_IMAGE,
+    **dict.fromkeys(("args", "packageUris", "pythonModule", "runtimeVersion", "pythonVersion"), OWN_IMAGE),
     "jobDir": "the pipeline gives every job its own base output directory",
     "useChiefInTfConfig": "Vertex AI's TF_CONFIG names pool 0 chief",
     "enableWebAccess": "the pipeline does not open interactive shells",
 }
 JOB_FIELDS = {"jobId": "the pipeline names its jobs", "labels": "give --labels"}
 ACCELERATOR_FIELDS = ("count", "type")
-DISK_FIELDS = ("bootDiskType", "bootDiskSizeGb")
+DISK_FIELDS = {"bootDiskType": "boot_disk_type", "bootDiskSizeGb": "boot_disk_size_gb"}  # -> parameter
 
 K80_WHY = (
     f"{K80} is end of support on Vertex AI (aiplatform_v1 AcceleratorType marks it deprecated) and "

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
 import sys
+import threading
 import time
+import urllib.error
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -56,8 +60,6 @@ def refused_as(request: str, default_role: str, settings: Settings) -> Iterator[
     """Turns a 403 of Google's client libraries during `request` into GoogleRefused: api_core's
     Forbidden (PermissionDenied is one; storage and aiplatform raise them), requests' HTTPError
     (kfp's RegistryClient) and urllib's (aiplatform reading a template from Artifact Registry)."""
-    import urllib.error
-
     import requests
     from google.api_core import exceptions
 
@@ -91,25 +93,20 @@ LIKELY_CAUSES = (
 )
 
 
-def vertex_url(settings: Settings) -> str:
-    endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
-    return endpoint if endpoint.startswith("http://") else f"https://{endpoint}"
-
-
 def vertex_service(settings: Settings) -> tuple[str, str, str]:
     """(service, URL, a hint) of the Vertex API, for `reach` and `reaching`."""
+    endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
     hint = (
         f"; or API_ENDPOINT={settings.api_endpoint!r} (env or env.sh) is wrong"
         if settings.api_endpoint
         else "; or this network reaches Vertex AI only through a Private Service Connect endpoint: set "
         "API_ENDPOINT (env.sh.example)"
     )
-    return f"Vertex AI in {settings.region}", vertex_url(settings), hint
+    url = endpoint if endpoint.startswith("http://") else f"https://{endpoint}"
+    return f"Vertex AI in {settings.region}", url, hint
 
 
 def _host(url: str) -> str:
-    import urllib.parse
-
     return urllib.parse.urlsplit(url).netloc or url
 
 
@@ -137,9 +134,6 @@ def network_failure(err: BaseException) -> bool:
     google-auth's TransportError (a token could not be fetched; RefreshError when it comes from
     one), requests' ConnectionError (DNS, refused, TLS, proxy) and Timeout, urllib's URLError
     (not an HTTPError: that is an answer), and the OS's own connection errors."""
-    import socket
-    import urllib.error
-
     import requests
     from google.api_core import exceptions as api
     from google.auth import exceptions as auth
@@ -167,8 +161,6 @@ def network_reason(err: BaseException, url: str = "") -> str:
     """What went wrong, in a few words: the name did not resolve, the connection was refused, no
     answer came in time, TLS failed, the proxy failed, or Google's own words (a 503); the host when
     it is another one than the service's at `url` (the token endpoint); how long it was retried."""
-    import urllib.parse
-
     import requests
     from google.api_core import exceptions as api
 
@@ -176,48 +168,38 @@ def network_reason(err: BaseException, url: str = "") -> str:
     retried = next((e for e in chain if isinstance(e, api.RetryError)), None)
     under = [e for e in chain if not isinstance(e, api.RetryError)] or chain
     text = " ".join(" ".join(str(e).split()) for e in under)
-    host = re.search(r"host='([^']+)', port=(\d+)", text)
-    own = urllib.parse.urlsplit(url).hostname if url else None
-    reason = _plain_reason(under, text)
-    if any(isinstance(e, requests.exceptions.ProxyError) for e in under):
-        reason = f"the proxy failed: {reason}"
-    if host and host.group(1) != own:
-        reason += f" (at {host.group(1)}:{host.group(2)})"
-    seconds = re.search(r"Timeout of ([0-9.]+)s", str(retried)) if retried is not None else None
-    return reason + (f"; retried for {float(seconds.group(1)):g} s" if seconds else "")
-
-
-def _plain_reason(chain: Sequence[BaseException], text: str) -> str:
-    import socket
-
-    import requests
-    from google.api_core import exceptions as api
-
-    if any(isinstance(e, socket.gaierror) for e in chain) or re.search(
+    unreachable = next((w for w in ("Network is unreachable", "No route to host") if w in text), "")
+    if any(isinstance(e, socket.gaierror) for e in under) or re.search(
         r"Failed to resolve|Name or service not known|nodename nor servname|name resolution|DNS resolution failed",
         text,
     ):
-        return "its name does not resolve (DNS)"
-    if any(isinstance(e, ConnectionRefusedError) for e in chain) or "Connection refused" in text:
-        return "connection refused"
-    for words in ("Network is unreachable", "No route to host"):
-        if words in text:
-            return words.lower()
-    if any(isinstance(e, requests.exceptions.SSLError) for e in chain):
-        said = " ".join(str(chain[-1]).split())[:160]
-        return f"TLS failed (a proxy that intercepts TLS needs its CA in REQUESTS_CA_BUNDLE): {said}"
-    if any(isinstance(e, (requests.Timeout, TimeoutError, socket.timeout)) for e in chain) or re.search(
+        reason = "its name does not resolve (DNS)"
+    elif any(isinstance(e, ConnectionRefusedError) for e in under) or "Connection refused" in text:
+        reason = "connection refused"
+    elif unreachable:
+        reason = unreachable.lower()
+    elif any(isinstance(e, requests.exceptions.SSLError) for e in under):
+        said = " ".join(str(under[-1]).split())[:160]
+        reason = f"TLS failed (a proxy that intercepts TLS needs its CA in REQUESTS_CA_BUNDLE): {said}"
+    elif any(isinstance(e, (requests.Timeout, TimeoutError, socket.timeout)) for e in under) or re.search(
         r"timed out|Deadline", text
     ):
-        return "no answer in time"
-    answer = next((e for e in reversed(chain) if isinstance(e, api.GoogleAPICallError)), None)
-    if answer is not None:  # "503 POST <url>: <Google's words>" over REST: the code and the words
-        words = re.sub(r"^(GET|POST|PUT|PATCH|DELETE|HEAD) \S+: ", "", str(answer.message))
-        said = f"{answer.code or ''} {words}"
-    else:
-        said = str(chain[-1])
-    said = " ".join(said.split()) or type(chain[-1]).__name__
-    return said if len(said) <= 200 else said[:197] + "..."
+        reason = "no answer in time"
+    else:  # "503 POST <url>: <Google's words>" over REST: the code and the words
+        answer = next((e for e in reversed(under) if isinstance(e, api.GoogleAPICallError)), None)
+        said = str(under[-1])
+        if answer is not None:
+            words = re.sub(r"^(GET|POST|PUT|PATCH|DELETE|HEAD) \S+: ", "", str(answer.message))
+            said = f"{answer.code or ''} {words}"
+        said = " ".join(said.split()) or type(under[-1]).__name__
+        reason = said if len(said) <= 200 else said[:197] + "..."
+    if any(isinstance(e, requests.exceptions.ProxyError) for e in under):
+        reason = f"the proxy failed: {reason}"
+    host = re.search(r"host='([^']+)', port=(\d+)", text)
+    if host and host.group(1) != (urllib.parse.urlsplit(url).hostname if url else None):
+        reason += f" (at {host.group(1)}:{host.group(2)})"
+    seconds = re.search(r"Timeout of ([0-9.]+)s", str(retried)) if retried is not None else None
+    return reason + (f"; retried for {float(seconds.group(1)):g} s" if seconds else "")
 
 
 def reach(services: Sequence[tuple[str, str, str]], seconds: float = PROBE_SECONDS, out: Any = None) -> None:
@@ -226,8 +208,6 @@ def reach(services: Sequence[tuple[str, str, str]], seconds: float = PROBE_SECON
     would use. Any HTTP answer will do; none within `seconds` to connect and `seconds` to answer
     raises GoogleUnreachable naming each. At most 2 x `seconds` + 1, where the client libraries
     would retry for minutes (storage: 120 s) before a RetryError."""
-    import threading
-
     import requests
 
     for service, url, _ in services:
@@ -256,25 +236,22 @@ def reach(services: Sequence[tuple[str, str, str]], seconds: float = PROBE_SECON
             failures.setdefault(index, f"no answer within {limit:g} s")
     if not failures:
         return
-    parts, hints = [], ""
-    for index in sorted(failures):
-        service, url, hint = services[index]
-        proxy = _proxy_for(url)
-        parts.append(
-            f"{service} at {_host(url)}{f' through the proxy {proxy}' if proxy else ''} ({failures[index]})"
-        )
-        hints += hint
+    parts = [f"{_at(*services[i][:2])} ({failures[i]})" for i in sorted(failures)]
+    hints = "".join(services[i][2] for i in sorted(failures))
     raise GoogleUnreachable(
         f"cannot reach {'; '.join(parts)}; nothing was sent to it. {LIKELY_CAUSES}{hints}"
     )
 
 
-def _proxy_for(url: str) -> str:
-    """The proxy requests would send `url` through (host:port, without credentials), or ''."""
+def _at(service: str, url: str) -> str:
+    """`<service> at <host>`, and the proxy requests would send `url` through (host:port, without
+    credentials) if any."""
     import requests.utils
 
     proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
-    return _host(proxy).rpartition("@")[2] if proxy else ""
+    return f"{service} at {_host(url)}" + (
+        f" through the proxy {_host(proxy).rpartition('@')[2]}" if proxy else ""
+    )
 
 
 @contextlib.contextmanager
@@ -289,9 +266,7 @@ def reaching(request: str, service: tuple[str, str, str], after: str = "") -> It
     except Exception as err:
         if not network_failure(err):
             raise
-        proxy = _proxy_for(url)
         raise GoogleUnreachable(
-            f"{request} failed: {name} at {_host(url)}{f' through the proxy {proxy}' if proxy else ''} "
-            f"could not be reached or did not answer ({network_reason(err, url)}){after}. "
-            f"{LIKELY_CAUSES}{hint}"
+            f"{request} failed: {_at(name, url)} could not be reached or did not answer "
+            f"({network_reason(err, url)}){after}. {LIKELY_CAUSES}{hint}"
         ) from err

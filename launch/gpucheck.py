@@ -1,9 +1,5 @@
 """`make gpu-check`: a project's first contact with its GPUs, before any training run.
 
-    python -m launch.gpucheck [--chief_machine_type M] [--chief_accelerator_type GPU]
-        [--chief_accelerator_count N] [--check_gpu_region true|false] [--image URI]
-        [--timeout 1800s] [--no_wait]
-
 Submits one one-replica Vertex AI CustomJob (the real `aiplatform_v1.CustomJob`, sent by the real
 `JobServiceClient`) running `python -m trainer.gpucheck` on the image `make run` would train with,
 on the pipeline's chief machine, checked by `components.worker_pools.build_worker_pool_specs`
@@ -52,7 +48,6 @@ RESULT_READ = (
 )
 """The keys of the check's summary read here (`trainer.gpucheck.RESULT_KEYS` declares them)."""
 HARDWARE = ("chief_machine_type", "chief_accelerator_type", "chief_accelerator_count")
-REQUIRED = ("PROJECT_ID", "REGION", "PIPELINE_ROOT", "ARTIFACT_REPOSITORY")
 DEFAULT_TIMEOUT = "1800s"
 # The states after which a CustomJob changes no more: GCPC's launcher waits for SUCCEEDED,
 # FAILED, CANCELLED and PAUSED (job_remote_runner._JOB_COMPLETE_STATES); EXPIRED and
@@ -275,6 +270,13 @@ def run(
         from launch.cloud import reach, vertex_service
 
         reach([vertex_service(settings)], out=out)
+        endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
+        job_client = aiplatform_v1.JobServiceClient(
+            credentials=credentials,
+            # REST for a plain-HTTP API_ENDPOINT (gRPC cannot speak it).
+            transport="rest" if endpoint.startswith("http://") else None,
+            client_options={"api_endpoint": endpoint},
+        )
     if ns.image:
         image_uri = ns.image
     else:
@@ -304,21 +306,9 @@ def run(
     pool, _ = worker_pool(image_uri, hardware, settings.region, ns.check_gpu_region)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
     output_dir = f"{settings.pipeline_root}/gpu-check/{stamp}"
-    gpus = hardware["chief_accelerator_count"]
-    shape = (
-        f"{hardware['chief_machine_type']} + {gpus} x {hardware['chief_accelerator_type']}"
-        if gpus
-        else (f"{hardware['chief_machine_type']}, no GPU (the check will only list devices)")
-    )
+    machine, gpu, gpus = (hardware[name] for name in HARDWARE)
+    shape = f"{machine} + {gpus} x {gpu}" if gpus else f"{machine}, no GPU (the check will only list devices)"
     job = build_custom_job(settings, pool, output_dir, ns.timeout, f"gpu-check-{stamp}")
-    if job_client is None:
-        endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
-        job_client = aiplatform_v1.JobServiceClient(
-            credentials=credentials,
-            # REST for a plain-HTTP API_ENDPOINT (as in launch.submit.check_persistent_resource).
-            transport="rest" if endpoint.startswith("http://") else None,
-            client_options={"api_endpoint": endpoint},
-        )
     created = job_client.create_custom_job(
         parent=f"projects/{settings.project}/locations/{settings.region}", custom_job=job
     )
@@ -348,11 +338,11 @@ def run(
     if state == "JOB_STATE_SUCCEEDED" and result and result.get("ok"):
         out.write(f"{PROG}: OK: the image sees the GPUs it was given\n")
         return 0
-    why = (result or {}).get("error") or ""
-    if not why and final.error.message:
-        why = " ".join(final.error.message.split())
-    if not why:
-        why = f"no {RESULT_FILE} was written (the job never ran the check: see its logs)"
+    why = (
+        (result or {}).get("error")
+        or " ".join(final.error.message.split())
+        or f"no {RESULT_FILE} was written (the job never ran the check: see its logs)"
+    )
     err.write(f"{PROG}: the check failed ({state}): {why}\n")
     return 1
 
@@ -379,7 +369,7 @@ def main(
         )
         return 2
     try:
-        config = settings_mod.load(environ, env_file, required=REQUIRED)
+        config = settings_mod.load(environ, env_file)  # settings_mod.REQUIRED, as `make run` needs them
     except SettingsError as problem:
         sys.stderr.write(f"{PROG}: cannot reach Vertex AI; fix these settings (env or env.sh):\n{problem}\n")
         return 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import io
 import os
 import re
 import stat
@@ -19,78 +20,58 @@ from pathlib import Path
 from pipeline.options import jobs as job_rules
 from pipeline.options.persistent_resource import persistent_resource_id_problem
 
-# Setting -> (what it is, required). The order is env.sh.example's.
-SETTINGS: dict[str, tuple[str, bool]] = {
-    "PROJECT_ID": ("Google Cloud project id (e.g. my-project)", True),
+# Setting -> what it is (env.sh.example's comment); the order is env.sh.example's.
+SETTINGS: dict[str, str] = {
+    "PROJECT_ID": "Google Cloud project id (e.g. my-project)",
     "REGION": (
-        "Vertex AI region of every job, e.g. us-central1 (checked against google-cloud-aiplatform's list)",
-        True,
+        "Vertex AI region of every job, e.g. us-central1 (checked against google-cloud-aiplatform's list)"
     ),
-    "PIPELINE_ROOT": ("gs://<bucket>/<path> where runs keep their artifacts (and the build context)", True),
+    "PIPELINE_ROOT": "gs://<bucket>/<path> where runs keep their artifacts (and the build context)",
     "BUILD_REGION": (
-        (
-            "Cloud Build region of the trainer image build: global or a region (default: REGION). Some "
-            "projects may only build in us-central1, us-west2, europe-west1, asia-east1, "
-            "australia-southeast1 or southamerica-east1"
-        ),
-        False,
+        "Cloud Build region of the trainer image build: global or a region (default: REGION). Some "
+        "projects may only build in us-central1, us-west2, europe-west1, asia-east1, "
+        "australia-southeast1 or southamerica-east1"
     ),
     "SERVICE_ACCOUNT": (
-        "service account the pipeline and its jobs run as (<name>@<project>.iam.gserviceaccount.com)",
-        False,
+        "service account the pipeline and its jobs run as (<name>@<project>.iam.gserviceaccount.com)"
     ),
     "ARTIFACT_REPOSITORY": (
-        "Docker repository for the trainer image: <region>-docker.pkg.dev/<project>/<repo>",
-        True,
+        "Docker repository for the trainer image: <region>-docker.pkg.dev/<project>/<repo>"
     ),
     "TEMPLATE_REPOSITORY": (
-        "KFP repository for schedule templates: https://<region>-kfp.pkg.dev/<project>/<repo>",
-        False,
+        "KFP repository for schedule templates: https://<region>-kfp.pkg.dev/<project>/<repo>"
     ),
-    "NETWORK": ("VPC network to peer: projects/<project number>/global/networks/<name>", False),
+    "NETWORK": "VPC network to peer: projects/<project number>/global/networks/<name>",
     "KMS_KEY": (
-        (
-            "CMEK key: projects/<p>/locations/<REGION>/keyRings/<ring>/cryptoKeys/<key>, in REGION itself "
-            "(Vertex refuses global and multi-region keys)"
-        ),
-        False,
+        "CMEK key: projects/<p>/locations/<REGION>/keyRings/<ring>/cryptoKeys/<key>, in REGION itself "
+        "(Vertex refuses global and multi-region keys)"
     ),
     "PERSISTENT_RESOURCE_ID": (
-        (
-            "ID of a Vertex persistent resource in PROJECT_ID and REGION that the preparation, training and "
-            "evaluation jobs run on instead of machines started for each (default: none, on demand). It "
-            "bills while it exists, busy or idle: "
-            "docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource says when it pays"
-        ),
-        False,
+        "ID of a Vertex persistent resource in PROJECT_ID and REGION that the preparation, training and "
+        "evaluation jobs run on instead of machines started for each (default: none, on demand). It "
+        "bills while it exists, busy or idle: "
+        "docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource says when it pays"
     ),
-    "LABELS": ("labels of the run, its jobs and the model: key=value,key=value", False),
+    "LABELS": "labels of the run, its jobs and the model: key=value,key=value",
     "API_ENDPOINT": (
-        (
-            "Vertex API endpoint of the requests make run, make schedule and make schedules send from "
-            "this machine: <region>-aiplatform.googleapis.com (default) or a Private Service Connect one "
-            "(<name>.p.googleapis.com). It does not reach the pipeline: its steps and GCPC's jobs always "
-            "call <region>-aiplatform.googleapis.com "
-            "(docs/guarantees.md#the-local-target-is-as-strict-as-vertex)"
-        ),
-        False,
+        "Vertex API endpoint of the requests make run, make schedule and make schedules send from "
+        "this machine: <region>-aiplatform.googleapis.com (default) or a Private Service Connect one "
+        "(<name>.p.googleapis.com). It does not reach the pipeline: its steps and GCPC's jobs always "
+        "call <region>-aiplatform.googleapis.com "
+        "(docs/guarantees.md#the-local-target-is-as-strict-as-vertex)"
     ),
-    "EXPERIMENT": ("Vertex Experiment the runs are recorded in", False),
+    "EXPERIMENT": "Vertex Experiment the runs are recorded in",
     "ENABLE_CACHING": (
-        (
-            "leave unset to keep each step's compiled caching option (the registry steps and job "
-            "folders are never cached); false turns caching off for every step"
-        ),
-        False,
+        "leave unset to keep each step's compiled caching option (the registry steps and job "
+        "folders are never cached); false turns caching off for every step"
     ),
     "PREFLIGHT_VALIDATIONS": (
-        (
-            "leave unset to have Vertex validate the run's components before it creates the run "
-            "(PipelineJob.preflight_validations); false skips Google's check"
-        ),
-        False,
+        "leave unset to have Vertex validate the run's components before it creates the run "
+        "(PipelineJob.preflight_validations); false skips Google's check"
     ),
 }
+# The settings `load` requires by default (`make run`'s Vertex target, `make gpu-check`).
+REQUIRED = ("PROJECT_ID", "REGION", "PIPELINE_ROOT", "ARTIFACT_REPOSITORY")
 
 _PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
@@ -202,16 +183,6 @@ def _line_of(data: bytes, offset: int) -> str:
     return f"byte offset {offset} (line {line}, column {column})"
 
 
-def read_env_text(path: Path) -> str | None:
-    return read_user_text(
-        path,
-        ENV_FILE_MAX_BYTES,
-        "the settings are read from a regular file of KEY=VALUE lines (see env.sh.example)",
-        f"move it away and copy env.sh.example to {path}",
-        "it is not a settings file of KEY=VALUE lines",
-    )
-
-
 def read_user_text(path: Path, max_bytes: int, expected: str, remedy: str, too_large: str) -> str | None:
     """The text of a file the user names (env.sh, --training_config), or None when there is none.
     Anything but a regular file of UTF-8 text of at most `max_bytes` is a SettingsError, one line
@@ -278,23 +249,20 @@ def read_user_text(path: Path, max_bytes: int, expected: str, remedy: str, too_l
 def read_env_file(path: Path) -> dict[str, str]:
     """KEY=VALUE lines, read by python-dotenv as `source env.sh` would (`export`, quotes, #
     comments, a key given twice keeps its last value; no `${VAR}` expansion); other keys and lines
-    are ignored. No file: {}. Not a regular file of UTF-8 text: SettingsError (`read_env_text`)."""
-    import io
-    import logging
+    are ignored. No file: {}. Not a regular file of UTF-8 text: SettingsError (`read_user_text`)."""
+    from dotenv.parser import parse_stream  # what dotenv_values parses with, minus its warnings
 
-    import dotenv
-
-    text = read_env_text(path)
+    text = read_user_text(
+        path,
+        ENV_FILE_MAX_BYTES,
+        "the settings are read from a regular file of KEY=VALUE lines (see env.sh.example)",
+        f"move it away and copy env.sh.example to {path}",
+        "it is not a settings file of KEY=VALUE lines",
+    )
     if text is None:
         return {}
-    quiet = logging.getLogger("dotenv.main")  # it logs a warning for each line that is no assignment
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        values = dotenv.dotenv_values(stream=io.StringIO(text), interpolate=False)
-    finally:
-        quiet.setLevel(level)
-    return {k: v or "" for k, v in values.items() if re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)}
+    bindings = parse_stream(io.StringIO(text))
+    return {b.key: b.value or "" for b in bindings if b.key and re.fullmatch(r"[A-Z_][A-Z0-9_]*", b.key)}
 
 
 def load(
@@ -302,8 +270,8 @@ def load(
 ) -> Settings:
     """Settings from the environment over env.sh; raises SettingsError naming every problem."""
     values = {**read_env_file(env_file), **{k: v for k, v in environ.items() if k in SETTINGS and v}}
-    need = required if required is not None else tuple(k for k, (_, req) in SETTINGS.items() if req)
-    problems = [f"{key} is not set: {SETTINGS[key][0]}" for key in need if not values.get(key)]
+    need = REQUIRED if required is None else required
+    problems = [f"{key} is not set: {SETTINGS[key]}" for key in need if not values.get(key)]
     # google-auth opens GOOGLE_APPLICATION_CREDENTIALS as is: a missing file is its own one-line
     # DefaultCredentialsError, but a folder an IsADirectoryError traceback at the first client.
     key_file = environ.get("GOOGLE_APPLICATION_CREDENTIALS", "")
@@ -319,7 +287,7 @@ def load(
             return None
         match = pattern.match(value)
         if not match:
-            problems.append(f"{key}={value!r} is not valid: expected {SETTINGS[key][0]}")
+            problems.append(f"{key}={value!r} is not valid: expected {SETTINGS[key]}")
         return match
 
     check("PROJECT_ID", _PROJECT)
@@ -404,25 +372,17 @@ def example() -> str:
         "# Keep it a plain UTF-8 text file (Latin-1 or UTF-16 is refused, naming the line).",
         "",
     ]
-    samples = {
+    samples = {  # the others are empty
         "PROJECT_ID": "my-project",
         "REGION": "us-central1",
         "PIPELINE_ROOT": "gs://my-project-pipelines/root",
-        "BUILD_REGION": "",
         "SERVICE_ACCOUNT": "pipelines@my-project.iam.gserviceaccount.com",
         "ARTIFACT_REPOSITORY": "us-central1-docker.pkg.dev/my-project/training",
         "TEMPLATE_REPOSITORY": "https://us-central1-kfp.pkg.dev/my-project/pipelines",
-        "NETWORK": "",
-        "KMS_KEY": "",
-        "PERSISTENT_RESOURCE_ID": "",
         "LABELS": "team=ml,env=dev",
-        "API_ENDPOINT": "",
-        "EXPERIMENT": "",
-        "ENABLE_CACHING": "",
-        "PREFLIGHT_VALIDATIONS": "",
     }
-    for key, (help_, required) in SETTINGS.items():
-        lines.append(f"# {help_}{' (required)' if required else ''}")
-        lines.append(f"export {key}={samples[key]}")
+    for key, help_ in SETTINGS.items():
+        lines.append(f"# {help_}{' (required)' if key in REQUIRED else ''}")
+        lines.append(f"export {key}={samples.get(key, '')}")
         lines.append("")
     return "\n".join(lines)

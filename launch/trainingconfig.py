@@ -58,7 +58,6 @@ class TrainingConfig:
     """The hardware parameters a file maps to. `sources[name]` is (the YAML field, the value as
     shown) the parameter came from; `notes` the lines to print (mappings, ignored fields)."""
 
-    path: str
     values: dict[str, Any]
     sources: dict[str, tuple[str, str]]
     notes: tuple[str, ...]
@@ -160,7 +159,8 @@ class _Reader:
             self.no_workers()
         elif tier == "CUSTOM":
             self.custom(body)
-        self.disk_values()
+        for name, (field, value) in self.disks.items():
+            self.set(name, value, field, str(value))
 
     def tier(self, body: Mapping[Any, Any]) -> str | None:
         raw = body.get("scaleTier")
@@ -247,7 +247,8 @@ class _Reader:
                 f"{field}: cloud_tpu is a Cloud TPU; {TPU_WHY}; nearest: {aiplatformjob.v100_nearest(type_key)}"
             )
             return
-        if raw in LEGACY_MACHINE_TYPES:
+        legacy = raw in LEGACY_MACHINE_TYPES
+        if legacy:
             machine, gpu, count = LEGACY_MACHINE_TYPES[raw]
             if accelerator is not None:
                 self.problems.append(
@@ -255,44 +256,35 @@ class _Reader:
                     f"whose GPUs are fixed; drop it, or set {field} to a Compute Engine machine type"
                 )
                 return
-            if gpu == K80:
-                self.problems.append(
-                    f"{field}: {raw} is {aiplatformjob.shape(machine, gpu, count)} (AI Platform's legacy machine type); "
-                    f"{K80_WHY}; nearest: {aiplatformjob.k80_nearest(machine, count, type_key, config_key, legacy=True)}"
-                )
-                return
-            nearest = aiplatformjob.n1_nearest(machine)
-            if nearest:
-                self.problems.append(
-                    f"{field}: {raw} is {machine}, which is not one of the N1 machine types AI Platform "
-                    f"and Vertex AI list for training; nearest: {nearest}"
-                )
-                return
-            self.notes.append(f"{field} {raw} -> {aiplatformjob.shape(machine, gpu, count)}")
             shown = (f"{raw} -> {machine}", f"{raw} -> {gpu or 'no GPU'}", f"{raw} -> {count}")
             fields = (field, field, field)
         else:
-            machine = raw
-            gpu, count = accelerator if accelerator is not None else ("", 0)
-            if gpu == K80:
-                self.problems.append(
-                    f"{accelerator_field}.type: {K80} ({count} on {machine}); {K80_WHY}; nearest: "
-                    f"{aiplatformjob.k80_nearest(machine, count, type_key, config_key, legacy=False)}"
-                )
-                return
-            nearest = aiplatformjob.n1_nearest(machine)
-            if nearest:
-                self.problems.append(
-                    f"{field}: {machine} is not one of the N1 machine types AI Platform and Vertex AI "
-                    f"list for training; nearest: {nearest}"
-                )
-                return
+            machine, (gpu, count) = raw, accelerator or ("", 0)
             if accelerator is None:
                 shown = (machine, f"{accelerator_field} not set: no GPU", "not set: 0")
                 fields = (field, accelerator_field, accelerator_field)
             else:
                 shown = (machine, gpu, str(count))
                 fields = (field, accelerator_field + ".type", accelerator_field + ".count")
+        if gpu == K80:
+            what = (
+                f"{field}: {raw} is {aiplatformjob.shape(machine, gpu, count)} (AI Platform's legacy machine type)"
+                if legacy
+                else f"{accelerator_field}.type: {K80} ({count} on {machine})"
+            )
+            k80_nearest = aiplatformjob.k80_nearest(machine, count, type_key, config_key, legacy=legacy)
+            self.problems.append(f"{what}; {K80_WHY}; nearest: {k80_nearest}")
+            return
+        nearest = aiplatformjob.n1_nearest(machine)
+        if nearest:
+            what = f"{raw} is {machine}, which" if legacy else machine
+            self.problems.append(
+                f"{field}: {what} is not one of the N1 machine types AI Platform and Vertex AI list for "
+                f"training; nearest: {nearest}"
+            )
+            return
+        if legacy:
+            self.notes.append(f"{field} {raw} -> {aiplatformjob.shape(machine, gpu, count)}")
         try:
             hardware.validate_machine(machine, gpu, count)
         except ValueError as err:
@@ -303,20 +295,11 @@ class _Reader:
         self.role_values(pool, (machine, gpu, count), fields, shown)
 
     def role_values(
-        self,
-        pool: str,
-        machine_gpu_count: tuple[str, str, int],
-        fields: tuple[str, str, str],
-        shown: tuple[str, str, str],
+        self, pool: str, values: tuple[str, str, int], fields: tuple[str, ...], shown: tuple[str, ...]
     ) -> None:
         """The pool's machine type, accelerator type and count, with the fields they come from."""
-        for suffix, value, field, text in zip(
-            ("machine_type", "accelerator_type", "accelerator_count"),
-            machine_gpu_count,
-            fields,
-            shown,
-            strict=True,
-        ):
+        suffixes = ("machine_type", "accelerator_type", "accelerator_count")
+        for suffix, value, field, text in zip(suffixes, values, fields, shown, strict=True):
             self.set(f"{pool}_{suffix}", value, field, text)
 
     def no_workers(self) -> None:
@@ -333,11 +316,7 @@ class _Reader:
         if not isinstance(config, Mapping):
             self.problems.append(f"{where}: expected a mapping, got {config!r}")
             return None
-        ignored = {
-            "imageUri": OWN_IMAGE,
-            "containerCommand": OWN_IMAGE,
-            "containerArgs": OWN_IMAGE,
-        }
+        ignored = dict.fromkeys(("imageUri", "containerCommand", "containerArgs"), OWN_IMAGE)
         self.keys(config, where + ".", ("acceleratorConfig", "diskConfig", "tpuTfVersion"), ignored)
         if "tpuTfVersion" in config:
             self.problems.append(
@@ -378,8 +357,8 @@ class _Reader:
         if not isinstance(config, Mapping):
             self.problems.append(f"{where}: expected a mapping, got {config!r}")
             return
-        self.keys(config, where + ".", DISK_FIELDS, {})
-        for key, name in (("bootDiskType", "boot_disk_type"), ("bootDiskSizeGb", "boot_disk_size_gb")):
+        self.keys(config, where + ".", tuple(DISK_FIELDS), {})
+        for key, name in DISK_FIELDS.items():
             if key not in config:
                 continue
             value = config[key]
@@ -398,10 +377,6 @@ class _Reader:
                 )
                 continue
             self.disks.setdefault(name, (f"{where}.{key}", value))
-
-    def disk_values(self) -> None:
-        for name, (field, value) in self.disks.items():
-            self.set(name, value, field, str(value))
 
 
 def _read_yaml(path: str | Path) -> tuple[Any, list[str]]:
@@ -446,19 +421,12 @@ def load_training_config(path: str | Path) -> TrainingConfig:
     reader.problems += duplicates
     if reader.prefix:
         for key in doc:
-            if key in ("trainingInput", *JOB_FIELDS):
-                if key in JOB_FIELDS:
-                    reader.notes.append(f"{key} ignored: {JOB_FIELDS[key]}")
-                continue
             if key in MAPPED_FIELDS or key in IGNORED_FIELDS:
                 reader.problems.append(
                     f"{key}: a trainingInput field at the top level; indent it under trainingInput"
                 )
             else:
-                names = ["trainingInput", *JOB_FIELDS]
-                reader.problems.append(
-                    f"{key}: unknown field; {_close(str(key), names)}known: {', '.join(names)}"
-                )
+                reader.keys({key: None}, "", ("trainingInput",), JOB_FIELDS)
         body = doc["trainingInput"]
         if not isinstance(body, Mapping):
             reader.problems.append(f"trainingInput: expected a mapping, got {body!r}")
@@ -480,7 +448,7 @@ def load_training_config(path: str | Path) -> TrainingConfig:
             f"--training_config {path}: {count} problem{'s' if count > 1 else ''}:\n"
             + "\n".join(f"  - {p}" for p in reader.problems)
         )
-    return TrainingConfig(str(path), reader.values, reader.sources, tuple(reader.notes))
+    return TrainingConfig(reader.values, reader.sources, tuple(reader.notes))
 
 
 def _check_pools(reader: _Reader) -> None:
@@ -491,10 +459,6 @@ def _check_pools(reader: _Reader) -> None:
         for line in str(err).splitlines():
             name = next((n for n in sorted(reader.sources, key=len, reverse=True) if line.startswith(n)), "")
             reader.problems.append(f"{reader.sources[name][0]} ({name}){line[len(name) :]}" if name else line)
-
-
-def _shown(value: Any) -> str:
-    return repr(value) if value == "" else str(value)
 
 
 def apply_training_config(path: str | Path, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -511,7 +475,7 @@ def apply_training_config(path: str | Path, given: Mapping[str, Any]) -> tuple[d
             continue
         if name in values and flag != values[name]:
             field, shown = config.sources[name]
-            lines.append(f"--{name} {_shown(flag)} wins over {field} ({shown})")
+            lines.append(f"--{name} {repr(flag) if flag == '' else flag} wins over {field} ({shown})")
         values[name] = flag
     return values, lines
 
@@ -540,8 +504,7 @@ def apply_to_namespace(ns: argparse.Namespace, target: str, out: TextIO | None =
     if not getattr(ns, "training_config", None):
         return
     out = out or sys.stdout
-    given = {k: v for k, v in vars(ns).items() if v is not None}
-    values, lines = apply_training_config(ns.training_config, given)
+    values, lines = apply_training_config(ns.training_config, vars(ns))  # flags given: not None
     out.write(f"training config {ns.training_config}:\n")
     for line in [*lines, *describe_pools(values)]:
         out.write(f"  {line}\n")

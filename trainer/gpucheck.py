@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ from trainer.distribute import (
     driver_versions,
     gpu_shortfall,
     pool_and_role,
+    visible_devices,
 )
 
 RESULT_FILE = "gpu_check.json"
@@ -86,13 +88,8 @@ def nvidia_smi() -> list[str] | None:
     if not path:
         return None
     try:
-        done = subprocess.run(
-            [path, f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        query = [path, f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader"]
+        done = subprocess.run(query, capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         return [f"nvidia-smi failed: {err}"]
     lines = [line.strip() for line in (done.stdout or done.stderr).splitlines() if line.strip()]
@@ -100,19 +97,19 @@ def nvidia_smi() -> list[str] | None:
 
 
 def inspect_devices() -> dict[str, Any]:
-    """What TensorFlow sees, without starting its runtime (physical devices and build info only)."""
+    """What TensorFlow sees, without starting its runtime (`visible_devices`), and its build."""
     from trainer._tf import tf
 
-    devices = tf.config.list_physical_devices()
-    info = dict(tf.sysconfig.get_build_info())
+    gpus, names, _ = visible_devices()
+    info = tf.sysconfig.get_build_info()
     return {
         "tensorflow": tf.__version__,
         "build": {
             k: info.get(k)
             for k in ("is_cuda_build", "cuda_version", "cudnn_version", "cuda_compute_capabilities")
         },
-        "devices": [d.name.removeprefix("/physical_device:") for d in devices],
-        "gpus": sum(1 for d in devices if d.device_type == "GPU"),
+        "devices": names,
+        "gpus": gpus,
         "nvidia_smi": nvidia_smi(),
         "driver": driver_versions(),
     }
@@ -222,23 +219,15 @@ def check(
     build = describe_build(seen["tensorflow"], seen["build"])
     if request is None:
         wanted = "no GPU request in the environment (TRAINER_POOL_* unset): nothing to check against"
-    elif request.accelerator_count:
-        wanted = (
-            f"asked for {request.accelerator_count} x {request.accelerator_type} on {request.machine_type}"
-        )
     else:
-        wanted = f"asked for 0 GPUs on {request.machine_type}"
+        n, gpu = request.accelerator_count, request.accelerator_type
+        wanted = f"asked for {f'{n} x {gpu}' if n else '0 GPUs'} on {request.machine_type}"
     lines = [
         f"gpu check: {pool} ({role}) {wanted}",
         f"gpu check: {build}; kernels for {', '.join(seen['build'].get('cuda_compute_capabilities') or []) or 'none'}",
         f"gpu check: TensorFlow sees {gpus} GPU{'' if gpus == 1 else 's'} (devices: {', '.join(seen['devices']) or 'none'})",
     ]
-    smi = seen["nvidia_smi"]
-    lines += (
-        [f"gpu check: nvidia-smi: {line}" for line in smi]
-        if smi
-        else ["gpu check: nvidia-smi: not in this image"]
-    )
+    lines += [f"gpu check: nvidia-smi: {line}" for line in seen["nvidia_smi"] or ["not in this image"]]
     lines.append(f"gpu check: {summary['driver'] or 'no NVIDIA driver (libcuda.so.1) found'}")
     if request is not None:
         problem = gpu_shortfall(pool, role, request, gpus, seen["devices"], "TensorFlow", build)
@@ -293,9 +282,7 @@ def write_result(output_dir: str, summary: Mapping[str, Any]) -> str:
     from trainer import storage
 
     path = storage.join(output_dir, RESULT_FILE)
-    from trainer._tf import tf
-
-    tf.io.gfile.makedirs(storage.resolve(output_dir))
+    storage.tf.io.gfile.makedirs(storage.resolve(output_dir))
     storage.write_json(path, dict(summary))
     return path
 
@@ -311,15 +298,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return 2
     pool, role = pool_and_role(cluster)
     started = time.perf_counter()
-    seen = inspect_devices()
-    code, summary, lines = check(
-        request,
-        pool,
-        role,
-        seen,
-        lambda gpus: nccl_all_reduce(gpus, ns.all_reduce_mb, ns.iterations),
-        xla_compile,
-    )
+    all_reduce = functools.partial(nccl_all_reduce, megabytes=ns.all_reduce_mb, iterations=ns.iterations)
+    code, summary, lines = check(request, pool, role, inspect_devices(), all_reduce, xla_compile)
     summary["wall_seconds"] = time.perf_counter() - started
     for line in lines:
         say(line)
