@@ -48,11 +48,6 @@ def local_arguments(ns: argparse.Namespace, parameters: Sequence[Any]) -> dict[s
 # --- the local run ----------------------------------------------------------------------------
 
 
-def _artifact_path(outputs: Mapping[str, Any], name: str) -> str | None:
-    artifact = outputs.get(name)
-    return getattr(artifact, "path", None) if artifact is not None else None
-
-
 # The free space a local run needs: the defaults write about 20 MB, a ResNet50 run about 0.5 GB of
 # backups and exported model plus the prepared dataset (the source images' size); a full disk fails late.
 MIN_FREE_BYTES = 2**30
@@ -110,14 +105,11 @@ class _Stop:
     what is left at once. A terminal's SIGINT reaches the whole foreground process group; the
     others may reach this process only, so they are passed on to the step as SIGINT (its Ctrl-C)."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
     def __init__(self) -> None:
         self.signal = ""
         self.again = False
-        self._previous: dict[int, Any] = {}
 
-    def _handler(self, signum: int, frame: Any) -> None:
+    def handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
         if self.signal:
             self.again = True
@@ -127,29 +119,26 @@ class _Stop:
                 _signal_descendants(signal.SIGINT, same_group=True)
         raise KeyboardInterrupt(name)
 
-    def __enter__(self) -> _Stop:
-        for signum in self.SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handler)
-        return self
+    def remember(self, signum: int, frame: Any) -> None:
+        self.again = self.again or bool(self.signal)
+        self.signal = self.signal or signal.Signals(signum).name
 
-    def __exit__(self, *exc: object) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-
-    @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
+    def deferred(self) -> contextlib.AbstractContextManager[None]:
         """A few lines that must complete (summary.json): a signal meanwhile is remembered only."""
+        return _handling(self.remember)
 
-        def remember(signum: int, frame: Any) -> None:
-            self.again = self.again or bool(self.signal)
-            self.signal = self.signal or signal.Signals(signum).name
 
-        previous = {signum: signal.signal(signum, remember) for signum in self.SIGNALS}
-        try:
-            yield
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+@contextlib.contextmanager
+def _handling(handler: Any) -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP go to `handler` meanwhile."""
+    previous = {
+        signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    }
+    try:
+        yield
+    finally:
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)
 
 
 def run_local(
@@ -157,9 +146,8 @@ def run_local(
 ) -> int:
     """Runs the local pipeline; writes summary.json, then report.html; returns the exit status.
     However it stops (a signal, a second one included), summary.json says how; no process is left."""
-    if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError("run_local handles signals: call it from the main thread")
-    with _Stop() as stop:
+    stop = _Stop()  # outside the main thread, signal.signal raises ValueError: nothing has started
+    with _handling(stop.handle):
         return _run_local(args, runs_dir, screen, verbose, stop)
 
 
@@ -178,7 +166,7 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
     screen.write(f"run {run_id}: {run_dir}\n")
 
     pipeline_func = pipeline.create_pipeline("local")
-    names = kfp_local.display_names(_spec_dict(pipeline_func))
+    names = kfp_local.display_names(pipeline_func)
     workspace = run_dir / "workspace"
     # The run's temporary files, removed at the end: each kfp.local step writes its source to
     # `$(mktemp -d)/ephemeral_component.py` and never removes it (kfp/dsl/component_factory.py).
@@ -326,24 +314,21 @@ def _summary(
     by_name = {s.name: s for s in steps}
     unreadable: list[str] = []
 
-    def read_json(path: Path) -> Any:
+    def read_json(path: Path, kind: type) -> Any:
         try:
-            return json.loads(path.read_text())
+            value = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             unreadable.append(f"{path}: {err}")
             return None
+        return value if isinstance(value, kind) else None
 
     metrics, trials = None, None
-    plan, trained = by_name.get(step.PLAN), by_name.get(step.TRAIN)
+    plan, trained, tune = by_name.get(step.PLAN), by_name.get(step.TRAIN), by_name.get(step.TUNE)
     if plan and trained and trained.status == "SUCCESS":
-        metrics = read_json(Path(plan.outputs["model_uri"]) / "metrics.json")
-    trials_path = _artifact_path(by_name[step.TUNE].outputs, "trials") if step.TUNE in by_name else None
+        metrics = read_json(Path(plan.outputs["model_uri"]) / "metrics.json", dict)
+    trials_path = getattr(tune.outputs.get("trials"), "path", None) if tune else None
     if trials_path and Path(trials_path).exists():
-        trials = read_json(Path(trials_path))
-    if not isinstance(metrics, dict):
-        metrics = None
-    if not isinstance(trials, list):
-        trials = None
+        trials = read_json(Path(trials_path), list)
     summary: dict[str, Any] = {
         "pipeline": pipeline.PIPELINE_NAME,
         "run_id": run_id,
@@ -461,12 +446,6 @@ def _reap() -> None:
     for child in psutil.Process().children():
         with contextlib.suppress(ChildProcessError):
             os.waitpid(child.pid, os.WNOHANG)
-
-
-def _spec_dict(pipeline_func: Any) -> dict[str, Any]:
-    from google.protobuf import json_format
-
-    return json_format.MessageToDict(pipeline_func.pipeline_spec)
 
 
 def stop_with_make(environ: Mapping[str, str] = os.environ, poll_s: float = 0.5) -> None:

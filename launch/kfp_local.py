@@ -157,8 +157,11 @@ def tie_to_launcher(full_command: list[str]) -> list[str]:
     return lifeline.with_parent_death_signal(["sh", "-ec", script, *full_command[3:]], signal.SIGTERM)
 
 
-def display_names(spec: Mapping[str, Any]) -> dict[str, str]:
-    """component name -> the task's display name, over every nested DAG."""
+def display_names(pipeline_func: Any) -> dict[str, str]:
+    """component name -> the task's display name, over every nested DAG of the pipeline."""
+    from google.protobuf import json_format
+
+    spec = json_format.MessageToDict(pipeline_func.pipeline_spec)
     names: dict[str, str] = {}
 
     def walk(dag: Mapping[str, Any]) -> None:
@@ -208,10 +211,8 @@ def watch_steps(
         step.status = str(getattr(status, "name", status))
         step.outputs = dict(outputs or {})
         mark = "✓" if step.status == "SUCCESS" else "✗"
-        if tee.open_line:  # nothing shown since it started: finish its line
-            tee.screen.write(f"{mark} {step.status.lower()} in {step.seconds:.1f}s\n")
-        else:
-            tee.screen.write(f"{mark} {name} {step.status.lower()} in {step.seconds:.1f}s\n")
+        named = "" if tee.open_line else f"{name} "  # nothing shown since it started: finish its line
+        tee.screen.write(f"{mark} {named}{step.status.lower()} in {step.seconds:.1f}s\n")
         tee.open_line = False
         tee.screen.flush()
         return outputs, status

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch import cloud, flags, submit, trainingconfig
+from launch import cloud, flags, submit
 from launch import settings as settings_mod
 from launch.settings import Settings, SettingsError
 
@@ -228,7 +228,7 @@ def template_yaml(template: Path, folder: Path) -> Path:
 
 
 def upload_template(
-    settings: Settings, template: Path = submit.COMPILED, commit: str = "", auth: Any = None, host: str = ""
+    settings: Settings, template: Path, commit: str = "", auth: Any = None, host: str = ""
 ) -> str:
     """Uploads the compiled template to Artifact Registry, tagged with the commit and `latest`;
     returns the template version's URI (under TEMPLATE_REPOSITORY; `host`: elsewhere, for tests).
@@ -256,14 +256,7 @@ def upload_template(
     # Both templates are versions of one package (one pipeline name): the e-mailing one's tags
     # carry a suffix, so `<commit>` and `latest` always name the template without the handler.
     suffix = "-notify" if template.name == pipeline.COMPILED_NOTIFY.name else ""
-    tags = [
-        t + suffix
-        for t in (
-            commit.replace("-dirty", "")[:40] if commit and not commit.endswith("-dirty") else "",
-            "latest",
-        )
-        if t
-    ]
+    tags = [t + suffix for t in (commit[:40], "latest") if t]  # never -dirty: `submit.prepare` refuses it
     with tempfile.TemporaryDirectory() as folder:
         package, version = client.upload_pipeline(
             file_name=str(template_yaml(template, Path(folder))), tags=tags
@@ -287,31 +280,12 @@ def create_schedule(
     registry_auth: Any = None,
     registry_host: str = "",
     root: Path = submit.ROOT,
-    template: Path = submit.COMPILED,
 ) -> Any:
     """A Vertex pipeline schedule of the template version pinned to this commit."""
     from google.cloud import aiplatform
 
     options = schedule_options(cron, timezone, max_concurrent_runs, start_time, end_time)
-    given, template = submit.with_template(given, template)
-    compiled = json.loads(template.read_text())
-    checked = submit.pipeline_parameters(given, settings, "gs://check/context.tar.gz", "")
-    submit.check_options(checked, compiled, settings.region)
-    commit = submit.source_commit(root)
-    if commit.endswith("-dirty"):
-        raise ValueError(
-            "the checkout has uncommitted changes: a schedule must be pinned to a commit; commit first"
-        )
-    submit.init_aiplatform(settings, credentials, transport)
-    # As it is today: each run the schedule starts finds it as it is then
-    # (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).
-    submit.check_persistent_resource(settings, submit.run_values(checked, compiled), credentials, transport)
-    with cloud.refused_as(
-        f"the build context's upload to gs://{settings.bucket}",
-        f"roles/storage.objectAdmin on gs://{settings.bucket}",
-        settings,
-    ):
-        context_uri = submit.upload_context(settings, root, credentials)
+    template, values, commit = submit.prepare(settings, given, root, credentials, transport, pinned=True)
     writer = f"roles/artifactregistry.writer on {settings.template_repository}"
     registry = ("Artifact Registry", registry_host or settings.template_repository, "")
     with (
@@ -319,12 +293,11 @@ def create_schedule(
         cloud.refused_as(f"the template's upload to {settings.template_repository}", writer, settings),
     ):
         template_uri = upload_template(settings, template, commit, registry_auth, registry_host)
-    values = submit.pipeline_parameters(given, settings, context_uri, commit)
     with (
         cloud.reaching("reading the template back", registry),
         cloud.refused_as(f"reading the template back from {settings.template_repository}", writer, settings),
     ):
-        job = submit.build_pipeline_job(settings, values, template, template_uri=template_uri)
+        job = submit.build_pipeline_job(settings, values, template_uri)
     schedule = aiplatform.PipelineJobSchedule(
         pipeline_job=job, display_name=f"multiworker-cassava-training-{commit[:8]}"
     )
@@ -378,14 +351,15 @@ def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.enviro
             file=sys.stderr,
         )
         return 2
-    settings = _settings(prog, environ)
+    settings = submit.load_settings(prog, environ)
     if settings is None:
         return 2
-    from google.cloud import aiplatform
-    from google.cloud.aiplatform import initializer
 
-    vertex = cloud.vertex_service(settings)
-    try:
+    def request() -> int:
+        from google.cloud import aiplatform
+        from google.cloud.aiplatform import initializer
+
+        vertex = cloud.vertex_service(settings)
         submit.init_aiplatform(settings)
         initializer.global_config.credentials  # noqa: B018 (found now: none is exit 2, before any contact)
         cloud.reach([vertex], out=sys.stderr)  # stdout is the listing
@@ -402,25 +376,10 @@ def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.enviro
                 return 0
             schedule = aiplatform.PipelineJobSchedule.get(name)
             getattr(schedule, action)()
-    except cloud.GoogleUnreachable as err:
-        print(f"{prog}: {err}", file=sys.stderr)
-        return 1
-    except submit.credential_errors() as err:
-        print(submit.no_credentials(prog, err), file=sys.stderr)
-        return 2
-    print(f"{action}d {schedule.resource_name}" if action != "pause" else f"paused {schedule.resource_name}")
-    return 0
+        print(f"{'paused' if action == 'pause' else action + 'd'} {schedule.resource_name}")
+        return 0
 
-
-def _settings(prog: str, environ: Mapping[str, str]) -> Settings | None:
-    try:
-        return settings_mod.load(environ)
-    except SettingsError as err:
-        print(
-            f"{prog}: cannot reach Vertex AI; fix these settings (env or env.sh):\n{err}",
-            file=sys.stderr,
-        )
-        return None
+    return submit.exit_status(prog, request)
 
 
 def _schedule(rest: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -444,39 +403,15 @@ def _schedule(rest: Sequence[str], environ: Mapping[str, str]) -> int:
     except ValueError as err:
         print(f"make schedule: {err}", file=sys.stderr)
         return 2
-    settings = _settings("make schedule", environ)
+    settings = submit.load_settings("make schedule", environ)
     if settings is None:
         return 2
-    try:
-        trainingconfig.apply_to_namespace(ns, "vertex")
-    except ValueError as err:
-        print(f"make schedule: --training_config: {err}", file=sys.stderr)
-        return 2
-    given = {
-        q.name: getattr(ns, q.name)
-        for q in pipeline.parameters_for("vertex")
-        if getattr(ns, q.name) is not None
-    }
-    try:
-        create_schedule(
-            settings,
-            given,
-            cron=options.cron,
-            timezone=options.timezone,
-            max_concurrent_runs=options.max_concurrent_runs,
-            start_time=options.start_time,
-            end_time=options.end_time,
-        )
-    except cloud.GoogleUnreachable as err:
-        print(f"make schedule: {err}", file=sys.stderr)
-        return 1
-    except submit.credential_errors() as err:
-        print(submit.no_credentials("make schedule", err), file=sys.stderr)
-        return 2
-    except ValueError as err:
-        print(f"make schedule: {submit.refusal(err)}", file=sys.stderr)
-        return 2
-    return 0
+
+    def request(given: dict[str, Any]) -> int:
+        create_schedule(settings, given, **dataclasses.asdict(options))
+        return 0
+
+    return submit.with_flags("make schedule", ns, request)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +26,9 @@ from components.buildcontext import write_context_tarball
 from launch import settings as settings_mod
 from launch import trainingconfig
 from launch.cloud import GoogleRefused, GoogleUnreachable, reach, reaching, refused_as, vertex_service
-from launch.flags import RUNS_DIR
 from launch.settings import Settings, SettingsError
 from local import ROOT
 
-COMPILED = ROOT / "compiled" / "pipeline.json"
 TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
 
 
@@ -83,19 +81,13 @@ def pipeline_parameters(
 
 def run_values(values: Mapping[str, Any], compiled: Mapping[str, Any]) -> dict[str, Any]:
     """The run's parameter values: the compiled template's defaults with `values` over them."""
-    defaults = {
-        name: p.get("defaultValue") for name, p in compiled["root"]["inputDefinitions"]["parameters"].items()
-    }
-    types = {
-        name: p.get("parameterType") for name, p in compiled["root"]["inputDefinitions"]["parameters"].items()
-    }
-    v = {**defaults, **values}
+    declared = compiled["root"]["inputDefinitions"]["parameters"]
+    v = {**{name: p.get("defaultValue") for name, p in declared.items()}, **values}
     # The template's JSON numbers are doubles: an INTEGER parameter's default reads 1.0.
-    v = {
-        k: int(x) if types.get(k) == "NUMBER_INTEGER" and isinstance(x, float) and x.is_integer() else x
-        for k, x in v.items()
+    integer = {name for name, p in declared.items() if p.get("parameterType") == "NUMBER_INTEGER"}
+    return {
+        k: int(x) if k in integer and isinstance(x, float) and x.is_integer() else x for k, x in v.items()
     }
-    return v
 
 
 def check_options(values: Mapping[str, Any], compiled: Mapping[str, Any], region: str) -> list[str]:
@@ -109,10 +101,6 @@ def check_options(values: Mapping[str, Any], compiled: Mapping[str, Any], region
     return warnings
 
 
-def _storage(settings: Settings, client: Any) -> tuple[str, str, str]:
-    return f"Cloud Storage for gs://{settings.bucket}", str(client.api_endpoint), ""
-
-
 def upload_context(settings: Settings, root: Path = ROOT, credentials: Any = None) -> str:
     """Uploads the build context tarball to `<PIPELINE_ROOT>/contexts/<tag>.tar.gz` (once per
     content); returns its gs:// URI. The tarball is made (a refused file named) before any contact."""
@@ -123,7 +111,7 @@ def upload_context(settings: Settings, root: Path = ROOT, credentials: Any = Non
     prefix = settings.pipeline_root.removeprefix(f"gs://{settings.bucket}").strip("/")
     name = "/".join(p for p in (prefix, "contexts", f"{tag}.tar.gz") if p)
     client = storage.Client(project=settings.project, credentials=credentials)  # finds the credentials
-    service = _storage(settings, client)
+    service = (f"Cloud Storage for gs://{settings.bucket}", str(client.api_endpoint), "")
     reach([service])
     blob = client.bucket(settings.bucket).blob(name)
     with reaching("the build context's upload", service):
@@ -138,16 +126,14 @@ def upload_context(settings: Settings, root: Path = ROOT, credentials: Any = Non
 def init_aiplatform(settings: Settings, credentials: Any = None, transport: str | None = None) -> None:
     from google.cloud import aiplatform
 
-    kwargs: dict[str, Any] = {"project": settings.project, "location": settings.region}
-    if credentials is not None:
-        kwargs["credentials"] = credentials
-    if settings.api_endpoint:
-        kwargs["api_endpoint"] = settings.api_endpoint
-    if transport:
-        kwargs["api_transport"] = transport
-    if settings.kms_key:
-        kwargs["encryption_spec_key_name"] = settings.kms_key
-    aiplatform.init(**kwargs)
+    aiplatform.init(  # a None is left as it was (aiplatform/initializer.py, `init`)
+        project=settings.project,
+        location=settings.region,
+        credentials=credentials,
+        api_endpoint=settings.api_endpoint or None,
+        api_transport=transport,
+        encryption_spec_key_name=settings.kms_key or None,
+    )
 
 
 class PersistentResourceRefused(ValueError):
@@ -155,19 +141,17 @@ class PersistentResourceRefused(ValueError):
     naming the parameter, what is wrong and what to do. Nothing was created (exit code 2)."""
 
 
-def check_persistent_resource(
-    settings: Settings,
-    values: Mapping[str, Any],
-    credentials: Any = None,
-    transport: str | None = None,
-    client: Any = None,
-) -> list[str]:
+def check_persistent_resource(settings: Settings, values: Mapping[str, Any], client: Any = None) -> list[str]:
     """Reads the run's persistent resource (`values["persistent_resource_id"]` of `run_values`;
-    none when empty) with aiplatform_v1 `PersistentResourceServiceClient.get_persistent_resource`
-    before anything of the run is uploaded or created; judges it by `persistent_resource_fit`
+    none when empty) with aiplatform's `PersistentResource` (GetPersistentResource, through the
+    endpoint, transport and credentials `init_aiplatform` gave aiplatform) before anything of the
+    run is uploaded or created; judges it by `persistent_resource_fit`
     (`pipeline.options.persistent_resource`). Raises PersistentResourceRefused (one line) when
-    missing or unfit; prints and returns the warnings. `client`: for tests."""
+    missing or unfit; prints and returns the warnings. `client`: a test's
+    PersistentResourceServiceClient."""
     from google.api_core import exceptions
+    from google.cloud.aiplatform import initializer
+    from google.cloud.aiplatform.persistent_resource import PersistentResource
 
     from pipeline.options import persistent_resource
 
@@ -177,19 +161,7 @@ def check_persistent_resource(
     name = f"projects/{settings.project}/locations/{settings.region}/persistentResources/{resource_id}"
     vertex = vertex_service(settings)
     if client is None:
-        from google.cloud import aiplatform_v1
-        from google.cloud.aiplatform import initializer
-
-        if credentials is None:  # those `init_aiplatform` gave aiplatform, else the default ones
-            credentials = initializer.global_config.credentials
-        endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
-        client = aiplatform_v1.PersistentResourceServiceClient(
-            credentials=credentials,
-            # API_ENDPOINT may be a plain-HTTP stand-in (launch.settings allows http://127.0.0.1):
-            # only the REST transport speaks to a URL.
-            transport="rest" if endpoint.startswith("http://") else transport,
-            client_options={"api_endpoint": endpoint},
-        )
+        initializer.global_config.credentials  # noqa: B018 (found now: none is exit 2, before any contact)
     reach([vertex])
     try:
         with (
@@ -200,7 +172,9 @@ def check_persistent_resource(
                 settings,
             ),
         ):
-            resource = client.get_persistent_resource(name=name)
+            resource = (
+                client.get_persistent_resource(name=name) if client else PersistentResource(name).gca_resource
+            )
     except exceptions.NotFound:
         raise PersistentResourceRefused(
             f"persistent_resource_id: there is no persistent resource {resource_id!r} in project "
@@ -208,8 +182,7 @@ def check_persistent_resource(
             f"own project and region): `gcloud ai persistent-resources list --region {settings.region}` "
             "lists them; create it "
             "(docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource), or leave "
-            "persistent_resource_id empty "
-            "(PERSISTENT_RESOURCE_ID unset) to run on demand"
+            "persistent_resource_id empty (PERSISTENT_RESOURCE_ID unset) to run on demand"
         ) from None
     problems, warnings = persistent_resource.persistent_resource_fit(resource, values, settings.region)
     if problems:
@@ -228,16 +201,10 @@ def check_persistent_resource(
     return warnings
 
 
-def build_pipeline_job(
-    settings: Settings,
-    values: Mapping[str, Any],
-    template: Path = COMPILED,
-    display_name: str = "",
-    template_uri: str = "",
-) -> Any:
-    """The `aiplatform.PipelineJob` for the compiled template, or for its version in Artifact
-    Registry when `template_uri` is given (`template_path` takes `https://<region>-kfp.pkg.dev/...`
-    URIs). Unknown parameters are rejected here, before any request to Vertex.
+def build_pipeline_job(settings: Settings, values: Mapping[str, Any], template_path: str) -> Any:
+    """The `aiplatform.PipelineJob` for a compiled template, or for its version in Artifact
+    Registry (`template_path` takes `https://<region>-kfp.pkg.dev/...` URIs). Unknown parameters
+    are rejected here, before any request to Vertex.
 
     Always the v1 class, never the preview one that sends the v1beta1
     `RuntimeConfig.default_runtime` (google/cloud/aiplatform/preview/pipelinejob/pipeline_jobs.py;
@@ -246,9 +213,9 @@ def build_pipeline_job(
     resource through the `persistent_resource_id` parameter."""
     from google.cloud import aiplatform
 
-    job = aiplatform.PipelineJob(
-        display_name=display_name or "multiworker-cassava-training",
-        template_path=template_uri or str(template),
+    return aiplatform.PipelineJob(
+        display_name="multiworker-cassava-training",
+        template_path=template_path,
         pipeline_root=settings.pipeline_root,
         parameter_values=dict(values),
         enable_caching=settings.enable_caching,
@@ -257,7 +224,6 @@ def build_pipeline_job(
         project=settings.project,
         location=settings.region,
     )
-    return job
 
 
 def console_url(resource_name: str) -> str:
@@ -269,9 +235,8 @@ def console_url(resource_name: str) -> str:
     return f"https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/runs/{run}?project={project}"
 
 
-def watch(job: Any, out: Any = None, poll_seconds: float = 15.0) -> str:
+def watch(job: Any, poll_seconds: float = 15.0) -> str:
     """Waits for the job, printing each task's state as it changes; returns the final state."""
-    out = out or sys.stdout
     seen: dict[str, str] = {}
     while True:
         state = job.state.name  # each read fetches the job
@@ -279,11 +244,52 @@ def watch(job: Any, out: Any = None, poll_seconds: float = 15.0) -> str:
             task_state = type(task).State(task.state).name
             if seen.get(task.task_name) != task_state:
                 seen[task.task_name] = task_state
-                out.write(f"  {task.task_name:<32} {task_state}\n")
-                out.flush()
+                print(f"  {task.task_name:<32} {task_state}", flush=True)
         if state in TERMINAL:
             return str(state)
         time.sleep(poll_seconds)
+
+
+def prepare(
+    settings: Settings,
+    given: Mapping[str, Any],
+    root: Path,
+    credentials: Any,
+    transport: str | None,
+    pinned: bool = False,
+) -> tuple[Path, dict[str, Any], str]:
+    """What a run or a schedule (`pinned`: refused for a checkout with uncommitted changes) needs
+    before it is sent: every option checked, the persistent resource read, the build context
+    uploaded. Returns the template (the one with the e-mail exit handler only for a run with
+    `notification_emails`), the run's parameter values and the commit."""
+    import pipeline
+    from pipeline.options import notification
+
+    given = dict(given)
+    emails = notification.check_notification_emails(given.pop("notification_emails", None))
+    if emails:
+        given["notification_emails"] = emails
+    template = pipeline.template_for(emails)
+    compiled = json.loads(template.read_text())
+    # The run's values, with stand-ins for the context and commit (not options).
+    checked = pipeline_parameters(given, settings, "gs://check/context.tar.gz", "")
+    check_options(checked, compiled, settings.region)
+    commit = source_commit(root)
+    if pinned and commit.endswith("-dirty"):
+        raise ValueError(
+            "the checkout has uncommitted changes: a schedule must be pinned to a commit; commit first"
+        )
+    init_aiplatform(settings, credentials, transport)
+    # For a schedule, as it is today: each run it starts finds it as it is then
+    # (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).
+    check_persistent_resource(settings, run_values(checked, compiled))
+    with refused_as(
+        f"the build context's upload to gs://{settings.bucket}",
+        f"roles/storage.objectAdmin on gs://{settings.bucket}",
+        settings,
+    ):
+        context_uri = upload_context(settings, root, credentials)
+    return template, pipeline_parameters(given, settings, context_uri, commit), commit
 
 
 def submit(
@@ -294,29 +300,13 @@ def submit(
     credentials: Any = None,
     transport: str | None = None,
     root: Path = ROOT,
-    template: Path = COMPILED,
     poll_seconds: float = 15.0,
     runs_dir: Path | None = None,
 ) -> int:
     """Uploads the context and submits the run; with `wait`, follows it to the end, then writes
-    its report (`write_run_report`, given `runs_dir`). The e-mailing template only with
-    `notification_emails` (`with_template`)."""
-    given, template = with_template(given, template)
-    compiled = json.loads(template.read_text())
-    # The run's values, with stand-ins for the context and commit (not options).
-    checked = pipeline_parameters(given, settings, "gs://check/context.tar.gz", "")
-    check_options(checked, compiled, settings.region)
-    init_aiplatform(settings, credentials, transport)
-    check_persistent_resource(settings, run_values(checked, compiled), credentials, transport)
-    commit = source_commit(root)
-    with refused_as(
-        f"the build context's upload to gs://{settings.bucket}",
-        f"roles/storage.objectAdmin on gs://{settings.bucket}",
-        settings,
-    ):
-        context_uri = upload_context(settings, root, credentials)
-    values = pipeline_parameters(given, settings, context_uri, commit)
-    job = build_pipeline_job(settings, values, template)
+    its report (`write_run_report`, given `runs_dir`)."""
+    template, values, _ = prepare(settings, given, root, credentials, transport)
+    job = build_pipeline_job(settings, values, str(template))
     vertex = vertex_service(settings)
     reach([vertex])
     with (
@@ -395,29 +385,6 @@ class PreflightRefused(ValueError):
         )
 
 
-def refusal(err: ValueError) -> str:
-    from pipeline import options
-
-    if isinstance(err, options.OptionsError):
-        return f"bad parameters (nothing was sent):\n{err}"
-    return str(err)
-
-
-def with_template(given: Mapping[str, Any], template: Path) -> tuple[dict[str, Any], Path]:
-    """Validates `notification_emails`; picks the notify template for a run that has them (when
-    `template` is the default one) and drops the parameter for a run that has none."""
-    import pipeline
-    from pipeline.options import notification
-
-    values = dict(given)
-    emails = notification.check_notification_emails(values.pop("notification_emails", None))
-    if emails:
-        values["notification_emails"] = emails
-    if template == pipeline.COMPILED:
-        template = pipeline.template_for(emails)
-    return values, template
-
-
 def credential_errors() -> tuple[type[Exception], ...]:
     """What google-auth raises, before the request that needed them is sent, when there are no
     credentials (DefaultCredentialsError, `google.auth.default()`) or they are refused (RefreshError)."""
@@ -461,45 +428,67 @@ def check_wait(text: str) -> bool:
     return WAIT_VALUES[text.lower()]
 
 
-def main(ns: argparse.Namespace, environ: Mapping[str, str], project: str) -> int:
-    """`make run` with a project configured (called by launch.cli)."""
+def load_settings(prog: str, environ: Mapping[str, str], doing: str = "reach") -> Settings | None:
+    """The settings; None when any is bad, each named on stderr (exit code 2, nothing sent)."""
+    try:
+        return settings_mod.load(environ)
+    except SettingsError as err:
+        print(
+            f"{prog}: cannot {doing} Vertex AI; fix these settings (env or env.sh):\n{err}", file=sys.stderr
+        )
+        return None
+
+
+def exit_status(prog: str, request: Callable[[], int]) -> int:
+    """`request`'s exit status; what stops it is one line on stderr: Google Cloud out of reach (1),
+    no credentials or a refused input (2) (docs/running.md#exit-codes-and-make)."""
+    try:
+        return request()
+    except GoogleUnreachable as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return 1
+    except credential_errors() as err:
+        print(no_credentials(prog, err), file=sys.stderr)
+        return 2
+    except ValueError as err:
+        from pipeline import options
+
+        said = f"bad parameters (nothing was sent):\n{err}" if isinstance(err, options.OptionsError) else err
+        print(f"{prog}: {said}", file=sys.stderr)
+        return 2
+
+
+def with_flags(prog: str, ns: argparse.Namespace, request: Callable[[dict[str, Any]], int]) -> int:
+    """`exit_status` of `request` given the pipeline parameters set by flags (`--training_config`
+    applied: `make run` and `make schedule`)."""
     import pipeline
 
     try:
-        wait = check_wait(environ.get("WAIT", ""))
-    except ValueError as err:
-        print(f"make run: {err}", file=sys.stderr)
-        return 2
-    try:
-        settings = settings_mod.load(environ)
-    except SettingsError as err:
-        print(
-            f"make run: cannot submit to Vertex AI; fix these settings (env or env.sh):\n{err}",
-            file=sys.stderr,
-        )
-        return 2
-    print(
-        f"make run: submitting to Vertex AI in project {settings.project}, {settings.region} (PROJECT_ID is set)",
-        flush=True,
-    )
-    try:
         trainingconfig.apply_to_namespace(ns, "vertex")
     except ValueError as err:
-        print(f"make run: --training_config: {err}", file=sys.stderr)
+        print(f"{prog}: --training_config: {err}", file=sys.stderr)
         return 2
     given = {
         q.name: getattr(ns, q.name)
         for q in pipeline.parameters_for("vertex")
         if getattr(ns, q.name, None) is not None
     }
+    return exit_status(prog, lambda: request(given))
+
+
+def main(ns: argparse.Namespace, environ: Mapping[str, str], project: str) -> int:
+    """`make run` with a project configured (called by launch.cli)."""
     try:
-        return submit(settings, given, wait=wait, runs_dir=Path(getattr(ns, "runs_dir", None) or RUNS_DIR))
-    except GoogleUnreachable as err:
-        print(f"make run: {err}", file=sys.stderr)
-        return 1
-    except credential_errors() as err:
-        print(no_credentials("make run", err), file=sys.stderr)
-        return 2
+        wait = check_wait(environ.get("WAIT", ""))
     except ValueError as err:
-        print(f"make run: {refusal(err)}", file=sys.stderr)
+        print(f"make run: {err}", file=sys.stderr)
         return 2
+    settings = load_settings("make run", environ, "submit to")
+    if settings is None:
+        return 2
+    print(
+        f"make run: submitting to Vertex AI in project {settings.project}, {settings.region} (PROJECT_ID is set)",
+        flush=True,
+    )
+    runs_dir = Path(ns.runs_dir)
+    return with_flags("make run", ns, lambda given: submit(settings, given, wait=wait, runs_dir=runs_dir))

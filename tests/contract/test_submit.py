@@ -133,7 +133,9 @@ def test_preflight_validations_can_be_turned_off(vertex: RestFake, gcs: Any) -> 
     assert info.value.settings == ["PREFLIGHT_VALIDATIONS"]
 
 
-def test_a_run_refused_by_the_preflight_validations_is_one_line(vertex: RestFake, gcs: Any) -> None:
+def test_a_run_refused_by_the_preflight_validations_is_one_line(
+    vertex: RestFake, gcs: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Vertex answers 400 with CreatePipelineJobApiErrorDetail entries; the SDK turns them into
     `Exception("PipelineJob Preflight validations failed ...")` (pipeline_jobs.submit, whose
     pattern the fake's message follows: the details' form on the wire only a real run shows)."""
@@ -150,9 +152,14 @@ def test_a_run_refused_by_the_preflight_validations_is_one_line(vertex: RestFake
     config = settings.load(env(vertex), Path("/nonexistent"))
     with pytest.raises(submit.PreflightRefused) as info:
         submit.submit(config, {}, credentials=AnonymousCredentials(), transport="rest")
-    line = submit.refusal(info.value)  # what `make run` prints after "make run: ", exit 2
+
+    def refused() -> int:
+        raise info.value
+
+    assert submit.exit_status("make run", refused) == 2
+    line = capsys.readouterr().err.removesuffix("\n")  # what `make run` prints
     assert "\n" not in line
-    assert line.startswith("Vertex's preflight validations refused the run, nothing was created: ")
+    assert line.startswith("make run: Vertex's preflight validations refused the run, nothing was created: ")
     assert "1. pipelines@p-proj cannot act as the job's account" in line
     assert "PREFLIGHT_VALIDATIONS=false" in line
 
