@@ -39,12 +39,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from local import lifeline
+from local import ROOT, lifeline
 from local.gpus import GPU_DRIVER_DIR, GpusMissing, gpu_shortfall, local_gpus
 from local.memory import MemoryProbe, out_of_memory, out_of_memory_message
 from local.specs import check_worker_pool_specs, container_env
 
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = ROOT
 ROLES = ("chief", "worker")  # TF_CONFIG task types of pools 0 and 1
 
 
@@ -202,32 +202,23 @@ def replica_env(
     }
 
 
-def _with_parent_death_signal(command: Sequence[str]) -> list[str]:
-    """SIGKILLed by Linux when the runner dies (an exec shim: the pid started is the replica's)."""
-    return lifeline.with_parent_death_signal(command, signal.SIGKILL)
-
-
+@dataclasses.dataclass(eq=False)
 class _Running:
     """A replica's process, with what it takes to start it again."""
 
-    def __init__(
-        self,
-        replica: Replica,
-        env: Mapping[str, str],
-        log_path: Path,
-        tmp_dir: Path,
-        probe: MemoryProbe | None = None,
-    ) -> None:
-        self.replica, self.env, self.log_path, self.tmp_dir = replica, env, log_path, tmp_dir
-        self.probe = probe or MemoryProbe()
-        self.tail: deque[str] = deque(maxlen=40)
-        self.process: subprocess.Popen[str] | None = None
-        self.thread: threading.Thread | None = None
-        self.kills_before: tuple[int, str] | None = None  # the cgroup's oom_kill count at start
-        self.peak: int | None = None  # bytes: the kernel's high-water mark of its resident memory
-        self.seen_peak: int | None = None  # bytes: the highest VmHWM read while it ran
-        self.oom: tuple[str, int, str] | None = None  # set when it ran out of memory (`oom_cause`)
-        self.oom_checked = False
+    replica: Replica
+    env: Mapping[str, str]
+    log_path: Path
+    tmp_dir: Path
+    probe: MemoryProbe = dataclasses.field(default_factory=MemoryProbe)
+    tail: deque[str] = dataclasses.field(default_factory=lambda: deque(maxlen=40))
+    process: subprocess.Popen[str] | None = None
+    thread: threading.Thread | None = None
+    kills_before: tuple[int, str] | None = None  # the cgroup's oom_kill count at start
+    peak: int | None = None  # bytes: the kernel's high-water mark of its resident memory
+    seen_peak: int | None = None  # bytes: the highest VmHWM read while it ran
+    oom: tuple[str, int, str] | None = None  # set when it ran out of memory (`oom_cause`)
+    oom_checked: bool = False
 
     def start(self, header: str, prefix: str, out: TextIO) -> None:
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
@@ -237,7 +228,8 @@ class _Running:
         log_file.write(f"--- {header}: {' '.join(self.replica.command)}\n")
         log_file.flush()
         self.process = subprocess.Popen(
-            _with_parent_death_signal(self.replica.command),
+            # SIGKILLed by Linux when the runner dies (an exec shim: the pid started is the replica's).
+            lifeline.with_parent_death_signal(self.replica.command, signal.SIGKILL),
             cwd=CHECKOUT,
             env=dict(self.env),
             stdin=subprocess.DEVNULL,
@@ -370,102 +362,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         _SIGTERM.clear()
 
 
-def _restartable(code: int) -> bool:
-    return code < 0 or code == TERMINATED
-
-
-@dataclasses.dataclass
-class _Job:
-    """What every attempt of one job shares."""
-
-    reps: Sequence[Replica]
-    base_output_directory: str
-    project: str
-    job_id: str
-    log_dir: Path
-    deadline: float
-    display_name: str
-    extra_env: Mapping[str, str]
-    out: TextIO
-    restart_job: bool
-    max_restarts: int
-    grace: float
-    cancel: threading.Event | None
-    memory: MemoryProbe = dataclasses.field(default_factory=MemoryProbe)
-    restarts: int = 0
-
-    def say(self, message: str) -> None:
-        self.out.write(f"[{self.display_name}] {message}\n")
-        self.out.flush()
-
-    def attempt(self, number: int) -> tuple[str, _Running | None]:
-        """One run of every replica: ("ok"|"restart"|"failed"|"oom"|"timeout", the replica to
-        blame); a restartable replica restarts alone here when the job is not restarted whole."""
-        ports = free_ports(len(self.reps))
-        addresses: dict[str, list[str]] = {}
-        for rep, port in zip(self.reps, ports, strict=True):
-            addresses.setdefault(rep.role, []).append(f"127.0.0.1:{port}")
-        tmp_root = self.log_dir / ".tmp"
-        running: list[_Running] = []
-        try:
-            for rep in self.reps:
-                tmp_dir = tmp_root / rep.name
-                env = {
-                    **os.environ,
-                    **replica_env(rep, addresses, self.base_output_directory, self.project, self.job_id),
-                    **dict(rep.env),  # the pool's container_spec.env (never a name of Vertex's own)
-                    "TMPDIR": str(tmp_dir),
-                    **self.extra_env,
-                }
-                r = _Running(rep, env, self.log_dir / f"{rep.name}.log", tmp_dir, self.memory)
-                running.append(r)
-                r.start(f"attempt {number}", self._prefix(rep), self.out)
-            done: set[str] = set()
-            while True:
-                if _SIGTERM.is_set():
-                    raise KeyboardInterrupt("signal (recorded)")
-                if self.cancel is not None and self.cancel.is_set():
-                    raise JobCancelled(f"{self.display_name} was cancelled; every replica was stopped")
-                for r in running:
-                    code = r.code
-                    if code is None or r.replica.name in done:
-                        continue
-                    if code == 0:
-                        done.add(r.replica.name)
-                        continue
-                    # Out of memory, this replica or one that died before it (its peers fail
-                    # when it vanishes): as on Vertex, permanent, the job fails at once.
-                    starved = next((o for o in (r, *running) if o.oom_cause() is not None), None)
-                    if starved is not None:
-                        return "oom", starved
-                    if not _restartable(code):
-                        return "failed", r
-                    if self.restart_job or self.restarts >= self.max_restarts:
-                        return "restart", r
-                    self.restarts += 1
-                    self.say(
-                        f"{r.replica.name} {describe_exit(code)}: restarting it, as Vertex restarts a "
-                        f"replica's VM ({self.restarts}/{self.max_restarts} restarts)"
-                    )
-                    if r.thread is not None:
-                        r.thread.join(timeout=5)
-                    r.start(f"attempt {number}, restart {self.restarts}", self._prefix(r.replica), self.out)
-                if len(done) == len(running):
-                    return "ok", None
-                if time.monotonic() > self.deadline:
-                    return "timeout", None
-                time.sleep(0.2)
-        finally:
-            _stop_all(running, self.grace)
-            for r in running:
-                if r.thread is not None:
-                    r.thread.join(timeout=5)
-            shutil.rmtree(tmp_root, ignore_errors=True)
-
-    def _prefix(self, rep: Replica) -> str:
-        return f"[{self.display_name} {rep.name}] "
-
-
 def run_job(
     worker_pool_specs: Sequence[Mapping[str, Any]],
     base_output_directory: str,
@@ -488,53 +384,111 @@ def run_job(
     from the files `memory` names), or ValueError (specs Vertex would refuse) or GpusMissing
     before any start."""
     stream = out or sys.stdout
+
+    def say(message: str) -> None:
+        stream.write(f"[{display_name}] {message}\n")
+        stream.flush()
+
     seconds = parse_duration(timeout)
-    reps = replicas(worker_pool_specs, log=lambda m: stream.write(f"[{display_name}] {m}\n"))
+    reps = replicas(worker_pool_specs, log=say)
     refuse_missing_gpus(worker_pool_specs, local_gpus())
     logs = Path(log_dir)
     logs.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    job = _Job(
-        reps=reps,
-        base_output_directory=base_output_directory,
-        project=project,
-        job_id=job_id or f"local-{display_name}-{int(time.time())}",
-        log_dir=logs,
-        deadline=start + seconds,
-        display_name=display_name,
-        extra_env=extra_env or {},
-        out=stream,
-        restart_job=restart_job_on_worker_restart,
-        max_restarts=max_restarts,
-        grace=grace_seconds,
-        cancel=cancel,
-        memory=memory or MemoryProbe(),
-    )
-    attempt = 1
+    deadline = start + seconds
+    job_id = job_id or f"local-{display_name}-{int(time.time())}"
+    probe = memory or MemoryProbe()
+    restarts = 0
+
+    def attempt(number: int) -> tuple[str, _Running | None]:
+        """One run of every replica: ("ok"|"restart"|"failed"|"oom"|"timeout", the replica to
+        blame); a restartable replica restarts alone here when the job is not restarted whole."""
+        nonlocal restarts
+        addresses: dict[str, list[str]] = {}
+        for rep, port in zip(reps, free_ports(len(reps)), strict=True):
+            addresses.setdefault(rep.role, []).append(f"127.0.0.1:{port}")
+        tmp_root = logs / ".tmp"
+        running: list[_Running] = []
+        try:
+            for rep in reps:
+                env = {
+                    **os.environ,
+                    **replica_env(rep, addresses, base_output_directory, project, job_id),
+                    **dict(rep.env),  # the pool's container_spec.env (never a name of Vertex's own)
+                    "TMPDIR": str(tmp_root / rep.name),
+                    **(extra_env or {}),
+                }
+                r = _Running(rep, env, logs / f"{rep.name}.log", tmp_root / rep.name, probe)
+                running.append(r)
+                r.start(f"attempt {number}", f"[{display_name} {rep.name}] ", stream)
+            done: set[str] = set()
+            while True:
+                if _SIGTERM.is_set():
+                    raise KeyboardInterrupt("signal (recorded)")
+                if cancel is not None and cancel.is_set():
+                    raise JobCancelled(f"{display_name} was cancelled; every replica was stopped")
+                for r in running:
+                    code = r.code
+                    if code is None or r.replica.name in done:
+                        continue
+                    if code == 0:
+                        done.add(r.replica.name)
+                        continue
+                    # Out of memory, this replica or one that died before it (its peers fail
+                    # when it vanishes): as on Vertex, permanent, the job fails at once.
+                    starved = next((o for o in (r, *running) if o.oom_cause() is not None), None)
+                    if starved is not None:
+                        return "oom", starved
+                    if not (code < 0 or code == TERMINATED):
+                        return "failed", r
+                    if restart_job_on_worker_restart or restarts >= max_restarts:
+                        return "restart", r
+                    restarts += 1
+                    say(
+                        f"{r.replica.name} {describe_exit(code)}: restarting it, as Vertex restarts a "
+                        f"replica's VM ({restarts}/{max_restarts} restarts)"
+                    )
+                    if r.thread is not None:
+                        r.thread.join(timeout=5)
+                    r.start(
+                        f"attempt {number}, restart {restarts}", f"[{display_name} {r.replica.name}] ", stream
+                    )
+                if len(done) == len(running):
+                    return "ok", None
+                if time.monotonic() > deadline:
+                    return "timeout", None
+                time.sleep(0.2)
+        finally:
+            _stop_all(running, grace_seconds)
+            for r in running:
+                if r.thread is not None:
+                    r.thread.join(timeout=5)
+            shutil.rmtree(tmp_root, ignore_errors=True)
+
+    number = 1
     with _sigterm_as_interrupt():
         while True:
-            job.say(f"attempt {attempt}: starting {', '.join(r.name for r in reps)}")
-            outcome, culprit = job.attempt(attempt)
+            say(f"attempt {number}: starting {', '.join(r.name for r in reps)}")
+            outcome, culprit = attempt(number)
             if outcome == "ok":
-                return JobResult(attempt, time.monotonic() - start, str(logs), [r.name for r in reps])
+                return JobResult(number, time.monotonic() - start, str(logs), [r.name for r in reps])
             if outcome == "timeout":
                 raise JobFailed(
                     f"{display_name} ran past its timeout of {timeout}; every replica was stopped"
                 )
             assert culprit is not None and culprit.process is not None
             if outcome == "oom":
-                raise ReplicaOutOfMemoryError(out_of_memory_message(display_name, culprit, job.restarts))
+                raise ReplicaOutOfMemoryError(out_of_memory_message(display_name, culprit, restarts))
             code = culprit.process.returncode
             how = describe_exit(code)
-            if outcome == "restart" and restart_job_on_worker_restart and job.restarts < max_restarts:
-                job.restarts += 1
-                job.say(
-                    f"{culprit.replica.name} {how}: restarting the whole job "
-                    f"({job.restarts}/{max_restarts} restarts)"
+            if outcome == "restart" and restart_job_on_worker_restart and restarts < max_restarts:
+                restarts += 1
+                say(
+                    f"{culprit.replica.name} {how}: restarting the whole job ({restarts}/{max_restarts} restarts)"
                 )
-                attempt += 1
+                number += 1
                 continue
-            after = f" after {job.restarts} restart(s)" if job.restarts else ""
+            after = f" after {restarts} restart(s)" if restarts else ""
             # Indented: the step's log then has one traceback line at the margin, the exception's
             # (launch.kfp_local.step_error reads it), however many tracebacks the tail holds.
             tail = "\n".join(f"    {line}" for line in culprit.tail)

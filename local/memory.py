@@ -17,7 +17,7 @@ import dataclasses
 import os
 import signal
 from collections.abc import Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 # Vertex AI's error for a replica out of memory: the training service's wording since AI Platform
@@ -56,10 +56,10 @@ class MemoryProbe:
     cgroup_root: str = "/sys/fs/cgroup"
     meminfo: str = "/proc/meminfo"
 
-    def _paths(self) -> tuple[str, str]:
-        """This process's cgroup v2 path and v1 memory-controller path ("/" if unknown). Written
-        twice on purpose: `trainer.data.cgroup_memory_limit` parses the same file, and neither
-        layer imports the other."""
+    def _paths(self) -> tuple[list[str], list[str]]:
+        """The parts of this process's cgroup v2 path and v1 memory-controller path (none: the
+        root). Written twice on purpose: `trainer.data.cgroup_memory_limit` parses the same file,
+        and neither layer imports the other."""
         v2, v1 = "/", "/"
         with contextlib.suppress(OSError):
             for line in Path(self.proc_cgroup).read_text(encoding="utf-8").splitlines():
@@ -69,7 +69,7 @@ class MemoryProbe:
                     v2 = path or "/"
                 elif "memory" in controllers.split(","):
                     v1 = path or "/"
-        return v2, v1
+        return [p for p in v2.split("/") if p], [p for p in v1.split("/") if p]
 
     def counter_files(self) -> list[Path]:
         """Where the `oom_kill` counter may be, best first: cgroup v2 `memory.events` of this
@@ -78,10 +78,8 @@ class MemoryProbe:
         hosts; else v1 `memory.oom_control` of this memory cgroup (its `oom_kill` line, Linux
         4.13 and later; not counted in ancestors). A container that sees only its own cgroup
         finds it at the mount's root, whatever /proc says: those come last."""
-        v2, v1 = self._paths()
+        rel2, rel1 = self._paths()
         root = Path(self.cgroup_root)
-        rel2 = [p for p in PurePosixPath(v2).parts if p != "/"]
-        rel1 = [p for p in PurePosixPath(v1).parts if p != "/"]
         return [
             root.joinpath(*rel2, "memory.events"),
             root.joinpath("unified", *rel2, "memory.events"),
@@ -92,15 +90,10 @@ class MemoryProbe:
 
     def oom_kills(self) -> tuple[int, str] | None:
         """The `oom_kill` count and the file it came from; None when no file has one."""
-        for file in self.counter_files():
-            try:
-                text = file.read_text(encoding="utf-8")
-            except OSError:
-                continue
-            for line in text.splitlines():
-                key, _, value = line.strip().partition(" ")
-                if key == "oom_kill" and value.strip().isdigit():
-                    return int(value), str(file)
+        for file in map(str, self.counter_files()):
+            count = self.oom_kills_in(file)
+            if count is not None:
+                return count, file
         return None
 
     def oom_kills_in(self, file: str) -> int | None:
@@ -118,12 +111,11 @@ class MemoryProbe:
         v2, v1 = self._paths()
         root = Path(self.cgroup_root)
         files = []
-        for base, rel, name in (
+        for base, parts, name in (
             (root, v2, "memory.max"),
             (root / "unified", v2, "memory.max"),
             (root / "memory", v1, "memory.limit_in_bytes"),
         ):
-            parts = [p for p in PurePosixPath(rel).parts if p != "/"]
             files += [base.joinpath(*parts[:i], name) for i in range(len(parts), -1, -1)]
         lowest: tuple[int, str] | None = None
         for file in files:

@@ -167,9 +167,7 @@ def locked(model_fd: int, model_path: str) -> Iterator[None]:
 # --- the one validator ------------------------------------------------------------------------
 
 
-def _check_aliases(doc: Any) -> str:
-    if not isinstance(doc, dict):
-        return f"holds a {type(doc).__name__}, not an object"
+def _check_aliases(doc: dict[str, Any]) -> str:
     for key, value in doc.items():
         if not ALIAS.fullmatch(key):
             return f"names an alias {key!r} the registry never writes"
@@ -178,9 +176,7 @@ def _check_aliases(doc: Any) -> str:
     return ""
 
 
-def _check_metrics(doc: Any) -> str:
-    if not isinstance(doc, dict):
-        return f"holds a {type(doc).__name__}, not an object"
+def _check_metrics(doc: dict[str, Any]) -> str:
     missing = [k for k in METRICS_KEYS if k not in doc]
     if missing:
         return f"has no {', '.join(missing)}"
@@ -192,9 +188,7 @@ def _check_metrics(doc: Any) -> str:
     return ""
 
 
-def _check_version(doc: Any) -> str:
-    if not isinstance(doc, dict):
-        return f"holds a {type(doc).__name__}, not an object"
+def _check_version(doc: dict[str, Any]) -> str:
     files = doc.get("files", {})
     if not isinstance(files, dict) or not all(
         isinstance(k, str)
@@ -214,23 +208,32 @@ ALIASES_FIX = (
 CHECKS = {"aliases": _check_aliases, "metrics": _check_metrics, "version": _check_version}
 
 
+def _open_plain(dir_fd: int, name: str, path: str, fix: str) -> int | None:
+    """The plain file `name` of `dir_fd` (at `path`), opened without following a link; None
+    when it is missing."""
+    try:
+        fd = os.open(name, _READ, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise Damaged(path, _what(dir_fd, name, err), fix) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Damaged(path, _what(dir_fd, name), fix)
+    return fd
+
+
 def load(dir_fd: int, name: str, where: str, kind: str, fix: str, missing_ok: bool = False) -> Any:
     """The JSON document `name` of `dir_fd` (at `where`), checked as `kind` (`CHECKS`): a plain
     file, at most MAX_JSON_BYTES, of the form the registry writes. Raises `Damaged` naming the
     file, what is wrong and `fix` (formatted with its `path`); None if missing and `missing_ok`."""
     path = os.path.join(where, name)
     fix = fix.format(path=path)
-    try:
-        fd = os.open(name, _READ, dir_fd=dir_fd)
-    except FileNotFoundError:
+    fd = _open_plain(dir_fd, name, path, fix)
+    if fd is None:
         if missing_ok:
             return None
-        raise Damaged(path, "is missing", fix) from None
-    except OSError as err:
-        raise Damaged(path, _what(dir_fd, name, err), fix) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise Damaged(path, _what(dir_fd, name), fix)
+        raise Damaged(path, "is missing", fix)
     with os.fdopen(fd, "rb") as f:
         data = f.read(MAX_JSON_BYTES + 1)
     if len(data) > MAX_JSON_BYTES:
@@ -239,7 +242,7 @@ def load(dir_fd: int, name: str, where: str, kind: str, fix: str, missing_ok: bo
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as err:
         raise Damaged(path, f"is not JSON ({err})", fix) from None
-    problem = CHECKS[kind](doc)
+    problem = CHECKS[kind](doc) if isinstance(doc, dict) else f"holds a {type(doc).__name__}, not an object"
     if problem:
         raise Damaged(path, problem, fix)
     return doc
@@ -247,8 +250,7 @@ def load(dir_fd: int, name: str, where: str, kind: str, fix: str, missing_ok: bo
 
 def read_aliases(model_fd: int, model_path: str) -> dict[str, str] | None:
     """aliases.json, checked; None when there is none yet."""
-    aliases = load(model_fd, "aliases.json", model_path, "aliases", ALIASES_FIX, missing_ok=True)
-    return None if aliases is None else dict(aliases)
+    return load(model_fd, "aliases.json", model_path, "aliases", ALIASES_FIX, missing_ok=True)
 
 
 class Unusable(Exception):
@@ -271,9 +273,6 @@ def read_version(
         f"{os.path.join(model_path, 'aliases.json')}, or remove its {alias!r} entry)"
     )
 
-    def unusable(err: Damaged) -> Unusable:
-        return Unusable(version, err.path, err.problem, fix)
-
     vfd = mfd = None
     try:
         vfd = open_folder(model_fd, version, root, fix)
@@ -290,7 +289,7 @@ def read_version(
             _check_file(mfd, model, relative, expected, fix)
         return model, metrics, record
     except Damaged as err:
-        raise unusable(err) from None
+        raise Unusable(version, err.path, err.problem, fix) from None
     finally:
         for fd in (mfd, vfd):
             if fd is not None:
@@ -311,31 +310,22 @@ def _check_file(model_fd: int, model: str, relative: str, expected: dict[str, An
                 raise Damaged(os.path.join(model, *parts[: i + 1]), "is missing", fix)
             fds.append(sub)
             parent = sub
-        try:
-            fd = os.open(parts[-1], _READ, dir_fd=parent)
-        except FileNotFoundError:
-            raise Damaged(path, "is missing: the SavedModel is incomplete", fix) from None
-        except OSError as err:
-            raise Damaged(path, _what(parent, parts[-1], err), fix) from None
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise Damaged(path, _what(parent, parts[-1]), fix)
+        fd = _open_plain(parent, parts[-1], path, fix)
+        if fd is None:
+            raise Damaged(path, "is missing: the SavedModel is incomplete", fix)
         with os.fdopen(fd, "rb") as f:
+            size = os.fstat(fd).st_size
             if expected is None:
-                if st.st_size == 0:
+                if size == 0:
                     raise Damaged(path, "is empty: the SavedModel is truncated", fix)
                 return
-            if st.st_size != expected["size"]:
+            if size != expected["size"]:
                 raise Damaged(
                     path,
-                    f"has {st.st_size} bytes, {expected['size']} when registered: the SavedModel is damaged",
+                    f"has {size} bytes, {expected['size']} when registered: the SavedModel is damaged",
                     fix,
                 )
-            digest = hashlib.sha256()
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-            if digest.hexdigest() != expected["sha256"]:
+            if hashlib.file_digest(f, "sha256").hexdigest() != expected["sha256"]:
                 raise Damaged(
                     path, "differs from the file registered (sha256): the SavedModel is damaged", fix
                 )

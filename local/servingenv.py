@@ -89,11 +89,8 @@ def _ready(folder: Path, stamp: str) -> bool:
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _run(uv: Path, args: list[str], what: str) -> None:

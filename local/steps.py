@@ -87,16 +87,7 @@ def check_build_context(
 
     tag = context_tag(context_members(context_dir))
     Outputs = collections.namedtuple(
-        "Outputs",
-        [
-            "image_uri",
-            "tag",
-            "built",
-            "serving_image_uri",
-            "training_image_uri",
-            "dataflow_image_uri",
-            "cpu_image_uri",
-        ],
+        "Outputs", "image_uri tag built serving_image_uri training_image_uri dataflow_image_uri cpu_image_uri"
     )
     print(f"build context {context_dir}: tag {tag} (local runs use the checkout, nothing built)")
     custom = resolve_serving_image(serving_image, serving_tf_version) == "custom"
@@ -363,25 +354,22 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
     registry.check_alias(alias)
     folder = registry_folder(model_display_name)
     model_dir = os.path.join(os.path.abspath(registry_dir), folder)
-    nothing = Outputs(False, "", "", "", "", [])
     registry_fd = registry.open_registry(registry_dir, create=False)
-    if registry_fd is None:
+    model_fd = current = None
+    if registry_fd is not None:
+        try:
+            model_fd = registry.open_model(registry_fd, registry_dir, folder, create=False)
+        finally:
+            os.close(registry_fd)
+    if model_fd is not None:
+        try:
+            if registry.read_aliases(model_fd, model_dir) is not None:
+                current = champion_record(model_fd, model_dir, alias)
+        finally:
+            os.close(model_fd)
+    if current is None:
         print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
-        return nothing
-    try:
-        model_fd = registry.open_model(registry_fd, registry_dir, folder, create=False)
-    finally:
-        os.close(registry_fd)
-    if model_fd is None:
-        print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
-        return nothing
-    try:
-        if registry.read_aliases(model_fd, model_dir) is None:
-            print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
-            return nothing
-        current = champion_record(model_fd, model_dir, alias)
-    finally:
-        os.close(model_fd)
+        return Outputs(False, "", "", "", "", [])
     if not current:
         print(f"{model_display_name} has no {alias!r} version yet")
         return Outputs(True, model_dir, model_dir, "", "", [])

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -211,10 +210,9 @@ def run_tuning(
         max_trial_count = min(max_trial_count, math.prod(len(v) for v in grid(spec).values()))
     base = base_output_directory.rstrip("/")
     table: list[dict[str, Any]] = []
-    lock = threading.Lock()
     failed = 0
 
-    def run_trial(number: int, trial: Any, params: dict[str, Any]) -> dict[str, Any]:
+    def run_trial(number: int, params: dict[str, Any]) -> dict[str, Any]:
         trial_id = str(number)
         trial_dir = Path(base) / trial_id
         metric_file = trial_dir / "hypertune" / "output.metrics"
@@ -238,6 +236,7 @@ def run_tuning(
             "startTime": _timestamp(started),
         }
         stream.write(f"[tune] trial {trial_id} started: {' '.join(flags)}\n")
+        reason = ""
         try:
             jobs.run_job(
                 specs,
@@ -253,17 +252,11 @@ def run_tuning(
                 out=stream,
             )
         except jobs.JobFailed as err:
-            row.update(
-                state="INFEASIBLE", infeasibleReason=str(err).splitlines()[0], endTime=_timestamp(time.time())
-            )
-            return row
-        measurements = read_measurements(metric_file, metric.metric_id)
+            reason = str(err).splitlines()[0]
+        measurements = [] if reason else read_measurements(metric_file, metric.metric_id)
         if not measurements:
-            row.update(
-                state="INFEASIBLE",
-                infeasibleReason=f"the trial reported no {metric.metric_id} (cloudml-hypertune)",
-                endTime=_timestamp(time.time()),
-            )
+            reason = reason or f"the trial reported no {metric.metric_id} (cloudml-hypertune)"
+            row.update(state="INFEASIBLE", infeasibleReason=reason, endTime=_timestamp(time.time()))
             return row
         pick = max if maximize else min
         step, value = (
@@ -294,13 +287,12 @@ def run_tuning(
                 trial = study.ask()
                 params = suggest(trial, spec)
                 started += 1
-                pending[pool.submit(run_trial, started, trial, params)] = trial
+                pending[pool.submit(run_trial, started, params)] = trial
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 trial = pending.pop(future)
                 row = future.result()
-                with lock:
-                    table.append(row)
+                table.append(row)
                 if row["state"] == "SUCCEEDED":
                     study.tell(trial, row["finalMeasurement"]["metrics"][0]["value"])
                 else:

@@ -13,22 +13,24 @@ import pipeline.step as step
 from components import evaluation, image, registry, tuning
 from local import steps as local_steps
 
+# The image parameters both targets' build steps take under their own names.
+_IMAGE = (
+    "serving_image",
+    "serving_tf_version",
+    "serving_accelerator",
+    "reduction_server_count",
+    "prepare_engine",
+)
+
 
 def _vertex_image(p: dict[str, Any]) -> dsl.PipelineTask:
+    builds = ("build_location", "build_machine_type", "build_service_account", "build_worker_pool")
     return image.build_trainer_image(
         project=p["project"],
         location=p["location"],
         context_uri=p["context_uri"],
         repository=p["artifact_repository"],
-        serving_image=p["serving_image"],
-        serving_tf_version=p["serving_tf_version"],
-        serving_accelerator=p["serving_accelerator"],
-        reduction_server_count=p["reduction_server_count"],
-        prepare_engine=p["prepare_engine"],
-        build_location=p["build_location"],
-        build_machine_type=p["build_machine_type"],
-        build_service_account=p["build_service_account"],
-        build_worker_pool=p["build_worker_pool"],
+        **{name: p[name] for name in (*_IMAGE, *builds)},
     )
 
 
@@ -36,39 +38,24 @@ def _local_image(p: dict[str, Any]) -> dsl.PipelineTask:
     return local_steps.check_build_context(
         context_dir=p["context_uri"],
         repository=p["artifact_repository"],
-        serving_image=p["serving_image"],
-        serving_tf_version=p["serving_tf_version"],
-        serving_accelerator=p["serving_accelerator"],
-        reduction_server_count=p["reduction_server_count"],
-        prepare_engine=p["prepare_engine"],
+        **{name: p[name] for name in _IMAGE},
     )
 
 
 def _vertex_custom_job(
     name: str, where: dict[str, Any], pools: Any, folder: Any, settings: dict[str, Any], **extra: Any
 ) -> dsl.PipelineTask:
-    """GCPC's CustomTrainingJobOp, on the `persistent_resource_id` in `settings` (machines started
-    for it when ''). The op's own default, `{{$.pipeline_persistent_resource_id}}`, is "resolved to
-    the PipelineJob RuntimeConfig's persistent resource id at runtime" (GCPC 2.22
-    v1/custom_job/component.py), which only a v1beta1 PipelineJob with a default runtime sets;
-    `launch.submit` sends a v1 PipelineJob
-    (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource says why), so the
-    ID is passed explicitly, as aiplatform_v1 `CustomJobSpec.persistent_resource_id` ("the job
-    will be run on existing machines held by the PersistentResource instead of on-demand
-    short-live machines"), whose network and CMEK rule `launch.submit` checks before the run
-    (`pipeline.options.persistent_resource.persistent_resource_fit`)."""
+    """GCPC's CustomTrainingJobOp, with `persistent_resource_id` from `settings` passed explicitly
+    ('': machines started for the job): the op's default, `{{$.pipeline_persistent_resource_id}}`,
+    is "resolved to the PipelineJob RuntimeConfig's persistent resource id at runtime" (GCPC 2.22
+    v1/custom_job/component.py), which only a v1beta1 PipelineJob with a default runtime sets, and
+    `launch.submit` sends a v1 one (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).
+    aiplatform_v1 `CustomJobSpec.persistent_resource_id`: "the job will be run on existing machines
+    held by the PersistentResource instead of on-demand short-live machines"."""
     from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp
 
-    job_settings = dict(settings)
-    resource = job_settings.pop("persistent_resource_id")
     return CustomTrainingJobOp(
-        **where,
-        display_name=name,
-        worker_pool_specs=pools,
-        base_output_directory=folder,
-        persistent_resource_id=resource,
-        **job_settings,
-        **extra,
+        **where, display_name=name, worker_pool_specs=pools, base_output_directory=folder, **settings, **extra
     ).set_display_name(name)
 
 
@@ -123,8 +110,7 @@ def _local_custom_job(
 
 
 def _study(p: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, Any]:
-    """The study both tuning steps get: the fixed metric and the declared `search_space` (checked
-    by `pipeline.options` before the run; `make run` hands it over in the proto JSON form)."""
+    """The study both tuning steps get: the fixed metric and the declared `search_space`."""
     return {
         "study_spec_metrics": metrics,
         "study_spec_parameters": p["search_space"],

@@ -1,15 +1,12 @@
 """Every pipeline parameter and its rules, one module per capability: each module's `PARAMETERS`
 (its rows: name, type, compiled (Vertex) default, local default, targets, help, and the rule on
 the value alone, `choices` or `bounds`) and its rules between parameters, for both targets.
-`PARAMETERS` here is all of them; the compiled spec's parameters (`pipeline.dag`), the flags of
+`PARAMETERS` here is all of them: the compiled spec's parameters (`pipeline.dag`), the flags of
 `make run` and `make schedule` (`launch.flags`) and the doc tables come from it.
 
-`check(values, target, region="")` applies them all, before any request and before any local work
-(`make run` on both targets and `make schedule`: `launch.cli`, `launch.submit`); it reports every
-bad parameter at once (`OptionsError`) and returns warnings. A rule on the value alone is data on
-its row (`choices`, `bounds`), checked here first. The steps that run on Vertex apply the same
-rules where they can (`worker_pools` calls `hardware.validate_machine`). Its modules:
-docs/architecture.md#layout.
+`check(values, target, region="")` applies them all before any request or local work (`launch.cli`,
+`launch.submit`), reports every bad parameter at once (`OptionsError`) and returns warnings. The
+steps on Vertex apply the same rules where they can (`worker_pools` calls `hardware.validate_machine`).
 """
 
 from __future__ import annotations
@@ -83,7 +80,7 @@ def _number_problems(values: Mapping[str, Any]) -> list[Problem]:
 
 
 def _row_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """The rules a parameter's own row holds: `choices` and `bounds` (pipeline.options)."""
+    """The rules a parameter's own row holds: `choices` and `bounds`."""
     problems = []
     for p in PARAMETERS:
         if p.name not in values:

@@ -102,7 +102,8 @@ def data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
                 f"(folder:gs://<bucket>/<path>): {why}; use prepare_engine=job for this source",
             )
         )
-    problems += _weights_problems(str(v["weights"]), target)
+    if problem := _weights_problem(str(v["weights"]), target):
+        problems.append(Problem(("weights",), problem))
     fraction = v["fine_tune_fraction"]
     if isinstance(fraction, int | float) and fraction < 0 and fraction != -1:
         problems.append(
@@ -123,51 +124,37 @@ def data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
     return problems
 
 
-def _weights_problems(weights: str, target: str) -> list[Problem]:
-    """`weights` names a weights file the training job can read: on Vertex a Cloud Storage path
-    (nothing else on this machine is reachable from there), locally a regular HDF5 file."""
+def _weights_problem(weights: str, target: str) -> str:
+    """Why `weights` names no weights file the training job can read ("" when it does): on Vertex
+    a Cloud Storage path (nothing else on this machine is reachable from there), locally a regular
+    HDF5 file."""
     if weights.lower() in ("imagenet", "none") or not weights.strip():
-        return []  # the trainer's own parser names an empty value (trainer_flag_problems)
+        return ""  # the trainer's own parser names an empty value (trainer_flag_problems)
     if weights.startswith(("gs://", "/gcs/")):
-        return (
-            []
-            if target == "vertex" or os.path.isdir("/gcs")
-            else [
-                Problem(
-                    ("weights",),
-                    f"{weights}: Cloud Storage is not reachable from a local run; give a local file",
-                )
-            ]
-        )
+        if target == "vertex" or os.path.isdir("/gcs"):
+            return ""
+        return f"{weights}: Cloud Storage is not reachable from a local run; give a local file"
     if target == "vertex":
-        return [
-            Problem(
-                ("weights",),
-                f"{weights}: the training job runs on Vertex, where only Cloud Storage is reachable: "
-                "give gs://<bucket>/<file>.h5 (or /gcs/<bucket>/<file>.h5)",
-            )
-        ]
+        return (
+            f"{weights}: the training job runs on Vertex, where only Cloud Storage is reachable: "
+            "give gs://<bucket>/<file>.h5 (or /gcs/<bucket>/<file>.h5)"
+        )
     path = Path(weights)
     if not path.exists():
-        return [Problem(("weights",), f"{weights}: no such file (imagenet, none, or an HDF5 weights file)")]
+        return f"{weights}: no such file (imagenet, none, or an HDF5 weights file)"
     if not path.is_file():
-        return [
-            Problem(("weights",), f"{weights}: not a regular file (imagenet, none, or an HDF5 weights file)")
-        ]
+        return f"{weights}: not a regular file (imagenet, none, or an HDF5 weights file)"
     try:
         with path.open("rb") as handle:
             head = handle.read(len(HDF5_SIGNATURE))
     except OSError as err:
-        return [Problem(("weights",), f"{weights}: cannot be read ({err.strerror or err})")]
+        return f"{weights}: cannot be read ({err.strerror or err})"
     if head != HDF5_SIGNATURE:
-        return [
-            Problem(
-                ("weights",),
-                f"{weights}: not an HDF5 weights file (saved by Keras `model.save_weights('x.h5')`); "
-                "a .keras archive or a TF checkpoint is not loaded by --weights",
-            )
-        ]
-    return []
+        return (
+            f"{weights}: not an HDF5 weights file (saved by Keras `model.save_weights('x.h5')`); "
+            "a .keras archive or a TF checkpoint is not loaded by --weights"
+        )
+    return ""
 
 
 # A Dataflow job's subnetwork, as GCPC's DataflowFlexTemplateJobOp documents it

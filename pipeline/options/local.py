@@ -32,10 +32,9 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
     # GPUs asked of a machine without them: refused before any step, in the line the local job
     # runner and every replica would give (local.gpus.gpu_shortfall, trainer.distribute's rule).
     seen = gpus.local_gpus()
-    pools = [("chief", "chief", 0)] + ([("worker", "worker", 1)] if args["worker_count"] else [])
-    for role, prefix, pool in pools:
-        same = prefix == "worker" and not args["worker_machine_type"]  # copies the chief's
-        source = "chief" if same else prefix
+    for pool, role in enumerate(("chief", "worker") if args["worker_count"] else ("chief",)):
+        same = role == "worker" and not args["worker_machine_type"]  # copies the chief's
+        source = "chief" if same else role
         asked = args[f"{source}_accelerator_count"]
         if isinstance(asked, int) and asked > 0:
             problem = gpus.gpu_shortfall(
@@ -50,8 +49,8 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
             if problem:
                 problems.append(
                     Problem(
-                        (f"{prefix}_accelerator_count",),
-                        f"{problem}; set it to 0 (and {prefix}_accelerator_type to '') to train on CPU",
+                        (f"{role}_accelerator_count",),
+                        f"{problem}; set it to 0 (and {role}_accelerator_type to '') to train on CPU",
                     )
                 )
     if isinstance(args["worker_count"], int) and args["worker_count"] > MAX_LOCAL_WORKERS:

@@ -149,27 +149,25 @@ def persistent_resource_fit(
     resource: Any, v: Mapping[str, Any], region: str = ""
 ) -> tuple[list[str], list[str]]:
     """Why the aiplatform_v1 `PersistentResource` `resource` (as `get_persistent_resource` returns
-    it) cannot run this run's jobs, one message per problem, and warnings. `v` are the run's
-    parameter values (every offline rule passed).
+    it) cannot run this run's jobs (parameter values `v`, every offline rule passed), one message
+    per problem, and warnings.
 
     - `state` RUNNING ("the persistent resource is healthy and fully usable": `PersistentResource.State`).
     - `network` and `encryption_spec.kms_key_name` the run's: "The network and CMEK configs on
       the job should be consistent with those on the PersistentResource, otherwise, the job will
-      be rejected" (`CustomJobSpec.persistent_resource_id`; GCPC's CustomTrainingJobOp alike).
-    - Its service account rule: with `resource_runtime_spec.service_account_spec
-      .enable_custom_service_account`, "custom user-managed service account is enforced to run
-      any workloads (for example, Vertex Jobs) on the resource. Otherwise, uses the Vertex AI
-      Custom Code Service Agent" (`ServiceAccountSpec`): the run needs a `service_account` when
-      the resource enforces one, and a run with one a resource that takes it (else its jobs run as
-      another identity than docs/vertex.md#the-iam-roles-a-first-run-needs grants roles to).
-    - Each job's worker pools: a resource pool whose `machine_spec` (machine type, GPU type and
-      count) and boot disk type are the pool's, holding its replicas: "values for machine-type and
-      disk-type matches exactly with a corresponding resource pool", and "a replica-count less than
-      or equal to the replica-count or max-replica-count of the corresponding resource pool"
-      ("Run training jobs on a persistent resource",
-      https://cloud.google.com/vertex-ai/docs/training/persistent-resource-train). One job's pools
-      of the same machines count together (its replicas run at once); a run's jobs run one after
-      another, so they share a pool. Replicas held now (`used_replica_count`) are a warning."""
+      be rejected" (`CustomJobSpec.persistent_resource_id`).
+    - A `service_account` exactly when the resource enforces one: with `resource_runtime_spec
+      .service_account_spec.enable_custom_service_account`, "custom user-managed service account is
+      enforced to run any workloads (for example, Vertex Jobs) on the resource. Otherwise, uses the
+      Vertex AI Custom Code Service Agent" (`ServiceAccountSpec`), which
+      docs/vertex.md#the-iam-roles-a-first-run-needs grants no roles to.
+    - Each job's worker pools: a resource pool whose machine type, GPU type and count and boot disk
+      type are the pool's, holding its replicas: "values for machine-type and disk-type matches
+      exactly with a corresponding resource pool", "a replica-count less than or equal to the
+      replica-count or max-replica-count of the corresponding resource pool" ("Run training jobs
+      on a persistent resource", https://cloud.google.com/vertex-ai/docs/training/persistent-resource-train).
+      One job's pools of the same machines count together; the run's jobs run one after another,
+      so they share a pool. Replicas held now (`used_replica_count`) are a warning."""
     problems: list[str] = []
     warnings: list[str] = []
     state = resource.state.name

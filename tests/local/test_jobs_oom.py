@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from local import jobs, memory
+from local import jobs, lifeline, memory
 
 # Deadlines on processes of its own: in the serial tier, beside one other serial test at most (make test).
 pytestmark = pytest.mark.serial
@@ -290,7 +290,7 @@ def test_the_process_started_is_the_replica_itself(tmp_path: Path) -> None:
     whose rusage gives the peak) is the replica's, running the replica's command."""
     replica = "import os, sys, time; print(os.getpid(), flush=True); time.sleep(30)"
     process = subprocess.Popen(
-        jobs._with_parent_death_signal([sys.executable, "-c", replica]), stdout=subprocess.PIPE, text=True
+        lifeline.with_parent_death_signal([sys.executable, "-c", replica]), stdout=subprocess.PIPE, text=True
     )
     try:
         assert process.stdout is not None
@@ -314,8 +314,8 @@ def _own_memory_cgroup(limit: int) -> Iterator[Path]:
     root = Path(probe.cgroup_root)
     name = f"test-oom-{uuid.uuid4().hex[:8]}"
     candidates = [
-        (root / "memory" / v1.lstrip("/") / name, "memory.limit_in_bytes", "memory.memsw.limit_in_bytes"),
-        (root / v2.lstrip("/") / name, "memory.max", "memory.swap.max"),
+        (root.joinpath("memory", *v1, name), "memory.limit_in_bytes", "memory.memsw.limit_in_bytes"),
+        (root.joinpath(*v2, name), "memory.max", "memory.swap.max"),
     ]
     for path, limit_file, swap_file in candidates:
         if not (path.parent / limit_file).exists():
