@@ -1,23 +1,18 @@
 """Dataset preparation: `python -m trainer.prepare --source SOURCE --output_dir DIR --image_size N`.
 
-Sources:
-  tfds:NAME     a TFDS image-classification dataset (default `tfds:cassava`) through its real
-                builder; downloads unless already in --tfds_data_dir.
-  folder:PATH   your own images, local or gs://, as PATH/<split>/<class>/<image> (split in
-                train, validation, test); other entries are skipped and listed
-                (trainer/preparation/folders.py).
-  synthetic     a small learnable leaf image set in the cassava archive layout, prepared
-                offline through the real TFDS `cassava` builder (tests and local runs).
+Sources (trainer/preparation/sources.py): `tfds:NAME`, a TFDS image-classification dataset
+(default `tfds:cassava`) through its real builder; `folder:PATH`, your own images, local or gs://,
+as PATH/<split>/<class>/<image>; `synthetic`, a small leaf set prepared offline through the real
+TFDS `cassava` builder (tests and local runs).
 
 Output: images resized once to N x N, in TFRecord shards per split (enough for FILE sharding
 across many workers), and `metadata.json`
 (docs/contracts.md#a-prepared-dataset-python--m-trainerprepare-output); a split the source lacks
 is carved deterministically from train. It is staged and published only when complete.
 
-Progress: tqdm bars when stdout and stderr are both terminals, else plain `prepare: ...` lines,
-not bars' garbled escapes (`trainer.preparation.progress.Progress`). SIGTERM unwinds the command like Ctrl-C:
-the staging folder is removed, nothing is published, and it exits with status 143
-(`TERMINATED_EXIT_CODE`). The preparation's other modules: docs/architecture.md#the-trainers-parts.
+Progress: tqdm bars on a terminal, else plain `prepare: ...` lines (`trainer.preparation.progress`).
+SIGTERM unwinds the command like Ctrl-C: nothing is published, no staging folder is left, and it
+exits with status 143. The preparation's other modules: docs/architecture.md#the-trainers-parts.
 """
 
 from __future__ import annotations
@@ -34,14 +29,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from trainer.config import ENCODINGS, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, float_in, int_in
+from trainer.config import ENCODINGS, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, float_in, int_in, parse_bool
 from trainer.preparation.prepareconfig import PrepareConfig
 from trainer.preparation.progress import Progress
-from trainer.preparation.shards import write_dataset
 from trainer.preparation.source import PrepareError
 from trainer.preparation.sources import open_source
-
-ENGINES = ("job", "beam")
 
 
 def _source(text: str) -> str:
@@ -53,12 +45,6 @@ def _source(text: str) -> str:
     raise argparse.ArgumentTypeError(
         f"must be tfds:NAME (e.g. tfds:cassava), folder:PATH or synthetic, got {text!r}"
     )
-
-
-def _true_or_false(text: str) -> bool:
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
 
 
 def _class_names(text: str) -> tuple[str, ...]:
@@ -129,7 +115,7 @@ def build_parser(
         nargs="?",
         const=True,
         default=False,
-        type=_true_or_false,
+        type=parse_bool,
         help="Replace a dataset already in --output_dir (also --overwrite=true|false: a Dataflow Flex "
         "Template passes every parameter with a value).",
     )
@@ -142,7 +128,7 @@ def build_parser(
     )
     p.add_argument(
         "--engine",
-        choices=ENGINES,
+        choices=("job", "beam"),
         default=d.engine,
         help="job: this process converts every image; beam: an Apache Beam pipeline (the "
         "DirectRunner's worker processes here; Dataflow with --runner DataflowRunner and Beam's "
@@ -211,11 +197,9 @@ TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
 
 
 class Terminated(BaseException):
-    """SIGTERM reached `main`. Raised in the main thread so that every `finally` and `with` on the
-    way out runs (`storage.staged_output` removes its staging folder, a synthetic source its
-    temporary folder): unhandled, SIGTERM ends the process at once (Python's `signal`
-    documentation: only SIGINT becomes an exception). A BaseException, like KeyboardInterrupt, so
-    that no `except Exception` on the way swallows it."""
+    """SIGTERM reached `main`, raised so that every `finally` and `with` on the way out runs
+    (unhandled, SIGTERM ends the process at once: only SIGINT becomes an exception). A
+    BaseException, like KeyboardInterrupt, so that no `except Exception` swallows it."""
 
 
 _STOP = threading.Event()
@@ -225,13 +209,10 @@ _STOP = threading.Event()
 def sigterm_unwinds() -> Iterator[None]:
     """Inside the block, SIGTERM raises Terminated in the main thread, and records that it came:
     every image's progress update then raises it again (`stop_if_asked`), as Python drops an
-    exception raised by a handler that ran inside a `__del__`, a weakref callback (importlib's
-    module-lock clean-up) or C code that clears errors (`abc.register` during an import: 10 of
-    200 SIGTERMs sent while numpy imported `numpy.random`, measured). A second SIGTERM during the
-    unwinding does nothing, so the clean-up is not cut short; SIGTERM stays caught, never ignored.
-    A long call into TensorFlow finishes first: images are read one at a time, each in
-    milliseconds. Once stopping, other threads' exceptions are not printed: the Beam engine's
-    threads fail as its workers (in the same process group) die of the same SIGTERM."""
+    exception raised by a handler that ran inside a `__del__`, a weakref callback or C code that
+    clears errors (`abc.register` during an import: 10 of 200 SIGTERMs, measured). A second
+    SIGTERM does nothing, so the clean-up is not cut short. Once stopping, other threads'
+    exceptions are not printed: the Beam engine's threads fail as its workers die of the same SIGTERM."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -263,10 +244,10 @@ def stop_if_asked() -> None:
 
 
 def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str, Any]:
-    """Prepares `config.source` into `config.output_dir`; returns the metadata written.
-    `progress` defaults to `Progress.auto()`: bars on a terminal, else plain lines."""
+    """Prepares `config.source` into `config.output_dir`; returns the metadata written."""
     from trainer import storage
     from trainer._tf import tf
+    from trainer.preparation.shards import write_dataset
 
     progress = progress or Progress.auto()
     progress.stop = stop_if_asked  # every image's update: the work loop's stop point
@@ -309,22 +290,16 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
             raise PrepareError(mismatch)
         if config.engine == "beam":
             from trainer.preparation.beamrun import prepare_beam
-            from trainer.preparation.shards import source_identity
 
-            info = {**source.info, **source_identity(source, config)}
-            return prepare_beam(config, source, info, progress, started=started)
+            return prepare_beam(config, source, progress, started)
         with storage.staged_output(config.output_dir) as staging:
             metadata = write_dataset(source, config, staging, progress)
     return metadata
 
 
-def _left(argv: Sequence[str] | None) -> str:
+def _left(config: PrepareConfig | None) -> str:
     """What a stopped preparation leaves: nothing, or (--engine beam) the shards it wrote."""
-    try:
-        config = parse_args(argv)
-    except SystemExit:
-        return "no staging folder is left"
-    if config.engine != "beam":
+    if config is None or config.engine != "beam":
         return "no staging folder is left"
     from trainer.preparation.beamprep import work_dir
 
@@ -334,6 +309,7 @@ def _left(argv: Sequence[str] | None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command: 0 prepared, 1 bad input (one line per problem), 2 bad flags, 143 stopped on
     SIGTERM and 130 on Ctrl-C (nothing published, no staging folder left either way)."""
+    config = None
     with sigterm_unwinds():
         try:
             config = parse_args(argv)
@@ -341,26 +317,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (PrepareError, FileExistsError) as e:
             print(f"python -m trainer.prepare: error: {e}", file=sys.stderr)
             return 1
-        except Terminated:
+        except (Terminated, KeyboardInterrupt) as e:
+            how = "stopped on SIGTERM" if isinstance(e, Terminated) else "interrupted"
+            code = TERMINATED_EXIT_CODE if isinstance(e, Terminated) else 128 + signal.SIGINT
             print(
-                f"python -m trainer.prepare: stopped on SIGTERM: nothing was published and {_left(argv)}; "
-                f"exiting with status {TERMINATED_EXIT_CODE}",
+                f"python -m trainer.prepare: {how}: nothing was published and {_left(config)}; "
+                f"exiting with status {code}",
                 file=sys.stderr,
                 flush=True,
             )
-            return TERMINATED_EXIT_CODE
-        except KeyboardInterrupt:
-            print(
-                f"python -m trainer.prepare: interrupted: nothing was published and {_left(argv)}",
-                file=sys.stderr,
-                flush=True,
-            )
-            return 128 + signal.SIGINT
+            return code
     if not metadata:  # a Flex Template's launcher: the Dataflow job publishes when done
         return 0
     counts = ", ".join(f"{s} {v['count']}" for s, v in metadata["splits"].items())
     skipped = metadata["source_info"].get("skipped", {}).get("count", 0)
     note = f"; {skipped} source entries skipped (listed above, and in source_info.skipped)" if skipped else ""
+    assert config is not None
     print(
         f"prepared {config.source} into {config.output_dir}: {counts} ({metadata['fingerprint'][:19]}){note}"
     )

@@ -22,16 +22,27 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from trainer import data, datasetinfo, storage
+from trainer._tf import tf
 from trainer.config import SPLITS
 from trainer.preparation.carving import carve_plan
+from trainer.preparation.folders import find_bad_image
 from trainer.preparation.prepareconfig import PrepareConfig
-from trainer.preparation.shards import placement, shard_items, shard_names
-from trainer.preparation.source import PrepareError, Source, check_classes
+from trainer.preparation.shards import (
+    dataset_metadata,
+    example_record,
+    placement,
+    record_encoder,
+    shard_items,
+    shard_names,
+    write_metadata,
+)
+from trainer.preparation.source import PrepareError, Source
+from trainer.preparation.sources import split_subset
 
 WORK_SUFFIX = ".beam-work"
 PLAN_FILE = "plan.json"
@@ -44,8 +55,6 @@ PROGRESS_EVERY_S = 5.0
 
 
 def work_dir(output_dir: str) -> str:
-    from trainer import storage
-
     return storage.resolve(output_dir).rstrip("/") + WORK_SUFFIX
 
 
@@ -58,20 +67,12 @@ def check_work_dir(work: str) -> None:
     """Refuses, before any work, a `work_dir` holding anything this engine did not make: a link
     (removing through it would delete what it points to), a file, or a folder without OWNER_FILE
     (not following links). Nothing there, or a folder a killed run left, is fine."""
-    from trainer import storage
-    from trainer._tf import tf
-
-    what = ""
-    if storage.is_remote(work):
-        if exists(work.rstrip("/")) and not tf.io.gfile.isdir(work):
-            what = "an object, not a folder"
-        elif tf.io.gfile.isdir(work) and not exists(storage.join(work, OWNER_FILE)):
-            what = f"a folder this engine did not make (no {OWNER_FILE} in it)"
-    elif os.path.islink(work):
+    what, remote = "", storage.is_remote(work)
+    if not remote and os.path.islink(work):
         what = f"a symbolic link (to {os.readlink(work)})"
-    elif os.path.lexists(work) and not os.path.isdir(work):
-        what = "a file, not a folder"
-    elif os.path.isdir(work) and not os.path.lexists(os.path.join(work, OWNER_FILE)):
+    elif tf.io.gfile.exists(work.rstrip("/")) and not tf.io.gfile.isdir(work):
+        what = f"{'an object' if remote else 'a file'}, not a folder"
+    elif tf.io.gfile.isdir(work) and not tf.io.gfile.exists(storage.join(work, OWNER_FILE)):
         what = f"a folder this engine did not make (no {OWNER_FILE} in it)"
     if what:
         raise PrepareError(
@@ -96,14 +97,8 @@ def _task_spec(spec: dict[str, Any], indices: list[int]) -> dict[str, Any]:
     return {**spec, "indices": indices}
 
 
-def _unlocated(task: dict[str, Any]) -> dict[str, Any]:
-    """A task without the folder its TFDS split was built in."""
-    return {k: v for k, v in task.items() if k != "dir"}
-
-
 def make_plan(source: Source, config: PrepareConfig, source_info: dict[str, Any]) -> tuple[dict, dict]:
     """(plan, tasks): the plan.json of a Beam preparation of `source`, and each shard's task."""
-    check_classes(source, config)
     counts, assignment, carved = carve_plan(source, config)
     placed = placement(source, assignment)
     shards: list[dict[str, Any]] = []
@@ -120,11 +115,13 @@ def make_plan(source: Source, config: PrepareConfig, source_info: dict[str, Any]
         **{f: getattr(config, f) for f in OUTPUT_FIELDS},
         "class_names": list(source.class_names),
         "source_info": source_info,
-        # The images each shard gets, by content of its task (paths or indices), not by where a
-        # TFDS split was built: the synthetic source is built in a new temporary folder by every
-        # run, and source_info already names the TFDS dataset (its version and downloads).
+        # The images each shard gets, by content of its task (paths or indices), not by the "dir"
+        # a TFDS split was built in: the synthetic source is built in a new temporary folder by
+        # every run, and source_info already names the TFDS dataset (its version and downloads).
         "tasks": hashlib.sha256(
-            json.dumps({n: _unlocated(t) for n, t in tasks.items()}, sort_keys=True).encode()
+            json.dumps(
+                {n: {k: v for k, v in t.items() if k != "dir"} for n, t in tasks.items()}, sort_keys=True
+            ).encode()
         ).hexdigest(),
     }
     plan = {
@@ -145,25 +142,10 @@ def plan_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
-def read_json(path: str) -> Any:
-    from trainer import storage
-
-    return storage.read_json(path)
-
-
 def write_json(path: str, data: Any) -> None:
     """storage.write_json, its folder made first."""
-    from trainer import storage
-    from trainer._tf import tf
-
     tf.io.gfile.makedirs(os.path.dirname(path))
     storage.write_json(path, data)
-
-
-def exists(path: str) -> bool:
-    from trainer._tf import tf
-
-    return bool(tf.io.gfile.exists(path))
 
 
 # --- the workers' steps ----------------------------------------------------------------------
@@ -175,32 +157,19 @@ DISK_FULL = "no space left on the disk of"
 
 def shard_done(work: str, name: str) -> dict[str, Any] | None:
     """The done record of shard `name`, if it is there and its file matches it (size, SHA-256)."""
-    from trainer import datasetinfo, storage
-
-    record_path = storage.join(work, DONE, f"{name}.json")
-    if not exists(record_path):
+    record_path, path = storage.join(work, DONE, f"{name}.json"), storage.join(work, name)
+    if not (tf.io.gfile.exists(record_path) and tf.io.gfile.exists(path)):
         return None
-    record = read_json(record_path)
-    path = storage.join(work, name)
-    if not exists(path):
-        return None
+    record = storage.read_json(record_path)
     sha, size = datasetinfo.shard_digest(path)
-    if size != record.get("bytes") or sha != record.get("sha256"):
-        return None
-    return dict(record)
+    return dict(record) if (size, sha) == (record.get("bytes"), record.get("sha256")) else None
 
 
 def write_shard(work: str, name: str, config: PrepareConfig) -> dict[str, Any] | str:
     """Writes shard `name` of the plan in `work` from its task; returns its done record, or the
     problem (one line naming the image) when an image of it cannot be converted."""
-    from trainer import datasetinfo, storage
-    from trainer._tf import tf
-    from trainer.preparation.folders import find_bad_image
-    from trainer.preparation.shards import example_record, record_encoder
-    from trainer.preparation.sources import split_subset
-
-    task = read_json(storage.join(work, TASKS, f"{name}.json"))
-    class_names = read_json(storage.join(work, PLAN_FILE))["class_names"]
+    task = storage.read_json(storage.join(work, TASKS, f"{name}.json"))
+    class_names = storage.read_json(storage.join(work, PLAN_FILE))["class_names"]
     per_class = [0] * len(class_names)
     partial = storage.join(work, f"{name}.partial-{uuid.uuid4().hex[:8]}")
     ds = split_subset(task, task["indices"]).map(record_encoder(config), num_parallel_calls=tf.data.AUTOTUNE)
@@ -211,18 +180,14 @@ def write_shard(work: str, name: str, config: PrepareConfig) -> dict[str, Any] |
                 writer.write(example_record(encoded, int(label)))
                 per_class[int(label)] += 1
                 records += 1
-    except tf.errors.InvalidArgumentError as e:
+    except BaseException as e:
         with contextlib.suppress(tf.errors.OpError):
             tf.io.gfile.remove(partial)
-        problem = find_bad_image(task["paths"]) if task["kind"] == "files" else None
-        return problem or f"bad input in shard {name}: {e.message.splitlines()[0]}"
-    except tf.errors.ResourceExhaustedError:  # the disk is full (ENOSPC is RESOURCE_EXHAUSTED in TF)
-        with contextlib.suppress(tf.errors.OpError):
-            tf.io.gfile.remove(partial)
-        return disk_full(work)
-    except BaseException:
-        with contextlib.suppress(tf.errors.OpError):
-            tf.io.gfile.remove(partial)
+        if isinstance(e, tf.errors.InvalidArgumentError):
+            problem = find_bad_image(task["paths"]) if task["kind"] == "files" else None
+            return problem or f"bad input in shard {name}: {e.message.splitlines()[0]}"
+        if isinstance(e, tf.errors.ResourceExhaustedError):  # a full disk: ENOSPC is RESOURCE_EXHAUSTED
+            return disk_full(work)
         raise
     final = storage.join(work, name)
     tf.io.gfile.rename(partial, final, overwrite=True)
@@ -235,13 +200,11 @@ def write_shard(work: str, name: str, config: PrepareConfig) -> dict[str, Any] |
 def published(output_dir: str, records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The metadata.json in `output_dir` when it lists exactly these shards (names and SHA-256):
     the dataset an earlier attempt of the publishing step published. Else None."""
-    from trainer import data, storage
-
     path = storage.join(storage.resolve(output_dir), data.METADATA_FILE)
-    if not exists(path):
+    if not tf.io.gfile.exists(path):
         return None
     try:
-        meta = read_json(path)
+        meta = storage.read_json(path)
         listed = {s["name"]: s["sha256"] for split in meta["splits"].values() for s in split["shards"]}
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -256,14 +219,10 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
     It may run more than once (Dataflow reruns a step whose result was not committed, even after
     its side effects): a dataset an earlier attempt published whole (`published`) is kept as it
     is; a half-published one is published again, metadata.json last."""
-    from trainer import storage
-    from trainer._tf import tf
-    from trainer.preparation.shards import dataset_metadata
-
     problems = read_problems(work)
     if problems:
         raise PrepareError("\n".join(problems))
-    if not exists(storage.join(work, PLAN_FILE)):
+    if not tf.io.gfile.exists(storage.join(work, PLAN_FILE)):
         done = published(output_dir, records)
         if done is not None:
             return done
@@ -271,7 +230,7 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
             f"the work folder {work} has no {PLAN_FILE} and {output_dir} holds no dataset of these "
             "shards: it was removed while the preparation ran; prepare again"
         )
-    plan = read_json(storage.join(work, PLAN_FILE))
+    plan = storage.read_json(storage.join(work, PLAN_FILE))
     by_name = {r["name"]: r for r in records}
     missing = [s["name"] for s in plan["shards"] if s["name"] not in by_name]
     if missing:
@@ -293,40 +252,21 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
     elif storage.is_remote(output_dir):
         _publish_remote(work, storage.resolve(output_dir), names, metadata)
     else:
-        _publish_local(work, storage.resolve(output_dir), names, metadata)
+        with storage.staged_output(output_dir) as staging:  # beside it, renamed into place
+            for name in names:
+                os.rename(os.path.join(work, name), os.path.join(staging, name))
+            write_metadata(staging, metadata)
     with contextlib.suppress(tf.errors.OpError):
         tf.io.gfile.rmtree(work)
     return metadata
-
-
-def _publish_local(work: str, final: str, names: list[str], metadata: dict[str, Any]) -> None:
-    from trainer import storage
-    from trainer.preparation.shards import write_metadata
-
-    parent = os.path.dirname(os.path.abspath(final))
-    storage.remove_leftovers(final)
-    staging = os.path.join(parent, f".{os.path.basename(final)}.staging-{uuid.uuid4().hex[:8]}")
-    os.makedirs(staging)
-    try:
-        for name in names:
-            os.rename(os.path.join(work, name), os.path.join(staging, name))
-        write_metadata(staging, metadata)
-        storage.publish(staging, final)
-    finally:
-        if os.path.isdir(staging):
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _publish_remote(work: str, final: str, names: list[str], metadata: dict[str, Any]) -> None:
     """gs://: a stale metadata.json in `final` goes first (from then on `final` is not a finished
     dataset), the shards are copied in (Cloud Storage copies in place, no download), metadata.json
     last."""
-    from trainer import data, storage
-    from trainer._tf import tf
-    from trainer.preparation.shards import write_metadata
-
     stale = storage.join(final, data.METADATA_FILE)
-    if exists(stale):
+    if tf.io.gfile.exists(stale):
         tf.io.gfile.remove(stale)
     tf.io.gfile.makedirs(final)
     for name in names:
@@ -336,16 +276,12 @@ def _publish_remote(work: str, final: str, names: list[str], metadata: dict[str,
 
 def read_problems(work: str) -> list[str]:
     """The problems workers recorded in `work` (errors/*.json), one line each, in shard order."""
-    from trainer import storage
-    from trainer._tf import tf
-
     folder = storage.join(work, ERRORS)
-    if not exists(folder):
+    if not tf.io.gfile.exists(folder):
         return []
     names = sorted(f for f in tf.io.gfile.listdir(folder) if f.endswith(".json"))
-    problems = [read_json(storage.join(folder, f))["problem"] for f in names]
-    full = [p for p in problems if p.startswith(DISK_FULL)]
-    if full:  # one line for a full disk, however many workers met it
+    problems = [storage.read_json(storage.join(folder, f))["problem"] for f in names]
+    if any(p.startswith(DISK_FULL) for p in problems):  # one line for a full disk, however many met it
         problems = [p for p in problems if not p.startswith(DISK_FULL)] + [disk_full(work)]  # counted now
     return problems
 
@@ -353,11 +289,8 @@ def read_problems(work: str) -> list[str]:
 def disk_full(work: str) -> str:
     """The one line for a disk that filled while shards were written into `work`: what the
     shards left need (the mean size of those written), what is kept, how to resume."""
-    from trainer import storage
-    from trainer._tf import tf
-
-    done = [read_json(p) for p in tf.io.gfile.glob(storage.join(work, DONE, "*.json"))]
-    left = len(read_json(storage.join(work, PLAN_FILE))["shards"]) - len(done)
+    done = [storage.read_json(p) for p in tf.io.gfile.glob(storage.join(work, DONE, "*.json"))]
+    left = len(storage.read_json(storage.join(work, PLAN_FILE))["shards"]) - len(done)
     need = sum(r["bytes"] for r in done) / len(done) * left / 2**20 if done else None
     about = f"the {left} shards left need about {need:.1f} MiB" if need is not None else f"{left} shards left"
     return (
@@ -376,14 +309,10 @@ def _beam_steps() -> tuple[Any, Any]:
             self.config: PrepareConfig | None = None
 
         def setup(self) -> None:
-            from trainer import storage
-
-            plan = read_json(storage.join(self.work, PLAN_FILE))
+            plan = storage.read_json(storage.join(self.work, PLAN_FILE))
             self.config = PrepareConfig(output_dir="", **plan["config"])
 
         def process(self, name: str) -> Iterator[dict[str, Any]]:
-            from trainer import storage
-
             done = shard_done(self.work, name)
             if done is not None:
                 beam.metrics.Metrics.counter("prepare", "shards_kept").inc()

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from trainer import data, storage
+from trainer._tf import tf
 from trainer.preparation.beamprep import (
     DONE,
     ERRORS,
@@ -25,16 +27,15 @@ from trainer.preparation.beamprep import (
     build_pipeline,
     check_work_dir,
     disk_full,
-    exists,
     make_plan,
     plan_changes,
-    read_json,
     read_problems,
     work_dir,
     write_json,
 )
 from trainer.preparation.prepareconfig import PrepareConfig
 from trainer.preparation.progress import Progress
+from trainer.preparation.shards import source_identity
 from trainer.preparation.source import PrepareError, Source
 
 
@@ -70,16 +71,14 @@ def local_workers(config: PrepareConfig) -> int:
     with contextlib.suppress(OSError, ValueError, StopIteration):
         with open("/proc/meminfo") as f:
             available = int(next(line for line in f if line.startswith("MemAvailable:")).split()[1]) * 1024
-    by_memory = max(1, available // WORKER_BYTES) if available else cpus
-    if not config.beam_workers:
-        return min(cpus, by_memory)
-    if config.beam_workers > min(cpus, by_memory):
+    room = min(cpus, max(1, available // WORKER_BYTES) if available else cpus)
+    if config.beam_workers > room:
         raise PrepareError(
             f"--beam_workers {config.beam_workers}: this machine has {cpus} CPUs and "
-            f"{available / 2**30:.1f} GiB available, room for {min(cpus, by_memory)} workers (each "
-            f"takes about {WORKER_BYTES / 2**30:.1f} GiB); give at most {min(cpus, by_memory)}, or 0"
+            f"{available / 2**30:.1f} GiB available, room for {room} workers (each "
+            f"takes about {WORKER_BYTES / 2**30:.1f} GiB); give at most {room}, or 0"
         )
-    return config.beam_workers
+    return config.beam_workers or room
 
 
 def pipeline_options(config: PrepareConfig) -> Any:
@@ -91,13 +90,12 @@ def pipeline_options(config: PrepareConfig) -> Any:
     args = list(config.beam_args)
     runner = _runner(args)
     if runner == "DirectRunner":
-        workers = local_workers(config)
         # The workers' own logging off (a user's --default_sdk_harness_log_level, later, wins):
         # failures reach the driver, which says them in one line. Beam still prints each failure's
         # traceback on the worker's stderr, which `_stderr_to` keeps off the screen.
         args = [
             "--direct_running_mode=multi_processing",
-            f"--direct_num_workers={workers}",
+            f"--direct_num_workers={local_workers(config)}",
             "--default_sdk_harness_log_level=CRITICAL",
             *args,
         ]
@@ -191,19 +189,16 @@ def check_google_cloud(seconds: float = PROBE_SECONDS) -> None:
 def write_plan(work: str, plan: dict[str, Any], tasks: dict[str, Any], progress: Progress) -> int:
     """Writes the plan into `work`, keeping what a killed run with the same plan left; returns
     the number of shards already done (checked again by each worker before it is kept)."""
-    from trainer import storage
-    from trainer._tf import tf
-
     plan_path = storage.join(work, PLAN_FILE)
-    if exists(plan_path):
-        old = read_json(plan_path)
+    if tf.io.gfile.exists(plan_path):
+        old = storage.read_json(plan_path)
         if old.get("fingerprint") == plan["fingerprint"]:
             done = len(tf.io.gfile.glob(storage.join(work, DONE, "*.json")))
             progress.say(
                 f"resuming the Beam preparation in {work}: {done} of {len(plan['shards'])} "
                 "shards were written by an earlier run and are kept once checked (size and SHA-256)"
             )
-            if exists(storage.join(work, ERRORS)):
+            if tf.io.gfile.exists(storage.join(work, ERRORS)):
                 tf.io.gfile.rmtree(storage.join(work, ERRORS))
             # The same images, perhaps from another folder (a TFDS split built anew): the shards
             # still to write read this run's.
@@ -215,7 +210,7 @@ def write_plan(work: str, plan: dict[str, Any], tasks: dict[str, Any], progress:
             f"cannot resume the earlier Beam preparation in {work}: its {changed} "
             "differ from this run's; starting over"
         )
-    if exists(work):
+    if tf.io.gfile.exists(work):
         check_work_dir(work)  # never removed through a link, nor a folder of the user's
         tf.io.gfile.rmtree(work)
     write_json(storage.join(work, OWNER_FILE), {"output_dir": work.removesuffix(WORK_SUFFIX)})
@@ -229,9 +224,6 @@ def write_plan(work: str, plan: dict[str, Any], tasks: dict[str, Any], progress:
 @contextlib.contextmanager
 def _progress_lines(work: str, total: int, progress: Progress) -> Iterator[None]:
     """Counts the done records every PROGRESS_EVERY_S while the pipeline runs."""
-    from trainer import storage
-    from trainer._tf import tf
-
     stop = threading.Event()
 
     def poll() -> None:
@@ -288,13 +280,7 @@ def _stderr_to(name_suffix: str | None) -> Iterator[None]:
             os.remove(name)
 
 
-def prepare_beam(
-    config: PrepareConfig,
-    source: Source,
-    source_info: dict[str, Any],
-    progress: Progress,
-    started: float | None = None,
-) -> dict[str, Any]:
+def prepare_beam(config: PrepareConfig, source: Source, progress: Progress, started: float) -> dict[str, Any]:
     """Runs the Beam preparation of the opened `source` and waits for it (on Dataflow too, then
     reads what the job published); returns the metadata. Under a Flex Template's launcher
     (`--template_location`) it only writes the job's graph and returns {}: Dataflow runs the job,
@@ -305,12 +291,10 @@ def prepare_beam(
 
     import apache_beam as beam
 
-    from trainer import storage
-
     # Beam's runner relays each worker's warnings and errors with their tracebacks; problems and
     # failures come back here, to be said in one line (PrepareError).
     logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-    plan, tasks = make_plan(source, config, source_info)
+    plan, tasks = make_plan(source, config, {**source.info, **source_identity(source, config)})
     work = work_dir(config.output_dir)
     kept = write_plan(work, plan, tasks, progress)
     names = [s["name"] for s in plan["shards"]]
@@ -320,10 +304,10 @@ def prepare_beam(
         # The DirectRunner's worker processes import trainer/ as this process does.
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    planned = f", listed and planned in {time.monotonic() - started:.1f} s" if started is not None else ""
     progress.say(
         f"Beam {'DirectRunner' if local else options.get_all_options()['runner']}: {len(names)} shards "
-        f"({len(names) - kept} to write) from {sum(s.count for s in source.splits.values())} images{planned}"
+        f"({len(names) - kept} to write) from {sum(s.count for s in source.splits.values())} images, "
+        f"listed and planned in {time.monotonic() - started:.1f} s"
     )
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, work, config.output_dir, names, local=local)
@@ -345,8 +329,6 @@ def prepare_beam(
             f"the Beam preparation failed: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}; "
             f"the shards written so far are kept in {work} for the next run"
         ) from None
-    from trainer import data
-
     problems = read_problems(work)
     if problems:
         raise PrepareError("\n".join(problems) + "\n(nothing was published)")

@@ -9,7 +9,7 @@ from typing import Any
 
 from trainer.config import SPLITS
 from trainer.preparation.prepareconfig import PrepareConfig
-from trainer.preparation.source import PrepareError, Source
+from trainer.preparation.source import PrepareError, Source, too_few_classes
 
 CARVED_SPLITS = ("validation", "test")
 
@@ -35,12 +35,13 @@ def too_few_to_carve(train_count: int, sizes: Mapping[str, int]) -> str | None:
 
 
 def carve_plan(source: Source, config: PrepareConfig) -> tuple[dict[str, int], Any, dict[str, str]]:
-    """Output split sizes and, per train example, the output split it goes to."""
+    """Output split sizes and, per train example, the output split it goes to. Refuses a source
+    of too few classes (`too_few_classes`) or training images (`too_few_to_carve`)."""
     import numpy as np
 
     n_train = source.splits["train"].count
     sizes = carve_sizes(n_train, source.splits, config.validation_fraction, config.test_fraction)
-    problem = too_few_to_carve(n_train, sizes)
+    problem = too_few_classes(config.source, source.class_names) or too_few_to_carve(n_train, sizes)
     if problem:
         raise PrepareError(problem)
     assignment = np.zeros(n_train, dtype=np.int8)  # index into SPLITS

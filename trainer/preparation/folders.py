@@ -16,7 +16,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from trainer.config import MAX_IMAGE_PIXELS, MAX_IMAGE_SIZE, SPLITS
 from trainer.preparation.imageheaders import BadImageHeader, ImageHeader, read_image_header
@@ -49,14 +49,7 @@ UNDECODABLE_FORMATS = {
     ".ico": "ICO",
     ".svg": "SVG",
     ".psd": "Photoshop",
-    ".dng": "camera raw",
-    ".cr2": "camera raw",
-    ".cr3": "camera raw",
-    ".nef": "camera raw",
-    ".arw": "camera raw",
-    ".orf": "camera raw",
-    ".rw2": "camera raw",
-    ".raf": "camera raw",
+    **dict.fromkeys((".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2", ".raf"), "camera raw"),
 }
 # Split folder names people use for validation; a folder source with one is told to rename it.
 VALIDATION_ALIASES = ("val", "valid", "dev", "eval")
@@ -231,21 +224,10 @@ class ListingBudget:
         return f"stopped after {self.seconds:g} s"
 
 
-class FolderTree(Protocol):
-    """How a listing reads a folder tree: `kind(path)` is "dir", "file" or "missing";
-    `entries(folder, budget)` the folder's (name, is a folder) pairs, sorted, each one spent
-    from `budget`. `local`: paths are local (the file system's root is refused)."""
-
-    local: bool
-
-    def kind(self, path: str) -> str: ...
-
-    def entries(self, folder: str, budget: ListingBudget | None) -> list[tuple[str, bool]]: ...
-
-
 class _LocalTree:
-    """A local folder tree, read with os.scandir (whose entries know whether they are folders
-    without a stat call per file)."""
+    """A local folder tree, read with os.scandir (no stat call per file). A tree (this, or
+    `_GfileTree`) gives `kind(path)`: "dir", "file" or "missing"; `entries(folder, budget)`: the
+    folder's sorted (name, is a folder) pairs, each spent from `budget`."""
 
     local = True
 
@@ -304,7 +286,7 @@ def list_folder(
     path: str,
     *,
     root: str | None = None,
-    tree: FolderTree | None = None,
+    tree: _LocalTree | _GfileTree | None = None,
     budget: ListingBudget | None = None,
     check_files: bool = True,
 ) -> FolderListing:
@@ -325,7 +307,7 @@ def list_folder(
 
 
 def _list_folder(
-    listing: FolderListing, tree: FolderTree, budget: ListingBudget | None, check_files: bool
+    listing: FolderListing, tree: _LocalTree | _GfileTree, budget: ListingBudget | None, check_files: bool
 ) -> None:
     src, root = f"--source folder:{listing.path}", listing.root
     problems, skipped = listing.problems, listing.skipped
@@ -536,7 +518,7 @@ def find_bad_image(paths: Any) -> str | None:
     return None
 
 
-def open_folder(path: str, progress: Progress | None = None) -> Source:
+def open_folder(path: str, progress: Progress) -> Source:
     """The folder source `folder:PATH`, listed by `list_folder` (its problems refused at once,
     before any image is decoded), its skipped entries said in one line on `progress`."""
     from trainer import storage
@@ -550,7 +532,7 @@ def open_folder(path: str, progress: Progress | None = None) -> Source:
         raise refusal(listing.problems)
     summary = listing.skipped.summary()
     if summary:
-        (progress or Progress.auto()).say(summary)
+        progress.say(summary)
 
     def make(split: str) -> SourceSplit:
         paths, labels = listing.splits[split]

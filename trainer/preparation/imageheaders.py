@@ -3,7 +3,7 @@
 Preparation reads each image's size here before anything decodes it: a small image file can hold
 a huge image (a 1.1 MB PNG of 20000 x 20000 pixels decodes to 1.2 GB).
 
-Not Pillow (issue 34): the rule is what TensorFlow's decoder will allocate and accept, which
+Not Pillow: the rule is what TensorFlow's decoder will allocate and accept, which
 Pillow's public API does not give without decoding (a GIF's frame sizes: `seek` decodes each
 frame; a BMP's bit depth; a WebP's animation flag), and Pillow reads no JPEG XL.
 """
@@ -84,20 +84,21 @@ class _Bytes:
         return self._chunk[offset - self._start : offset - self._start + n]
 
 
-def _format_of(head: bytes) -> str | None:
-    """The format TensorFlow will decode these first bytes as (it goes by content, not name)."""
+def _reader_of(head: bytes) -> Callable[[_Bytes], ImageHeader] | None:
+    """The header reader of the format TensorFlow will decode these first bytes as (it goes by
+    content, not name)."""
     if head.startswith(b"\xff\xd8\xff"):
-        return "JPEG"
+        return _jpeg
     if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "PNG"
+        return _png
     if head.startswith((b"GIF87a", b"GIF89a")):
-        return "GIF"
+        return _gif
     if head.startswith(b"BM"):
-        return "BMP"
+        return _bmp
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "WebP"
+        return _webp
     if head.startswith((b"\xff\x0a", _JXL_CONTAINER)):
-        return "JPEG XL"
+        return _jxl
     return None
 
 
@@ -298,16 +299,6 @@ def _jxl(b: _Bytes) -> ImageHeader:
     return ImageHeader("JPEG XL", width, height)
 
 
-_HEADER_READERS: dict[str, Callable[[_Bytes], ImageHeader]] = {
-    "JPEG": _jpeg,
-    "PNG": _png,
-    "GIF": _gif,
-    "BMP": _bmp,
-    "WebP": _webp,
-    "JPEG XL": _jxl,
-}
-
-
 def read_image_header(data: bytes | None = None, *, file: BinaryIO | None = None) -> ImageHeader:
     """The header of an image, from its bytes or from an open file (read a chunk at a time: a
     few KiB for most images, the whole file for a GIF, whose frames are all counted). Raises
@@ -316,10 +307,12 @@ def read_image_header(data: bytes | None = None, *, file: BinaryIO | None = None
     head = b.at(0, 16)
     if not head:
         raise BadImageHeader("the file is empty")
-    fmt = _format_of(head)
-    if fmt is None:
+    reader = _reader_of(head)
+    if reader is None:
         raise BadImageHeader("its content is not JPEG, PNG, GIF, BMP, WebP or JPEG XL")
-    header = _HEADER_READERS[fmt](b)
+    header = reader(b)
     if header.width <= 0 or header.height <= 0:
-        raise BadImageHeader(f"its {fmt} header gives a size of {header.width}x{header.height} pixels")
+        raise BadImageHeader(
+            f"its {header.format} header gives a size of {header.width}x{header.height} pixels"
+        )
     return dataclasses.replace(header, pixels=max(header.pixels, header.width * header.height))

@@ -5,8 +5,9 @@ imported lazily."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 from trainer.adapters import (
     TFDS_CHECKED_VERSION,
@@ -14,15 +15,6 @@ from trainer.adapters import (
     check_tfds_download_manager_hook,
 )
 from trainer.preparation.source import PrepareError
-
-
-def _map_urls(url_or_urls: Any, fn: Callable[[Any], Any]) -> Any:
-    """`fn` over a URL, or over the URLs in a list, tuple or dict of them (what TFDS accepts)."""
-    if isinstance(url_or_urls, dict):
-        return {k: _map_urls(v, fn) for k, v in url_or_urls.items()}
-    if isinstance(url_or_urls, list | tuple):
-        return type(url_or_urls)(_map_urls(v, fn) for v in url_or_urls)
-    return fn(url_or_urls)
 
 
 def _local_archive_manager(archive: str, **manager_kwargs: Any) -> Any:
@@ -41,8 +33,8 @@ def _local_archive_manager(archive: str, **manager_kwargs: Any) -> Any:
             self.served.append(str(getattr(url, "url", url)))  # a str or a tfds.download.Resource
             return self.archive
 
-        def download_and_extract(self, url_or_urls: Any) -> Any:
-            return _map_urls(url_or_urls, self._serve)
+        def download_and_extract(self, url_or_urls: Any) -> Any:  # a URL, or a list, tuple or dict of them
+            return tfds.core.utils.map_nested(self._serve, url_or_urls, map_tuple=True)
 
         def _offline(self, what: Any) -> PrepareError:
             return PrepareError(
@@ -78,16 +70,8 @@ def local_archive(builder: Any, archive: str, scratch_dir: str) -> Iterator[None
         made.append(manager)
         return manager
 
-    missing = object()
-    saved = builder.__dict__.get(TFDS_DOWNLOAD_MANAGER_HOOK, missing)
-    setattr(builder, TFDS_DOWNLOAD_MANAGER_HOOK, make_download_manager)
-    try:
+    with mock.patch.object(builder, TFDS_DOWNLOAD_MANAGER_HOOK, make_download_manager):  # restored after
         yield
-    finally:
-        if saved is missing:
-            delattr(builder, TFDS_DOWNLOAD_MANAGER_HOOK)
-        else:
-            setattr(builder, TFDS_DOWNLOAD_MANAGER_HOOK, saved)
     if not made:
         raise RuntimeError(
             f"TFDS {builder.name} was not prepared through {TFDS_DOWNLOAD_MANAGER_HOOK} (checked "

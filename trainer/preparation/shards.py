@@ -2,7 +2,7 @@
 TFRecord shards per split (`ShardWriter`), then `metadata.json`: the source's identity
 (`source_identity`), the counts per split and class, the manifest of every shard (name, exact
 size, records, SHA-256 of its bytes) and the dataset's fingerprint over them
-(`trainer.datasetinfo.manifest_fingerprint`). TensorFlow is imported lazily."""
+(`trainer.datasetinfo.manifest_fingerprint`)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from trainer import data, datasetinfo, images, storage
+from trainer._tf import tf
 from trainer.config import SPLITS
 from trainer.contract import METADATA_FORMAT_VERSION
+from trainer.preparation import folders
 from trainer.preparation.carving import carve_plan
 from trainer.preparation.prepareconfig import PrepareConfig
 from trainer.preparation.progress import Progress
-from trainer.preparation.source import PrepareError, Source, check_classes
+from trainer.preparation.source import PrepareError, Source
 
 # A split with fewer images than this of a class gets a warning: its figures (the gate's test
 # accuracy, the tuning metric) are too noisy to compare models by.
@@ -59,7 +62,6 @@ def shard_items(items: list[tuple[str, int]], n: int, shard: int) -> list[tuple[
 def record_encoder(config: PrepareConfig) -> Any:
     """The map from a source's (uint8 image, label) to (stored image bytes, label): resized once
     to config.image_size and encoded as config.encoding. The one conversion both engines run."""
-    from trainer import images
 
     def encode(image: Any, label: Any) -> tuple[Any, Any]:
         return images.encode(images.resize(image, config.image_size), config.encoding), label
@@ -71,8 +73,6 @@ class ShardWriter:
     """Round-robin TFRecord shards for one split; `close` gives their manifest."""
 
     def __init__(self, folder: str, split: str, count: int, shards: int) -> None:
-        from trainer._tf import tf
-
         self.folder = folder
         self.names = shard_names(split, count, shards)
         self.n = len(self.names)
@@ -87,11 +87,9 @@ class ShardWriter:
         self.records[i] += 1
         self.written += 1
 
-    def close(self) -> dict[str, str]:
-        """Closes and hashes the shards: returns {name: SHA-256 hex}, and sets `manifest`,
-        metadata.json's `shards` for them (trainer.contract.METADATA_SHARD_KEYS)."""
-        from trainer import datasetinfo
-
+    def close(self) -> None:
+        """Closes and hashes the shards: sets `manifest`, metadata.json's `shards` for them
+        (trainer.contract.METADATA_SHARD_KEYS)."""
         for w in self._writers:
             w.close()
         paths = [os.path.join(self.folder, name) for name in self.names]
@@ -101,7 +99,6 @@ class ShardWriter:
             {"name": name, "bytes": size, "records": records, "sha256": sha}
             for name, records, (sha, size) in zip(self.names, self.records, digests, strict=True)
         ]
-        return {entry["name"]: entry["sha256"] for entry in self.manifest}
 
 
 def few_images_warnings(class_counts: Mapping[str, Mapping[str, int]]) -> list[str]:
@@ -122,9 +119,6 @@ def few_images_warnings(class_counts: Mapping[str, Mapping[str, int]]) -> list[s
 def write_dataset(source: Source, config: PrepareConfig, staging: str, progress: Progress) -> dict[str, Any]:
     """Writes `source` into `staging`: its images resized and encoded, in TFRecord shards per
     split (a split the source lacks carved from train), then metadata.json; returns the metadata."""
-    from trainer._tf import tf
-
-    check_classes(source, config)
     counts, assignment, carved = carve_plan(source, config)
     writers = {split: ShardWriter(staging, split, counts[split], config.shards) for split in SPLITS}
     class_counts = {split: [0] * len(source.class_names) for split in SPLITS}
@@ -173,8 +167,6 @@ def dataset_metadata(
 ) -> dict[str, Any]:
     """metadata.json of a prepared dataset: `splits` maps each output split to (its shards'
     manifest, in shard order, and its image count per class). Both engines build it here."""
-    from trainer import datasetinfo
-
     out = {}
     for split in SPLITS:
         manifest, per_class = splits[split]
@@ -202,14 +194,10 @@ def dataset_metadata(
 
 def write_metadata(folder: str, metadata: Mapping[str, Any]) -> None:
     """Writes metadata.json into `folder`: the last file of a prepared dataset."""
-    from trainer import data, storage
-
     storage.write_json(os.path.join(folder, data.METADATA_FILE), metadata)
 
 
 def example_record(encoded: bytes, label: int) -> bytes:
-    from trainer._tf import tf
-
     feature = {
         "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[encoded])),
         "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
@@ -230,8 +218,6 @@ def source_identity(source: Source, config: PrepareConfig) -> dict[str, Any]:
     checksums (`tfds_downloads`), a folder's listing fingerprint (`listing`). The synthetic set is
     named by its generator, size and seed already (its archive is made here, not downloaded)."""
     kind = config.source.partition(":")[0]
-    if config.source == "synthetic":
-        return {}
     if kind == "tfds":
         return {"tfds_downloads": tfds_downloads(str(source.info["tfds_name"]))}
     if kind == "folder":
@@ -261,10 +247,6 @@ def folder_listing(path: str) -> dict[str, Any]:
     """The identity of a folder source's listing, as preparation read it: {images, bytes,
     fingerprint} (trainer.contract.METADATA_SOURCE_INFO_KEYS). A file added, removed, renamed,
     resized or rewritten changes the fingerprint."""
-    from trainer import storage
-    from trainer._tf import tf
-    from trainer.preparation import folders
-
     root = storage.resolve(path.rstrip("/")) or "/"
     remote = storage.is_remote(root)
     tree = folders._GfileTree() if remote else None  # the tree open_folder lists gs:// with

@@ -11,8 +11,6 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainer.preparation.prepareconfig import PrepareConfig
-
 MIN_CLASSES = 2
 # Problems shown in a refusal; the rest are counted.
 MAX_PROBLEMS_SHOWN = 20
@@ -42,19 +40,15 @@ class Source:
     info: dict[str, Any]
 
 
+def shown(problems: Sequence[str], limit: int = MAX_PROBLEMS_SHOWN) -> list[str]:
+    """The first `limit` of `problems`, then a line counting the rest."""
+    more = len(problems) - limit
+    return [*problems[:limit], *([f"... and {more} more like these"] if more > 0 else [])]
+
+
 def refusal(problems: Sequence[str]) -> PrepareError:
-    """A PrepareError listing `problems`, one a line (the first MAX_PROBLEMS_SHOWN)."""
-    shown = list(problems[:MAX_PROBLEMS_SHOWN])
-    more = len(problems) - len(shown)
-    return PrepareError("\n".join(shown + ([f"... and {more} more like these"] if more else [])))
-
-
-def check_classes(source: Source, config: PrepareConfig) -> None:
-    """Raises PrepareError, naming the source and the classes found, when the source has fewer
-    than MIN_CLASSES classes."""
-    problem = too_few_classes(config.source, source.class_names)
-    if problem:
-        raise PrepareError(problem)
+    """A PrepareError listing `problems`, one a line (`shown`)."""
+    return PrepareError("\n".join(shown(problems)))
 
 
 def too_few_classes(source: str, found: Sequence[str]) -> str | None:

@@ -41,6 +41,7 @@ from typing import Any
 from trainer.config import SPLITS
 from trainer.preparation import carving, folders
 from trainer.preparation.prepareconfig import PrepareConfig
+from trainer.preparation.source import shown
 
 # The listing's bounds: a local folder of a million entries lists in about a second
 # (os.scandir); SECONDS caps a slow disk or a network mount.
@@ -63,14 +64,11 @@ def _remote(path: str) -> bool:
 
 def check(
     source: str,
-    validation_fraction: float | None = None,
-    test_fraction: float | None = None,
+    validation_fraction: float = PrepareConfig.validation_fraction,
+    test_fraction: float = PrepareConfig.test_fraction,
     budget: folders.ListingBudget | None = None,
 ) -> dict[str, Any]:
     """The answer for `source` (the JSON printed; see the module's docstring)."""
-    defaults = PrepareConfig(source="", output_dir="")
-    validation_fraction = defaults.validation_fraction if validation_fraction is None else validation_fraction
-    test_fraction = defaults.test_fraction if test_fraction is None else test_fraction
     answer: dict[str, Any] = {"source": source, "checked": False, "why": None, "problems": [], "counts": None}
     kind, _, path = source.partition(":")
     if kind != "folder" or not path.strip():
@@ -82,7 +80,9 @@ def check(
     listing = folders.list_folder(path, budget=budget or folders.ListingBudget(MAX_ENTRIES, SECONDS))
     problems = list(listing.problems)
     answer["checked"] = True
-    if listing.splits or listing.class_names:
+    counts: dict[str, Any] = {"complete": listing.complete, "stopped": listing.stopped}
+    listed = bool(listing.splits or listing.class_names)
+    if listed:
         split_images = {split: len(paths) for split, (paths, _) in listing.splits.items()}
         prepared, carved = None, []
         if not problems and listing.complete and "train" in split_images:
@@ -96,36 +96,25 @@ def check(
                 carved = list(sizes)
                 prepared = {split: split_images.get(split, sizes.get(split, 0)) for split in SPLITS}
                 prepared["train"] = split_images["train"] - sum(sizes.values())
-        answer["counts"] = {
-            "complete": listing.complete,
-            "stopped": listing.stopped,
-            "classes": listing.class_names,
-            "images": listing.class_counts(),
-            "split_images": split_images,
-            "prepared": prepared,
-            "carved": carved,
-            "images_checked": listing.files_checked,
-            "skipped": listing.skipped.to_json(),
-            "skipped_summary": listing.skipped.summary(),
-        }
-    elif listing.skipped.count or not listing.complete:
-        answer["counts"] = {
-            "complete": listing.complete,
-            "stopped": listing.stopped,
-            "skipped": listing.skipped.to_json(),
-            "skipped_summary": listing.skipped.summary(),
-        }
-    if len(problems) > MAX_PROBLEMS:
-        more = len(problems) - MAX_PROBLEMS
-        problems = [*problems[:MAX_PROBLEMS], f"... and {more} more like these"]
-    answer["problems"] = problems
+        counts.update(
+            classes=listing.class_names,
+            images=listing.class_counts(),
+            split_images=split_images,
+            prepared=prepared,
+            carved=carved,
+            images_checked=listing.files_checked,
+        )
+    if listed or listing.skipped.count or not listing.complete:
+        counts.update(skipped=listing.skipped.to_json(), skipped_summary=listing.skipped.summary())
+        answer["counts"] = counts
+    answer["problems"] = shown(problems, MAX_PROBLEMS)
     return answer
 
 
-def _fraction(request: Mapping[str, Any], name: str) -> float | None:
+def _fraction(request: Mapping[str, Any], name: str) -> float:
     value = request.get(name)
     if value is None:
-        return None
+        return float(getattr(PrepareConfig, name))
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise RequestError(f"{name} must be a number, got {value!r}")
     if not 0 < value < 0.5:
@@ -133,9 +122,9 @@ def _fraction(request: Mapping[str, Any], name: str) -> float | None:
     return float(value)
 
 
-def parse_request(text: str) -> tuple[str, float | None, float | None]:
-    """(source, validation_fraction, test_fraction) from the JSON request; RequestError naming
-    what is wrong."""
+def parse_request(text: str) -> tuple[str, float, float]:
+    """(source, validation_fraction, test_fraction) from the JSON request (absent fractions:
+    trainer.prepare's defaults); RequestError naming what is wrong."""
     try:
         request = json.loads(text)
     except json.JSONDecodeError as e:
@@ -157,11 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if len(argv) > 1:
             raise RequestError("give one source, folder:PATH, as the argument, or a JSON request on stdin")
-        source, validation, test = (argv[0], None, None) if argv else parse_request(sys.stdin.read())
+        request = parse_request(sys.stdin.read()) if not argv else (argv[0],)
     except RequestError as e:
         sys.stderr.write(f"python -m trainer.preparation.sourcecheck: {e}\n")
         return 2
-    json.dump(check(source, validation, test), sys.stdout)
+    json.dump(check(*request), sys.stdout)
     sys.stdout.write("\n")
     return 0
 

@@ -25,14 +25,13 @@ from trainer.preparation.tfdssource import (
 
 
 @contextlib.contextmanager
-def open_synthetic(config: PrepareConfig, progress: Progress | None = None) -> Iterator[Source]:
+def open_synthetic(config: PrepareConfig, progress: Progress) -> Iterator[Source]:
     """Generates the synthetic archive, then prepares it through the real TFDS cassava builder,
     offline, in a private TFDS data folder (never the user's, where it would pass for cassava)."""
     import tensorflow_datasets as tfds
 
     from trainer import synthetic
 
-    progress = progress or Progress.auto()
     with tempfile.TemporaryDirectory(prefix="synthetic-cassava-") as tmp:
         counts = synthetic.split_counts(config.synthetic_per_class)
         total = sum(counts.values()) * len(synthetic.CASSAVA_CLASSES)
@@ -58,7 +57,7 @@ def open_synthetic(config: PrepareConfig, progress: Progress | None = None) -> I
 
 
 @contextlib.contextmanager
-def open_source(config: PrepareConfig, progress: Progress | None = None) -> Iterator[Source]:
+def open_source(config: PrepareConfig, progress: Progress) -> Iterator[Source]:
     kind, _, rest = config.source.partition(":")
     if config.source == "synthetic":
         with open_synthetic(config, progress) as source:

@@ -11,9 +11,7 @@ from trainer.preparation.progress import Progress
 from trainer.preparation.source import PrepareError, Source, SourceSplit
 
 
-def open_tfds(
-    name: str, data_dir: str | None, *, download: bool = True, progress: Progress | None = None
-) -> Source:
+def open_tfds(name: str, data_dir: str | None, *, progress: Progress) -> Source:
     import tensorflow_datasets as tfds
 
     try:
@@ -24,8 +22,7 @@ def open_tfds(
             "dataset from the TFDS catalogue (e.g. cassava, tf_flowers, beans)"
         ) from None
     image_key, label_key = image_classification_keys(builder.info, name)
-    if download:
-        download_and_prepare(builder, progress or Progress.auto())
+    download_and_prepare(builder, progress)
     return tfds_source(builder, image_key, label_key)
 
 
