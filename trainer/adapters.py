@@ -1,21 +1,20 @@
 """The third-party private names the trainer still needs, each checked against the library.
 
-Every private name of a library that `trainer/` relies on is used here and nowhere else, beside
-a `check_*` function that fails, naming what changed, when the library no longer has it with the
-expected signature. tests/trainer/test_adapters.py runs every check against the installed
-libraries, so an upgrade that changes one fails there, not in a job.
+Every private name of a library that `trainer/` relies on is used here and nowhere else, and
+tests/trainer/test_adapters.py exercises each against the installed libraries, so an upgrade
+that changes one fails there, not in a job.
 
 - tf-keras `BackupAndRestore._backup(epoch, batch=0)` (`back_up`): checked when a `Backup` is built.
-- tf-keras `BackupAndRestore`'s checkpoint layout: checked by the tests and by a real backup read back.
+- tf-keras `BackupAndRestore`'s checkpoint layout: checked by the tests, a real backup read back.
 - TFDS `DatasetBuilder._make_download_manager(download_dir, download_config)`: checked before each use.
-- tf-keras `Callback._supports_tf_logs` (`take_tensor_logs`): only speed depends on it, so tests only.
+- tf-keras `Callback._supports_tf_logs` (`take_tensor_logs`): only speed depends on it, so tests only
+  (a real `fit` must hand the callback tensors).
 
 No TensorFlow at import: the checks import the libraries they check when they run.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
 from typing import Any
 
@@ -57,26 +56,6 @@ def back_up(callback: Any, epoch: int, batch: int = 0) -> None:
     getattr(callback, BACKUP_METHOD)(epoch=epoch, batch=batch)
 
 
-def check_tensor_logs() -> None:
-    """Raises RuntimeError unless tf-keras's `Callback` still defaults `_supports_tf_logs` to
-    False and `CallbackList` still reads it (the attribute `take_tensor_logs` sets)."""
-    from trainer._tf import keras
-
-    default = getattr(keras.callbacks.Callback(), TENSOR_LOGS_ATTRIBUTE, None)
-    try:
-        read = TENSOR_LOGS_ATTRIBUTE in inspect.getsource(keras.callbacks.CallbackList)
-    except (OSError, TypeError):
-        read = False
-    if default is not False or not read:
-        raise RuntimeError(
-            f"tf_keras {keras.__version__}: Callback.{TENSOR_LOGS_ATTRIBUTE} "
-            f"{'defaults to ' + repr(default) if default is not None else 'is gone'} and CallbackList "
-            f"{'reads' if read else 'no longer reads'} it; expected a False default that CallbackList "
-            f"reads (as in tf_keras {TF_KERAS_CHECKED_VERSION}); trainer.adapters.take_tensor_logs "
-            "(trainer.callbacks.ProgressLogger) needs updating for this tf_keras"
-        )
-
-
 def take_tensor_logs(callback: Any) -> None:
     """Makes tf-keras hand `callback` its logs as tensors: otherwise Keras converts them to
     numbers after every step, which makes each step wait for the device."""
@@ -93,27 +72,6 @@ def take_tensor_logs(callback: Any) -> None:
 BACKUP_CHIEF_FOLDER = "chief"
 SAVED_EPOCH_KEY = "ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE"
 SAVED_BATCH_KEY = "ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE"
-
-
-def check_backup_layout() -> None:
-    """Raises RuntimeError unless tf-keras's WorkerTrainingState still writes the chief's backup
-    into `<backup_dir>/chief` and saves its position as `ckpt_saved_epoch` and `ckpt_saved_batch`."""
-    from tf_keras.src.distribute import worker_training_state
-
-    source = inspect.getsource(worker_training_state.WorkerTrainingState.__init__)
-    expected = (
-        f'os.path.join(checkpoint_dir, "{BACKUP_CHIEF_FOLDER}")',
-        'name="ckpt_saved_epoch"',
-        'name="ckpt_saved_batch"',
-    )
-    missing = [text for text in expected if text not in source]
-    if missing:
-        version = importlib.metadata.version("tf-keras")
-        raise RuntimeError(
-            f"tf-keras {version}: WorkerTrainingState.__init__ no longer has {missing} (as in tf-keras "
-            f"{TF_KERAS_CHECKED_VERSION}); trainer.callbacks.latest_backup and backup_position read "
-            "the backup by that layout and need updating"
-        )
 
 
 # --- TFDS's download-manager hook ----------------------------------------------------------------

@@ -1,17 +1,14 @@
 """Every backbone the trainer knows, each registered once: adding one is one `Backbone` entry here.
 
 The `--backbone` flag's choices (`trainer.config`), the model builder (`trainer.model`) and
-`tests/trainer/test_backbones.py` (the docs' lists; every application exists in the installed
-tf-keras and builds) read `REGISTRY`. No TensorFlow here, so flags are checked in milliseconds:
-an application is named by its `tf_keras.applications` attribute. Checked at import
-(`registry_problems`).
+`tests/trainer/test_backbones.py` (the docs' lists; every entry complete and consistent, every
+application exists in the installed tf-keras and builds) read `REGISTRY`. No TensorFlow here, so
+flags are checked in milliseconds: an application is named by its `tf_keras.applications` attribute.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Sequence
 
 PREPROCESSING_MODES = ("caffe", "tf", "unit", "raw")
 """How uint8 RGB pixels become what a backbone's weights expect (`trainer.model.Preprocess`):
@@ -63,37 +60,3 @@ def get(name: str) -> Backbone:
         return _BY_NAME[name]
     except KeyError:
         raise ValueError(f"unknown backbone {name!r}; expected one of {', '.join(NAMES)}") from None
-
-
-def registry_problems(entries: Sequence[Backbone], default: str) -> list[str]:
-    """What is incomplete or inconsistent in `entries` (empty when nothing), without TensorFlow:
-    each name unique and flag-shaped, each preprocessing mode known, each application a plausible
-    Keras attribute name, no ImageNet weights claimed for the project's own CNN, the default
-    registered."""
-    problems = []
-    names = [b.name for b in entries]
-    for name in sorted({n for n in names if names.count(n) > 1}):
-        problems.append(f"backbone {name!r} is registered more than once")
-    for b in entries:
-        if not re.fullmatch(r"[a-z][a-z0-9_]*", b.name):
-            problems.append(f"backbone {b.name!r}: a name is lower case letters, digits and '_'")
-        if b.preprocessing not in PREPROCESSING_MODES:
-            problems.append(
-                f"backbone {b.name!r}: unknown preprocessing mode {b.preprocessing!r}; "
-                f"expected one of {', '.join(PREPROCESSING_MODES)}"
-            )
-        if b.application is not None and not re.fullmatch(r"[A-Z][A-Za-z0-9]*", b.application):
-            problems.append(
-                f"backbone {b.name!r}: application {b.application!r} is not a tf_keras.applications "
-                "constructor name (e.g. ResNet50)"
-            )
-        if b.application is None and b.imagenet:
-            problems.append(f"backbone {b.name!r}: the project's own CNN has no ImageNet weights")
-    if default not in names:
-        problems.append(f"the default backbone {default!r} is not registered")
-    return problems
-
-
-_problems = registry_problems(REGISTRY, DEFAULT)
-if _problems:
-    raise ImportError("trainer/backbones.py: " + "; ".join(_problems))

@@ -25,8 +25,8 @@ def log(prefix: str, message: str) -> None:
 
 
 class ProgressLogger(keras.callbacks.Callback):
-    """Prints each epoch's start, progress every tenth of it, and its results; measures
-    training throughput (images per second, validation excluded) into `logs`."""
+    """Prints each epoch's start, progress every tenth of it, and its results; puts training
+    throughput (images per second, validation excluded) into `logs`."""
 
     def __init__(self, prefix: str, epochs: int, steps_per_epoch: int, global_batch_size: int) -> None:
         super().__init__()
@@ -63,29 +63,24 @@ class ProgressLogger(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         end = time.perf_counter()
-        train_seconds = (self._train_end or end) - self._start
-        if logs is not None:
-            # The steps this process ran: fewer than `steps` in an epoch resumed mid-way.
-            logs["images_per_second"] = self._ran * self.global_batch_size / max(train_seconds, 1e-9)
-            logs["epoch_seconds"] = end - self._start
-        shown = " ".join(f"{k}={float(v):.4f}" for k, v in (logs or {}).items() if k in _SHOWN)
-        rate = (logs or {}).get("images_per_second", 0.0)
+        logs = {} if logs is None else logs
+        # The steps this process ran: fewer than `steps` in an epoch resumed mid-way.
+        rate = self._ran * self.global_batch_size / max((self._train_end or end) - self._start, 1e-9)
+        logs.update(images_per_second=rate, epoch_seconds=end - self._start)
+        shown = " ".join(
+            f"{k}={float(logs[k]):.4f}" for k in ("loss", "accuracy", "val_loss", "val_accuracy") if k in logs
+        )
         log(
             self.prefix,
             f"epoch {epoch + 1}/{self.epochs} done in {end - self._start:.1f}s: {shown} ({rate:.0f} img/s)",
         )
 
 
-_SHOWN = ("loss", "accuracy", "val_loss", "val_accuracy")
-
-
 class EpochRecorder(keras.callbacks.Callback):
     """The chief's record of every completed epoch, in `history.json` in the checkpoint folder
     (kept across restarts, keyed by epoch so a replayed epoch replaces its first attempt), and
     the tuning metric reported with cloudml-hypertune's `HyperTune` at the end of every epoch.
-    Runs before `Backup`, so an epoch is recorded before it counts as done. The metric file is
-    checked when built (`hpmetric.reporting_file`: fatal in a trial, before training).
-    """
+    Runs before `Backup`, so an epoch is recorded before it counts as done."""
 
     def __init__(self, history_path: str, hp_metric: str) -> None:
         super().__init__()
@@ -97,15 +92,12 @@ class EpochRecorder(keras.callbacks.Callback):
         logs = {k: float(v) for k, v in (logs or {}).items()}
         self.history[str(epoch + 1)] = logs
         storage.write_json(self.path, self.history)
-        if self.hp_metric not in logs:
-            raise KeyError(f"--hp_metric {self.hp_metric} was not computed; computed: {sorted(logs)}")
-        if self._hypertune is None:
-            return  # not a tuning trial, and the metric file cannot be written: warned at start
-        self._hypertune.report_hyperparameter_tuning_metric(
-            hyperparameter_metric_tag=self.hp_metric,
-            metric_value=logs[self.hp_metric],
-            global_step=epoch + 1,
-        )
+        if self._hypertune is not None:  # else not a trial, and the file is unwritable: warned at start
+            self._hypertune.report_hyperparameter_tuning_metric(
+                hyperparameter_metric_tag=self.hp_metric,
+                metric_value=logs[self.hp_metric],  # always computed: `--hp_metric`'s choices
+                global_step=epoch + 1,
+            )
 
 
 def load_history(path: str) -> dict[str, dict[str, float]]:
@@ -141,17 +133,14 @@ class StopRequest:
     SIGTERM stops a container before it is killed (a Spot VM: Compute Engine API,
     `Scheduling.skipGuestOsShutdown`; cloud.google.com/kubernetes-engine/docs/concepts/spot-vms;
     kubernetes.io/docs/concepts/workloads/pods/pod-termination/; docs/contracts.md, section 7).
-    The handler only sets a flag; `poll` reads it between steps, where saving is safe.
+    The handler only sets a flag. A backup is a collective save under MultiWorkerMirroredStrategy
+    and SIGTERM may reach one replica alone, so `poll` sums every replica's flag with an all-reduce
+    at the same step, and all stop there (as PreemptionCheckpointHandler does through the
+    coordination service's key-value store).
 
-    Under MultiWorkerMirroredStrategy a backup is a collective save: every replica must take part
-    at the same step, or it waits forever. SIGTERM may reach one replica alone, so `poll` sums
-    every replica's flag with an all-reduce at the same step, and all stop there (as
-    PreemptionCheckpointHandler does through the coordination service's key-value store).
-
-    Install it after the strategy: the coordination service MultiWorkerMirroredStrategy starts
-    installs its own SIGTERM handler, which only records the notice (`SigtermNotifier` in
-    xla/tsl/distributed_runtime/preemption/preemption_notifier.cc: `std::signal(SIGTERM, ...)`);
-    under it a replica ignores SIGTERM and trains on (measured here).
+    Install it after the strategy: its coordination service installs a SIGTERM handler that only
+    records the notice (`SigtermNotifier` in xla/tsl/distributed_runtime/preemption/
+    preemption_notifier.cc), under which a replica trains on.
     """
 
     def __init__(self, strategy: Any = None, *, collective: bool = False) -> None:
@@ -221,25 +210,20 @@ POLL_SECONDS = 1.0
 
 class Backup(keras.callbacks.BackupAndRestore):
     """tf-keras `BackupAndRestore` in `backup_dir`, saved at the end of every epoch and, on SIGTERM
-    (`StopRequest`), at once: after the current step, then the process stops (Terminated). A job
-    started again resumes at the step after the last one saved, mid-epoch included.
+    (`StopRequest`), after the current step, then the process stops (Terminated). A job started
+    again resumes at the step after the last one saved, mid-epoch included.
 
-    Not tf-keras's `save_before_preemption=True` (TensorFlow's PreemptionCheckpointHandler): in
-    tf-keras 2.21 it is on only where the GCE metadata server answers
-    (`distributed_file_utils.support_on_demand_checkpoint_callback`), so never locally. On a
-    Google Cloud CPU VM the handler "does not support usage with TPU or CPU device on GCP", skips
-    its set-up, and tf-keras's per-batch call then fails (AttributeError `_run_counter`). On a GPU
-    VM it watches the metadata server's `instance/maintenance-event`, not SIGTERM
-    (`failure_handling_util.termination_watcher_function_gce`), with a 3600 s grace period.
+    Not tf-keras's `save_before_preemption=True` (TensorFlow's PreemptionCheckpointHandler): it is
+    on only where the GCE metadata server answers (`distributed_file_utils.
+    support_on_demand_checkpoint_callback`); on a Google Cloud CPU VM it "does not support usage
+    with TPU or CPU device on GCP" and tf-keras's per-batch call then fails; on a GPU VM it watches
+    the metadata server's `instance/maintenance-event`, not SIGTERM
+    (`failure_handling_util.termination_watcher_function_gce`).
 
-    The integer `save_freq` makes a restart resume mid-epoch:
-    `WorkerTrainingState.maybe_load_initial_counters_from_ckpt` (tf_keras/src/distribute/
-    worker_training_state.py) uses the saved step only then; with "epoch" a mid-epoch backup
-    would resume at the next epoch, skipping the rest of this one. The periodic save it turns on
-    is replaced here.
-
-    Keep it after the other callbacks (an epoch counts as done once backed up, after the history
-    record) and before `BestEpoch`, which copies the backup just saved.
+    The integer `save_freq` makes a restart resume mid-epoch
+    (`WorkerTrainingState.maybe_load_initial_counters_from_ckpt` uses the saved step only then);
+    the periodic save it turns on is replaced here. Keep it after the other callbacks (an epoch
+    counts as done once backed up) and before `BestEpoch`, which copies the backup just saved.
     """
 
     def __init__(self, backup_dir: str, steps_per_epoch: int, stop: StopRequest, prefix: str) -> None:
@@ -247,9 +231,8 @@ class Backup(keras.callbacks.BackupAndRestore):
         super().__init__(backup_dir, save_freq=steps_per_epoch, delete_checkpoint=False)
         self.steps, self.stop, self.prefix = steps_per_epoch, stop, prefix
         self.epoch = 0  # the epoch under way, 0-based
-        # The first poll (which traces its all-reduce) after the batches on which tf-keras warns of
-        # callbacks slower than a step (tf_keras/src/callbacks.py, CallbackList:
-        # `_num_batches_for_timing_check = 5`).
+        # The first poll (which traces its all-reduce) after the batches tf-keras times callbacks on
+        # (CallbackList: `_num_batches_for_timing_check = 5`).
         self._to_next_poll, self._since, self._since_time = 7, 0, 0.0
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -262,8 +245,8 @@ class Backup(keras.callbacks.BackupAndRestore):
         self._to_next_poll -= 1
         if batch >= self.steps - 1 or self._to_next_poll > 0:
             return  # the epoch's last step: its end backs it up, after validation and the record
-        # A poll is an all-reduce that waits for the step: polling every step made a small model's
-        # epochs 40% slower on 2 cores. So replicas poll about every POLL_SECONDS, agreeing when.
+        # A poll is an all-reduce that waits for the step (every step: 40% slower epochs), so
+        # replicas poll about every POLL_SECONDS, agreeing when.
         now = time.perf_counter()
         per_step = (now - self._since_time) / max(self._since, 1)
         stop, self._to_next_poll = self.stop.poll(max(1, int(POLL_SECONDS / max(per_step, 1e-6))))
@@ -292,10 +275,9 @@ class Backup(keras.callbacks.BackupAndRestore):
 
 
 def improves(goal: str, value: float, best: float | None) -> bool:
-    """Whether `value` beats `best` (None: no epoch yet) in the direction `goal`
-    (`config.metric_goal`). Strictly: the earliest of equal epochs stays the best, as Vertex's
-    BEST_MEASUREMENT and `local.tuner` keep the first of equal measurements. A NaN or infinite
-    value never improves."""
+    """Whether `value` beats `best` (None: no epoch yet) in the direction `goal`, strictly: the
+    earliest of equal epochs stays the best, as Vertex's BEST_MEASUREMENT and `local.tuner` keep
+    the first of equal measurements. A NaN or infinite value never improves."""
     if not math.isfinite(value):
         return False
     return best is None or (value > best if goal == "max" else value < best)
@@ -324,12 +306,10 @@ class BestEpoch(keras.callbacks.Callback):
     training once it has not improved for `patience` epochs (0: never).
 
     Every replica takes the same decisions (`logs` metrics are all-reduced; the best so far is
-    read from `best.json` by `resume`), so all stop at the same epoch and restore the same
-    checkpoint before the export (`export_plan`), which every replica must run. Only the chief
-    writes: with `keep_weights` (`--export_epoch best`) it copies an improving epoch's backup,
-    just saved by `Backup`, into `<checkpoint_dir>/best/epoch-<NNNN>.*`, records it in
-    `best.json`, then deletes older copies. A crash or SIGTERM between an epoch's backup and its
-    record is decided again by `resume`. docs/training.md, "Which epoch is exported", says how.
+    read from `best.json`), so all stop at the same epoch and restore the same checkpoint before
+    the export (`export_plan`). Only the chief writes: with `keep_weights` (`--export_epoch best`)
+    it copies an improving epoch's backup into `<checkpoint_dir>/best/epoch-<NNNN>.*`, records it
+    in `best.json`, then deletes older copies (docs/training.md, "Which epoch is exported").
     """
 
     def __init__(
@@ -354,7 +334,9 @@ class BestEpoch(keras.callbacks.Callback):
         self.keep_weights, self.steps, self.epochs = keep_weights, steps_per_epoch, epochs
         self.is_chief, self.prefix = is_chief, prefix
         self.path = storage.join(checkpoint_dir, BEST_FILE)
-        self.record: dict[str, Any] | None = None
+        # best.json's content, written or not: epoch None until an epoch has a finite metric.
+        self.record: dict[str, Any] = {"metric": metric, "goal": self.goal, "epoch": None, "value": None}
+        self.record.update(checkpoint=None, stopped_early_after=None)
         if tf.io.gfile.exists(storage.resolve(self.path)):
             self.record = storage.read_json(self.path)
             if self.record.get("metric") != metric:
@@ -365,27 +347,27 @@ class BestEpoch(keras.callbacks.Callback):
                     "to start afresh"
                 )
         self.trained = 0  # the last epoch trained (1-based), in this run or before the restart
-        self.stopped_after: int | None = self.record.get("stopped_early_after") if self.record else None
+        self.stopped_after: int | None = self.record.get("stopped_early_after")
 
     # --- the state, the same on every replica
 
     @property
     def best_epoch(self) -> int:
         """The best epoch so far (1-based), 0 when none had a finite metric."""
-        return int(self.record["epoch"]) if self.record and self.record.get("epoch") else 0
+        return int(self.record.get("epoch") or 0)
 
     @property
     def best_value(self) -> float | None:
-        return float(self.record["value"]) if self.record and self.record.get("epoch") else None
+        return float(self.record["value"]) if self.record.get("epoch") else None
 
     @property
     def stopped_early(self) -> bool:
         return self.stopped_after is not None
 
     def resume(self, history: dict[str, dict[str, float]]) -> None:
-        """Before training, on every replica: where the backup stands, and the decision on the
-        last epoch it holds if a crash lost it (from `history.json`, written before the backup).
-        Raises ValueError when `best.json` names an epoch the backup has not reached."""
+        """Before training, on every replica: where the backup stands, and the decision a crash
+        lost on the last epoch it holds (from `history.json`, written before the backup). Raises
+        ValueError when `best.json` names an epoch the backup has not reached."""
         latest = latest_backup(self.backup_dir)
         completed = 0
         at_epoch_end = False
@@ -430,14 +412,8 @@ class BestEpoch(keras.callbacks.Callback):
         if improves(self.goal, value, self.best_value):
             kept = "; kept as the export candidate" if self.keep_weights else ""
             log(self.prefix, f"epoch {epoch} is the best so far ({self.metric}={value:.4f}){kept}")
-            record = {
-                "metric": self.metric,
-                "goal": self.goal,
-                "epoch": epoch,
-                "value": value,
-                "checkpoint": f"{BEST_DIR}/epoch-{epoch:04d}" if self.keep_weights else None,
-                "stopped_early_after": None,
-            }
+            checkpoint = f"{BEST_DIR}/epoch-{epoch:04d}" if self.keep_weights else None
+            record = {**self.record, "epoch": epoch, "value": value, "checkpoint": checkpoint}
             if self.is_chief:
                 if self.keep_weights:
                     self._copy_backup(epoch, latest)
@@ -450,11 +426,7 @@ class BestEpoch(keras.callbacks.Callback):
                 f"early stopping: no improvement of {self.metric} for {_epochs(epoch - self.best_epoch)} {since}",
             )
             self.stopped_after = epoch
-            record = {
-                **(self.record or {"metric": self.metric, "goal": self.goal, "epoch": None, "value": None}),
-                "checkpoint": (self.record or {}).get("checkpoint"),
-                "stopped_early_after": epoch,
-            }
+            record = {**self.record, "stopped_early_after": epoch}
             if self.is_chief:
                 self._write(record)
             self.record = record
@@ -491,9 +463,8 @@ class BestEpoch(keras.callbacks.Callback):
     def export_plan(self, export_epoch: str, *, model_is_last: bool) -> tuple[int, str | None, str]:
         """(the epoch to export, the checkpoint to restore into the model first or None, what to
         say), the same on every replica. `model_is_last`: the model holds the last epoch trained
-        (False when training was skipped, after an early stop before a restart). `best` without
-        a best epoch (no epoch had a finite metric) exports the last."""
-        if export_epoch == "best" and self.record and self.record.get("checkpoint"):
+        (not after an early stop before a restart). `best` without a best epoch exports the last."""
+        if export_epoch == "best" and self.record.get("checkpoint"):
             path = storage.resolve(storage.join(self.checkpoint_dir, self.record["checkpoint"]))
             what = f"exporting epoch {self.best_epoch} (best {self.metric}={self.best_value:.4f})"
             return self.best_epoch, path, what

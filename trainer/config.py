@@ -18,21 +18,15 @@ from typing import Any
 
 from trainer import backbones
 
-BACKBONES = backbones.NAMES
-"""`--backbone`'s choices: the registry's (`trainer.backbones.REGISTRY`)."""
-
 HP_METRICS = ("val_accuracy", "val_loss", "accuracy", "loss")
 """Metrics the trainer computes every epoch, and so the only valid `--hp_metric` tags."""
 
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 32, 1024
 # The most pixels an image may have, in a folder source or a serving request, checked from the
-# header before decoding: width x height, a GIF's frames added up (TensorFlow 2.21 reads every
-# frame even to keep the first: a 40-frame 3000x3000 GIF raised the peak memory by 430 MB, one
-# frame by 39 MB). 8192 x 8192 = 67.1 MP is above full-frame cameras' photos (about 61 MP: 9504 x
-# 6336) and phones' 50 MP modes, and 8 times the largest --image_size on each side, so
-# downscaling loses nothing training keeps. One such JPEG raised the peak by 231 MB decoded and
-# resized (a 12 MP photo: 49 MB), and preparation decodes several at once; issue 24's 1.1 MB PNG
-# of 20000 x 20000 pixels is 6 times the limit.
+# header before decoding: width x height, a GIF's frames added up (TensorFlow 2.21 decodes every
+# frame even to keep the first). 8192 x 8192 = 67.1 MP is above full-frame cameras' photos (about
+# 61 MP) and 8 times the largest --image_size on each side; one such JPEG raised the peak memory
+# by 231 MB decoded and resized (a 12 MP photo: 49 MB), and preparation decodes several at once.
 MAX_IMAGE_PIXELS = 8192 * 8192
 SPLITS = ("train", "validation", "test")
 """The splits every prepared dataset has."""
@@ -247,7 +241,7 @@ def build_parser(
     add("--per_replica_batch_size", type=int_in(1, 65_536), default=defaults["per_replica_batch_size"])
     add("--learning_rate", type=float_in(0, 1, low_open=True), default=defaults["learning_rate"])
     add("--image_size", type=int_in(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE), default=defaults["image_size"])
-    add("--backbone", choices=BACKBONES, default=defaults["backbone"])
+    add("--backbone", choices=backbones.NAMES, default=defaults["backbone"])
     add(
         "--weights",
         type=_weights,
@@ -326,17 +320,12 @@ def parse_args(
     if ns.fine_tune_fraction is None:
         # A randomly initialised backbone is useless frozen: train all of it.
         ns.fine_tune_fraction = 1.0 if ns.weights == "none" else 0.0
-    config = TrainConfig(
-        data_dir=ns.data_dir,
-        model_dir=model_dir,
-        checkpoint_dir=checkpoint_dir or f"{model_dir}_checkpoints",
-        tensorboard_dir=tensorboard_dir or f"{model_dir}_logs",
-        **{
-            name: getattr(ns, name)
-            for name in (f.name for f in dataclasses.fields(TrainConfig))
-            if name not in PATH_FIELDS
-        },
-    )
+    paths = {
+        "model_dir": model_dir,
+        "checkpoint_dir": checkpoint_dir or f"{model_dir}_checkpoints",
+        "tensorboard_dir": tensorboard_dir or f"{model_dir}_logs",
+    }
+    config = TrainConfig(**{**vars(ns), **paths})  # a flag per field
     for name in ("checkpoint_dir", "tensorboard_dir"):
         if _same_or_inside(getattr(config, name), config.model_dir):
             parser.error(
@@ -387,9 +376,7 @@ def gpu_request(environ: Mapping[str, str] | None = None) -> GpuRequest | None:
         for name, value in values.items()
         if value is None
     ]
-    machine = (values[POOL_MACHINE_TYPE_ENV] or "").strip()
-    gpu = (values[POOL_ACCELERATOR_TYPE_ENV] or "").strip()
-    count_text = (values[POOL_ACCELERATOR_COUNT_ENV] or "").strip()
+    machine, gpu, count_text = ((values[name] or "").strip() for name in POOL_ENV)
     if values[POOL_MACHINE_TYPE_ENV] is not None and not re.fullmatch(r"[a-z][a-z0-9-]*", machine):
         problems.append(
             f"{POOL_MACHINE_TYPE_ENV}={machine!r} is not a Compute Engine machine type (e.g. n1-standard-8)"
@@ -399,26 +386,21 @@ def gpu_request(environ: Mapping[str, str] | None = None) -> GpuRequest | None:
             f"{POOL_ACCELERATOR_TYPE_ENV}={gpu!r} is not an accelerator type: expected an aiplatform_v1 "
             f"AcceleratorType name (e.g. NVIDIA_TESLA_V100), or {NO_ACCELERATOR} for none"
         )
-    count = 0
-    if values[POOL_ACCELERATOR_COUNT_ENV] is not None:
-        if re.fullmatch(r"[0-9]{1,4}", count_text):
-            count = int(count_text)
-        else:
-            problems.append(
-                f"{POOL_ACCELERATOR_COUNT_ENV}={count_text!r} is not valid: expected a whole number >= 0 "
-                "(the GPUs of each replica of the pool)"
-            )
-    if not problems:
-        if count and gpu == NO_ACCELERATOR:
-            problems.append(
-                f"{POOL_ACCELERATOR_COUNT_ENV}={count} with {POOL_ACCELERATOR_TYPE_ENV}={NO_ACCELERATOR}: "
-                "a GPU count needs a GPU type"
-            )
-        elif not count and gpu != NO_ACCELERATOR:
-            problems.append(
-                f"{POOL_ACCELERATOR_TYPE_ENV}={gpu} with {POOL_ACCELERATOR_COUNT_ENV}=0: a GPU type needs "
-                f"a count >= 1 (or {NO_ACCELERATOR} for none)"
-            )
+    if values[POOL_ACCELERATOR_COUNT_ENV] is not None and not re.fullmatch(r"[0-9]{1,4}", count_text):
+        problems.append(
+            f"{POOL_ACCELERATOR_COUNT_ENV}={count_text!r} is not valid: expected a whole number >= 0 "
+            "(the GPUs of each replica of the pool)"
+        )
+    elif not problems and int(count_text) and gpu == NO_ACCELERATOR:
+        problems.append(
+            f"{POOL_ACCELERATOR_COUNT_ENV}={int(count_text)} with {POOL_ACCELERATOR_TYPE_ENV}={NO_ACCELERATOR}: "
+            "a GPU count needs a GPU type"
+        )
+    elif not problems and not int(count_text) and gpu != NO_ACCELERATOR:
+        problems.append(
+            f"{POOL_ACCELERATOR_TYPE_ENV}={gpu} with {POOL_ACCELERATOR_COUNT_ENV}=0: a GPU type needs "
+            f"a count >= 1 (or {NO_ACCELERATOR} for none)"
+        )
     if problems:
         raise ValueError("; ".join(problems))
-    return GpuRequest(machine, "" if gpu == NO_ACCELERATOR else gpu, count)
+    return GpuRequest(machine, "" if gpu == NO_ACCELERATOR else gpu, int(count_text))

@@ -42,12 +42,9 @@ CACHE_BUDGET_ENV = "TRAINER_CACHE_BUDGET_MB"
 """Overrides the cache budget: a whole number of MiB (1 MiB = 2**20 bytes) per worker process;
 0 streams every split (with a 1-example training shuffle buffer)."""
 CACHE_FRACTION = 0.5
-"""The share of the process's memory limit the cache budget may take. The other half is for what
-it cannot know from metadata.json: a training step's activations in host memory (several GiB for
-ResNet50 at batch 64 on a CPU), tf.data's in-flight elements, the allocator's fragmentation, the
-rest of the container. Half is also tf.data's default RAM budget for autotuned buffers
-(`tf.data.experimental.AutotuneOptions.ram_budget`). Overshooting gets the container OOM-killed;
-undershooting only costs reading speed."""
+"""The share of the process's memory limit the cache budget may take; the other half is for what
+metadata.json cannot tell (a step's activations, tf.data's in-flight elements, fragmentation), as
+tf.data's default `AutotuneOptions.ram_budget`. Overshooting gets the container OOM-killed."""
 MODEL_RESERVE_BYTES = 3 << 29
 """1.5 GiB off the budget for what the model needs whatever the batch: the TensorFlow runtime
 (558 MiB resident after import, the `input` benchmark) plus the largest backbone's weights,
@@ -56,9 +53,8 @@ EXAMPLE_OVERHEAD_BYTES = 256
 """Bytes a cached example costs beyond its pixels: the label and two tensors' bookkeeping."""
 STREAM_BUFFER_FACTOR = 3
 """A streamed shuffle buffer's charge per example, in multiples of its decoded size: glibc's
-per-thread arenas keep what tf.data's threads free. On the `memory` benchmark (300 px, 2 cores)
-buffers of 124 to 1,000 examples added 1.8-3.0x their bytes to peak resident memory (1x with
-`MALLOC_MMAP_THRESHOLD_` fixed, at half the speed). A cache, filled once, costs 1x."""
+per-thread arenas keep what tf.data's threads free (the `memory` benchmark: 1.8-3.0x); a cache,
+filled once, costs 1x."""
 UNLIMITED = 1 << 60
 """cgroup v1 writes "no limit" as a huge number (9223372036854771712); anything above this is one."""
 MIB = 1 << 20
@@ -83,9 +79,8 @@ def cgroup_memory_limit(
     cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup"
 ) -> tuple[int, str] | None:
     """The lowest memory limit set on this process's cgroup or its ancestors, and the file that
-    sets it: cgroup v2 `memory.max` (mounted at the root, or at `unified/` on hybrid hosts) or v1
-    `memory/memory.limit_in_bytes`. None when no limit is set ("max", or v1's huge number) or no
-    cgroup file can be read."""
+    sets it: cgroup v2 `memory.max` (at the root, or `unified/` on hybrid hosts) or v1
+    `memory/memory.limit_in_bytes`; None when none is set or readable."""
     v2_path, v1_path = "/", "/"
     try:
         with open(proc_cgroup, encoding="utf-8") as f:
@@ -101,17 +96,15 @@ def cgroup_memory_limit(
     root = Path(cgroup_root)
     files = [d / "memory.max" for base in (root, root / "unified") for d in _ancestors(base, v2_path)]
     files += [d / "memory.limit_in_bytes" for d in _ancestors(root / "memory", v1_path)]
-    lowest: tuple[int, str] | None = None
+    limits = []
     for file in files:
         try:
             text = file.read_text(encoding="utf-8").strip()
         except OSError:
             continue
-        if not re.fullmatch(r"[0-9]+", text) or int(text) >= UNLIMITED:
-            continue  # "max": no limit here
-        if lowest is None or int(text) < lowest[0]:
-            lowest = (int(text), str(file))
-    return lowest
+        if re.fullmatch(r"[0-9]+", text) and int(text) < UNLIMITED:  # else "max": no limit here
+            limits.append((int(text), str(file)))
+    return min(limits, key=lambda limit: limit[0], default=None)
 
 
 def physical_memory() -> int:
@@ -125,9 +118,8 @@ def cache_budget(
     proc_cgroup: str = "/proc/self/cgroup",
 ) -> CacheBudget:
     """$TRAINER_CACHE_BUDGET_MB when set; else CACHE_FRACTION of the memory limit (the
-    container's cgroup limit, else the machine's physical memory) less MODEL_RESERVE_BYTES.
-
-    Per process: workers sharing one machine (a local multi-worker run) each take it whole."""
+    container's cgroup limit, else the machine's physical memory) less MODEL_RESERVE_BYTES, per
+    process: workers sharing one machine (a local multi-worker run) each take it whole."""
     env = os.environ if environ is None else environ
     override = env.get(CACHE_BUDGET_ENV, "").strip()
     if override:
@@ -169,8 +161,8 @@ def shards_by_file(info: SplitInfo, num_workers: int) -> bool:
 
 def worker_examples(info: SplitInfo, num_workers: int) -> int:
     """The most examples of a split any one worker reads: FILE auto-sharding gives worker `w`
-    shards `w, w + N, ...` (worker 0 the most); DATA sharding has every worker read every file
-    (and cache all of it: the cache comes before the per-element shard)."""
+    shards `w, w + N, ...` (worker 0 the most); under DATA sharding every worker reads (and
+    caches) every file."""
     n = len(info.shards)
     if num_workers <= 1 or not shards_by_file(info, num_workers):
         return info.count
@@ -223,10 +215,9 @@ def plan_cache(
     num_workers: int = 1,
     shuffle_buffer: int = 2048,
 ) -> dict[str, SplitPlan]:
-    """Cache or stream, for every split, in the order train, validation, test, sharing one budget
-    (a worker holds its training and validation caches at once): a split is cached when its
-    decoded size fits what the splits before it left; a streamed training split's shuffle buffer
-    is charged to the budget instead (STREAM_BUFFER_FACTOR times its decoded size)."""
+    """Cache or stream each split, in the order train, validation, test, sharing one budget: a
+    split is cached when its decoded size fits what the splits before it left; a streamed training
+    split's shuffle buffer is charged instead (STREAM_BUFFER_FACTOR times its decoded size)."""
     per = example_bytes(meta)
     left = budget.bytes
     plans = {}
@@ -263,14 +254,10 @@ def make_dataset(
     budget: CacheBudget | None = None,
     log: Callable[[str], None] | None = _say,
 ) -> tf.data.Dataset:
-    """Batches of (uint8 images [B, S, S, 3], int32 labels [B]) from one split.
-
-    `batch_size` is the global batch: under a distribution strategy each replica receives its
-    share. Training datasets repeat forever (callers give `steps_per_epoch`), so every worker
-    runs the same number of steps whatever its shards hold; evaluation datasets end. `budget`
-    (default `cache_budget()`) decides cached or streamed (`plan_cache`); `log` gets the line
-    saying which (None: silent).
-    """
+    """Batches of (uint8 images [B, S, S, 3], int32 labels [B]) from one split; `batch_size` is
+    the global batch. Training datasets repeat forever (callers give `steps_per_epoch`), so every
+    worker runs the same steps whatever its shards hold. `budget` (default `cache_budget()`)
+    decides cached or streamed (`plan_cache`); `log` gets the line saying which (None: silent)."""
     info = meta.splits[split]
     files = [storage.resolve(storage.join(data_dir, shard)) for shard in info.shards]
     size, encoding = meta.image_size, meta.encoding
@@ -316,13 +303,10 @@ def make_dataset(
 
 def untune_device_iterators() -> None:
     """Turns the autotuning model off in the per-device iterators of every MultiDeviceIterator
-    this process builds: what a distribution strategy (and Keras' `fit`) feeds each replica from.
-
-    They read TensorFlow's own per-device datasets, built with default options
-    (`tensorflow/python/data/ops/multi_device_iterator_ops.py`, `_create_device_dataset`), which
-    no public option reaches; their model thread made `model.fit` return late while the other
-    replicas waited (docs/facts.md, fact 37). Idempotent.
-    """
+    this process builds (what a strategy and Keras' `fit` feed each replica from): TensorFlow
+    builds them with default options (`tensorflow/python/data/ops/multi_device_iterator_ops.py`,
+    `_create_device_dataset`), which no public option reaches, and their model thread made
+    `model.fit` return late while the other replicas waited (docs/facts.md, fact 37). Idempotent."""
     from tensorflow.python.data.ops import multi_device_iterator_ops as mdi
 
     build = mdi._create_device_dataset
@@ -347,13 +331,10 @@ def _streamed(
     seed: int,
     shuffle_buffer: int,
 ) -> tf.data.Dataset:
-    """Every epoch reads the shards again, in parallel, and decodes each example.
-
-    Training: the shard order is shuffled every epoch, each shard read from a seeded offset then
-    from its start (every record once), and records shuffled before decoding (smaller, for JPEG
-    and PNG); the order is a function of the seed. The offsets matter: records are written
-    round-robin in source order, class by class for a folder, so shards read from their starts in
-    lockstep would fill the buffer with one class at a time."""
+    """Every epoch reads the shards again, in parallel, and decodes each example. Training: the
+    shard order is shuffled every epoch, each shard read from a seeded offset then from its start
+    (records are written round-robin, class by class for a folder: shards read from their starts in
+    lockstep would fill the buffer with one class at a time), records shuffled before decoding."""
     ds = tf.data.Dataset.from_tensor_slices(files)
     read: Callable[[tf.Tensor], tf.data.Dataset] = tf.data.TFRecordDataset
     if training:
@@ -389,25 +370,17 @@ class BatchTooLarge(ValueError):
     """The global batch is larger than the training split; the message is one line."""
 
 
-def largest_per_replica_batch(train_examples: int, replicas: int) -> int:
-    """The largest per-replica batch whose global batch fits the training split (0: none does)."""
-    return train_examples // max(1, replicas)
-
-
 def check_global_batch(
     meta: DatasetMetadata, per_replica_batch_size: int, replicas: int, data_dir: str
 ) -> None:
-    """Raises BatchTooLarge when `per_replica_batch_size x replicas` exceeds the training split.
-
-    No error would come otherwise: training batches follow `repeat()` (`make_dataset`), so such a
-    batch would draw images again (the same image twice in one step), and `steps_per_epoch`'s
-    max(1, ...) would call one step an epoch (the learning rate schedule, the best epoch and early
-    stopping all count epochs). A global batch equal to the split is one step holding every image."""
+    """Raises BatchTooLarge when `per_replica_batch_size x replicas` exceeds the training split:
+    no error would come otherwise (batches follow `repeat()`, so one would hold images twice, and
+    `steps_per_epoch`'s max(1, ...) would call one step an epoch)."""
     count = meta.splits["train"].count
     global_batch = per_replica_batch_size * replicas
     if global_batch <= count:
         return
-    largest = largest_per_replica_batch(count, replicas)
+    largest = count // max(1, replicas)  # the largest per-replica batch that fits (0: none)
     fix = (
         f"the largest --per_replica_batch_size that fits is {largest}"
         if largest

@@ -2,8 +2,7 @@
 shards checked against it.
 
 The shards are checked against metadata.json's manifest whenever a dataset is loaded
-(`verify_shards`), and a record found corrupt later, while training or evaluating, is explained
-the same way (`explain_read_error`).
+(`verify_shards`); a record found corrupt later is explained the same way (`explain_read_error`).
 """
 
 from __future__ import annotations
@@ -27,8 +26,7 @@ from trainer.contract import METADATA_FORMAT_VERSION as FORMAT_VERSION
 class DataError(ValueError):
     """A prepared dataset's files do not match its metadata.json, or metadata.json is not one this
     trainer reads: the message names the file, what was expected and found, and what to do.
-    `faults` is what the message says, as data: (the shard, split or file, the kind of fault) for
-    each, in order; a kind is one of FAULT_KINDS."""
+    `faults`: (the shard, split or file, a FAULT_KINDS kind) for each fault, in order."""
 
     def __init__(self, message: str, faults: Iterable[Fault] = ()) -> None:
         super().__init__(message)
@@ -154,8 +152,7 @@ def _split_info(split: str, s: Mapping[str, Any]) -> SplitInfo:
 def manifest_fingerprint(metadata: Mapping[str, Any]) -> str:
     """The dataset's fingerprint, "sha256:<hex>": SHA-256 of the canonical JSON (sorted keys, no
     spaces) of {class_names, image_size, encoding, splits: {split: {count, class_counts, shards:
-    [[name, bytes, records, sha256], ...]}}} from metadata.json's own entries: a fingerprint of the
-    content, which every reader recomputes to catch an edited entry."""
+    [[name, bytes, records, sha256], ...]}}}, recomputed by every reader to catch an edited entry."""
     doc = {
         "class_names": list(metadata["class_names"]),
         "image_size": metadata["image_size"],
@@ -201,14 +198,13 @@ HASH_THREADS = 8
 HASH_BLOCK = 8 << 20
 AUDIT_MAX_BYTES = 16 << 30
 """A read error met while training or evaluating hashes the shards of the splits being read, to
-name the one that changed, when they hold at most this many bytes (16 GiB: a minute or two);
-above it the error lists the shards and says how to check them."""
+name the one that changed, up to this many bytes (a minute or two); above, it lists them."""
 SHOWN_PROBLEMS = 5
 
 
 def read_metadata(data_dir: str) -> DatasetMetadata:
-    """`metadata.json` alone, no shard checked (`load_metadata` checks them): cheap, and reads no
-    record, so it may run before the distribution strategy is built."""
+    """`metadata.json` alone, no shard checked (`load_metadata` checks them): cheap, so it may run
+    before the distribution strategy is built."""
     path = storage.join(data_dir, METADATA_FILE)
     if not tf.io.gfile.exists(storage.resolve(path)):
         raise FileNotFoundError(
@@ -236,11 +232,11 @@ def expected_records(count: int, shards: int, index: int) -> int:
 
 def verify_shards(data_dir: str, meta: DatasetMetadata, verify: str | None = None) -> None:
     """Checks the prepared files against metadata.json's manifest; raises DataError naming each
-    shard that differs, its split, what was expected and found, and what to do. Always (no shard
-    read, one listing and a stat per shard): the manifest is self-consistent (names, round-robin
-    record counts, class counts, the fingerprint computed again); the folder lists every shard and
-    no other `.tfrecord`; each shard has its exact size. "full": also every shard's SHA-256. A shard of the wrong size, and every shard when metadata.json was edited, is
-    hashed to say what it holds (another shard's content, or how many records read intact)."""
+    shard that differs, its split, what was expected and found, and what to do. Always (one
+    listing and a stat per shard): the manifest is self-consistent (names, round-robin record
+    counts, class counts, fingerprint); the folder holds every shard and no other `.tfrecord`, each
+    of its exact size. "full": also every shard's SHA-256. A shard of the wrong size, and every
+    shard when metadata.json was edited, is hashed to say what it holds."""
     mode = verify or os.environ.get(VERIFY_ENV) or "size"
     if mode not in VERIFY_MODES:
         raise ValueError(f"verify={mode!r} (or ${VERIFY_ENV}): expected one of {VERIFY_MODES}")
@@ -255,32 +251,30 @@ def verify_shards(data_dir: str, meta: DatasetMetadata, verify: str | None = Non
     if edited and not problems:
         problems = _read_all(data_dir, meta)
     if edited:
-        problems.insert(
-            0,
-            Fault(
-                METADATA_FILE,
-                "fingerprint",
-                f"metadata.json's entries no longer give its fingerprint (it records {meta.fingerprint}; "
-                f"its classes, counts and shard entries give {meta.manifest_fingerprint}): it was edited "
-                "after preparation"
-                + (
-                    ", and every shard matches the edited entries and reads intact, so which files "
-                    "were prepared is unknown"
-                    if not problems
-                    else ""
-                ),
-            ),
+        text = (
+            f"metadata.json's entries no longer give its fingerprint (it records {meta.fingerprint}; "
+            f"its classes, counts and shard entries give {meta.manifest_fingerprint}): it was edited "
+            "after preparation"
         )
+        if not problems:
+            text += (
+                ", and every shard matches the edited entries and reads intact, so which files were "
+                "prepared is unknown"
+            )
+        problems.insert(0, Fault(METADATA_FILE, "fingerprint", text))
     if problems:
         raise _mismatch(data_dir, meta, problems)
 
 
-def _mismatch(data_dir: str, meta: DatasetMetadata, problems: list[Fault]) -> DataError:
-    shown = [p.text for p in problems[:SHOWN_PROBLEMS]]
-    more = len(problems) - len(shown)
+def _mismatch(
+    data_dir: str, meta: DatasetMetadata, problems: list[Fault], head: str | None = None
+) -> DataError:
+    """A DataError listing the first SHOWN_PROBLEMS of `problems` after `head`, and what to do."""
+    head = head or f"prepared dataset {data_dir} does not match its {METADATA_FILE}"
+    more = len(problems) - SHOWN_PROBLEMS
     return DataError(
-        f"prepared dataset {data_dir} does not match its {METADATA_FILE}: {'; '.join(shown)}"
-        + (f"; and {more} more" if more else "")
+        f"{head}: {'; '.join(p.text for p in problems[:SHOWN_PROBLEMS])}"
+        + (f"; and {more} more" if more > 0 else "")
         + f": {reprepare(meta.source, data_dir)}",
         problems,
     )
@@ -297,36 +291,24 @@ def _check_manifest(data_dir: str, meta: DatasetMetadata) -> None:
         info = meta.splits[split]
         n = len(info.files)
         if sum(info.class_counts.values()) != info.count:
-            problems.append(
-                Fault(
-                    split,
-                    "record_count",
-                    f"split {split!r}: its class_counts add up to {sum(info.class_counts.values())}, its "
-                    f"count is {info.count}",
-                )
-            )
+            text = f"its class_counts add up to {sum(info.class_counts.values())}, its count is {info.count}"
+            problems.append(Fault(split, "record_count", f"split {split!r}: {text}"))
         for i, entry in enumerate(info.files):
-            expected_name = f"{split}-{i:05d}-of-{n:05d}.tfrecord"
+            where, expected_name = _where(split, entry.name), f"{split}-{i:05d}-of-{n:05d}.tfrecord"
             if entry.name != expected_name:
-                problems.append(
-                    Fault(
-                        entry.name,
-                        "misnamed",
-                        f"{_where(split, entry.name)}: metadata.json lists it as shard {i} of {n} of "
-                        f"split {split!r}, which trainer.prepare names {expected_name}; found {entry.name}",
-                    )
+                text = (
+                    f"{where}: metadata.json lists it as shard {i} of {n} of split {split!r}, which "
+                    f"trainer.prepare names {expected_name}; found {entry.name}"
                 )
+                problems.append(Fault(entry.name, "misnamed", text))
                 continue
             records = expected_records(info.count, n, i)
             if entry.records != records:
-                problems.append(
-                    Fault(
-                        entry.name,
-                        "record_count",
-                        f"{_where(split, entry.name)}: metadata.json says it holds {entry.records} "
-                        f"records; {info.count} records written round-robin into {n} shards put {records} there",
-                    )
+                text = (
+                    f"{where}: metadata.json says it holds {entry.records} records; {info.count} records "
+                    f"written round-robin into {n} shards put {records} there"
                 )
+                problems.append(Fault(entry.name, "record_count", text))
     if problems:
         raise _mismatch(data_dir, meta, problems)
 
@@ -340,8 +322,7 @@ def _path(data_dir: str, name: str) -> str:
 
 
 def _check_files(data_dir: str, meta: DatasetMetadata) -> list[Fault]:
-    """One listing of the folder and a stat per shard: missing, extra and resized shards (a
-    resized one hashed, to say what it holds)."""
+    """Missing, extra and resized shards (a resized one hashed, to say what it holds)."""
     folder = storage.resolve(data_dir)
     present = {name.rstrip("/") for name in tf.io.gfile.listdir(folder)}
     listed = _listed(meta)
@@ -357,14 +338,11 @@ def _check_files(data_dir: str, meta: DatasetMetadata) -> list[Fault]:
             resized.append((split, entry))
     for name in sorted(present - names):
         if name.endswith(".tfrecord"):
-            problems.append(
-                Fault(
-                    name,
-                    "extra",
-                    f"{name} is in the folder but not in metadata.json, which lists "
-                    f"{len(names)} shards (a shard of another preparation, or a copy); remove it",
-                )
+            text = (
+                f"{name} is in the folder but not in metadata.json, which lists {len(names)} shards (a "
+                "shard of another preparation, or a copy); remove it"
             )
+            problems.append(Fault(name, "extra", text))
     if resized:
         found = _hash_all(data_dir, resized)
         problems[:0] = [
@@ -386,8 +364,7 @@ def shard_digest(path: str) -> tuple[str, int]:
 
 
 def _hash_all(data_dir: str, listed: list[tuple[str, ShardInfo]]) -> dict[str, tuple[str | None, int]]:
-    """{shard name: (SHA-256 hex, bytes)} of each listed shard, HASH_THREADS at once; (None, 0)
-    for one that is gone."""
+    """{shard name: (SHA-256 hex, bytes)} of each listed shard; (None, 0) for one that is gone."""
 
     def one(entry: ShardInfo) -> tuple[str | None, int]:
         try:
@@ -423,15 +400,11 @@ def _content_problem(
     found = f"found {size:,} bytes{' (the same size)' if size == entry.bytes else ''}, SHA-256 {sha[:16]}"
     twins = ((s, e) for s, e in _listed(meta) if e.sha256 == sha and e.name != entry.name)
     if sha == entry.sha256:
-        kind, what = (
-            "entry_edited",
-            "the SHA-256 recorded, so the shard is intact and its entry in metadata.json was edited",
-        )
+        kind = "entry_edited"
+        what = "the SHA-256 recorded, so the shard is intact and its entry in metadata.json was edited"
     elif (twin := next(twins, None)) is not None:
-        kind, what = (
-            "swapped",
-            f"it holds the content of {_where(twin[0], twin[1].name)}: swapped or copied over",
-        )
+        kind = "swapped"
+        what = f"it holds the content of {_where(twin[0], twin[1].name)}: swapped or copied over"
     else:
         intact, error = _read_records(_path(data_dir, entry.name))
         if error:
@@ -450,7 +423,7 @@ def _records(n: int) -> str:
 
 def _read_all(data_dir: str, meta: DatasetMetadata) -> list[Fault]:
     """Every shard's records read (their CRCs) and counted against metadata.json: what names a
-    shard whose entry was edited to its new size and SHA-256 (only the fingerprint tells)."""
+    shard whose entry was edited to its new size and SHA-256."""
     listed = _listed(meta)
     with concurrent.futures.ThreadPoolExecutor(HASH_THREADS) as pool:
         found = list(pool.map(lambda item: _read_records(_path(data_dir, item[1].name)), listed))
@@ -460,20 +433,17 @@ def _read_all(data_dir: str, meta: DatasetMetadata) -> list[Fault]:
             what = (
                 f"{_records(intact)} read intact, then {error}" if error else f"it holds {_records(intact)}"
             )
-            problems.append(
-                Fault(
-                    entry.name,
-                    "corrupted" if error else "truncated",
-                    f"{_where(split, entry.name)}: its size and SHA-256 match its entry in metadata.json, "
-                    f"which says it holds {_records(entry.records)}; {what}",
-                )
+            text = (
+                f"{_where(split, entry.name)}: its size and SHA-256 match its entry in metadata.json, "
+                f"which says it holds {_records(entry.records)}; {what}"
             )
+            problems.append(Fault(entry.name, "corrupted" if error else "truncated", text))
     return problems
 
 
 def _read_records(path: str) -> tuple[int, str | None]:
-    """Records of a TFRecord file that read intact (their CRCs pass), and the error that stopped
-    the reading (None: the file read to its end)."""
+    """Records of a TFRecord file that read intact, and the error that stopped the reading (None:
+    none did)."""
     intact = 0
     try:
         for _ in tf.data.TFRecordDataset(path).as_numpy_iterator():
@@ -484,9 +454,8 @@ def _read_records(path: str) -> tuple[int, str | None]:
 
 
 def _first_cause(error: tf.errors.OpError) -> str:
-    """The line of a TensorFlow error that says what is wrong (from inside a graph the message
-    starts "Graph execution error:" and buries the cause among the op trace), without the op's
-    name around it (`{{function_node ...}} corrupted record at 74166 [Op:IteratorGetNext]`)."""
+    """The line of a TensorFlow error that says what is wrong (a graph's buries it in the op
+    trace), without the op's name around it (`{{function_node ...}} ... [Op:IteratorGetNext]`)."""
     lines = [line.strip() for line in (error.message or "").splitlines() if line.strip()]
     keep = ("corrupt", "truncat")
     line = next((line for line in lines if any(k in line.lower() for k in keep)), lines[0] if lines else "")
@@ -497,10 +466,9 @@ def _first_cause(error: tf.errors.OpError) -> str:
 def explain_read_error(
     error: tf.errors.OpError, data_dir: str, meta: DatasetMetadata, split: str | tuple[str, ...]
 ) -> DataError:
-    """A DataError for a read error raised while iterating `split` (or each split read at once,
-    as `fit` reads train and validation): TensorFlow's `corrupted record at N` names no file, so
-    the shards of those splits are hashed against metadata.json (up to AUDIT_MAX_BYTES) to name
-    the one that changed; with none changed, the read itself failed."""
+    """A DataError for a read error raised while iterating `split` (or splits read at once, as
+    `fit` reads train and validation): TensorFlow's `corrupted record at N` names no file, so the
+    shards are hashed against metadata.json (up to AUDIT_MAX_BYTES) to name the one that changed."""
     splits = (split,) if isinstance(split, str) else split
     which = f"split {splits[0]!r}" if len(splits) == 1 else "splits " + " and ".join(repr(s) for s in splits)
     head = f"reading {which} in {data_dir} failed ({_first_cause(error)})"
@@ -509,12 +477,7 @@ def explain_read_error(
     if listed and total <= AUDIT_MAX_BYTES:
         problems = _audit(data_dir, meta, splits)
         if problems:
-            return DataError(
-                f"{head}: {'; '.join(p.text for p in problems[:SHOWN_PROBLEMS])}"
-                + (f"; and {len(problems) - SHOWN_PROBLEMS} more" if len(problems) > SHOWN_PROBLEMS else "")
-                + f": {reprepare(meta.source, data_dir)}",
-                problems,
-            )
+            return _mismatch(data_dir, meta, problems, head)
         return DataError(
             f"{head}, yet every shard of {'it' if len(splits) == 1 else 'them'} still has the size "
             "and SHA-256 metadata.json records (hashed just now): the files are intact and the read "

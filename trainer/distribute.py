@@ -36,10 +36,8 @@ before any training: not 1 (a failure with a traceback), 2 (bad flags) or 143 (S
 @dataclasses.dataclass(frozen=True)
 class ClusterInfo:
     """This process's place in the training cluster: `task_type` None is a single machine without
-    TF_CONFIG; `num_workers` the machines that train together (chief + workers); `training_cluster`
-    their addresses, the cluster the strategy is built over (empty for a single machine);
-    `other_task_types` those TF_CONFIG also lists (`ps`, `evaluator`), which no training process
-    talks to."""
+    TF_CONFIG; `num_workers` the machines that train together; `training_cluster` their addresses
+    (the strategy's cluster); `other_task_types` those TF_CONFIG also lists (`ps`, `evaluator`)."""
 
     task_type: str | None = None
     task_index: int = 0
@@ -110,12 +108,10 @@ def cluster_from_tf_config(tf_config: str | Mapping[str, Any] | None) -> Cluster
 
 
 def create_strategy(cluster: ClusterInfo) -> tf.distribute.Strategy:
-    """MultiWorkerMirroredStrategy for a cluster of several machines, else MirroredStrategy
-    over all of this machine's GPUs (or its CPU). Must run before any other TensorFlow op.
-
-    The multi-worker strategy spans `cluster.training_cluster` (chief + workers) only, not the
-    whole of TF_CONFIG (module docstring). Its all-reduce is NCCL on GPUs, which Reduction
-    Server needs (Google's plugin is an NCCL transport), and TensorFlow's ring on CPUs."""
+    """MultiWorkerMirroredStrategy over `cluster.training_cluster` for several machines, else
+    MirroredStrategy over this machine's GPUs (or its CPU). Must run before any other TensorFlow
+    op. All-reduce: NCCL on GPUs, which Reduction Server needs (Google's plugin is an NCCL
+    transport), TensorFlow's ring on CPUs."""
     from trainer._tf import tf
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -163,8 +159,7 @@ class GpusMissing(RuntimeError):
 
 def pool_and_role(cluster: ClusterInfo) -> tuple[str, str]:
     """Vertex's name of this replica's worker pool and its task type: (`workerpool0`, `chief`)
-    for the chief and for a single machine (a one-replica job is pool 0), (`workerpool1`,
-    `worker`) for a worker."""
+    for the chief and a single machine, (`workerpool1`, `worker`) for a worker."""
     role = cluster.task_type or "chief"
     return POOL_OF_TASK[role], role
 
@@ -178,9 +173,8 @@ def gpu_shortfall(
     seen_by: str,
     detail: str = "",
 ) -> str | None:
-    """The one rule (`local.jobs` words its own refusal the same: tests/local/test_jobs_gpus.py):
-    None when `gpus` (what `seen_by` sees) covers what the pool asked for (more is fine), else
-    the one line that says so, naming the pool, its machine type, the GPUs asked and seen."""
+    """The one rule (`local.jobs` words its refusal the same: tests/local/test_jobs_gpus.py): None
+    when `gpus` (what `seen_by` sees) covers what the pool asked for, else the one line saying so."""
     asked = request.accelerator_count
     if gpus >= asked:
         return None
@@ -195,8 +189,7 @@ def gpu_shortfall(
 
 def visible_devices() -> tuple[int, list[str], str]:
     """The GPUs TensorFlow sees, every physical device's name (`CPU:0`, `GPU:0`, ...) and its
-    build (`TensorFlow 2.21.0 built with CUDA 12.5.1, cuDNN 9`). Lists physical devices only:
-    TensorFlow's runtime is not started (the strategy must come first; `create_strategy`)."""
+    build (`describe_build`). Physical devices only: TensorFlow's runtime is not started."""
     from trainer._tf import tf
 
     devices = tf.config.list_physical_devices()
@@ -215,10 +208,9 @@ def describe_build(version: str, info: Mapping[str, Any]) -> str:
 
 def driver_versions() -> str:
     """The NVIDIA driver this machine runs and the newest CUDA it supports (`cuDriverGetVersion`
-    of the host's libcuda.so.1), e.g. `NVIDIA driver 550.54.15, CUDA 12.4`; "" without one. CUDA's
-    minor-version compatibility runs the lock's CUDA 12.5 libraries on any R525+ driver, but PTX
-    (TF 2.21 has H100/H200 kernels only as PTX, and XLA) needs a driver at least as new as the
-    toolkit (CUDA's compatibility guide), and Vertex publishes no driver version: the log says it."""
+    of libcuda.so.1), e.g. `NVIDIA driver 550.54.15, CUDA 12.4`; "" without one. PTX (TF 2.21's
+    only H100/H200 kernels, and XLA) needs a driver at least as new as the toolkit (CUDA's
+    compatibility guide), and Vertex publishes no driver version: the log says it."""
     import ctypes
 
     try:

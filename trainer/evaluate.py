@@ -1,19 +1,15 @@
 """Evaluates models side by side on one prepared dataset's split, the way they are served:
 `python -m trainer.evaluate --data_dir D --model_dir CHALLENGER [--champion_dir CHAMPION]`.
 
-The champion/challenger gate's like-for-like comparison: the champion's recorded test figures
-may come from other data, so the pipeline's evaluation job (one CPU replica on the trainer image)
-runs both models here, on this run's test split (docs/training.md, "The gate").
+The champion/challenger gate's like-for-like comparison (docs/training.md, "The gate"): the
+champion's recorded figures may come from other data, so the evaluation job runs both models on
+this run's test split, through their `serving_default` signature on stored images encoded as PNG
+(lossless), so each decodes and resizes as served. Writes `evaluation.json`
+(trainer.contract.EVALUATION_KEYS) into `--output_dir` (default: $AIP_MODEL_DIR).
 
-Both models run through their `serving_default` signature on stored images encoded as PNG
-(lossless), so each decodes and resizes as served, whatever size it was trained at. Writes
-`evaluation.json` (trainer.contract.EVALUATION_KEYS) into `--output_dir` (default:
-$AIP_MODEL_DIR): each model's figures beside those it recorded and, with a champion, their
-paired `comparison` (`trainer.pairedstats.compare`).
-
-Everything is checked before any image is read: both models load and have the signature, the
-champion was trained on the dataset's class names in the same order. Exit status 2 on a bad
-flag, 1 when a model or the data cannot be used, with the reason.
+Before any image is read, both models must load with the signature and have been trained on the
+dataset's class names in the same order. Exit status 2 on a bad flag, 1 when a model or the
+data cannot be used, with the reason.
 """
 
 from __future__ import annotations
@@ -28,8 +24,6 @@ from typing import Any
 from trainer.contract import EVALUATION_FILE, METRICS_FILE
 from trainer.serve import MAX_INSTANCES
 
-ROLES = ("challenger", "champion")
-
 
 class EvaluationError(Exception):
     """A model or the dataset cannot be evaluated; the message says which and why."""
@@ -37,7 +31,7 @@ class EvaluationError(Exception):
 
 def summarize(labels: Sequence[int], probabilities: Any, class_names: Sequence[str]) -> dict[str, Any]:
     """Loss, accuracy, confusion matrix, per-class figures and macro F1 of `probabilities`
-    ([N, K]) against integer `labels` ([N]): exact over every example."""
+    ([N, K]) against integer `labels` ([N])."""
     import numpy as np
 
     from trainer import metrics as metrics_lib

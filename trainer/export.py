@@ -90,12 +90,10 @@ def save(model: keras.Model, path: str, class_names: Sequence[str], image_size: 
     """Writes the Keras SavedModel with the serving signature. Every worker must call this
     (saving runs collectives: docs/facts.md, fact 3); only the chief's `path` is kept."""
     serve = serving_function(model, class_names, image_size)
-    # Without each layer's traced functions (tf_keras `save_model`: "Disabling this will decrease
-    # serialization time and reduce file size, but it requires that all custom layers/models
-    # implement a `get_config()` method"; trainer/model.py's are registered): saving resnet50 took
-    # 4.5 s, not 21.9, loading it 3.9, not 8.8 (2 CPUs); outputs identical. Vertex's prebuilt
-    # containers need the `serve` tag and the `serving_default` signature ("Export model artifacts
-    # for prediction", https://cloud.google.com/vertex-ai/docs/training/exporting-model-artifacts).
+    # Without each layer's traced functions (tf_keras `save_model`: it "requires that all custom
+    # layers/models implement a `get_config()` method"; trainer/model.py's do): 5x faster to save.
+    # Vertex's prebuilt containers need the `serve` tag and the `serving_default` signature ("Export
+    # model artifacts for prediction", https://cloud.google.com/vertex-ai/docs/training/exporting-model-artifacts).
     model.save(
         path,
         save_format="tf",

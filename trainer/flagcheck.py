@@ -43,28 +43,17 @@ class FlagParser(argparse.ArgumentParser):
         raise FlagError((message or f"{self.prog} exits with status {status}").strip())
 
 
-def _with_flag_parser(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`fn(*args, parser_class=FlagParser, **kwargs)`: the trainer's parser builders
-    (trainer.config and trainer.prepare's `build_parser` and `parse_args`) build the parser they
-    are given the class of, so a bad flag raises FlagError here and exits in a job."""
-    return fn(*args, parser_class=FlagParser, **kwargs)
-
-
-def _parsers() -> dict[str, tuple[Callable[[Sequence[str]], Any], Callable[[Sequence[str]], Any]]]:
-    """Per program: its argparse parser alone (each flag's own rule) and its whole parse (the
-    rules between flags too), both raising FlagError instead of exiting."""
+def _parsers(program: str) -> tuple[Callable[[Sequence[str]], Any], Callable[[Sequence[str]], Any]]:
+    """The program's argparse parser alone (each flag's own rule) and its whole parse (the rules
+    between flags too), both raising FlagError instead of exiting: the trainer's parser builders
+    (`build_parser`, `parse_args`) build the parser they are given the class of."""
     from trainer import config, prepare
 
-    return {
-        "trainer.task": (
-            lambda argv: _with_flag_parser(lambda **kw: config.build_parser(**kw).parse_args(argv)),
-            lambda argv: _with_flag_parser(config.parse_args, argv, environ={}),
-        ),
-        "trainer.prepare": (
-            lambda argv: _with_flag_parser(lambda **kw: prepare.build_parser(**kw).parse_args(argv)),
-            lambda argv: _with_flag_parser(prepare.parse_args, argv, environ={}),
-        ),
-    }
+    module: Any = config if program == "trainer.task" else prepare
+    return (
+        lambda argv: module.build_parser(FlagParser).parse_args(argv),
+        lambda argv: module.parse_args(argv, environ={}, parser_class=FlagParser),
+    )
 
 
 def _flag_of(arg: str) -> str:
@@ -73,7 +62,7 @@ def _flag_of(arg: str) -> str:
 
 def problems(program: str, argv: Sequence[str]) -> list[dict[str, Any]]:
     """Every problem the program's own parser finds in `argv`, one per flag."""
-    parse_one, parse_all = _parsers()[program]
+    parse_one, parse_all = _parsers(program)
     stand_ins = STAND_INS[program]
     found: list[dict[str, Any]] = []
     for arg in argv:

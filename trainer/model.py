@@ -70,8 +70,7 @@ class RandomRot90(keras.layers.Layer):
 
 def augmentation(policy: str, seed: int) -> keras.Sequential | None:
     """The layers of an augmentation policy (config.AUGMENT_POLICIES), on float pixels in 0-255,
-    active in training only; None for `none`. `auto` is resolved from the dataset by the task
-    (`config.resolve_augment`); a model built without the dataset's source gets none."""
+    active in training only; None for `none` and for an unresolved `auto`."""
     if policy not in AUGMENT_POLICIES:
         raise ValueError(f"augmentation policy must be one of {AUGMENT_POLICIES}, got {policy!r}")
     if policy in ("none", "auto"):
@@ -95,12 +94,9 @@ TINY_BLOCKS = ((16, 1), (32, 2), (64, 2), (128, 2))
 
 
 def tiny_backbone(input_shape: tuple[int, int, int], seed: int) -> keras.Model:
-    """A small VGG-style CNN (about 290k weights) for tests and local runs, trained from scratch.
-
-    Its depth lets it learn classes that differ by where a shape sits (b, d, p and q): a 64-pixel
-    image needs a receptive field of about its whole side before global pooling (docs/training.md,
-    "Training locally on an image folder").
-    """
+    """A small VGG-style CNN (about 290k weights) for tests and local runs, trained from scratch,
+    deep enough for classes that differ by where a shape sits (docs/training.md, "Training locally
+    on an image folder")."""
     init = keras.initializers.HeNormal(seed=seed)
     inputs = keras.Input(input_shape)
     x = inputs
@@ -160,9 +156,8 @@ def build_backbone(config: TrainConfig) -> tuple[keras.Model, str]:
 
 
 def set_trainable(backbone: keras.Model, fraction: float, pretrained: bool) -> int:
-    """Trains the top `fraction` of the backbone's layers. In a pretrained backbone the
-    BatchNorm layers stay frozen (their statistics are ImageNet's; the backbone runs in
-    inference mode). Returns the number of layers left trainable."""
+    """Trains the top `fraction` of the backbone's layers, BatchNorm layers of a pretrained one
+    excepted (it runs in inference mode). Returns the number of layers left trainable."""
     layers = backbone.layers
     first = len(layers) - math.ceil(fraction * len(layers))
     backbone.trainable = fraction > 0
@@ -207,9 +202,8 @@ def build_model(config: TrainConfig, num_classes: int, input_size: int) -> keras
 @keras.utils.register_keras_serializable(package="trainer")
 class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warm-up from 0 to `peak` over `warmup_steps`, then cosine decay to 0 at
-    `total_steps` (Goyal et al. 2017, "Accurate, Large Minibatch SGD", for the warm-up; Loshchilov
-    & Hutter 2017, SGDR, for the cosine). The step is the optimizer's, which the backup restores,
-    so a resumed run continues the schedule where it stopped."""
+    `total_steps` (Goyal et al. 2017; Loshchilov & Hutter 2017). The step is the optimizer's,
+    which the backup restores, so a resumed run continues the schedule where it stopped."""
 
     def __init__(self, peak: float, warmup_steps: int, total_steps: int) -> None:
         self.peak, self.warmup_steps, self.total_steps = float(peak), int(warmup_steps), int(total_steps)
@@ -253,9 +247,8 @@ def balanced_class_weights(class_counts: Any) -> list[float]:
 
 
 def make_loss(num_classes: int, label_smoothing: float = 0.0, class_weights: Any = None) -> Any:
-    """Sparse cross-entropy on probabilities, with label smoothing and per-class weights (neither
-    of which tf-keras's SparseCategoricalCrossentropy takes); the mean over the batch, as
-    Keras's `class_weight` would give."""
+    """Sparse cross-entropy on probabilities, with label smoothing and per-class weights (which
+    tf-keras's SparseCategoricalCrossentropy does not take)."""
     weights = None if class_weights is None else tf.constant(list(class_weights), tf.float32)
 
     def loss(y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:

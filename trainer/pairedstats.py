@@ -16,11 +16,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 BOOTSTRAP_RESAMPLES = 2000
-"""Resamples of the paired bootstrap. The interval's ends are the 2.5th and 97.5th percentiles of
-2,000 differences: each end moves by about 0.05 of the difference's standard error from one seed
-to another (sqrt(0.025 x 0.975 / 2000) / phi(1.96) = 0.06 in theory, 0.04 measured over 30 seeds
-on 2,000 examples), small beside the interval itself, about 4 standard errors wide. 2,000
-resamples of a 20,000-image split take about 3 s."""
+"""Resamples of the paired bootstrap: each end of the interval moves by about 0.05 of the
+difference's standard error from one seed to another (sqrt(0.025 x 0.975 / 2000) / phi(1.96)),
+small beside the interval, about 4 standard errors wide; a 20,000-image split takes about 3 s."""
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
 
@@ -64,22 +62,12 @@ def _confusion(
 
 
 def paired_bootstrap(
-    labels: ArrayLike,
-    challenger: ArrayLike,
-    champion: ArrayLike,
-    num_classes: int,
-    *,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-    confidence: float = CONFIDENCE,
+    y: np.ndarray, a: np.ndarray, b: np.ndarray, k: int, resamples: int, seed: int
 ) -> dict[str, list[float]]:
-    """{"accuracy": [low, high], "macro_f1": [low, high]}: percentile intervals of the difference
-    challenger - champion over `resamples` paired resamples of the examples (each resample draws
-    len(labels) examples with replacement, the same ones for both models)."""
-    y, a, b = (np.asarray(v, dtype=np.int64) for v in (labels, challenger, champion))
-    n, k = len(y), num_classes
-    if n == 0:
-        raise ValueError("no examples to compare the models on")
+    """{"accuracy": [low, high], "macro_f1": [low, high]}: CONFIDENCE percentile intervals of the
+    difference challenger `a` - champion `b` over `resamples` paired resamples of the examples
+    (each draws len(y) examples with replacement, the same ones for both models)."""
+    n = len(y)
     right_a, right_b = a == y, b == y
     rng = np.random.default_rng(seed)
     accuracy, macro = np.empty(resamples), np.empty(resamples)
@@ -88,7 +76,7 @@ def paired_bootstrap(
         w = np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64)
         accuracy[r] = (w @ right_a - w @ right_b) / n
         macro[r] = macro_f1_from_matrix(_confusion(y, a, k, w)) - macro_f1_from_matrix(_confusion(y, b, k, w))
-    tail = (1 - confidence) / 2 * 100
+    tail = (1 - CONFIDENCE) / 2 * 100
     return {
         name: [float(v) for v in np.percentile(values, [tail, 100 - tail])]
         for name, values in (("accuracy", accuracy), ("macro_f1", macro))
@@ -122,7 +110,7 @@ def compare(
             macro_f1_from_matrix(_confusion(y, b, k)),
         ),
     }
-    intervals = paired_bootstrap(y, a, b, k, resamples=resamples, seed=seed)
+    intervals = paired_bootstrap(y, a, b, k, resamples, seed)
     only_challenger, only_champion = int(np.sum(right_a & ~right_b)), int(np.sum(~right_a & right_b))
     out: dict[str, Any] = {"examples": len(y)}
     for name, (new, old) in figures.items():

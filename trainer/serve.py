@@ -4,10 +4,9 @@ Calls `serving_default` as Vertex's prebuilt TensorFlow container does (encoded 
 `image_bytes`) and prints one JSON line per image; without `--image`, one synthetic leaf per
 class. Exit status 1 when the model does not load or answer, with the reason.
 
-TensorFlow and numpy only, no tf_keras: Vertex's prebuilt container is TensorFlow Serving, which
-loads the graph and nothing of Keras, at TensorFlow 2.15 at most; the check runs under that
-older TensorFlow and the custom serving image's (Dockerfile.serving) too, from the environments
-`local.servingenv.python_for(version)` makes.
+TensorFlow and numpy only, no tf_keras: Vertex's prebuilt container is TensorFlow Serving (2.15
+at most), which loads the graph alone; the check runs under that TensorFlow and the custom
+serving image's too (`local.servingenv.python_for(version)`).
 """
 
 from __future__ import annotations
@@ -25,10 +24,9 @@ from typing import Any
 SERVING_INPUT = "image_bytes"
 SIGNATURE = "serving_default"
 # The most images one call of the signature takes (trainer.export refuses more, in the graph): a
-# call's images are decoded and run together, so its memory grows with them (60,000 tiny images
-# took a server past 4.5 GB; ResNet50 at 224 px on CPU: 64 images raised the peak by 590 MiB over
-# one, 64 photos of 1024 px by 704 MiB). Vertex bounds only the body's size (1.5 MB on a shared
-# public endpoint, 10 MB on a dedicated one).
+# call's images are decoded and run together (ResNet50 at 224 px on CPU: 64 images raised the peak
+# by 590 MiB over one). Vertex bounds only the body's size (1.5 MB on a shared public endpoint, 10
+# MB on a dedicated one).
 MAX_INSTANCES = 64
 OUTPUTS = ("probabilities", "class_index", "class_name")
 # As trainer.storage.GCS_FUSE_ROOT and `resolve` (not imported: trainer._tf loads tf_keras).
@@ -48,6 +46,7 @@ class Served:
 
     signature: Any
     saved_model: Any
+    model_dir: str
 
 
 def import_tf() -> Any:
@@ -87,7 +86,7 @@ def load(model_dir: str) -> Served:
     missing = [name for name in OUTPUTS if name not in serve.structured_outputs]
     if missing:
         raise ServingError(f"{model_dir}: {SIGNATURE} does not return {', '.join(missing)}")
-    return Served(serve, loaded)
+    return Served(serve, loaded, model_dir)
 
 
 def answer(served: Served, blobs: Sequence[bytes]) -> list[Prediction]:
@@ -99,7 +98,7 @@ def answer(served: Served, blobs: Sequence[bytes]) -> list[Prediction]:
             out[name].numpy() for name in ("class_name", "class_index", "probabilities")
         )
     except (tf.errors.OpError, ValueError, TypeError) as err:
-        raise ServingError(f"{SIGNATURE} failed to answer: {err}") from None
+        raise ServingError(f"{served.model_dir}: {SIGNATURE} failed to answer: {err}") from None
     return [
         {
             "class_name": names[i].decode(),
@@ -145,22 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         served = load(args.model_dir)
         names, blobs = read_images(args.image) if args.image else synthetic_images()
+        predictions = answer(served, blobs)
     except ServingError as err:
         print(err, file=sys.stderr)
         return 1
-    try:
-        predictions = answer(served, blobs)
-    except ServingError as err:
-        print(f"{args.model_dir}: {err}", file=sys.stderr)
-        return 1
     for name, prediction in zip(names, predictions, strict=True):
-        row = {
-            "image": name,
-            "class_name": prediction["class_name"],
-            "class_index": prediction["class_index"],
-            "probabilities": [round(v, 6) for v in prediction["probabilities"]],
-        }
-        print(json.dumps(row))
+        probabilities = [round(v, 6) for v in prediction["probabilities"]]
+        print(json.dumps({"image": name, **prediction, "probabilities": probabilities}))
     return 0
 
 

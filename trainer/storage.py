@@ -67,7 +67,7 @@ def is_nonempty_dir(path: str) -> bool:
 
 
 @contextlib.contextmanager
-def staged_output(final: str, *, overwrite: bool = True) -> Iterator[str]:
+def staged_output(final: str) -> Iterator[str]:
     """Yields a fresh folder to write into; publishes it as `final` only if the block succeeds.
     A failed block leaves `final` as it was and removes the staging folder. Local folders are
     staged beside `final` and renamed into place (atomic); remote ones staged on local disk and
@@ -75,8 +75,6 @@ def staged_output(final: str, *, overwrite: bool = True) -> Iterator[str]:
     a SIGKILL left is removed by the next publish of `final` (`remove_leftovers`).
     """
     final = resolve(final)
-    if not overwrite and is_nonempty_dir(final):
-        raise FileExistsError(f"{final} already exists and is not empty")
     staging = ""
     try:
         # Made inside the `try`: an exception raised between making it and the `try` (a signal
@@ -150,11 +148,7 @@ def remove_leftovers(final: str) -> None:
 
 
 def _walk_files(root: str) -> Sequence[str]:
-    out = []
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            out.append(os.path.relpath(os.path.join(dirpath, name), root))
-    return out
+    return [os.path.relpath(os.path.join(d, name), root) for d, _, names in os.walk(root) for name in names]
 
 
 def local_copy(path: str, folder: str) -> str:

@@ -46,16 +46,8 @@ def _leaf_mask(rng: np.random.Generator, size: int) -> np.ndarray:
     return mask
 
 
-def _colour(rgb: tuple[int, int, int]) -> np.ndarray:
-    return np.asarray(rgb, np.float32)
-
-
-GREEN, PALE, YELLOW, BROWN, DARK = (
-    _colour((46, 125, 50)),
-    _colour((150, 175, 90)),
-    _colour((215, 205, 70)),
-    _colour((125, 80, 35)),
-    _colour((55, 40, 25)),
+GREEN, PALE, YELLOW, BROWN, DARK = np.array(
+    [(46, 125, 50), (150, 175, 90), (215, 205, 70), (125, 80, 35), (55, 40, 25)], np.float32
 )
 
 
@@ -110,7 +102,7 @@ PAINTERS: dict[str, Callable[[np.random.Generator, int, np.ndarray], np.ndarray]
 
 def make_image(rng: np.random.Generator, class_name: str, size: int) -> Image:
     """One uint8 [size, size, 3] leaf of `class_name` on a soil background."""
-    soil = _colour((110, 85, 60)) * (0.7 + 0.5 * _smooth_noise(rng, size, 6))[..., None]
+    soil = np.array((110, 85, 60), np.float32) * (0.7 + 0.5 * _smooth_noise(rng, size, 6))[..., None]
     leaf = _leaf_mask(rng, size)
     painted = PAINTERS[class_name](rng, size, leaf)
     image = np.where(leaf[..., None], painted, soil)

@@ -34,6 +34,7 @@ from trainer.distribute import (
     check_gpus,
     cluster_from_tf_config,
 )
+from trainer.hpmetric import MetricFileError, reporting_file
 
 
 def run(
@@ -302,12 +303,38 @@ def _publish(
 def _metrics(
     published: Any, plan: _Plan, cluster: ClusterInfo, best: Any, exported_epoch: int, started: float
 ) -> dict[str, Any]:
-    """metrics.json: the published model's figures (`_final_metrics`) and how it was trained."""
-    from trainer import callbacks as cb
+    """metrics.json: the published model's exact figures over the whole validation and test splits
+    (`trainer.evaluate.summarize`, as the gate's evaluation job computes them), the training
+    history, the exported epoch's (1-based) training loss and accuracy, and how it was trained."""
+    import numpy as np
 
-    config = plan.config
+    from trainer import callbacks as cb
+    from trainer import evaluate
+    from trainer._tf import tf
+
+    config, meta = plan.config, plan.meta
+    predict = tf.function(lambda x: published(x, training=False))
+    out: dict[str, Any] = {}
+    for split, key in (("validation", "val"), ("test", "test")):
+        labels, probs = evaluate.predict_split(lambda x: predict(x).numpy(), config.data_dir, meta, split)
+        figures = evaluate.summarize(labels, probs, meta.class_names)
+        out[f"{key}_loss"], out[f"{key}_accuracy"] = figures["loss"], figures["accuracy"]
+        out[f"{key}_examples"] = figures["examples"]
+        if split == "test":
+            for name in ("confusion_matrix", "per_class", "macro_f1"):
+                out[name] = figures[name]
+    hist = cb.history_as_lists(cb.load_history(plan.history_path), config.epochs)
+    rates = hist.get("images_per_second", [])
+    steady = rates[1:] or rates  # the first epoch also fills the cache
     return {
-        **_final_metrics(published, config, plan.meta, cb.load_history(plan.history_path), exported_epoch),
+        **out,
+        "train_loss": _at_epoch(hist, "loss", exported_epoch),
+        "train_accuracy": _at_epoch(hist, "accuracy", exported_epoch),
+        "epochs_completed": len(hist.get("loss", [])),
+        "history": hist,
+        "class_names": list(meta.class_names),
+        "images_per_second": float(np.mean(steady)) if steady else None,
+        "hp_metric": config.hp_metric,
         "best_epoch": exported_epoch,
         "export_epoch": config.export_epoch,
         "selection_metric": config.hp_metric,
@@ -316,7 +343,7 @@ def _metrics(
         "replicas": plan.replicas,
         "global_batch_size": plan.global_batch,
         "precision_policy": plan.policy,
-        "dataset_fingerprint": plan.meta.fingerprint,
+        "dataset_fingerprint": meta.fingerprint,
         "wall_seconds": time.perf_counter() - started,
     }
 
@@ -348,43 +375,6 @@ def _check_resumable(config: TrainConfig, fingerprint: str, cluster: ClusterInfo
         storage.write_json(path, state)
 
 
-def _final_metrics(
-    model: Any, config: TrainConfig, meta: Any, history: dict[str, Any], exported_epoch: int
-) -> dict[str, Any]:
-    """metrics.json's exact figures of `model` over the whole validation and test splits
-    (`trainer.evaluate.summarize`, as the gate's evaluation job computes them), the training
-    history and the exported epoch's (1-based) training loss and accuracy."""
-    import numpy as np
-
-    from trainer import callbacks as cb
-    from trainer import evaluate
-    from trainer._tf import tf
-
-    predict = tf.function(lambda x: model(x, training=False))
-    out: dict[str, Any] = {}
-    for split, key in (("validation", "val"), ("test", "test")):
-        labels, probs = evaluate.predict_split(lambda x: predict(x).numpy(), config.data_dir, meta, split)
-        figures = evaluate.summarize(labels, probs, meta.class_names)
-        out[f"{key}_loss"], out[f"{key}_accuracy"] = figures["loss"], figures["accuracy"]
-        out[f"{key}_examples"] = figures["examples"]
-        if split == "test":
-            for name in ("confusion_matrix", "per_class", "macro_f1"):
-                out[name] = figures[name]
-    hist = cb.history_as_lists(history, config.epochs)
-    rates = hist.get("images_per_second", [])
-    steady = rates[1:] or rates  # the first epoch also fills the cache
-    return {
-        **out,
-        "train_loss": _at_epoch(hist, "loss", exported_epoch),
-        "train_accuracy": _at_epoch(hist, "accuracy", exported_epoch),
-        "epochs_completed": len(hist.get("loss", [])),
-        "history": hist,
-        "class_names": list(meta.class_names),
-        "images_per_second": float(np.mean(steady)) if steady else None,
-        "hp_metric": config.hp_metric,
-    }
-
-
 def _at_epoch(hist: dict[str, list[float]], key: str, epoch: int) -> float | None:
     values = hist.get(key, [])
     return values[epoch - 1] if 0 < epoch <= len(values) else None
@@ -399,36 +389,29 @@ def _replicas_expected(cluster: ClusterInfo) -> int:
     return cluster.num_workers * max(1, len(tf.config.list_physical_devices("GPU")))
 
 
+def _error(error: Exception, status: int) -> int:
+    print(f"python -m trainer.task: error: {error}", file=sys.stderr, flush=True)
+    return status
+
+
 def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     """The command line (`callbacks`: extra Keras callbacks, for tests that run replicas)."""
     config = parse_args(argv)  # exits with status 2 on a bad flag, before TensorFlow loads
     try:
         cluster = cluster_from_tf_config(os.environ.get("TF_CONFIG"))
-    except ValueError as e:
-        print(f"python -m trainer.task: error: {e}", file=sys.stderr)
-        return 2
-    # The chief alone reports the tuning metric: in a tuning trial, fail now if it cannot write
-    # the metric file, not after an epoch (outside a trial this only warns).
-    if cluster.is_chief:
-        from trainer import hpmetric
-
-        try:
-            hpmetric.reporting_file(os.environ)
-        except hpmetric.MetricFileError as e:
-            print(f"python -m trainer.task: error: {e}", file=sys.stderr)
-            return 2
-    # Before the strategy: no training on CPU while GPUs are billed.
-    try:
+        # The chief alone reports the tuning metric: in a tuning trial, fail now if it cannot
+        # write the metric file, not after an epoch (outside a trial this only warns).
+        if cluster.is_chief:
+            reporting_file(os.environ)
+        # Before the strategy: no training on CPU while GPUs are billed.
         request = gpu_request(os.environ)
-    except ValueError as e:
-        print(f"python -m trainer.task: error: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, MetricFileError) as e:
+        return _error(e, 2)
     if request is not None:
         try:
             print(f"[{cluster.name}] {check_gpus(request, cluster)}", flush=True)
         except GpusMissing as e:
-            print(f"python -m trainer.task: error: {e}", file=sys.stderr, flush=True)
-            return GPUS_MISSING_EXIT_CODE
+            return _error(e, GPUS_MISSING_EXIT_CODE)
     from trainer import callbacks as cb
     from trainer import data, datasetinfo
 
@@ -437,11 +420,9 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
     except cb.Terminated:
         return cb.TERMINATED_EXIT_CODE  # the backup is saved; already said on screen
     except data.BatchTooLarge as e:  # a bad flag for this data: one line, the status of a bad flag
-        print(f"python -m trainer.task: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return _error(e, 2)
     except datasetinfo.DataError as e:  # the prepared data is damaged: named, without a traceback
-        print(f"python -m trainer.task: error: {e}", file=sys.stderr)
-        return 1
+        return _error(e, 1)
     return 0
 
 

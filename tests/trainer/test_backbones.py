@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,35 @@ BASE = ["--data_dir=/d", "--model_dir=/m"]
 APPLICATIONS = [b for b in backbones.REGISTRY if b.application is not None]
 
 
+def registry_problems(entries: Sequence[backbones.Backbone], default: str) -> list[str]:
+    """What is incomplete or inconsistent in `entries` (empty when nothing), without TensorFlow:
+    each name unique and flag-shaped, each preprocessing mode known, each application a plausible
+    Keras attribute name, no ImageNet weights claimed for the project's own CNN, the default
+    registered."""
+    problems = []
+    names = [b.name for b in entries]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"backbone {name!r} is registered more than once")
+    for b in entries:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", b.name):
+            problems.append(f"backbone {b.name!r}: a name is lower case letters, digits and '_'")
+        if b.preprocessing not in backbones.PREPROCESSING_MODES:
+            problems.append(
+                f"backbone {b.name!r}: unknown preprocessing mode {b.preprocessing!r}; "
+                f"expected one of {', '.join(backbones.PREPROCESSING_MODES)}"
+            )
+        if b.application is not None and not re.fullmatch(r"[A-Z][A-Za-z0-9]*", b.application):
+            problems.append(
+                f"backbone {b.name!r}: application {b.application!r} is not a tf_keras.applications "
+                "constructor name (e.g. ResNet50)"
+            )
+        if b.application is None and b.imagenet:
+            problems.append(f"backbone {b.name!r}: the project's own CNN has no ImageNet weights")
+    if default not in names:
+        problems.append(f"the default backbone {default!r} is not registered")
+    return problems
+
+
 @pytest.fixture(autouse=True)
 def float32_policy() -> Iterator[None]:
     yield
@@ -31,7 +60,7 @@ def float32_policy() -> Iterator[None]:
 
 
 def test_the_registry_is_complete() -> None:
-    assert backbones.registry_problems(backbones.REGISTRY, backbones.DEFAULT) == []
+    assert registry_problems(backbones.REGISTRY, backbones.DEFAULT) == []
     assert tuple(b.name for b in backbones.REGISTRY) == backbones.NAMES
 
 
@@ -50,12 +79,12 @@ def test_the_registry_is_complete() -> None:
 )
 def test_an_incomplete_entry_is_named(change: dict[str, object], expected: str) -> None:
     extra = dataclasses.replace(backbones.Backbone("extra", "ResNet152", "caffe", True), **change)  # type: ignore[arg-type]
-    problems = backbones.registry_problems((*backbones.REGISTRY, extra), backbones.DEFAULT)
+    problems = registry_problems((*backbones.REGISTRY, extra), backbones.DEFAULT)
     assert len(problems) == 1 and re.search(expected, problems[0]), problems
 
 
 def test_an_unregistered_default_is_named() -> None:
-    assert backbones.registry_problems(backbones.REGISTRY, "vgg16") == [
+    assert registry_problems(backbones.REGISTRY, "vgg16") == [
         "the default backbone 'vgg16' is not registered"
     ]
 

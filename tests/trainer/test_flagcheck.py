@@ -102,12 +102,12 @@ def _parse(argv: Sequence[str], parser_class: type[argparse.ArgumentParser] = ar
 
 def test_a_parse_given_the_flag_parser_raises_instead_of_exiting() -> None:
     with pytest.raises(flagcheck.FlagError) as info:
-        flagcheck._with_flag_parser(_parse, ["--n=-1"])
+        _parse(["--n=-1"], flagcheck.FlagParser)
     assert str(info.value) == "--n must not be negative"
     with pytest.raises(flagcheck.FlagError) as info:
-        flagcheck._with_flag_parser(_parse, ["--n=x"])
+        _parse(["--n=x"], flagcheck.FlagParser)
     assert str(info.value) == "argument --n: invalid int value: 'x'"
-    assert flagcheck._with_flag_parser(_parse, ["--n=2"]).n == 2
+    assert _parse(["--n=2"], flagcheck.FlagParser).n == 2
     with pytest.raises(SystemExit):  # a job's parse, without the flag parser, still exits
         _parse(["--n=x"])
 

@@ -66,13 +66,6 @@ def test_a_success_replaces_the_previous_output(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
-def test_refuses_to_replace_when_asked_not_to(tmp_path: Path) -> None:
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "x").write_text("x")
-    with pytest.raises(FileExistsError), storage.staged_output(str(tmp_path / "out"), overwrite=False):
-        pass
-
-
 def test_json_is_written_atomically_with_stable_bytes(tmp_path: Path) -> None:
     path = str(tmp_path / "m.json")
     storage.write_json(path, {"b": 1, "a": [1, 2]})
