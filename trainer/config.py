@@ -47,23 +47,16 @@ JPEG/PNG (smaller files, decoded once before the cache)."""
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything one training run needs, resolved and validated: a field per flag of
-    `build_parser` (docs/contracts.md, section 1). Those whose name does not say it all:
+    `build_parser` (docs/contracts.md, section 1; its help says what the paths, `weights`,
+    `fine_tune_fraction` and `lr_reference_batch_size` are). Of the others:
 
-      data_dir: folder written by `python -m trainer.prepare` (`metadata.json` + TFRecords).
-      model_dir: where the chief publishes the SavedModel, `metrics.json` and `config.json`.
-      checkpoint_dir: where progress is backed up every epoch (shared by all workers).
       per_replica_batch_size: examples per replica per step (x the replicas in sync: the global batch).
       image_size: side of the square images the model sees (others are resized on the device).
-      weights: "imagenet", "none", or a path (local, `/gcs/` or `gs://`) to a weights file.
-      fine_tune_fraction: share of the backbone's layers, from the top, trained (0: head only).
       dense_units: width of the head's hidden layer (0: no hidden layer).
       mixed_precision: compute in float16 on GPUs (bfloat16 on CPUs); the output stays float32.
       seed: seeds weights initialisation and shuffling.
       augment: one of AUGMENT_POLICIES (in the model, on the device, in training only).
       warmup_epochs: epochs of linear warm-up of the cosine schedule (at most half the run).
-      lr_reference_batch_size: the global batch `learning_rate` is meant for (linear scaling:
-        `model.peak_learning_rate`); 0: the per-replica batch, so it scales with the replicas.
-      export_epoch: one of EXPORT_EPOCHS (`metric_goal` gives `best`'s direction).
     """
 
     data_dir: str

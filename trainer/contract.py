@@ -22,9 +22,7 @@ BEST_DIR = "best"  # its weights: a copy of that epoch's backup, `epoch-<NNNN>.*
 # --- in a prepared dataset's folder (`python -m trainer.prepare` output) --------------------
 METADATA_FILE = "metadata.json"
 METADATA_FORMAT_VERSION = 2
-"""2: each split's `shards` lists every shard's exact size, record count and SHA-256, and the
-`fingerprint` is taken over that manifest. Readers refuse any other version with a line saying to
-prepare the dataset again (1, which recorded shard names alone, included)."""
+"""Readers refuse any other version with a line saying to prepare the dataset again."""
 
 METRICS = {
     # Exact figures of the published model, reloaded, over the whole validation and test splits.
@@ -65,8 +63,7 @@ docs` writes docs/contracts.md's table from here)."""
 METRICS_KEYS = tuple(METRICS)
 
 CONFUSION_MATRIX_KEYS = ("labels", "rows", "columns", "matrix")
-"""The keys of metrics.json's `confusion_matrix`: `matrix[true][predicted]` counts over the test
-split, rows and columns in the order of `labels` (the class names)."""
+"""metrics.json's `confusion_matrix`: `matrix[true][predicted]`, in the order of `labels`."""
 
 METADATA_KEYS = (
     "format_version",  # METADATA_FORMAT_VERSION; readers refuse any other
@@ -84,23 +81,18 @@ METADATA_KEYS = (
 """Every top-level key of a prepared dataset's metadata.json."""
 
 METADATA_SPLIT_KEYS = ("count", "class_counts", "shards")
-"""The keys of each split in metadata.json's `splits` (plus `carved_from` for a split that was
-carved from train). `shards` is a list, in shard order, of METADATA_SHARD_KEYS objects."""
+"""Each split in metadata.json's `splits` (plus `carved_from` for a split carved from train)."""
 
 METADATA_SHARD_KEYS = ("name", "bytes", "records", "sha256")
-"""One shard in a split's `shards`: its file name (`<split>-<i:05d>-of-<n:05d>.tfrecord`), its
-exact size in bytes, the records it holds, and the SHA-256 (hex) of the file's bytes."""
+"""One shard in a split's `shards` (a list in shard order)."""
 
 METADATA_SOURCE_INFO_KEYS = {
     "tfds": ("tfds_name", "tfds_version", "tfds_downloads"),
     "synthetic": ("tfds_name", "tfds_version", "generator", "synthetic_per_class", "seed"),
     "folder": ("folder", "skipped", "listing"),
 }
-"""`source_info`, the source's identity, by kind of `source`. `tfds_downloads`: the downloads TFDS
-verifies for the dataset, `[{url, bytes, sha256}]` from its registered checksums (null when TFDS
-records none). `listing`: `{images, bytes, fingerprint}`, the fingerprint "sha256:<hex>" over one
-line per image read, in sorted order: its path `<split>/<class>/<file>`, its size in bytes and its
-modification time in ns, tab-separated (trainer.preparation.shards.folder_listing)."""
+"""`source_info`, the source's identity, by kind of `source` (`listing`:
+trainer.preparation.shards.folder_listing)."""
 
 # --- in the evaluation job's output folder (`python -m trainer.evaluate`) --------------------
 EVALUATION_FILE = "evaluation.json"
@@ -130,19 +122,9 @@ EVALUATION_MODEL_KEYS = (
 """The keys of each model's entry in evaluation.json's `models`."""
 
 EVALUATION_COMPARISON_KEYS = ("examples", "accuracy", "macro_f1", "mcnemar", "bootstrap")
-"""The keys of evaluation.json's `comparison` (trainer.pairedstats.compare), computed from both
-models' predictions on the same examples: `accuracy` and `macro_f1` are each
-EVALUATION_DIFFERENCE_KEYS, `mcnemar` is EVALUATION_MCNEMAR_KEYS and `bootstrap` is
-EVALUATION_BOOTSTRAP_KEYS."""
+"""evaluation.json's `comparison` (trainer.pairedstats.compare): `accuracy` and `macro_f1` are each
+EVALUATION_DIFFERENCE_KEYS, `mcnemar` EVALUATION_MCNEMAR_KEYS, `bootstrap` EVALUATION_BOOTSTRAP_KEYS."""
 
 EVALUATION_DIFFERENCE_KEYS = ("challenger", "champion", "difference", "ci95")
-"""A metric of both models on the split: `difference` is challenger - champion, `ci95` its 95%
-paired-bootstrap interval `[low, high]`."""
-
 EVALUATION_MCNEMAR_KEYS = ("b", "c", "p_value")
-"""The exact McNemar test of the accuracies: `b` examples the challenger got right and the
-champion wrong, `c` the reverse, `p_value` the two-sided binomial p of b among b + c at 1/2."""
-
 EVALUATION_BOOTSTRAP_KEYS = ("resamples", "seed", "confidence", "interval")
-"""How `ci95` was computed: resamples of the examples with replacement (the same indices for
-both models), the generator's seed, 0.95, and "percentile"."""

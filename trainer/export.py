@@ -18,9 +18,8 @@ from typing import Any
 from trainer import images
 from trainer._tf import keras, tf
 from trainer.config import MAX_IMAGE_PIXELS
-from trainer.serve import MAX_INSTANCES
+from trainer.serve import MAX_INSTANCES, SERVING_INPUT
 
-SERVING_INPUT = "image_bytes"
 _JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
 
 

@@ -280,9 +280,10 @@ def say(line: str, stream: TextIO | None = None) -> None:
 
 def write_result(output_dir: str, summary: Mapping[str, Any]) -> str:
     from trainer import storage
+    from trainer._tf import tf
 
     path = storage.join(output_dir, RESULT_FILE)
-    storage.tf.io.gfile.makedirs(storage.resolve(output_dir))
+    tf.io.gfile.makedirs(storage.resolve(output_dir))
     storage.write_json(path, dict(summary))
     return path
 

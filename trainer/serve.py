@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The signature's one input (docs/facts.md, fact 23). Equal to trainer.export.SERVING_INPUT
-# (tests check it; that module needs tf_keras, so it is not imported).
+from trainer import storage
+
+# The signature's one input (docs/facts.md, fact 23); trainer.export builds the signature with it.
 SERVING_INPUT = "image_bytes"
 SIGNATURE = "serving_default"
 # The most images one call of the signature takes (trainer.export refuses more, in the graph): a
@@ -29,8 +30,6 @@ SIGNATURE = "serving_default"
 # MB on a dedicated one).
 MAX_INSTANCES = 64
 OUTPUTS = ("probabilities", "class_index", "class_name")
-# As trainer.storage.GCS_FUSE_ROOT and `resolve` (not imported: trainer._tf loads tf_keras).
-GCS_FUSE_ROOT = "/gcs/"
 
 Prediction = dict[str, Any]
 
@@ -58,17 +57,11 @@ def import_tf() -> Any:
     return tf
 
 
-def resolve(path: str) -> str:
-    if path.startswith(GCS_FUSE_ROOT) and not os.path.isdir(GCS_FUSE_ROOT):
-        return "gs://" + path[len(GCS_FUSE_ROOT) :]
-    return path
-
-
 def load(model_dir: str) -> Served:
     """The SavedModel's `serving_default`, checked to take `image_bytes` and give OUTPUTS."""
     tf = import_tf()
     try:
-        loaded = tf.saved_model.load(resolve(model_dir))
+        loaded = tf.saved_model.load(storage.resolve(model_dir))
     except (OSError, ValueError, tf.errors.OpError) as err:
         raise ServingError(f"{model_dir} does not load as a serving model: {err}") from None
     signatures = dict(loaded.signatures)
@@ -128,7 +121,7 @@ def read_images(paths: Sequence[str]) -> tuple[list[str], list[bytes]]:
     blobs = []
     for path in paths:
         try:
-            with tf.io.gfile.GFile(resolve(path), "rb") as f:
+            with tf.io.gfile.GFile(storage.resolve(path), "rb") as f:
                 blobs.append(f.read())
         except (OSError, tf.errors.OpError) as err:
             raise ServingError(f"cannot read the image {path}: {err}") from None

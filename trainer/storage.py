@@ -2,7 +2,8 @@
 
 Every read and write goes through `tf.io.gfile`, which speaks `gs://` natively; `/gcs/<bucket>`
 paths are used as they are where the FUSE mount exists (on Vertex AI) and become
-`gs://<bucket>` where it does not.
+`gs://<bucket>` where it does not. Only reading and writing import TensorFlow: the path rules
+serve TensorFlow-free modules too (`trainer.serve`, `trainer.preparation.sourcecheck`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from trainer._tf import tf
 from trainer.contract import METADATA_FILE, SAVED_MODEL_FILE
 
 GCS_FUSE_ROOT = "/gcs/"
@@ -42,12 +42,16 @@ def join(base: str, *parts: str) -> str:
 
 
 def read_json(path: str) -> Any:
+    from trainer._tf import tf
+
     with tf.io.gfile.GFile(resolve(path), "r") as f:
         return json.load(f)
 
 
 def write_json(path: str, data: Any) -> None:
     """Writes JSON (sorted keys, so equal data gives equal bytes) through a temporary name."""
+    from trainer._tf import tf
+
     path = resolve(path)
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     try:
@@ -62,6 +66,8 @@ def write_json(path: str, data: Any) -> None:
 
 
 def is_nonempty_dir(path: str) -> bool:
+    from trainer._tf import tf
+
     path = resolve(path)
     return tf.io.gfile.isdir(path) and bool(tf.io.gfile.listdir(path))
 
@@ -97,6 +103,8 @@ def staged_output(final: str) -> Iterator[str]:
 def publish(staging: str, final: str) -> None:
     """Moves the complete local folder `staging` to `final`, replacing what was there (a folder,
     a plain file or a link: whatever it was, nothing of it is left beside `final`)."""
+    from trainer._tf import tf
+
     if not is_remote(final):
         old = None
         if os.path.lexists(final):
@@ -153,6 +161,8 @@ def _walk_files(root: str) -> Sequence[str]:
 
 def local_copy(path: str, folder: str) -> str:
     """A local path for `path`: itself when local, else a copy inside `folder`."""
+    from trainer._tf import tf
+
     path = resolve(path)
     if not is_remote(path):
         return path

@@ -45,23 +45,33 @@ def module_imports(path: Path, *, top_level_only: bool) -> set[str]:
 
 def test_the_check_imports_tensorflow_and_numpy_but_nothing_that_needs_tf_keras() -> None:
     """Under the serving environment there is no tf_keras: trainer.serve may import, at any
-    depth, only trainer.synthetic of the trainer, and that module only numpy at its top."""
+    depth, only trainer.synthetic and trainer.storage (its path rules) of the trainer, and those
+    modules (and trainer.contract, storage's) nothing of TensorFlow or the trainer at their top."""
     used = module_imports(ROOT / "trainer" / "serve.py", top_level_only=False)
-    assert {name for name in used if name.startswith("trainer")} <= {"trainer", "trainer.synthetic"}, used
+    allowed = {"trainer", "trainer.synthetic", "trainer.storage"}
+    assert {name for name in used if name.startswith("trainer")} <= allowed, used
     assert "tf_keras" not in used
     top = module_imports(ROOT / "trainer" / "synthetic.py", top_level_only=True)
     assert not {name for name in top if name.startswith(("trainer", "tf_keras", "tensorflow"))}, (
         f"trainer/synthetic.py imports {sorted(top)} at its top: trainer.serve makes its images "
         "under a TensorFlow without tf_keras, so TensorFlow may only be imported inside write_archive"
     )
+    top = module_imports(ROOT / "trainer" / "storage.py", top_level_only=True)
+    assert {name for name in top if name.startswith(("trainer", "tf_keras", "tensorflow"))} <= {
+        "trainer.contract",
+        "trainer.contract.METADATA_FILE",
+        "trainer.contract.SAVED_MODEL_FILE",
+    }, f"trainer/storage.py imports {sorted(top)} at its top: trainer.serve uses its path rules"
+    top = module_imports(ROOT / "trainer" / "contract.py", top_level_only=True)
+    assert not {name for name in top if name.startswith(("trainer", "tf_keras", "tensorflow"))}, top
 
 
-def test_serving_input_and_path_rules_match_the_trainers() -> None:
-    from trainer import export, storage
+def test_serving_input_matches_the_trainers() -> None:
+    """(The path rules are trainer.storage's own, and the input's name trainer.serve's: the
+    export and the check import them.) Vertex decodes base64 for an input ending in `_bytes`."""
+    from trainer import export
 
     assert serve.SERVING_INPUT == export.SERVING_INPUT and serve.SERVING_INPUT.endswith("_bytes")
-    for path in ("/gcs/bucket/model", "gs://bucket/model", "/tmp/model", "relative/model"):
-        assert serve.resolve(path) == storage.resolve(path)
 
 
 # --- the serving environments (uv; no TensorFlow) ---------------------------------------------

@@ -10,10 +10,8 @@ given source and seed both write the same bytes (tests/trainer/test_beamprep.py 
 
 The driver writes the plan into `<output_dir>.beam-work/` (`plan.json`, a `tasks/<shard>.json`
 per shard); only shard names enter the pipeline, so its graph stays small (Dataflow refuses one
-over 10 MB). A worker writes `<shard>.partial`, renames it and records `done/<shard>.json` (or
-`errors/<shard>.json` for a bad image); `Finalize` publishes as the job engine does, then removes
-the work folder. A killed run leaves it: the next run with the same plan keeps each shard whose
-done record matches its file. docs/training.md#preparing-on-apache-beam describes it all.
+over 10 MB). docs/training.md#preparing-on-apache-beam describes the workers' records,
+publishing and resuming.
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ from trainer.preparation.shards import (
     example_record,
     placement,
     record_encoder,
-    shard_items,
     shard_names,
     write_metadata,
 )
@@ -106,7 +103,7 @@ def make_plan(source: Source, config: PrepareConfig, source_info: dict[str, Any]
     for split in SPLITS:
         names = shard_names(split, counts[split], config.shards)
         for k, name in enumerate(names):
-            items = shard_items(placed[split], len(names), k)
+            items = placed[split][k :: len(names)]  # round robin, as ShardWriter.write
             (source_split,) = {s for s, _ in items}  # one source split per output split (carving)
             tasks[name] = _task_spec(source.splits[source_split].spec, [i for _, i in items])
             shards.append({"split": split, "name": name})

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainer import storage
 from trainer.config import MAX_IMAGE_PIXELS, MAX_IMAGE_SIZE, SPLITS
 from trainer.preparation.imageheaders import BadImageHeader, ImageHeader, read_image_header
 from trainer.preparation.progress import Progress
@@ -250,11 +251,6 @@ class _LocalTree:
         return sorted(found)
 
 
-def _join(base: str, *parts: str) -> str:
-    """storage.join's rule, without importing TensorFlow."""
-    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
-
-
 @dataclasses.dataclass
 class FolderListing:
     """A folder source as `list_folder` found it: `splits`, per split, its image paths and labels
@@ -355,7 +351,7 @@ def _list_folder(
     else:
         for name in unknown:
             hint = " (rename it to validation/)" if name.lower() in VALIDATION_ALIASES else ""
-            problems.append(f"{src}: unknown split folder {_join(root, name)}{hint}; {allowed}")
+            problems.append(f"{src}: unknown split folder {storage.join(root, name)}{hint}; {allowed}")
     splits = [s for s in SPLITS if s in present]
     if "train" not in splits:
         problems.append(f"{src} has no train/ folder; expected {FOLDER_LAYOUT}")
@@ -363,7 +359,7 @@ def _list_folder(
 
     classes_by_split: dict[str, list[str]] = {}
     for split in splits:
-        found = entries(_join(root, split))
+        found = entries(storage.join(root, split))
         if found is None:
             continue
         classes = []
@@ -379,7 +375,7 @@ def _list_folder(
         if classes:
             classes_by_split[split] = classes
         else:
-            problems.append(f"{_join(root, split)} has no class folders; expected {FOLDER_LAYOUT}")
+            problems.append(f"{storage.join(root, split)} has no class folders; expected {FOLDER_LAYOUT}")
     if "train" not in classes_by_split:
         return
     reference = listing.class_names = classes_by_split["train"]
@@ -397,7 +393,7 @@ def _list_folder(
         paths: list[str] = []
         labels: list[int] = []
         for label, name in enumerate(reference):
-            folder = _join(root, split, name)
+            folder = storage.join(root, split, name)
             found = entries(folder)
             if found is None:
                 continue
@@ -405,7 +401,7 @@ def _list_folder(
             for entry, is_dir in found:
                 # Hidden entries first: `._photo.jpg` is macOS's AppleDouble metadata, not an image.
                 if not entry.startswith(".") and os.path.splitext(entry)[1].lower() in IMAGE_FORMATS:
-                    images.append(_join(folder, entry))
+                    images.append(storage.join(folder, entry))
                     continue
                 kind, why = _skip_kind(entry, is_dir)
                 rel = f"{split}/{name}/{entry}" + ("/" if is_dir else "")
@@ -462,7 +458,8 @@ class _GfileTree:
                 budget.spend()
             name = n.rstrip("/")
             image = os.path.splitext(name)[1].lower() in IMAGE_FORMATS
-            found.append((name, n.endswith("/") or (not image and self.gfile.isdir(_join(folder, name)))))
+            is_dir = n.endswith("/") or (not image and self.gfile.isdir(storage.join(folder, name)))
+            found.append((name, is_dir))
         return sorted(found)
 
 
@@ -521,8 +518,6 @@ def find_bad_image(paths: Any) -> str | None:
 def open_folder(path: str, progress: Progress) -> Source:
     """The folder source `folder:PATH`, listed by `list_folder` (its problems refused at once,
     before any image is decoded), its skipped entries said in one line on `progress`."""
-    from trainer import storage
-
     root = storage.resolve(path.rstrip("/")) or "/"
     remote = storage.is_remote(root)
     # A gs:// source's images are not opened while listing (a request each); their headers are

@@ -46,17 +46,12 @@ def target_split(source_split: str, index: int, assignment: Any) -> str:
 def placement(source: Source, assignment: Any) -> dict[str, list[tuple[str, int]]]:
     """Every output split's images, as (source split, index), in the order they are written (the
     source's splits in order, each in its own order). The image at position p of an output split
-    of n shards goes to shard p % n (round robin: `ShardWriter.write`, `shard_items`)."""
+    of n shards goes to shard p % n (round robin: `ShardWriter.write`, `beamprep.make_plan`)."""
     placed: dict[str, list[tuple[str, int]]] = {split: [] for split in SPLITS}
     for split_name, source_split in source.splits.items():
         for i in range(source_split.count):
             placed[target_split(split_name, i, assignment)].append((split_name, i))
     return placed
-
-
-def shard_items(items: list[tuple[str, int]], n: int, shard: int) -> list[tuple[str, int]]:
-    """The images of shard `shard` of `n`, in order, out of an output split's `placement`."""
-    return items[shard::n]
 
 
 def record_encoder(config: PrepareConfig) -> Any:

@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from collections.abc import Mapping
 from typing import Any
 
+from trainer import storage
 from trainer.config import SPLITS
 from trainer.preparation import carving, folders
 from trainer.preparation.prepareconfig import PrepareConfig
@@ -49,17 +49,10 @@ MAX_ENTRIES = 2_000_000
 SECONDS = 5.0
 # Problems returned; the rest are counted in a last line.
 MAX_PROBLEMS = 50
-# trainer.storage.GCS_FUSE_ROOT: a /gcs/ path is local only where the FUSE mount exists
-# (storage.resolve), not imported: trainer.storage loads TensorFlow.
-GCS_FUSE_ROOT = "/gcs/"
 
 
 class RequestError(ValueError):
     """A malformed request on stdin."""
-
-
-def _remote(path: str) -> bool:
-    return "://" in path or (path.startswith(GCS_FUSE_ROOT) and not os.path.isdir(GCS_FUSE_ROOT))
 
 
 def check(
@@ -74,7 +67,7 @@ def check(
     if kind != "folder" or not path.strip():
         answer["why"] = "not a folder: source; the preparation job checks it"
         return answer
-    if _remote(path):
+    if storage.is_remote(path):
         answer["why"] = f"{path} is in Cloud Storage; the preparation job lists and checks it there"
         return answer
     listing = folders.list_folder(path, budget=budget or folders.ListingBudget(MAX_ENTRIES, SECONDS))
