@@ -10,13 +10,12 @@ import stat
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from components.contextsecrets import PUBLIC_NAMES, SECRET_NAMES, why_secret
 
 # The build context: what the Dockerfiles may COPY. Keep in step with .dockerignore.
-# Dockerfile.serving (the custom serving image) is built from the same context.
 CONTEXT_FILES = ("Dockerfile", "pyproject.toml", "uv.lock", "Dockerfile.serving")
 CONTEXT_DIRS = ("trainer",)
 _SKIP_PARTS = ("__pycache__",)
@@ -54,34 +53,25 @@ def tarball_members(data: bytes) -> list[tuple[str, bytes]]:
 _GIT_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR")
 
 
-def context_members(root: str | os.PathLike[str]) -> Iterator[tuple[str, bytes]]:
+def context_members(root: str | os.PathLike[str]) -> list[tuple[str, bytes]]:
     """The build context of a checkout, as (relative path, content), in path order.
 
-    In a git checkout: the files git tracks (`git ls-files`) among CONTEXT_FILES and below
-    CONTEXT_DIRS, as in the working tree; untracked ones are left out, named in one line on stderr
-    when git does not ignore them (a module not yet `git add`ed is missing from the image). Where
-    `root` is not a git checkout (Cloud Build hands its steps the source without .git; an unpacked
-    tarball) or git is not installed: every file below CONTEXT_DIRS. Either way:
+    In a git checkout: the files git tracks among CONTEXT_FILES and below CONTEXT_DIRS, as in the
+    working tree; untracked ones that git does not ignore are named on stderr. Where `root` is not
+    a git checkout (Cloud Build hands its steps the source without .git) or git is not installed:
+    every file below CONTEXT_DIRS. Either way:
 
     - caches (`__pycache__/`, `*.pyc`, `*.pyo`) are left out, as .dockerignore does;
-    - a symlink is never followed out of the checkout. One whose target is itself a member of the
-      context is taken with that file's content (the tarball holds regular files only); any other
-      (outside the checkout, to a folder, to a file outside or left out of the context, dangling)
-      is refused, as is a path that goes through a symlinked folder;
-    - anything that is not a regular file where a file is expected (a folder named like a file, a
-      FIFO, a socket, a device) is refused;
-    - a file that looks like a secret is refused (`components.contextsecrets.why_secret`): by name
-      (SECRET_NAMES, case-insensitively; a public key's `*.pub` name is not), or by content,
-      whatever its name: private keys of any kind, credential files, secret JSON fields, tokens,
-      logins, URLs with a password, secret settings outside Python and prose. Placeholders and
-      public keys pass.
+    - a symlink is never followed out of the checkout: one to a member of the context is taken
+      with that file's content (the tarball holds regular files only); any other is refused, as
+      is a path through a symlinked folder;
+    - anything that is not a regular file where a file is expected is refused;
+    - a file that looks like a secret, by name or content, is refused
+      (`components.contextsecrets.why_secret`).
 
-    A refusal is a ValueError naming every offending file and what to do, raised before the
-    first member is yielded, so nothing is packed or uploaded."""
-    yield from _collect(Path(root))
-
-
-def _collect(base: Path) -> list[tuple[str, bytes]]:
+    A refusal is a ValueError naming every offending file and what to do, so nothing is packed
+    or uploaded."""
+    base = Path(root)
     missing = [name for name in (*CONTEXT_FILES, *CONTEXT_DIRS) if not os.path.lexists(base / name)]
     if missing:
         raise ValueError(
@@ -224,9 +214,8 @@ def _kind(mode: int) -> str:
 
 
 def dockerignore_secret_rules() -> list[str]:
-    """.dockerignore's secret rules, from SECRET_NAMES and PUBLIC_NAMES: each name excluded at any
-    depth, letters matched in either case (Docker matches case-sensitively; the context does not),
-    public keys let back in below CONTEXT_DIRS."""
+    """.dockerignore's secret rules, from SECRET_NAMES and PUBLIC_NAMES, in either case (Docker
+    matches case-sensitively; the context does not); public keys let back in below CONTEXT_DIRS."""
 
     def either_case(pattern: str) -> str:
         return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in pattern)
@@ -244,7 +233,7 @@ def _refusal(base: Path, problems: list[str]) -> ValueError:
 
 def write_context_tarball(root: str | os.PathLike[str], out: io.BufferedIOBase | str) -> str:
     """Packs the build context into a reproducible .tar.gz; returns its `context_tag`."""
-    members = list(context_members(root))
+    members = context_members(root)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, data in members:

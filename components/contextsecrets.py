@@ -4,17 +4,18 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import contextlib
 import fnmatch
 import gzip
 import io
 import json
 import re
+import zlib
 
 # Names that look like secrets, matched case-insensitively against a file's own name (refused, not
-# silently left out: something meant the file to be in the context). The one list: .dockerignore's
-# secret rules are generated from it (`python -m components.buildcontext --dockerignore`) and a
-# test fails when they differ, so a plain `docker build` leaves out the same.
+# silently left out: something meant the file to be in the context). .dockerignore's secret rules
+# are generated from it (`python -m components.buildcontext --dockerignore`; a test compares).
 SECRET_NAMES = (
     # private keys and key stores
     "*.pem",
@@ -67,8 +68,7 @@ SECRET_NAMES = (
 # (a private key in a `.pub` file is still refused).
 PUBLIC_NAMES = ("*.pub",)
 
-# Content is scanned whole for the byte patterns (private-key headers), and as text up to this
-# size for the rest (JSON decoding, config files); the context is a few hundred KiB.
+# Content is scanned whole for private-key headers, and as text up to this size for the rest.
 TEXT_SCAN_LIMIT = 8 << 20
 # Google credential files' "type", as google.auth reads them.
 _GOOGLE_TYPES = {
@@ -192,11 +192,8 @@ def why_secret_content(base: str, data: bytes, depth: int = 0) -> str:
     found = _secret_content_as_is(base, data)
     if found or depth >= 2:
         return found
-    # A secret gzip'd, or written in base64 (a key pasted into a config, an ADC file compressed):
-    # judged again once decoded, two layers at most and within the scan limit.
+    # A secret gzip'd or in base64 is judged again once decoded, two layers at most.
     if data[:2] == b"\x1f\x8b":
-        import zlib
-
         with contextlib.suppress(OSError, EOFError, zlib.error):
             with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
                 inner = f.read(TEXT_SCAN_LIMIT)
@@ -224,7 +221,7 @@ def _secret_content_as_is(base: str, data: bytes) -> str:
     # Private-key headers: over the whole file, text or binary, however large.
     key = _PRIVATE_KEY.search(data)
     if key:
-        return _private_key(key.group().decode(), _line(data, key.start()))
+        return _private_key(key.group().decode(), data.count(b"\n", 0, key.start()) + 1)
     if _PUTTY_KEY.search(data):
         return "its content looks like a PuTTY private key (rule: PuTTY-User-Key-File-)"
     if text is None:  # binary, or past the limit: only the headers above are looked for
@@ -298,9 +295,6 @@ def _placeholder(value: str) -> bool:
 
 def _basic_auth(value: str) -> bool:
     """Whether `value` is base64 of `user:password`, as Docker's config stores a login."""
-    import base64
-    import binascii
-
     try:
         return b":" in base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
@@ -337,7 +331,3 @@ def _text_secret(text: str, config: bool) -> str:
 def _private_key(header: str, line: int) -> str:
     what = "a PGP private key block" if "PGP" in header else "a PEM private key"
     return f"its content looks like {what} (rule: {header}; line {line})"
-
-
-def _line(data: bytes, offset: int) -> int:
-    return data.count(b"\n", 0, offset) + 1

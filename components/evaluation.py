@@ -4,15 +4,11 @@
         from `build_evaluation_args` in the planning step) -> evaluate_model (the gate)
 
 The champion's recorded figures come from its own run's test split, maybe other data. So the
-evaluation job runs the new model (the challenger) and the champion, each through its serving
-signature, on *this* run's test split and writes `evaluation.json` into the job's model folder;
-`evaluate_model` reads it, logs the challenger's metrics (`dsl.Metrics`, and the confusion matrix
-as `dsl.ClassificationMetrics` so the Vertex console draws them), and passes the new model when
-it was trained for the champion's task (`components.registry.task_mismatch`; belt and braces,
-the run was refused before training otherwise), its `gate_metric` is at least `min_score`, and,
-by `gate_rule`, it is not worse than the champion (no champion: the floor alone). The decision,
-both figures and the champion's recorded one make the version's `description` (Vertex) or its
-`version.json` (local): docs/training.md#the-gate-gate_metric-min_score.
+evaluation job runs the challenger and the champion, each through its serving signature, on
+*this* run's test split and writes `evaluation.json`; `evaluate_model` logs the challenger's
+metrics (the confusion matrix as `dsl.ClassificationMetrics`, which the Vertex console draws) and
+applies the gate (`gate_decision`; docs/training.md#the-gate-gate_metric-min_score). The decision
+and the figures make the version's `description` (Vertex) or its `version.json` (local).
 """
 
 from typing import NamedTuple
@@ -32,19 +28,16 @@ from components.stepimage import fuse_path
 
 
 def evaluate_command() -> list:
-    """The evaluation job's command (a function, so that steps can be handed it)."""
+    """The evaluation job's command."""
     return ["python", "-m", "trainer.evaluate"]
 
 
-EVALUATE_COMMAND = evaluate_command()
 GATE_METRICS = ("accuracy", "macro_f1")
 """What the gate may compare: test accuracy, or the macro F1 (the mean per-class F1, which a model
 always answering the largest class of imbalanced data keeps low)."""
 
-# The keys of the trainer's metrics.json `evaluate_model` reads, and of evaluation.json (each
-# model's entry in its `models`). The trainer declares what it writes in trainer/contract.py,
-# which components cannot import (they run without the trainer); tests/test_contracts.py checks
-# these lists against it and against the code below.
+# The keys of the trainer's metrics.json and evaluation.json `evaluate_model` reads: components run
+# without the trainer, so tests/test_contracts.py checks these against trainer/contract.py.
 METRICS_READ = (
     "val_accuracy",
     "val_loss",
@@ -106,11 +99,11 @@ def gate_decision(
     margin: float = 0.0,
     comparison: dict | None = None,
 ) -> tuple:
-    """(promote, reason) for a challenger scoring `score` on this run's test split, against a
-    champion scoring `champion_score` on the same split (< 0: no champion) that recorded
-    `champion_recorded` on its own (< 0: unknown), by `rule` (GATE_RULES; `margin` for
-    `non_inferior`) on the paired `comparison` (evaluation.json's; None: no champion).
-    `other_task`: `task_mismatch`'s verdict."""
+    """(promote, reason): the challenger passes when it was trained for the champion's task
+    (`other_task`, `task_mismatch`'s verdict: belt and braces, the run is refused before training
+    otherwise), `score` is at least `min_score` and, by `rule` on the paired `comparison`, it is
+    not worse than the champion's `champion_score` on the same split (< 0: no champion, the floor
+    alone). `champion_recorded`: its figure on its own split (< 0: unknown)."""
     if gate_metric not in ("accuracy", "macro_f1"):
         raise ValueError(f"gate_metric must be accuracy or macro_f1, got {gate_metric!r}")
     if not 0.0 <= min_score <= 1.0:
@@ -144,9 +137,8 @@ def gate_decision(
 
 
 def build_evaluation_args(data_dir: str, model_dir: str, champion_uri: str) -> list:
-    """The `trainer.evaluate` flags of the evaluation job: this run's dataset, the new model and,
-    when there is one (`champion_uri` != ""), the champion's SavedModel folder. evaluation.json
-    goes to the job's AIP_MODEL_DIR (`<base>/model/`)."""
+    """The `trainer.evaluate` flags: this run's dataset, the new model and the champion's
+    SavedModel folder, if any; evaluation.json goes to the job's AIP_MODEL_DIR."""
     args = [f"--data_dir={data_dir}", f"--model_dir={model_dir}"]
     if champion_uri:
         args.append(f"--champion_dir={champion_uri}")
@@ -195,21 +187,15 @@ def evaluate_model(
     comparison=dict,
     evaluation_import=str,
 ):
-    """The gate. Records this run's Dataset (`dataset_uri`, the preparation job's folder) and
-    Model (`model_uri`, the training job's) as artifacts, logs the new model's metrics, and
-    returns the gate's decision (see `gate_decision`), its reason, both scores on this run's
-    test split (champion_score -1: no champion) and the model version's description.
-    `evaluation_dir` is the evaluation job's base output directory (evaluation.json in its
-    `model/`); `champion_class_names` ([] when there is no champion) must be the model's class
-    names; `champion_version` names the champion evaluated.
+    """The gate. Records this run's Dataset and Model as artifacts, logs the new model's metrics,
+    and returns the gate's decision (`gate_decision`), its reason, both scores on this run's test
+    split (champion_score -1: no champion) and the model version's description.
 
     `uploaded` (Vertex: ModelUploadOp's VertexModel, uploaded before this step) gets the decision
-    as its version description and labels, and the champion alias when the gate passed and the
-    alias is still where it was when the evaluation read it (`record_on_version`); `champion`
-    says whether it holds the alias now (`default` moves with it), and `evaluation_import` the
-    ModelEvaluation imported onto it ("refused: ..." when Vertex refused it, after the alias).
-    Without it (the local target, whose upload step
-    follows and moves its alias by the same rule) `champion` is the decision."""
+    as its version description and labels, and the alias by `record_on_version`'s rule;
+    `champion` says whether it holds the alias now, and `evaluation_import` the ModelEvaluation
+    imported onto it ("refused: ..."). Without it (the local target, whose upload step follows
+    and moves its alias by the same rule) `champion` is the decision."""
     import collections
     import json
     import os

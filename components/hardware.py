@@ -6,20 +6,15 @@ docs/vertex.md#gpus-for-training-what-google-allows-and-what-this-project-checks
 
 `N1_GPU_COUNTS` is the table of GPUs per N1 machine type from Google's guide "Using GPUs for
 training models in the cloud", cell by cell (`tests/components/test_hardware.py` checks every
-cell). `FIXED_GPU_MACHINES` are the GPU machine families whose GPUs come with the machine (A100
-on a2, L4 on g2, H100/H200 on a3, ...). `REGION_GPUS` is a snapshot of Vertex AI's "accelerators
-by region" page, NOT yet checked against it (written from memory, 2026-11): verify it before
-trusting a rejection. A GPU it does not list for a region (or a region missing from it) is
-refused, naming the override: the pipeline parameter `check_gpu_region=false` makes it a warning.
+cell). `FIXED_GPU_MACHINES` are the machine families whose GPUs come with the machine.
+`REGION_GPUS` is a snapshot of Vertex AI's "accelerators by region" page, NOT yet checked against
+it (written from memory, 2026-11): verify it before trusting a rejection
+(`check_gpu_region=false` makes one a warning).
 
 The accelerator names are aiplatform_v1's `AcceleratorType` enum less the TPUs (a test keeps them
-equal). Refused whatever the machine (`UNUSABLE_GPUS`): NVIDIA_TESLA_K80, which the enum marks
-"Deprecated: Nvidia Tesla K80 GPU has reached end of support"
-(https://cloud.google.com/compute/docs/eol/k80-eol), with no kernels in the trainer's TensorFlow
-(docs/facts.md, fact 31: the job would silently train on CPU); and NVIDIA_GB200, whose A4X
-machines have Arm (NVIDIA Grace) host CPUs while the trainer image is linux/amd64. B200 and RTX
-PRO 6000 run only through the compute_90 PTX, JIT-compiled by the driver on first use
-(`PTX_ONLY_GPUS`, a warning, unverified on such machines).
+equal). Refused whatever the machine (`UNUSABLE_GPUS`): NVIDIA_TESLA_K80
+(https://cloud.google.com/compute/docs/eol/k80-eol; docs/facts.md, fact 31) and NVIDIA_GB200 (Arm
+hosts). B200 and RTX PRO 6000 run only through the compute_90 PTX (`PTX_ONLY_GPUS`, a warning).
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ from typing import Any
 
 
 def gpu_tables() -> dict[str, Any]:
-    """The tables, built inside a function so that KFP can ship this module's rules to a
-    lightweight component (`additional_funcs`) without the rest of the package."""
+    """The tables, built inside a function so that KFP can ship them (`additional_funcs`)."""
     K80, P4, P100, T4, V100 = (
         "NVIDIA_TESLA_K80",
         "NVIDIA_TESLA_P4",
@@ -148,13 +142,9 @@ def validate_machine(
     region_strict: bool = True,
 ) -> list[str]:
     """Raises ValueError naming what is allowed unless Vertex AI accepts this machine (and this
-    TensorFlow can use its GPU); returns warnings.
-
-    `accelerator_type` None, "" or ACCELERATOR_TYPE_UNSPECIFIED with a count of 0 (or None)
-    means no accelerator. Type and count go together. GPU machine families (a2, g2, a3, a4, g4)
-    must carry exactly their built-in GPUs. A GPU `REGION_GPUS` does not list for `region` is an
-    error, or with `region_strict=False` (the `check_gpu_region=false` override) a warning.
-    """
+    TensorFlow can use its GPU); returns warnings. No accelerator: type None, "" or
+    ACCELERATOR_TYPE_UNSPECIFIED with a count of 0 or None. A GPU `REGION_GPUS` does not list for
+    `region` is an error, or with `region_strict=False` a warning."""
     import re  # inside: the function is shipped to components on its own (see gpu_tables)
 
     tables = gpu_tables()

@@ -1,15 +1,11 @@
 """Step 1, the trainer image: built by Cloud Build from a tarball of the build context.
 
-The image tag is a content hash of the context (`context_tag`), so an unchanged trainer is never
-rebuilt (the build is skipped when `<repository>/<image>:<tag>` exists); the output is always the
-image pinned by digest (`...@sha256:...`), so every job of one run uses the same bits. On request
-the same build makes the custom serving image, `<repository>/<image>-serving:<tag>`
-(`-serving-gpu` for a GPU deployment), from `Dockerfile.serving` in the same context.
+The tag is a content hash of the context (`context_tag`), so an unchanged trainer is never
+rebuilt; the outputs are images pinned by digest, so every job of one run uses the same bits.
 
 Vertex form: `build_trainer_image` speaks Cloud Build's REST API and the registry's manifest API
-through google-auth's `AuthorizedSession`, on the GCPC image as it is: nothing installed at run
-time, no PyPI egress. Local form: `local.steps.check_build_context` builds nothing (local runs use
-this checkout) but checks the context and computes the same tag.
+through google-auth's `AuthorizedSession` (nothing installed at run time). Local form:
+`local.steps.check_build_context` builds nothing but checks the context and computes the same tag.
 """
 
 from typing import Any, NamedTuple
@@ -26,27 +22,20 @@ from components.servingimage import (
 )
 
 
-def registry_manifest_url(image: str, tag: str) -> str:
-    """The Docker Registry v2 manifest URL of `image:tag` (Artifact Registry speaks it).
-
-    Like docker itself, a registry on a loopback address is spoken to over plain HTTP."""
-    host, _, path = image.partition("/")
-    scheme = "http" if host.split(":")[0] in ("127.0.0.1", "localhost") else "https"
-    return f"{scheme}://{host}/v2/{path}/manifests/{tag}"
-
-
 def registry_digest(session: Any, image: str, tag: str) -> str:
-    """The digest of `image:tag` from a HEAD of its manifest, or "" when the tag is absent.
+    """The digest of `image:tag` from a HEAD of its manifest, "" when absent (404 only).
 
-    Only 404 means absent. 401/403 raise PermissionError: the pipeline's service account
-    cannot read the repository and needs `roles/artifactregistry.reader` ("Access to read
-    repository items"; the build itself pushes with Cloud Build's service account, which needs
-    `roles/artifactregistry.writer`, "Access to read and write repository items"; see
+    401/403 raise PermissionError: the pipeline's service account needs
+    `roles/artifactregistry.reader` ("Access to read repository items"; the build pushes with
+    Cloud Build's account, which needs `roles/artifactregistry.writer`;
     https://cloud.google.com/iam/docs/roles-permissions/artifactregistry). Any other answer
-    raises RuntimeError with the status and the start of the registry's error body."""
+    raises RuntimeError with the status and the start of the error body."""
     import requests
 
-    url = registry_manifest_url(image, tag)
+    # The Docker Registry v2 manifest URL (plain HTTP on loopback, as docker does).
+    host, _, path = image.partition("/")
+    scheme = "http" if host.split(":")[0] in ("127.0.0.1", "localhost") else "https"
+    url = f"{scheme}://{host}/v2/{path}/manifests/{tag}"
     accept = ", ".join(
         [
             "application/vnd.oci.image.index.v1+json",
@@ -86,8 +75,7 @@ def registry_digest(session: Any, image: str, tag: str) -> str:
 # only use Cloud Build in the following regions" (RESTRICTED_BUILD_REGIONS; elsewhere FAILED_PRECONDITION,
 # docs/facts.md, fact 29). `build_location` (BUILD_REGION) picks the build's region apart from Vertex's.
 def cloud_build_regions() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(every Cloud Build location, the six a restricted project may use): a function, so the
-    component carries it with `additional_funcs`."""
+    """(every Cloud Build location, the six a restricted project may use)."""
     regions = (  # noqa: SIM905 (one string reads as the doc's list)
         "global africa-south1 asia-east1 asia-east2 asia-northeast1 asia-northeast2 asia-northeast3 "
         "asia-south1 asia-south2 asia-southeast1 asia-southeast2 australia-southeast1 australia-southeast2 "
@@ -112,17 +100,9 @@ CLOUD_BUILD_REGIONS, RESTRICTED_BUILD_REGIONS = cloud_build_regions()
 
 
 def restricted_build_fallback(location: str) -> str:
-    """The restricted build region (`cloud_build_regions()[1]`) to retry a refused build in when
-    the build's region was not chosen (`build_location` empty): "" when there is none to try
-    (`location` is `global`, already one of the six, or unknown). A function, so the component
-    carries it with `additional_funcs`.
-
-    The rule, by the region's name (its continent), same continent first:
-    - `us-west*` -> us-west2 (Los Angeles, the western one of the two US regions);
-    - other `us-*` and `northamerica-*` -> us-central1 (Iowa);
-    - `southamerica-*` -> southamerica-east1; `europe-*` -> europe-west1; `asia-*` -> asia-east1;
-      `australia-*` -> australia-southeast1;
-    - `me-*` (Middle East) and `africa-*`, which have none of the six, -> europe-west1 (EMEA)."""
+    """The restricted build region to retry a refused build in when `build_location` was not
+    chosen: the one on the region's continent (Middle East and Africa, which have none: EMEA's
+    europe-west1); "" when there is none to try (`global`, already one of the six, unknown)."""
     _, restricted = cloud_build_regions()
     if location in restricted:
         return ""
@@ -152,7 +132,7 @@ def build_settings(
 ) -> tuple:
     """(the Build's `options` and `serviceAccount` as REST JSON, the region to build in) for the
     parameters build_machine_type, build_service_account and build_worker_pool; raises ValueError
-    naming the parameter and what it allows. A function, so the component carries it.
+    naming the parameter and what it allows.
 
     - `machineType`: Cloud Build's `BuildOptions.MachineType` names (google-cloud-build's
       cloudbuild_v1/types/cloudbuild.py; tests check this list against it), UNSPECIFIED being the
@@ -229,8 +209,8 @@ def run_cloud_build(
     fall_back: bool = False,
 ) -> dict:
     """Starts `build` (a Build as REST JSON) and polls its operation until done; returns the
-    finished Build (REST JSON). Raises RuntimeError naming the build id, its status and its log
-    URL when it does not succeed, TimeoutError when it is not done after `wait_seconds`.
+    finished Build. Raises RuntimeError naming the build id, its status and its log URL when it
+    does not succeed, TimeoutError when it is not done after `wait_seconds`.
 
     REST shapes (Cloud Build v1; also in google-cloud-build's
     `cloudbuild_v1/services/cloud_build/transports/rest_base.py` and `rest.py`):
@@ -242,14 +222,13 @@ def run_cloud_build(
       once `done`, `response` is the Build (`status`, `statusDetail`, `logUrl`,
       `results.images[].name/.digest`) or `error` is set (the failed Build stays in `metadata`):
       https://cloud.google.com/build/docs/api/reference/rest/v1/projects.locations.operations/get
-    Progress: one line when the build starts, one line each time its status changes.
 
     A project restricted to six build regions has a build elsewhere refused with
     FAILED_PRECONDITION ("due to quota restrictions, Cloud Build cannot run builds in this region";
     https://cloud.google.com/build/docs/locations, "Restricted regions for some projects"). With
-    `fall_back` (the region was not chosen by the user: it defaulted to the Vertex region) the
-    build is asked for once more in `restricted_build_fallback(location)`, saying so in one line;
-    otherwise, or when that is refused too, it fails with a hint naming BUILD_REGION."""
+    `fall_back` (the region defaulted to the Vertex region) the build is asked for once more in
+    `restricted_build_fallback(location)`; otherwise, or when refused again, the error names
+    BUILD_REGION."""
     import time
 
     import requests
@@ -360,7 +339,6 @@ def run_cloud_build(
     additional_funcs=[
         context_tag,
         tarball_members,
-        registry_manifest_url,
         registry_digest,
         cloud_build_regions,
         restricted_build_fallback,
@@ -400,41 +378,24 @@ def build_trainer_image(
     dataflow_image_uri=str,
     cpu_image_uri=str,
 ):
-    """Builds `<repository>/<image_name>:<content tag>` (Dockerfile's `trainer` stage) and
-    `<image_name>-cpu:<tag>` (its `cpu` stage: no CUDA wheels, for the CPU jobs) with Cloud
-    Build unless they exist, and beside them, when asked: `<image_name>-reduction-server:<tag>` (the
-    `reduction-server` stage: the trainer plus Google's NCCL plugin) when `reduction_server_count`
-    > 0, `<image_name>-dataflow:<tag>` (the `dataflow` stage: the trainer plus Apache Beam and
-    Dataflow's Flex Template launcher) when `prepare_engine` is `beam`, and
-    `<image_name>-serving:<tag>` (Dockerfile.serving's `cpu` stage; `-serving-gpu` and its
-    `gpu` stage when `serving_accelerator` is gpu) when `serving_image` is `custom`, or `auto`
-    and the prebuilt image of `serving_tf_version` ends within the serving policy's
-    margin on this run's date (`servingimage.resolve_serving_image`: the run's one decision). Only
-    the images whose tags are absent are built, in one build.
+    """Builds, in one Cloud Build and only where the tag is absent, `<repository>/<image_name>:<tag>`
+    (Dockerfile's `trainer` stage), `-cpu` (its `cpu` stage: no CUDA wheels, for the CPU jobs)
+    and, when asked, `-reduction-server` (`reduction_server_count` > 0: the trainer plus Google's
+    NCCL plugin), `-dataflow` (`prepare_engine` beam: plus Apache Beam and the Flex Template
+    launcher) and `-serving` or `-serving-gpu` (Dockerfile.serving's `serving_accelerator` stage)
+    when `servingimage.resolve_serving_image` decides `custom`: the run's one decision.
 
     Args:
-        context_uri: gs:// URI of the build context tarball (Dockerfile, Dockerfile.serving,
-            trainer/, pyproject.toml, uv.lock), written by `make run`.
+        context_uri: gs:// URI of the build context tarball, written by `make run`.
         repository: Artifact Registry repository, `<region>-docker.pkg.dev/<project>/<repo>`.
         timeout_seconds: the build's timeout; the step waits at most that plus the build's
             queue TTL (one hour) and five minutes.
         api_root: Cloud Build's REST root (tests point it at a local fake).
-        poll_seconds: how often the build's operation is polled.
         build_location: the Cloud Build region ("": `location`, the Vertex region; or `global`).
-        build_machine_type, build_service_account, build_worker_pool: the build's worker,
-            service account and private pool (`build_settings`).
     Returns:
-        image_uri: the image pinned by digest, `<repository>/<image_name>@sha256:...`.
-        tag: the content tag; built: False when every tag existed and no build ran.
-        serving_image_uri: the serving image pinned by digest, or "" unless asked for.
-        training_image_uri: the image of the training job's chief and workers: the
-            reduction-server image when `reduction_server_count` > 0, else `image_uri`.
-        dataflow_image_uri: the dataflow image pinned by digest, or "" unless asked for.
-        cpu_image_uri: the cpu image pinned by digest: the preparation and evaluation jobs'.
-    Raises:
-        PermissionError when the pipeline's service account cannot read the repository;
-        RuntimeError naming the build, its status and its log URL when the build fails;
-        TimeoutError when the build is not done in time.
+        Each image pinned by digest (`...@sha256:...`; "" for one not asked for), the tag, and
+        `built` (False when every tag existed). `training_image_uri` is the reduction-server
+        image when there is one, else `image_uri`.
     """
     import collections
     import re
@@ -477,14 +438,13 @@ def build_trainer_image(
             + f" (prebuilt TensorFlow {serving_tf_version} ends on {prebuilt_days_left(serving_tf_version)[0]})"
         )
     with_reducers = reduction_server_count > 0
-    # A context `make run` or `make schedule` uploaded is named by its tag, the hash of its content
-    # (`<PIPELINE_ROOT>/contexts/<tag>.tar.gz`, launch.submit.upload_context): the tag is read from
-    # the name, and the tarball is needed only to build. A schedule's runs reuse the context of
-    # the day it was made, so once its images exist a pruned `contexts/` costs them nothing.
+    # An uploaded context is named by its tag (`<PIPELINE_ROOT>/contexts/<tag>.tar.gz`,
+    # launch.submit.upload_context): the tarball is needed only to build, so once a schedule's
+    # images exist a pruned `contexts/` costs its runs nothing.
     context = storage.Client(project=project).bucket(bucket).blob(blob_name)
     named = re.fullmatch(r"(?:.+/)?contexts/(src-[0-9a-f]{20})\.tar\.gz", blob_name)
     tag = named.group(1) if named else context_tag(tarball_members(context.download_as_bytes()))
-    # (image, Dockerfile, stage) for each image asked for: the trainer first.
+    # (image, Dockerfile, stage) of each image asked for.
     wanted = [(f"{repository}/{image_name}", "Dockerfile", "trainer")]
     wanted.append((f"{repository}/{image_name}-cpu", "Dockerfile", "cpu"))
     if with_reducers:
@@ -513,9 +473,8 @@ def build_trainer_image(
         queue_ttl = 3600
         build = {
             "source": {"storageSource": {"bucket": bucket, "object": blob_name}},
-            # BuildKit builds only the stages a target needs (the legacy builder would build
-            # every stage before it); the steps share the worker's Docker, so the second build
-            # of Dockerfile reuses the first's layers.
+            # BuildKit builds only the stages a target needs; the steps share the worker's
+            # Docker, so later builds of Dockerfile reuse the first's layers.
             "steps": [
                 {
                     "name": "gcr.io/cloud-builders/docker",

@@ -2,28 +2,24 @@
 
 One step, as every container step of a Vertex run is a CustomJob on a fresh VM (Google's
 "Specify the machine configuration for a pipeline step";
-docs/architecture.md#the-critical-path-machine-starts-on-vertex). `plan_jobs` runs once the image
-is known and the registry read, before the dataset is prepared: the dataset's folder is the
-preparation job's own output folder, and the model's the training job's.
+docs/architecture.md#the-critical-path-machine-starts-on-vertex).
 
     prepare   python -m trainer.prepare   one CPU replica (`prepare_machine_type`), cpu image
     tuning    python -m trainer.task      the trainer pools, without Reduction Server
     training  python -m trainer.task      the trainer pools (on the training image)
     evaluate  python -m trainer.evaluate  one CPU replica (`prepare_machine_type`), cpu image
 
-The cpu image is Dockerfile's `cpu` stage (no CUDA wheels to pull); the trainer image, `image_uri`.
 Each job's folder is an output artifact of this step, used only for its URI: the job's
 `base_output_directory`, from which Vertex derives its AIP_* folders
 (docs/contracts.md#2-the-environment-of-a-replica). Never cached (`pipeline.step`): a cached plan
 would hand a new run the folders of an older one.
 
-The trainer's command line is spelled here once (`build_trainer_args`; its flags:
-docs/contracts.md#1-the-trainers-command-line-python--m-trainertask); `--checkpoint_dir` and
-`--tensorboard_dir` keep their AIP_* defaults (per trial in a tuning job). The best trial's step
-writes its values into the planned training flags (`apply_hyperparameters`); the pre-flight
-(`pipeline.options.trainer_flags.trainer_commands`) calls `build_trainer_args` itself, so the
-trainer's parsers check the very command line the jobs get. A tunable hyperparameter is one row
-of `hyperparameters()` and one input of `plan_jobs`.
+The trainer's command line is spelled here once (`build_trainer_args`;
+docs/contracts.md#1-the-trainers-command-line-python--m-trainertask; `--checkpoint_dir` and
+`--tensorboard_dir` keep their AIP_* defaults, per trial in a tuning job); the pre-flight
+(`pipeline.options.trainer_flags.trainer_commands`) calls it too, so the trainer's parsers check
+the very command line the jobs get. A tunable hyperparameter is one row of `hyperparameters()`
+and one input of `plan_jobs`.
 """
 
 from typing import Any, NamedTuple
@@ -45,17 +41,14 @@ from components.worker_pools import build_worker_pool_specs, hardware_parameters
 
 
 def train_command() -> list:
-    """The training job's command (a function, so that steps can be handed it)."""
+    """The training job's command."""
     return ["python", "-m", "trainer.task"]
 
 
 def hyperparameters() -> list:
-    """The hyperparameters a tuning job may set, each once: (name, kind, Vertex default, local
-    default, help). The pipeline parameter of each is made from its row (`pipeline.options`),
-    the kinds are `tunable()`'s, and `plan_jobs` takes each as an input of the same name (its
-    signature lists them: tests/components/test_steps.py keeps the two equal). A trial's values
-    arrive as JSON numbers (`32.0`): `build_trainer_args` and `apply_hyperparameters` write them
-    as the kind says. A function, so that steps can be handed it."""
+    """The hyperparameters a tuning job may set: (name, kind, Vertex default, local default, help).
+    Each row makes a pipeline parameter (`pipeline.options`) and is an input of `plan_jobs` of
+    the same name (tests/components/test_steps.py keeps the two equal)."""
     return [
         (
             "learning_rate",
@@ -84,9 +77,9 @@ def tunable() -> dict:
 
 TRAIN_COMMAND = train_command()
 TUNABLE = tunable()
-# The pipeline parameters `build_trainer_args` turns into `trainer.task` flags (beside the
-# dataset's URI and image size), under their own names: the planning step takes exactly these
-# (tests/components/test_steps.py keeps the list equal to its inputs).
+# The pipeline parameters `build_trainer_args` turns into `trainer.task` flags of the same names
+# (beside the dataset's URI and image size); tests/components/test_steps.py keeps them inputs of
+# the planning step.
 MODEL_FLAGS = (
     "backbone",
     "weights",
@@ -107,8 +100,8 @@ MODEL_FLAGS = (
 
 
 def typed_hyperparameter(name: str, value: Any, kinds: dict) -> Any:
-    """A tunable hyperparameter's value as its kind (`TUNABLE`, handed in as `kinds`: this runs
-    inside steps): a whole number for an int (`32.0` -> 32; `32.5` refused)."""
+    """A tunable hyperparameter's value as its kind (`kinds`: `TUNABLE`): a trial's values arrive
+    as JSON numbers, so an int is made whole (`32.0` -> 32; `32.5` refused)."""
     if name not in kinds:
         raise ValueError(f"unknown hyperparameter {name!r}; allowed: {sorted(kinds)}")
     if kinds[name] == "int":
@@ -127,11 +120,10 @@ def build_trainer_args(
     leave_out: tuple = (),
     search_space: list | None = None,
 ) -> tuple:
-    """(args, hyperparameters): the `trainer.task` flags of one job, and the tunable values they
-    carry. `flags` holds every name of `MODEL_FLAGS`; `kinds` is `TUNABLE`. Flags named in
-    `leave_out`, and the parameters a tuning job's `search_space` declares (StudySpec
-    ParameterSpecs, either JSON form), are omitted: a tuning job adds `--<parameter_id>=<value>`
-    per trial. `fine_tune_fraction` < 0 leaves the trainer's default."""
+    """(args, hyperparameters): the `trainer.task` flags of one job (`flags` holds every name of
+    `MODEL_FLAGS`), and the tunable values they carry. Flags named in `leave_out`, and those a
+    tuning job's `search_space` declares (StudySpec ParameterSpecs, either JSON form; each trial
+    adds its own), are omitted. `fine_tune_fraction` < 0 leaves the trainer's default."""
     tuned = [str(s.get("parameter_id", s.get("parameterId", ""))) for s in (search_space or [])]
     untunable = sorted(set(tuned) - set(kinds))
     if untunable:
@@ -168,10 +160,9 @@ def build_trainer_args(
 
 
 def apply_hyperparameters(pools: list, best: dict, kinds: dict) -> tuple:
-    """(pools, values): the training job's worker pools with `hyperparameters` (the best trial's)
-    written over the trainer's flags of the same names, in every pool that runs the trainer (the
-    Reduction Server pool has no args), and every tunable value the job now carries. `kinds` is
-    `TUNABLE`. A hyperparameter the job's flags do not carry is refused."""
+    """(pools, values): the training job's worker pools with `best` (the best trial's values)
+    written over the trainer's flags of the same names in every pool with args, and every tunable
+    value the job now carries. A hyperparameter the job's flags do not carry is refused."""
     import copy
 
     typed = {name: typed_hyperparameter(name, value, kinds) for name, value in best.items()}
@@ -197,11 +188,8 @@ def apply_hyperparameters(pools: list, best: dict, kinds: dict) -> tuple:
 
 
 def measurement_selection(export_epoch: str) -> str:
-    """The study's measurement selection that matches what the trainer exports: a trial's final
-    measurement is its best epoch's (`BEST_MEASUREMENT`) when the trainer exports its best epoch,
-    its last epoch's (`LAST_MEASUREMENT`) when it exports its last (aiplatform_v1
-    `StudySpec.MeasurementSelectionType`), so a trial is judged by the model it would publish.
-    A run's value, so the planning step works it out (`components.plan`)."""
+    """The study's measurement selection (aiplatform_v1 `StudySpec.MeasurementSelectionType`) that
+    matches the epoch the trainer exports, so a trial is judged by the model it would publish."""
     selections = {"best": "BEST_MEASUREMENT", "last": "LAST_MEASUREMENT"}
     if export_epoch not in selections:
         raise ValueError(f"export_epoch must be best or last, got {export_epoch!r}")
@@ -209,14 +197,12 @@ def measurement_selection(export_epoch: str) -> str:
 
 
 def stable_model_uri(model_root: str, training_folder: str, model_display_name: str, run: str) -> str:
-    """Where the training job publishes the model: a run's folder under the pipeline root may be
-    deleted once the run is over (a lifecycle rule on the bucket), but a registered version keeps
-    pointing at its `artifact_uri` (aiplatform_v1 `Model.artifact_uri`), and a redeploy or the next
-    run's `find-champion` reads it. So on Vertex the model goes to `<model_root>/<model's
-    folder>/<run>`, `model_root` defaulting to `gs://<the training folder's bucket>/models`;
-    elsewhere (the local target, whose registry keeps its own copy) to the job's `model/`. In
-    either, into its version folder `1/` (`servingimage.servable_folder`: TensorFlow Serving's
-    layout, which the prebuilt images also take)."""
+    """Where the training job publishes the model, in its version folder `1/`
+    (`servingimage.servable_folder`). A run's folder may be deleted once the run is over, but a
+    registered version keeps pointing at its `artifact_uri` (aiplatform_v1 `Model.artifact_uri`):
+    so on Vertex, `<model_root>/<model's folder>/<run>` (`model_root` defaulting to
+    `gs://<the training folder's bucket>/models`); locally, whose registry keeps its own copy,
+    the job's `model/`."""
     if not model_root and not training_folder.startswith("gs://"):
         return servable_folder(training_folder.rstrip("/") + "/model")
     root = (
@@ -340,9 +326,7 @@ def plan_jobs(
 ):
     """The four jobs' worker pools and folders (module docstring), validated: a bad machine, GPU
     or flag fails this step, before any job starts. The tuning pools are planned whether or not
-    the run tunes (a few milliseconds), with the study's measurement selection
-    (`plan.measurement_selection`); `hyperparameters` are the tunable values the training
-    job's flags carry (the best trial's step writes its own over them)."""
+    the run tunes; `hyperparameters` are the tunable values the training job's flags carry."""
     flags = dict(locals())  # the parameters, by name (before any other local is made)
     import collections
 
@@ -408,8 +392,7 @@ def plan_jobs(
         region=region,
         **cpu_job,
     )
-    # A Beam preparation on Dataflow (Vertex, prepare_engine=beam): its Flex Template spec file,
-    # written here in the preparation's folder, and the launch's parameters and folders.
+    # A Beam preparation on Dataflow: its Flex Template spec file, in the preparation's folder.
     dataflow_template = folders["prepare"] + "/dataflow-template.json"
     dataflow = dataflow_parameters(prepare_args, dataset_uri) if prepare_engine == "beam" else {}
     if dataflow and dataflow_image_uri:

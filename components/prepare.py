@@ -6,21 +6,19 @@ docs/contracts.md#5-the-preparation-job-python--m-trainerprepare):
     python -m trainer.prepare --source SOURCE --image_size N --shards N --seed N
         [--validation_fraction F --test_fraction F --synthetic_per_class N]
         [--champion_class_names JSON] [--engine beam] --overwrite
-`--output_dir` keeps its default, `$AIP_MODEL_DIR` (`<base_output_directory>/model`, set by
-Vertex and the local runner): the dataset's URI, known when the job is planned. With
-`--champion_class_names` the job refuses a source of another task before any conversion. The
-gate turns the folder into the Dataset artifact the Vertex console shows (`dataset_record`).
+`--output_dir` keeps its default, `$AIP_MODEL_DIR` (`<base_output_directory>/model`): the
+dataset's URI, known when the job is planned.
 """
 
 
 def prepare_command() -> list:
-    """The preparation job's command (a function, so that steps can be handed it)."""
+    """The preparation job's command."""
     return ["python", "-m", "trainer.prepare"]
 
 
 PREPARE_COMMAND = prepare_command()
-# The keys of a prepared dataset's metadata.json `dataset_record` reads (and, of each split,
-# `count`), checked against trainer/contract.py as evaluation.METRICS_READ is.
+# The keys of metadata.json `dataset_record` reads (and each split's `count`), checked as
+# evaluation.METRICS_READ is.
 METADATA_READ = ("class_names", "image_size", "fingerprint", "splits")
 
 
@@ -35,9 +33,7 @@ def build_prepare_args(
     champion_class_names: list | None = None,
     engine: str = "job",
 ) -> list:
-    """The `trainer.prepare` flags for the preparation job (the output folder is AIP_MODEL_DIR).
-    `engine` "beam" runs the conversion as an Apache Beam pipeline on the DirectRunner inside
-    the job (the local target's `prepare_engine`)."""
+    """The `trainer.prepare` flags for the preparation job (the output folder is AIP_MODEL_DIR)."""
     import json
 
     if not (source.startswith(("tfds:", "folder:")) or source == "synthetic"):
@@ -55,8 +51,8 @@ def build_prepare_args(
 
 
 def dataset_record(uri: str, folder: str) -> dict:
-    """The Dataset artifact's metadata, from the metadata.json the preparation job published in
-    `folder` (`uri` as a path this step can read). Fails naming the folder when there is none."""
+    """The Dataset artifact's metadata, from the metadata.json in `folder` (`uri` as a path this
+    step can read). Fails naming the folder when there is none."""
     import json
     import os
 
@@ -75,10 +71,8 @@ def dataset_record(uri: str, folder: str) -> dict:
 
 def dataflow_template_spec(image_uri: str, parameters: dict) -> dict:
     """The Flex Template spec file of a Beam preparation on Dataflow: a dataflow_v1beta3
-    `ContainerSpec` as JSON (what `gcloud dataflow flex-template build` writes): the dataflow
-    image, which is both the launcher and the workers' SDK container (Dockerfile, `dataflow`
-    stage), the Python SDK, and the parameters the launch passes, each declared (the launcher
-    hands each to `python -m trainer.prepare` as `--name=value`)."""
+    `ContainerSpec` as JSON (what `gcloud dataflow flex-template build` writes), the dataflow
+    image being both the launcher and the workers' SDK container, each parameter declared."""
     return {
         "image": image_uri,
         "sdkInfo": {"language": "PYTHON"},
@@ -94,9 +88,9 @@ def dataflow_template_spec(image_uri: str, parameters: dict) -> dict:
 
 
 def dataflow_parameters(prepare_args: list, output_dir: str) -> dict:
-    """The Flex Template's parameters: the preparation's flags (`build_prepare_args`) as
-    {name: value}, with `--output_dir` (Dataflow sets no AIP_MODEL_DIR) and `--engine=beam`; a
-    flag without a value (`--overwrite`) becomes "true", which `trainer.prepare` accepts."""
+    """The Flex Template's parameters: the preparation's flags as {name: value}, with
+    `--output_dir` (Dataflow sets no AIP_MODEL_DIR) and `--engine=beam`; a flag without a value
+    (`--overwrite`) becomes "true", which `trainer.prepare` accepts."""
     out = {}
     for arg in [*prepare_args, f"--output_dir={output_dir}", "--engine=beam"]:
         name, sep, value = arg[2:].partition("=")

@@ -1,13 +1,10 @@
 """Step 7, the Model Registry: one model, a new version per run, and a `champion` alias that
 moves only when the gate passes.
 
-Vertex form: `find_champion` looks the model up by display name (its parent, when it exists, and the
-champion's versioned name, SavedModel folder and class names, from the metrics.json beside its
-SavedModel); the pipeline uploads a new version (or the model's first) with GCPC's `ModelUploadOp`,
-carrying the serving image (`serving_container_uri`); the gate (`evaluation.evaluate_model`) writes
-its figures on the version (`record_on_version`) and moves the alias if it passed and the alias is
-still on the champion it compared with. Local form: `local_find_champion` and `local_upload_model`
-(after the gate) keep the same shape in a folder. Every step: docs/architecture.md#the-dag.
+Vertex form: `find_champion` looks the model and its champion up by display name; the pipeline
+uploads a new version with GCPC's `ModelUploadOp`; the gate (`evaluation.evaluate_model`) writes its
+figures on the version and moves the alias (`record_on_version`). Local form: `local_find_champion`
+and `local_upload_model` keep the same shape in a folder. Every step: docs/architecture.md#the-dag.
 
 A model is only ever compared with, and may only replace, a champion trained for the same task:
 the same class names in the same order (`task_mismatch`). Otherwise a one-class folder, whose
@@ -24,7 +21,6 @@ from components.servingimage import (
     choose_serving_image,
     prebuilt_days_left,
     prebuilt_tf_serving_table,
-    prebuilt_tf_serving_versions,
     registered_artifact,
     saved_model_folder,
     servable_folder,
@@ -36,8 +32,7 @@ from components.servingimage import (
 )
 from components.stepimage import multi_region
 
-# The keys of the champion's metrics.json `find_champion` reads; tests/test_contracts.py checks
-# them against trainer/contract.py and the code below, as for evaluation.METRICS_READ.
+# The keys of the champion's metrics.json `find_champion` reads (checked as evaluation.METRICS_READ).
 METRICS_READ = ("test_accuracy", "class_names")
 
 
@@ -62,8 +57,8 @@ def check_model_display_name(name: str) -> str:
 
 def task_mismatch(class_names: list, champion_class_names: list, model_display_name: str = "") -> str:
     """Why a model trained on `class_names` may be neither compared with nor replace the champion
-    trained on `champion_class_names`; "" when it may (no champion: `[]`, or the same class names
-    in the same order). The check before training and the gate both use it."""
+    trained on `champion_class_names` (`[]`: none); "" when it may. The check before training and
+    the gate both use it."""
     new = [str(c) for c in class_names]
     old = [str(c) for c in champion_class_names]
     if not old or new == old:
@@ -85,15 +80,13 @@ def task_mismatch(class_names: list, champion_class_names: list, model_display_n
 
 
 def registry_folder(name: str) -> str:
-    """A model's folder for its display name (the local registry's, and on Vertex its folder under
-    `model_root`, `components.plan`): every character but ASCII letters,
-    digits, `_` and `-` as %XX of its UTF-8 bytes, so no name (`..`, `a/b`, `/abs`) leaves
-    the registry folder or lands in its root, and two names never share a folder.
+    """A model's folder for its display name (in the local registry, and on Vertex under
+    `model_root`): every character but ASCII letters, digits, `_` and `-` as %XX of its UTF-8
+    bytes, so no name (`..`, `a/b`, `/abs`) leaves the folder, and two names never share one.
 
-    Vertex allows 128 characters of any UTF-8, which encodes to up to 1,536 bytes; a file name
-    has at most 255 (NAME_MAX). A longer encoding keeps its first 200 bytes, cut between
-    characters, then `~` (never in an encoding: it would be %7E) and 16 hex digits of the name's
-    SHA-256: still one folder per name, and the folders of shorter names are unchanged."""
+    Vertex allows 128 characters of any UTF-8, up to 1,536 bytes encoded; a file name has at most
+    255 (NAME_MAX). A longer encoding keeps its first 200 bytes, cut between characters, then `~`
+    (never in an encoding) and 16 hex digits of the name's SHA-256."""
     import hashlib
 
     check_model_display_name(name)
@@ -122,7 +115,6 @@ def label_value(value: str) -> str:
     install_kfp_package=False,
     additional_funcs=[
         prebuilt_tf_serving_table,
-        prebuilt_tf_serving_versions,
         serving_policy,
         prebuilt_days_left,
         serving_image_warnings,
@@ -147,14 +139,12 @@ def upload_settings(
 ) -> NamedTuple(
     "Outputs", serving_image=str, artifact_uri=str, predict_route=str, health_route=str, labels=dict
 ):
-    """The Model's serving image (see `choose_serving_image`: `auto` follows the build step's
-    decision), what it is given of the model in `model_uri` (`registered_artifact`: the custom
-    image, TensorFlow Serving, its version folders' base and its routes) and the model version's
-    labels: `labels` plus the pipeline run and the commit. Warns when the prebuilt image chosen
-    ends within the policy's `warn_days` (`serving_image_warnings`)."""
+    """The Model's serving image (`choose_serving_image`), what it is given of the model in
+    `model_uri` (`registered_artifact`) and the version's labels: `labels` plus the pipeline run
+    and the commit. Warns when the prebuilt image chosen ends soon (`serving_image_warnings`)."""
     import collections
 
-    # `auto` as the build step decided it (see `choose_serving_image`); only a prebuilt image warns.
+    # `auto` as the build step decided it (see `choose_serving_image`).
     decided = ("custom" if custom_image_uri else "prebuilt") if serving_image == "auto" else serving_image
     if decided == "prebuilt":
         for warning in serving_image_warnings(serving_image, tf_version):
@@ -212,9 +202,8 @@ def find_champion(
 ):
     """The registry's model named `model_display_name` (the parent of the new version), and its
     `alias` version: its versioned name (`projects/.../models/ID@VERSION`), the gs:// folder of
-    its SavedModel (which the evaluation job re-evaluates on this run's test split) and its class
-    names ("", "" and [] when the model or the alias does not exist yet). Fails when two models
-    share the name: the parent would be ambiguous."""
+    its SavedModel and its class names (from the metrics.json there; "", "" and [] when the model
+    or the alias does not exist yet). Fails when two models share the name."""
     import collections
     import json
     import re
@@ -267,8 +256,6 @@ def find_champion(
     version = f"{parent}@{champion.version_id}"
     why = undeployable(champion.container_spec.image_uri)
     if why:
-        # As with files that are gone (below): no usable champion, so the new model is judged on
-        # the floor alone and, if it passes, takes the alias from a version nobody can deploy.
         print(
             f"WARNING: {alias} {version} cannot be deployed: {why}. This run compares the new model with "
             f"no {alias}, and the new model takes the alias if it passes the gate."
@@ -278,10 +265,7 @@ def find_champion(
     try:
         champion_metrics = json.loads(blob.download_as_bytes())
     except exceptions.NotFound:
-        # The version's files were deleted (a lifecycle rule on the bucket, a clean-up): it can be
-        # neither compared with nor served. As the local registry does with a damaged champion
-        # (`local.steps.champion_record`), it counts as none: the new model is judged on the
-        # floor alone and, if it passes, takes the alias (still where it was: `version`).
+        # As the local registry does with a damaged champion (`local.steps.champion_record`).
         print(
             f"WARNING: {alias} {version}'s files are gone: {folder}/metrics.json "
             "does not exist (deleted, e.g. by a lifecycle rule on the bucket or a clean-up of old runs). "
@@ -300,18 +284,16 @@ def find_champion(
 
 
 def classification_metrics_schema() -> str:
-    """The schema of a classification ModelEvaluation's metrics: the one GCPC's own import uses
-    for classification (container/_implementation/model_evaluation/import_model_evaluation.py,
+    """The schema of a classification ModelEvaluation's metrics, as GCPC's own import uses
+    (container/_implementation/model_evaluation/import_model_evaluation.py,
     `PROBLEM_TYPE_TO_SCHEMA_URI`); the console draws its confusion matrix."""
     return "gs://google-cloud-aiplatform/schema/modelevaluation/classification_metrics_1.0.0.yaml"
 
 
 def evaluation_record(evaluated: dict, description: str, pipeline_run: str = "") -> dict:
-    """The new version's ModelEvaluation (aiplatform_v1 `ModelEvaluation`, as JSON) from the
-    evaluation job's evaluation.json: its classification metrics in the schema's terms (the
-    confusion matrix with its classes, the log loss), and in `metadata` what the schema has no
-    field for: accuracy, macro F1, per-class precision, recall and F1, the split, the dataset's
-    fingerprint, the gate's decision and the paired comparison with the champion."""
+    """The new version's ModelEvaluation (aiplatform_v1 `ModelEvaluation`, as JSON) from
+    evaluation.json: the confusion matrix and log loss in the schema's terms, and in `metadata`
+    what the schema has no field for."""
     new = evaluated["models"]["challenger"]
     matrix = new["confusion_matrix"]
     labels = [str(c) for c in matrix["labels"]]
@@ -354,14 +336,12 @@ def record_on_version(
     evaluation: dict | None = None,
 ) -> tuple:
     """(holds the alias, what was done, the evaluation import's outcome): writes the gate's
-    `description` and `labels` on the uploaded version `name` (`projects/.../models/ID@VERSION`,
-    ModelUploadOp's VertexModel) and, when `promote`, moves `alias` and `default` to it after
-    reading the alias again: the gate compared this version with `evaluated_champion` (its
-    versioned name; "" when there was none) on this run's test split, and another run may have
-    moved the alias since. The alias moves only when it is still where it was when the evaluation
-    read it: a champion registered since was never compared with this version on like-for-like
-    data, so the alias stays, and the reason says to run again. Versions are compared by their
-    ID: the upload's name and `list_models`' may spell the project differently (ID or number).
+    `description` and `labels` on the uploaded version `name` (`projects/.../models/ID@VERSION`)
+    and, when `promote`, moves `alias` and `default` to it if the alias is still on
+    `evaluated_champion` (the version the gate compared with; "": none): a champion registered
+    since was never compared on like-for-like data, so the alias stays and the reason says to run
+    again. Versions are compared by ID: the upload's name and `list_models`' may spell the project
+    differently (ID or number).
 
     `default` moves with the alias: it is the version everything that names the model without a
     version gets (a console deploy, batch prediction, `aiplatform.Model(id)`; Google's model-alias
@@ -374,8 +354,7 @@ def record_on_version(
     labels replace the version's, so the uploaded ones are kept and these added. `evaluation`
     (`evaluation_record`'s) is imported onto the version last (ModelService.ImportModelEvaluation,
     with the versioned name as parent, as GCPC's own import passes the VertexModel's
-    resourceName), so the console shows it beside the version; a refusal there is a warning
-    naming the version, never a block on the promotion."""
+    resourceName); a refusal there is a warning, never a block on the promotion."""
     from google.api_core import exceptions
     from google.cloud import aiplatform_v1
     from google.protobuf import field_mask_pb2

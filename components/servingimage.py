@@ -18,8 +18,7 @@ from components.stepimage import multi_region
 # TF_CONTAINER_URIS; a test keeps them equal). A serving version is only ever chosen from here,
 # never derived from the trainer's TensorFlow: `tf2-cpu.2-21` does not exist.
 def prebuilt_tf_serving_table() -> dict[str, str]:
-    """{TF version: end of availability (ISO date)}, newest first (a function, so the Vertex
-    components carry it with `additional_funcs`)."""
+    """{TF version: end of availability (ISO date)}, newest first."""
     older = dict.fromkeys(("2.9", "2.8", "2.7", "2.6", "2.5", "2.4", "2.3", "2.2", "2.1"), "2024-11-15")
     return {
         "2.15": "2027-01-14",
@@ -32,11 +31,6 @@ def prebuilt_tf_serving_table() -> dict[str, str]:
     }
 
 
-def prebuilt_tf_serving_versions() -> tuple[str, ...]:
-    """The table's versions, newest first."""
-    return tuple(prebuilt_tf_serving_table())
-
-
 # The custom serving image (Dockerfile.serving) is TensorFlow Serving, the server Vertex's prebuilt
 # TensorFlow images run and Google's custom-container page names, at this release: its
 # `tensorflow/serving:<version>.0` CPU and GPU images (tests/ci keeps Dockerfile.serving's tags
@@ -47,8 +41,7 @@ CUSTOM_SERVING_TF_VERSION = "2.20"
 
 def tf_serving_routes() -> dict[str, str]:
     """The Model's containerSpec routes for TensorFlow Serving's REST API and the model its
-    entrypoint (Dockerfile.serving) names `model` (https://www.tensorflow.org/tfx/serving/api_rest;
-    a function, so the components carry it with `additional_funcs`)."""
+    entrypoint (Dockerfile.serving) names `model` (https://www.tensorflow.org/tfx/serving/api_rest)."""
     return {"predict_route": "/v1/models/model:predict", "health_route": "/v1/models/model"}
 
 
@@ -62,10 +55,9 @@ def servable_folder(base: str) -> str:
 
 
 def registered_artifact(custom: bool, model_uri: str) -> dict[str, str]:
-    """What the Model's upload names for the SavedModel the trainer published in `model_uri`
-    (a `servable_folder`): the artifact_uri Vertex copies to AIP_STORAGE_URI and the
-    containerSpec routes. The custom serving image (TensorFlow Serving) gets the base above the
-    version folder and TF Serving's routes; the prebuilt image, or a user's, gets the
+    """The artifact_uri (which Vertex copies to AIP_STORAGE_URI) and containerSpec routes of the
+    SavedModel in `model_uri` (a `servable_folder`): for the custom serving image (TensorFlow
+    Serving), the base above the version folder and TF Serving's routes; for any other image, the
     SavedModel's folder and the image's own routes ("": Vertex's defaults)."""
     if not custom:
         return {"artifact_uri": model_uri, "predict_route": "", "health_route": ""}
@@ -78,15 +70,14 @@ def registered_artifact(custom: bool, model_uri: str) -> dict[str, str]:
 
 
 def saved_model_folder(artifact_uri: str, predict_route: str) -> str:
-    """The SavedModel's folder (with its metrics.json) of a registered version: the artifact_uri,
-    or its version folder when the version is served by TensorFlow Serving (`registered_artifact`).
-    Versions registered before the version folder existed have the SavedModel at the top."""
+    """The SavedModel's folder (with its metrics.json) of a registered version: the inverse of
+    `registered_artifact`."""
     if predict_route == tf_serving_routes()["predict_route"]:
         return servable_folder(artifact_uri)
     return artifact_uri.rstrip("/")
 
 
-PREBUILT_TF_SERVING_VERSIONS = prebuilt_tf_serving_versions()
+PREBUILT_TF_SERVING_VERSIONS = tuple(prebuilt_tf_serving_table())
 DEFAULT_SERVING_TF_VERSION = PREBUILT_TF_SERVING_VERSIONS[0]
 
 
@@ -117,9 +108,8 @@ def prebuilt_days_left(tf_version: str, today: str = "") -> tuple[str, int]:
 
 def resolve_serving_image(serving_image: str, tf_version: str, today: str = "") -> str:
     """`serving_image` with `auto` decided for a run on `today`: `prebuilt` while Vertex's prebuilt
-    image of `tf_version` is available for more than the policy's `safe_days`, else `custom` (the
-    serving image built from Dockerfile.serving: TensorFlow Serving). Other values are
-    returned as given. The build step decides once per run (it builds the custom image only then)."""
+    image of `tf_version` is available for more than the policy's `safe_days`, else `custom`.
+    The build step decides once per run (it builds the custom image only then)."""
     if serving_image != "auto":
         return serving_image
     _, days = prebuilt_days_left(tf_version, today)
@@ -161,14 +151,12 @@ def serving_image_warnings(serving_image: str, tf_version: str, today: str = "")
 
 
 def serving_container_uri(tf_version: str, accelerator: str, location: str, today: str = "") -> str:
-    """Vertex's prebuilt TensorFlow serving image for a TF version of the table ("2.15"), "cpu"
-    or "gpu", from the Artifact Registry multi-region nearest `location` (us, europe or asia:
-    the only ones Google publishes them in; aiplatform's `get_prebuilt_prediction_container_uri`
-    takes the region's first word the same way). Refused once the image's end of availability
-    has come (on `today`, "": today)."""
+    """Vertex's prebuilt TensorFlow serving image of `tf_version`, `accelerator` cpu or gpu, from
+    the multi-region nearest `location` (aiplatform's `get_prebuilt_prediction_container_uri`
+    takes the region's first word the same way). Refused once its end of availability has come."""
     end, days = prebuilt_days_left(tf_version, today)
     if days <= 0:
-        newest = prebuilt_tf_serving_versions()[0]
+        newest = next(iter(prebuilt_tf_serving_table()))
         raise ValueError(
             f"serving_tf_version {tf_version}: Vertex's prebuilt TensorFlow {tf_version} serving images "
             f"ended on {end} (https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers): "
@@ -191,10 +179,8 @@ def prebuilt_tf_version(image: str) -> str:
 
 def undeployable(image_uri: str, today: str = "") -> str:
     """Why a model version whose serving container is `image_uri` can no longer hold the champion
-    alias on `today` ("": today): Vertex's prebuilt TF serving image past its end of availability
-    (Vertex no longer serves it: the version cannot be deployed), or within the policy's
-    `safe_days` of it (the margin `serving_image=auto` switches at). "" for any other image
-    (the custom serving image, a user's)."""
+    alias on `today`: a prebuilt TF serving image past its end of availability, or within the
+    policy's `safe_days` of it. "" for any other image."""
     version = prebuilt_tf_version(image_uri)
     if version not in prebuilt_tf_serving_table():
         return ""
@@ -230,11 +216,9 @@ def choose_serving_image(
     custom_image_uri: str,
     today: str = "",
 ) -> tuple[str, str]:
-    """The Model's serving container and why: `auto` (the build
-    step's decision, told by whether it made `custom_image_uri`), `prebuilt` (Vertex's TF image
-    of `tf_version`, from the table, while available), `custom` (the serving image the build step
-    made: TensorFlow Serving) or an image URI of the user's. Raises ValueError naming what
-    is allowed."""
+    """The Model's serving container and why, for `serving_image` `auto`, `prebuilt` (Vertex's TF
+    image of `tf_version`, while available), `custom` (the serving image the build step made) or
+    a user's image URI. Raises ValueError naming what is allowed."""
     import re
 
     # `auto` was decided once, by the build step on its date: it built the custom image only when
@@ -246,7 +230,7 @@ def choose_serving_image(
     if mode == "prebuilt":
         image = serving_container_uri(tf_version, accelerator, location, today)
         why = f"Vertex's prebuilt TensorFlow {tf_version} {accelerator.upper()} serving image"
-        if tf_version == prebuilt_tf_serving_versions()[0]:
+        if tf_version == next(iter(prebuilt_tf_serving_table())):
             why += " (the newest prebuilt one; the trainer's models are tested to serve under it)"
         return image, why + (" (serving_image=auto)" if serving_image == "auto" else "")
     if mode == "custom":
@@ -269,10 +253,9 @@ def check_serving_parameters(
     serving_image: str, tf_version: str, accelerator: str, location: str, today: str = ""
 ) -> list[str]:
     """The serving parameters checked before any work (both targets), as the upload step will
-    check them on `today` ("": today): raises ValueError naming what is wrong and what is allowed
-    (an unknown mode or version, a prebuilt image past its end of availability); returns the
-    warnings of `serving_image_warnings`."""
-    if serving_image == "auto" or serving_image == "prebuilt":
+    check them on `today`: raises ValueError naming what is wrong and what is allowed; returns
+    the warnings of `serving_image_warnings`."""
+    if serving_image in ("auto", "prebuilt"):
         prebuilt_days_left(tf_version, today)  # a version with no prebuilt image: named here
     built = (
         "<built by the pipeline>"

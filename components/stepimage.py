@@ -3,10 +3,9 @@ image carries, and how Cloud Storage appears inside it (`fuse_path`).
 
 Each component's function body is self-contained (imports inside, helpers shipped with KFP's
 `additional_funcs`) and runs on the GCPC image of `uv.lock`'s GCPC version (a test keeps the pin
-below in step), which holds kfp, google-cloud-aiplatform, google-cloud-storage, google-auth and
-requests: no component installs anything at run time (`install_kfp_package=False`; docs/facts.md,
-fact 5 and fact 32), as the local target needs too (`SubprocessRunner(use_venv=False)` runs the same
-functions in this checkout's environment, which has no pip).
+in step), which holds kfp, google-cloud-aiplatform, google-cloud-storage, google-auth and
+requests: no component installs anything at run time (docs/facts.md, fact 5 and fact 32), as the
+local target needs too (its `SubprocessRunner(use_venv=False)` has no pip).
 """
 
 from __future__ import annotations

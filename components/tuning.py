@@ -3,16 +3,12 @@ then our own best-trial step (GCPC 2.22 has none: docs/facts.md, fact 9).
 
 The search space is the pipeline parameter `search_space`: parameter specs in the JSON form of
 Vertex's `StudySpec.ParameterSpec` (aiplatform_v1 `types/study.py`), by default
-`VERTEX_SEARCH_SPACE` (the compiled template) and `LOCAL_SEARCH_SPACE` (the local target);
-docs/options.md#the-search-space-search_space says why each. `parse_search_space` reads one
-strictly into the API type, `canonical_search_space` writes it back in the proto JSON form
-Vertex's launcher takes, and `pipeline.options.tuning.search_space_problems` holds the rules a
-space must meet. The metric (`study_metrics`) is fixed; trial counts and the search algorithm
-are pipeline parameters (docs/contracts.md#3-tuning-parameter-ids-are-trainer-flags).
+`VERTEX_SEARCH_SPACE` or `LOCAL_SEARCH_SPACE` (docs/options.md#the-search-space-search_space);
+`pipeline.options.tuning.search_space_problems` holds the rules a space must meet. The metric
+(`study_metrics`) is fixed (docs/contracts.md#3-tuning-parameter-ids-are-trainer-flags).
 
 `pick_best_trial` works on trials in the `aiplatform_v1.Trial` JSON form, from the tuning job
-(`best_trial`) or the local tuner's trials table (`local.steps.local_best_trial`): both targets
-pick by the same rule.
+(`best_trial`) or the local tuner (`local.steps.local_best_trial`): both targets pick alike.
 """
 
 import functools
@@ -27,9 +23,7 @@ from components.plan import apply_hyperparameters, hyperparameters, tunable, typ
 
 METRIC_ID = "val_accuracy"
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
-# The trainer flags a tuning job may set (`plan.tunable()`): the hyperparameters
-# `plan.build_trainer_args` leaves out of a tuning job's args when its space declares them
-# (each trial appends its own) and `plan.apply_hyperparameters` takes from the best trial.
+# The trainer flags a tuning job may set (`plan.tunable()`).
 TUNABLE_FLAGS = tuple(plan.TUNABLE)
 # GRID_SEARCH: "all parameters must be INTEGER, CATEGORICAL, or DISCRETE" (StudySpec.Algorithm).
 GRID_VALUE_SPECS = ("integer_value_spec", "discrete_value_spec", "categorical_value_spec")
@@ -61,13 +55,10 @@ VERTEX_SEARCH_SPACE: list[dict[str, Any]] = [
         "scale_type": "UNIT_LINEAR_SCALE",
     },
 ]
-# The local target's space: two trials of the `tiny` backbone, whose untuned defaults (learning
-# rate 1.5e-3 per replica, dropout 0.2, batch 16, 64 units) already reach the gate. Two random
-# draws from the Vertex space mostly landed (in 6-epoch runs) on rates too small (half of it lies
-# below 1e-3) and wide, heavily dropped-out heads, below the untuned run. So this space is centred
-# on the local defaults (1.5e-3 is near 5e-4..5e-3's log-middle, 1.6e-3;
-# tests/components/test_search_space.py keeps it there) and leaves the head width and batch size
-# at their defaults: two trials cannot search four dimensions.
+# The local target's space: two trials of the `tiny` backbone, whose untuned defaults already reach
+# the gate, where two draws from the Vertex space mostly landed below them (rates under 1e-3, wide,
+# dropped-out heads). So it is centred on the local defaults (1.5e-3 near 5e-4..5e-3's log-middle;
+# tests/components/test_search_space.py keeps it there) and searches two dimensions, not four.
 LOCAL_SEARCH_SPACE: list[dict[str, Any]] = [
     {
         "parameter_id": "learning_rate",
@@ -150,7 +141,7 @@ def hyperparameter_tuning_job(
 
 @functools.cache
 def tuning_job() -> Any:
-    """The `hyperparameter_tuning_job` component, made on first use (its body imports GCPC: seconds)."""
+    """The `hyperparameter_tuning_job` component, made on first use (it imports GCPC: seconds)."""
     return dsl.container_component(hyperparameter_tuning_job)
 
 
@@ -195,6 +186,8 @@ def value_spec_kind(spec: Any) -> str:
 def canonical_search_space(space: Any) -> list[dict[str, Any]]:
     """`space` in the proto JSON form GCPC's op hands Vertex (what `serialize_parameters` makes,
     with enum names): snake_case keys, int64 as strings, the ranges' both ends written out."""
+    from google.protobuf import json_format
+
     out = []
     for spec in parse_search_space(space):
         kind = value_spec_kind(spec)
@@ -212,22 +205,18 @@ def canonical_search_space(space: Any) -> list[dict[str, Any]]:
         if spec.scale_type:
             entry["scale_type"] = type(spec).ScaleType(spec.scale_type).name
         if spec.conditional_parameter_specs:
-            entry["conditional_parameter_specs"] = [_to_json(c) for c in spec.conditional_parameter_specs]
+            entry["conditional_parameter_specs"] = [
+                json_format.MessageToDict(type(c).pb(c), preserving_proto_field_name=True)
+                for c in spec.conditional_parameter_specs
+            ]
         out.append(entry)
     return out
 
 
-def _to_json(message: Any) -> dict[str, Any]:
-    from google.protobuf import json_format
-
-    return json_format.MessageToDict(type(message).pb(message), preserving_proto_field_name=True)
-
-
 def trial_values(spec: Any) -> list[float | str]:
     """Values a trial of this parameter may be handed, as Vertex hands them (numbers as doubles):
-    both ends of a range, plus for a DOUBLE one a fractional value inside it (a trial gets any
-    double in the range: a flag that takes whole numbers must refuse it); every DISCRETE and
-    CATEGORICAL value."""
+    both ends of a range, plus for a DOUBLE one a fractional value inside it (a flag that takes
+    whole numbers must refuse it); every DISCRETE and CATEGORICAL value."""
     kind = value_spec_kind(spec)
     if kind == "double_value_spec":
         low, high = float(spec.double_value_spec.min_value), float(spec.double_value_spec.max_value)
@@ -245,11 +234,9 @@ def trial_values(spec: Any) -> list[float | str]:
 
 
 def pick_best_trial(trials: list[dict[str, Any]], metric_id: str, goal: str) -> dict[str, Any]:
-    """The best SUCCEEDED trial by its final measurement of `metric_id` (goal MAXIMIZE or
-    MINIMIZE), as {"trial_id", "value", "parameters"}; ties go to the earlier trial.
-
-    Trials are dicts in the aiplatform_v1 Trial JSON form (camelCase or snake_case keys).
-    Raises RuntimeError listing every trial's state when none succeeded with the metric."""
+    """The best SUCCEEDED trial (aiplatform_v1 Trial JSON, either key case) by its final
+    measurement of `metric_id`, as {"trial_id", "value", "parameters"}; ties go to the earlier
+    trial. Raises RuntimeError listing every trial's state when none succeeded with the metric."""
 
     def get(d: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
         return d.get(camel, d.get(snake, default))
@@ -270,14 +257,10 @@ def pick_best_trial(trials: list[dict[str, Any]], metric_id: str, goal: str) -> 
         if values and values[0] is not None:
             candidates.append((float(values[0]), trial))
     if not candidates:
+        reasons = [get(t, "infeasibleReason", "infeasible_reason") for t in trials]
         states = ", ".join(
-            f"{t.get('id')}: {t.get('state')}"
-            + (
-                f" ({get(t, 'infeasibleReason', 'infeasible_reason')})"
-                if get(t, "infeasibleReason", "infeasible_reason")
-                else ""
-            )
-            for t in trials
+            f"{t.get('id')}: {t.get('state')}" + (f" ({why})" if why else "")
+            for t, why in zip(trials, reasons, strict=True)
         )
         raise RuntimeError(
             f"no trial succeeded with a final {metric_id} measurement; trials: {states or 'none'}"
@@ -302,10 +285,9 @@ def best_trial(
     metric_id: str = "val_accuracy",
     goal: str = "MAXIMIZE",
 ) -> NamedTuple("Outputs", worker_pool_specs=list, hyperparameters=dict, trial_id=str, value=float):
-    """Reads the tuning job named in `gcp_resources` (the GCPC op's output), picks the best
-    SUCCEEDED trial and writes its parameters into the planned training job's flags
-    (`training_pools`, `apply_hyperparameters`): the final training's worker pools, and every
-    tunable value they carry. `trials` gets the whole trials table (JSON list)."""
+    """Reads the tuning job named in `gcp_resources` (the GCPC op's output), picks the best trial
+    and writes its parameters into the planned training job's flags (`apply_hyperparameters`).
+    `trials` gets the whole trials table (JSON list)."""
     import collections
     import json
     import re
@@ -328,21 +310,9 @@ def best_trial(
     with open(trials.path, "w") as f:
         json.dump(table, f, indent=1)
     best = pick_best_trial(table, metric_id, goal)
-    # Integer parameters come back as JSON numbers (512.0): give the trainer whole numbers.
-    kinds = {}
-    for spec in job.study_spec.parameters:
-        kinds[spec.parameter_id] = aiplatform_v1.StudySpec.ParameterSpec.pb(spec).WhichOneof(
-            "parameter_value_spec"
-        )
-    params = {
-        k: int(v)
-        if kinds.get(k) == "integer_value_spec"
-        or (isinstance(v, float) and v.is_integer() and kinds.get(k) == "discrete_value_spec")
-        else v
-        for k, v in best["parameters"].items()
-    }
     trials.metadata.update({"count": len(table), "best_trial_id": best["trial_id"], metric_id: best["value"]})
-    print(f"best trial {best['trial_id']} of {len(table)}: {metric_id}={best['value']:.4f} {params}")
-    pools, resolved = apply_hyperparameters(training_pools, params, tunable())
+    # Integer parameters come back as JSON numbers (512.0): `typed_hyperparameter` makes them whole.
+    pools, resolved = apply_hyperparameters(training_pools, best["parameters"], tunable())
+    print(f"best trial {best['trial_id']} of {len(table)}: {metric_id}={best['value']:.4f} {resolved}")
     Outputs = collections.namedtuple("Outputs", ["worker_pool_specs", "hyperparameters", "trial_id", "value"])
     return Outputs(pools, resolved, best["trial_id"], best["value"])

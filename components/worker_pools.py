@@ -5,16 +5,12 @@ Not a literal: parameters inside one would reach the GCPC launcher as strings, r
 fields (docs/facts.md, fact 11). Validated (`components.hardware.validate_machine`) before
 anything is submitted.
 
-Layout (what Vertex gives the containers as TF_CONFIG/CLUSTER_SPEC):
-  pool 0: the chief, exactly one replica;
-  pool 1: `worker_count` workers (may be 0: then the job is one machine);
-  pool 2: optional Reduction Server replicas (NCCL all-reduce offload; needs GPU workers).
-The same specs feed `CustomTrainingJobOp`, `HyperparameterTuningJobRunOp` and, on the local
-target, the local job runner (`local.jobs`).
+Layout (what Vertex gives the containers as TF_CONFIG/CLUSTER_SPEC): pool 0 the chief, one
+replica; pool 1 `worker_count` workers (0: one machine); pool 2 optional Reduction Server replicas.
+The same specs feed `CustomTrainingJobOp`, `HyperparameterTuningJobRunOp` and `local.jobs`.
 
-Each trainer pool's container gets its own request in its environment (`pool_env`, the
-`TRAINER_POOL_*` variables: docs/contracts.md#2-the-environment-of-a-replica), so every replica
-can check at start that it sees the GPUs it was given (docs/vertex.md#no-silent-cpu-training).
+Each trainer pool's container gets its own request in its environment (`pool_env`), so every
+replica can check at start that it sees the GPUs it was given (docs/vertex.md#no-silent-cpu-training).
 `container_spec.env` is aiplatform_v1 `ContainerSpec.env`, a list of `EnvVar{name, value}`
 ("Environment variables to be passed to the container. Maximum limit is 100."), set per pool ("If
 you are performing distributed training, you can use different settings for each worker pool":
@@ -32,9 +28,8 @@ from components.stepimage import multi_region
 
 
 def hardware_parameters() -> tuple:
-    """The pipeline parameters that shape the worker pools (a subset of build_worker_pool_specs's
-    arguments, with the same names): the DAG, the submit-time check, the local check and the
-    plan step use it (a function, so that a step can be handed it)."""
+    """The pipeline parameters that shape the worker pools: arguments of build_worker_pool_specs,
+    by the same names."""
     return (
         "chief_machine_type",
         "chief_accelerator_type",
@@ -59,9 +54,8 @@ def pool_env(
 ) -> list[dict[str, str]]:
     """A trainer pool's `container_spec.env`: what the pool asked for, read by the trainer at start
     (`trainer.config.gpu_request`; tests/components/test_pool_env.py keeps the names equal). No
-    GPU is `ACCELERATOR_TYPE_UNSPECIFIED` and `0`: aiplatform_v1 `EnvVar.value` is required, so
-    never empty. None of the names starts with `AIP_` or `CLOUD_ML_`, the prefixes of the
-    variables Vertex sets itself (docs/contracts.md, section 2)."""
+    GPU is `ACCELERATOR_TYPE_UNSPECIFIED` and `0`: aiplatform_v1 `EnvVar.value` is required. No
+    name starts with `AIP_` or `CLOUD_ML_`, Vertex's own (docs/contracts.md, section 2)."""
     none = "ACCELERATOR_TYPE_UNSPECIFIED"
     has_gpu = bool(accelerator_type) and accelerator_type != none and bool(accelerator_count)
     return [
@@ -91,12 +85,12 @@ def build_worker_pool_specs(
     warnings: list | None = None,
 ) -> list[dict[str, Any]]:
     """The `worker_pool_specs` of a Vertex CustomJob, validated. Raises ValueError naming every
-    bad setting and what is allowed, one per line, each line starting with the parameter's name.
-    Empty worker settings copy the chief's. Each trainer pool's container carries its own request
-    in `env` (`pool_env`); the Reduction Server pool (Google's image) gets none. Warnings (a GPU
-    past the region table with `check_gpu_region=False`, a GPU run through PTX) are appended to
-    `warnings` when given."""
+    bad setting and what is allowed, one per line, each starting with the parameter's name. Empty
+    worker settings copy the chief's. `validate_machine`'s warnings are appended to `warnings`."""
     import re  # inside: shipped to the worker-pools component on its own (additional_funcs)
+
+    def whole(value: Any, low: int, high: float) -> bool:  # an int, not a bool, within [low, high]
+        return type(value) is int and low <= value <= high
 
     problems: list[str] = []
     if not image_uri or not isinstance(image_uri, str):
@@ -105,7 +99,7 @@ def build_worker_pool_specs(
         problems.append(f"command: must be a non-empty list of strings, got {command!r}")
     if not all(isinstance(a, str) for a in args):
         problems.append(f"args: must be a list of strings, got {args!r}")
-    if isinstance(worker_count, bool) or not isinstance(worker_count, int) or not 0 <= worker_count <= 512:
+    if not whole(worker_count, 0, 512):
         problems.append(f"worker_count: must be a whole number from 0 to 512, got {worker_count!r}")
         worker_count = 0
     if boot_disk_type not in ("pd-ssd", "pd-standard", "pd-balanced", "hyperdisk-balanced"):
@@ -113,19 +107,11 @@ def build_worker_pool_specs(
             f"boot_disk_type: {boot_disk_type!r} is not one of pd-ssd, pd-standard, pd-balanced, "
             "hyperdisk-balanced"
         )
-    if (
-        isinstance(boot_disk_size_gb, bool)
-        or not isinstance(boot_disk_size_gb, int)
-        or not 100 <= boot_disk_size_gb <= 64_000
-    ):
+    if not whole(boot_disk_size_gb, 100, 64_000):
         problems.append(
             f"boot_disk_size_gb: must be from 100 to 64000 (Vertex's range), got {boot_disk_size_gb!r}"
         )
-    if (
-        isinstance(reduction_server_count, bool)
-        or not isinstance(reduction_server_count, int)
-        or reduction_server_count < 0
-    ):
+    if not whole(reduction_server_count, 0, float("inf")):
         problems.append(
             f"reduction_server_count: must be a whole number >= 0, got {reduction_server_count!r}"
         )
