@@ -275,17 +275,12 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
 
 
 def _write_json(path: Path, value: Any, screen: TextIO) -> bool:
-    """Written whole or not at all: a reader never sees half a summary. A folder that cannot be
-    written (read-only or full mid-run): one WARNING line on `screen`, and False; the run's end is
-    still said on the screen and in the exit status."""
-    partial = path.with_name(f".{path.name}.partial")
+    """`report.write_json`; a folder that cannot be written (read-only or full mid-run): one
+    WARNING line on `screen`, and False; the run's end is still said on the screen and in the exit status."""
     try:
-        partial.write_text(json.dumps(value, indent=1, default=str))
-        os.replace(partial, path)
+        report.write_json(path, value)
         return True
     except OSError as err:
-        with contextlib.suppress(OSError):
-            partial.unlink()
         screen.write(
             f"WARNING: {path} was not written ({err.strerror or err}); the run ended {value['status']}\n"
         )

@@ -12,10 +12,9 @@ import re
 import socket
 import sys
 import threading
-import time
 import urllib.error
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from launch.settings import Settings
@@ -69,13 +68,11 @@ def refused_as(request: str, default_role: str, settings: Settings) -> Iterator[
         status = getattr(getattr(err, "response", None), "status_code", None) or getattr(err, "code", None)
         if not isinstance(err, exceptions.Forbidden) and status != 403:
             raise
-        said = " ".join(str(err).split())
-        said = said if len(said) <= 400 else said[:397] + "..."
         role = missing_role(str(err), settings, default_role)
         raise GoogleRefused(
             f"Google Cloud refused {request} (403): the account running make needs {role}; "
             "docs/vertex.md#the-iam-roles-a-first-run-needs lists every role a first run needs. "
-            f"Google said: {said}"
+            f"Google said: {said(err, 400)}"
         ) from err
 
 
@@ -93,9 +90,20 @@ LIKELY_CAUSES = (
 )
 
 
+def said(text: object, limit: int = 300) -> str:
+    """`text` on one line (whitespace collapsed), cut to `limit` characters."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def vertex_endpoint(settings: Settings) -> str:
+    """Where this machine's requests to Vertex go: API_ENDPOINT, else the region's endpoint."""
+    return settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
+
+
 def vertex_service(settings: Settings) -> tuple[str, str, str]:
     """(service, URL, a hint) of the Vertex API, for `reach` and `reaching`."""
-    endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
+    endpoint = vertex_endpoint(settings)
     hint = (
         f"; or API_ENDPOINT={settings.api_endpoint!r} (env or env.sh) is wrong"
         if settings.api_endpoint
@@ -179,20 +187,18 @@ def network_reason(err: BaseException, url: str = "") -> str:
     elif unreachable:
         reason = unreachable.lower()
     elif any(isinstance(e, requests.exceptions.SSLError) for e in under):
-        said = " ".join(str(under[-1]).split())[:160]
-        reason = f"TLS failed (a proxy that intercepts TLS needs its CA in REQUESTS_CA_BUNDLE): {said}"
+        reason = f"TLS failed (a proxy that intercepts TLS needs its CA in REQUESTS_CA_BUNDLE): {said(under[-1], 160)}"
     elif any(isinstance(e, (requests.Timeout, TimeoutError, socket.timeout)) for e in under) or re.search(
         r"timed out|Deadline", text
     ):
         reason = "no answer in time"
     else:  # "503 POST <url>: <Google's words>" over REST: the code and the words
         answer = next((e for e in reversed(under) if isinstance(e, api.GoogleAPICallError)), None)
-        said = str(under[-1])
+        words = str(under[-1])
         if answer is not None:
-            words = re.sub(r"^(GET|POST|PUT|PATCH|DELETE|HEAD) \S+: ", "", str(answer.message))
-            said = f"{answer.code or ''} {words}"
-        said = " ".join(said.split()) or type(under[-1]).__name__
-        reason = said if len(said) <= 200 else said[:197] + "..."
+            message = re.sub(r"^(GET|POST|PUT|PATCH|DELETE|HEAD) \S+: ", "", str(answer.message))
+            words = f"{answer.code or ''} {message}"
+        reason = said(words, 200) or type(under[-1]).__name__
     if any(isinstance(e, requests.exceptions.ProxyError) for e in under):
         reason = f"the proxy failed: {reason}"
     host = re.search(r"host='([^']+)', port=(\d+)", text)
@@ -202,45 +208,36 @@ def network_reason(err: BaseException, url: str = "") -> str:
     return reason + (f"; retried for {float(seconds.group(1)):g} s" if seconds else "")
 
 
-def reach(services: Sequence[tuple[str, str, str]], seconds: float = PROBE_SECONDS, out: Any = None) -> None:
-    """Says on `out` (stdout) which services it contacts, then tries each once, at the same time:
-    one HEAD request to its root (no credentials, nothing of the run), through the proxy requests
-    would use. Any HTTP answer will do; none within `seconds` to connect and `seconds` to answer
-    raises GoogleUnreachable naming each. At most 2 x `seconds` + 1, where the client libraries
-    would retry for minutes (storage: 120 s) before a RetryError."""
+def reach(service: tuple[str, str, str], seconds: float = PROBE_SECONDS, out: Any = None) -> None:
+    """Says on `out` (stdout) which service it contacts, then tries it once: one HEAD request to
+    its root (no credentials, nothing of the run), through the proxy requests would use. Any HTTP
+    answer will do; none within `seconds` to connect and `seconds` to answer raises
+    GoogleUnreachable naming it. At most 2 x `seconds` + 1, where the client libraries would retry
+    for minutes (storage: 120 s) before a RetryError."""
     import requests
 
-    for service, url, _ in services:
-        print(f"contacting {service} ({_host(url)}) ...", file=out or sys.stdout, flush=True)
-    failures: dict[int, str] = {}
+    name, url, hint = service
+    print(f"contacting {name} ({_host(url)}) ...", file=out or sys.stdout, flush=True)
+    failures: list[str] = []
 
-    def one(index: int, url: str) -> None:
+    def probe() -> None:
         try:
             requests.head(url, timeout=(seconds, seconds), allow_redirects=False)
         except Exception as err:  # noqa: BLE001 (every failure is named in the line)
-            failures[index] = (
+            failures.append(
                 network_reason(err, url) if network_failure(err) else f"{type(err).__name__}: {err}"
             )
 
-    threads = [
-        threading.Thread(target=one, args=(i, url), daemon=True, name=f"reach {_host(url)}")
-        for i, (_, url, _) in enumerate(services)
-    ]
-    for thread in threads:
-        thread.start()
+    thread = threading.Thread(target=probe, daemon=True, name=f"reach {_host(url)}")
+    thread.start()
     limit = 2 * seconds + 1
-    deadline = time.monotonic() + limit
-    for index, thread in enumerate(threads):
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():  # e.g. a name server that does not answer (no timeout of its own)
-            failures.setdefault(index, f"no answer within {limit:g} s")
-    if not failures:
-        return
-    parts = [f"{_at(*services[i][:2])} ({failures[i]})" for i in sorted(failures)]
-    hints = "".join(services[i][2] for i in sorted(failures))
-    raise GoogleUnreachable(
-        f"cannot reach {'; '.join(parts)}; nothing was sent to it. {LIKELY_CAUSES}{hints}"
-    )
+    thread.join(limit)
+    if thread.is_alive():  # e.g. a name server that does not answer (no timeout of its own)
+        failures.append(f"no answer within {limit:g} s")
+    if failures:
+        raise GoogleUnreachable(
+            f"cannot reach {_at(name, url)} ({failures[0]}); nothing was sent to it. {LIKELY_CAUSES}{hint}"
+        )
 
 
 def _at(service: str, url: str) -> str:
@@ -270,3 +267,17 @@ def reaching(request: str, service: tuple[str, str, str], after: str = "") -> It
             f"{request} failed: {_at(name, url)} could not be reached or did not answer "
             f"({network_reason(err, url)}){after}. {LIKELY_CAUSES}{hint}"
         ) from err
+
+
+@contextlib.contextmanager
+def calling_vertex(
+    request: str, settings: Settings, after: str = "", refused: str = "", out: Any = None
+) -> Iterator[None]:
+    """A request to Vertex AI: its service tried first (`reach`, said on `out`); a network failure
+    during `request` is `reaching`'s line (`after`: what was done), a 403 `refused_as`'s, naming
+    `refused` (default: `request`) and roles/aiplatform.user."""
+    vertex = vertex_service(settings)
+    reach(vertex, out=out)
+    role = f"roles/aiplatform.user in project {settings.project}"
+    with reaching(request, vertex, after), refused_as(refused or request, role, settings):
+        yield

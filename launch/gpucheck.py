@@ -19,12 +19,14 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from launch import settings as settings_mod
 from launch.cli import configured_project
+from launch.cloud import reach, vertex_endpoint, vertex_service
 from launch.flags import parse_bool
-from launch.settings import Settings, SettingsError
+from launch.settings import Settings
+from launch.submit import exit_status, load_settings
 from local import ROOT
 
 PROG = "make gpu-check"
@@ -229,7 +231,7 @@ def describe(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def wait(job_client: Any, name: str, out: TextIO, poll_seconds: float) -> Any:
+def wait(job_client: Any, name: str, poll_seconds: float) -> Any:
     """Polls the job until it ends, printing each new state; returns the final job. Ours, not
     the SDK's `CustomJob.wait()`: that one logs through aiplatform's logger and shows no state."""
     last = ""
@@ -238,8 +240,7 @@ def wait(job_client: Any, name: str, out: TextIO, poll_seconds: float) -> Any:
         job = job_client.get_custom_job(name=name)
         state = job.state.name
         if state != last:
-            out.write(f"{PROG}: {state} ({time.monotonic() - started:.0f} s)\n")
-            out.flush()
+            print(f"{PROG}: {state} ({time.monotonic() - started:.0f} s)", flush=True)
             last = state
         if state in TERMINAL:
             return job
@@ -258,19 +259,14 @@ def run(
     registry_host: str = "",
     root: Path = ROOT,
     poll_seconds: float = 15.0,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
 ) -> int:
     """Finds the image, submits the job and (unless `--no_wait`) reads its result; the flags
     were checked (`worker_pool`). `registry_host` sends the image lookup elsewhere (tests)."""
     from google.cloud import aiplatform_v1
 
-    out, err = out or sys.stdout, err or sys.stderr
     if job_client is None:  # Vertex tried once first: out of reach is one line (launch.cloud.reach)
-        from launch.cloud import reach, vertex_service
-
-        reach([vertex_service(settings)], out=out)
-        endpoint = settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
+        reach(vertex_service(settings))
+        endpoint = vertex_endpoint(settings)
         job_client = aiplatform_v1.JobServiceClient(
             credentials=credentials,
             # REST for a plain-HTTP API_ENDPOINT (gRPC cannot speak it).
@@ -291,18 +287,22 @@ def run(
         try:
             digest = registry_digest(session, lookup, tag)
         except PermissionError as problem:
-            err.write(f"{PROG}: cannot read the trainer image's tag with your credentials: {problem}\n")
+            print(
+                f"{PROG}: cannot read the trainer image's tag with your credentials: {problem}",
+                file=sys.stderr,
+            )
             return 1
         if not digest:
-            err.write(
+            print(
                 f"{PROG}: the trainer image of this checkout, {image}:{tag}, is not in Artifact Registry "
                 "(its build context changed since the last build, or it was never built): `make run` "
                 'builds it first (its build-trainer-image step), or give ARGS="--image <URI>" to check '
-                "another image\n"
+                "another image",
+                file=sys.stderr,
             )
             return 2
         image_uri = f"{image}@{digest}"
-        out.write(f"{PROG}: image {image}:{tag} ({digest})\n")
+        print(f"{PROG}: image {image}:{tag} ({digest})")
     pool, _ = worker_pool(image_uri, hardware, settings.region, ns.check_gpu_region)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
     output_dir = f"{settings.pipeline_root}/gpu-check/{stamp}"
@@ -312,20 +312,20 @@ def run(
     created = job_client.create_custom_job(
         parent=f"projects/{settings.project}/locations/{settings.region}", custom_job=job
     )
-    out.write(
+    print(
         f"{PROG}: submitted {created.name} ({shape}) in {settings.region}\n"
         f"  console: {console_url(created.name)}\n"
         f"  logs:    gcloud ai custom-jobs stream-logs {created.name}\n"
-        f"  result:  {output_dir}/model/{RESULT_FILE}\n"
+        f"  result:  {output_dir}/model/{RESULT_FILE}",
+        flush=True,
     )
-    out.flush()
     if ns.no_wait:
         return 0
     try:
-        final = wait(job_client, created.name, out, poll_seconds)
+        final = wait(job_client, created.name, poll_seconds)
     except KeyboardInterrupt:
         job_client.cancel_custom_job(name=created.name)
-        err.write(f"{PROG}: interrupted: cancelled {created.name}\n")
+        print(f"{PROG}: interrupted: cancelled {created.name}", file=sys.stderr)
         return 130
     if storage_client is None:
         import google.cloud.storage as storage
@@ -333,17 +333,17 @@ def run(
         storage_client = storage.Client(project=settings.project, credentials=credentials)
     result = read_result(storage_client, output_dir)
     if result:
-        out.write("".join(f"{line}\n" for line in describe(result)))
+        print("\n".join(describe(result)))
     state = final.state.name
     if state == "JOB_STATE_SUCCEEDED" and result and result.get("ok"):
-        out.write(f"{PROG}: OK: the image sees the GPUs it was given\n")
+        print(f"{PROG}: OK: the image sees the GPUs it was given")
         return 0
     why = (
         (result or {}).get("error")
         or " ".join(final.error.message.split())
         or f"no {RESULT_FILE} was written (the job never ran the check: see its logs)"
     )
-    err.write(f"{PROG}: the check failed ({state}): {why}\n")
+    print(f"{PROG}: the check failed ({state}): {why}", file=sys.stderr)
     return 1
 
 
@@ -368,10 +368,8 @@ def main(
             ".venv/bin/python -m trainer.gpucheck\n"
         )
         return 2
-    try:
-        config = settings_mod.load(environ, env_file)  # settings_mod.REQUIRED, as `make run` needs them
-    except SettingsError as problem:
-        sys.stderr.write(f"{PROG}: cannot reach Vertex AI; fix these settings (env or env.sh):\n{problem}\n")
+    config = load_settings(PROG, lambda: settings_mod.load(environ, env_file))  # REQUIRED, as `make run`
+    if config is None:
         return 2
     hardware = {name: getattr(ns, name) for name in HARDWARE}
     try:  # the flags, before any request
@@ -381,22 +379,16 @@ def main(
         return 2
     for warning in warnings:
         sys.stdout.write(f"WARNING: {warning}\n")
-    from launch.cloud import GoogleUnreachable
-    from launch.submit import credential_errors, no_credentials
 
-    try:
+    def request() -> int:
         credentials = injected.pop("credentials", None)
         if credentials is None:
             import google.auth
 
             credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
         return run(config, ns, hardware, credentials=credentials, **injected)
-    except credential_errors() as problem:
-        sys.stderr.write(no_credentials(PROG, problem) + "\n")
-        return 2
-    except GoogleUnreachable as problem:
-        sys.stderr.write(f"{PROG}: {problem}\n")
-        return 1
+
+    return exit_status(PROG, request)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,11 @@ on matplotlib `Figure`s, which save through the Agg backend: no pyplot, no displ
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import itertools
+import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,18 @@ SUMMARY_METRICS = (
     "stopped_early",
     "num_workers",
 )
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Written whole or not at all: a reader never sees half a summary."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_text(json.dumps(value, indent=1, default=str))
+        os.replace(partial, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
 
 
 def _png(fig: Any) -> str:
@@ -403,20 +418,7 @@ def _gate_blocks(gate: Mapping[str, Any]) -> list[Block]:
 
 def _metrics_sections(metrics: Mapping[str, Any]) -> list[tuple[str, list[Block]]]:
     """The trainer's metrics.json: its figures, per class, the curves and the confusion matrix."""
-    rows = [
-        (k, metrics[k])
-        for k in (
-            "test_accuracy",
-            "macro_f1",
-            "test_loss",
-            "val_accuracy",
-            "val_loss",
-            "images_per_second",
-            "best_epoch",
-            "stopped_early",
-        )
-        if k in metrics
-    ]
+    rows = [(k, metrics[k]) for k in METRICS_READ if k in metrics and not isinstance(metrics[k], Mapping)]
     sections = [("Metrics", [_table(rows, ("metric", "value"))])]
     if per_class := metrics.get("per_class"):
         class_rows = [

@@ -301,11 +301,8 @@ def create_schedule(
     schedule = aiplatform.PipelineJobSchedule(
         pipeline_job=job, display_name=f"multiworker-cassava-training-{commit[:8]}"
     )
-    vertex = cloud.vertex_service(settings)
-    cloud.reach([vertex])
-    with (
-        cloud.reaching("the schedule's creation", vertex, "; the schedule was not created"),
-        cloud.refused_as("the schedule", f"roles/aiplatform.user in project {settings.project}", settings),
+    with cloud.calling_vertex(
+        "the schedule's creation", settings, "; the schedule was not created", "the schedule"
     ):
         schedule.create(
             cron=f"TZ={options.timezone} {options.cron}" if options.timezone else options.cron,
@@ -351,24 +348,15 @@ def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.enviro
             file=sys.stderr,
         )
         return 2
-    settings = submit.load_settings(prog, environ)
+    settings = submit.load_settings(prog, lambda: settings_mod.load(environ))
     if settings is None:
         return 2
 
     def request() -> int:
         from google.cloud import aiplatform
-        from google.cloud.aiplatform import initializer
 
-        vertex = cloud.vertex_service(settings)
         submit.init_aiplatform(settings)
-        initializer.global_config.credentials  # noqa: B018 (found now: none is exit 2, before any contact)
-        cloud.reach([vertex], out=sys.stderr)  # stdout is the listing
-        with (
-            cloud.reaching(f"{prog}'s request", vertex),
-            cloud.refused_as(
-                f"{prog}'s request", f"roles/aiplatform.user in project {settings.project}", settings
-            ),
-        ):
+        with cloud.calling_vertex(f"{prog}'s request", settings, out=sys.stderr):  # stdout is the listing
             if action == "schedules":
                 for s in aiplatform.PipelineJobSchedule.list():
                     state = s.state.name if s.state is not None else "?"
@@ -403,7 +391,7 @@ def _schedule(rest: Sequence[str], environ: Mapping[str, str]) -> int:
     except ValueError as err:
         print(f"make schedule: {err}", file=sys.stderr)
         return 2
-    settings = submit.load_settings("make schedule", environ)
+    settings = submit.load_settings("make schedule", lambda: settings_mod.load(environ))
     if settings is None:
         return 2
 

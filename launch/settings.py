@@ -85,8 +85,6 @@ _KFP_REPO = re.compile(
 # The forms of the pipeline parameters they fill (service_account, network; the CMEK key's rule
 # is `kms_key_problem`, shared with encryption_spec_key_name): one home, pipeline/options/jobs.py.
 _SERVICE_ACCOUNT, _NETWORK = job_rules.SERVICE_ACCOUNT, job_rules.NETWORK
-_LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _ENDPOINT = re.compile(
     r"^([a-z0-9.-]+\.googleapis\.com|[a-z0-9.-]+\.p\.googleapis\.com|http://127\.0\.0\.1:[0-9]+)$"
 )
@@ -320,11 +318,9 @@ def load(
     labels: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in values.get("LABELS", "").split(","))):
         key, _, value = item.partition("=")
-        if not _LABEL.match(key) or not _LABEL_VALUE.match(value):
-            problems.append(
-                f"LABELS item {item!r} is not valid: keys start with a lowercase letter; keys and values use "
-                "lowercase letters, digits, _ and -, at most 63 characters"
-            )
+        problems += [
+            f"LABELS item {item!r} is not valid: {p}" for p in job_rules.label_problems({key: value})
+        ]
         labels[key] = value
     caching = values.get("ENABLE_CACHING", "").lower()
     if caching == "true":

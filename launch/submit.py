@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from components.buildcontext import write_context_tarball
+from launch import cloud, trainingconfig
 from launch import settings as settings_mod
-from launch import trainingconfig
-from launch.cloud import GoogleRefused, GoogleUnreachable, reach, reaching, refused_as, vertex_service
+from launch.cloud import GoogleRefused, GoogleUnreachable, calling_vertex, reach, reaching, refused_as
+from launch.flags import parse_bool
 from launch.settings import Settings, SettingsError
 from local import ROOT
 
@@ -112,7 +113,7 @@ def upload_context(settings: Settings, root: Path = ROOT, credentials: Any = Non
     name = "/".join(p for p in (prefix, "contexts", f"{tag}.tar.gz") if p)
     client = storage.Client(project=settings.project, credentials=credentials)  # finds the credentials
     service = (f"Cloud Storage for gs://{settings.bucket}", str(client.api_endpoint), "")
-    reach([service])
+    reach(service)
     blob = client.bucket(settings.bucket).blob(name)
     with reaching("the build context's upload", service):
         if not blob.exists():
@@ -124,16 +125,22 @@ def upload_context(settings: Settings, root: Path = ROOT, credentials: Any = Non
 
 
 def init_aiplatform(settings: Settings, credentials: Any = None, transport: str | None = None) -> None:
+    """aiplatform's defaults for this machine's requests, and its credentials found (none: exit 2,
+    before any contact)."""
     from google.cloud import aiplatform
+    from google.cloud.aiplatform import initializer
 
     aiplatform.init(  # a None is left as it was (aiplatform/initializer.py, `init`)
         project=settings.project,
         location=settings.region,
         credentials=credentials,
         api_endpoint=settings.api_endpoint or None,
-        api_transport=transport,
+        # API_ENDPOINT may be a plain-HTTP stand-in (launch.settings allows http://127.0.0.1):
+        # only the REST transport speaks to a URL.
+        api_transport=transport or ("rest" if settings.api_endpoint.startswith("http://") else None),
         encryption_spec_key_name=settings.kms_key or None,
     )
+    initializer.global_config.credentials  # noqa: B018
 
 
 class PersistentResourceRefused(ValueError):
@@ -150,7 +157,6 @@ def check_persistent_resource(settings: Settings, values: Mapping[str, Any], cli
     missing or unfit; prints and returns the warnings. `client`: a test's
     PersistentResourceServiceClient."""
     from google.api_core import exceptions
-    from google.cloud.aiplatform import initializer
     from google.cloud.aiplatform.persistent_resource import PersistentResource
 
     from pipeline.options import persistent_resource
@@ -159,18 +165,9 @@ def check_persistent_resource(settings: Settings, values: Mapping[str, Any], cli
     if not resource_id:
         return []
     name = f"projects/{settings.project}/locations/{settings.region}/persistentResources/{resource_id}"
-    vertex = vertex_service(settings)
-    if client is None:
-        initializer.global_config.credentials  # noqa: B018 (found now: none is exit 2, before any contact)
-    reach([vertex])
     try:
-        with (
-            reaching(f"reading the persistent resource {name}", vertex, "; nothing of the run was sent"),
-            refused_as(
-                f"reading the persistent resource {name}",
-                f"roles/aiplatform.user in project {settings.project}",
-                settings,
-            ),
+        with calling_vertex(
+            f"reading the persistent resource {name}", settings, "; nothing of the run was sent"
         ):
             resource = (
                 client.get_persistent_resource(name=name) if client else PersistentResource(name).gca_resource
@@ -307,11 +304,8 @@ def submit(
     its report (`write_run_report`, given `runs_dir`)."""
     template, values, _ = prepare(settings, given, root, credentials, transport)
     job = build_pipeline_job(settings, values, str(template))
-    vertex = vertex_service(settings)
-    reach([vertex])
-    with (
-        reaching("the pipeline run's submission", vertex, "; the run was not created"),
-        refused_as("the pipeline run", f"roles/aiplatform.user in project {settings.project}", settings),
+    with calling_vertex(
+        "the pipeline run's submission", settings, "; the run was not created", "the pipeline run"
     ):
         try:
             job.submit(
@@ -331,7 +325,9 @@ def submit(
     print(f"submitted {job.resource_name}\nconsole: {console}", flush=True)
     if not wait:
         return 0
-    with reaching("following the run", vertex, f"; the run was submitted and goes on: {console}"):
+    with reaching(
+        "following the run", cloud.vertex_service(settings), f"; the run was submitted and goes on: {console}"
+    ):
         state = watch(job, poll_seconds=poll_seconds)
     print(f"run ended {state}")
     if runs_dir is not None:
@@ -345,26 +341,20 @@ def write_run_report(job: Any, settings: Settings, runs_dir: Path, credentials: 
     be written is a warning: it never changes how the run ended, and `make report` writes it later."""
     from launch import vertexreader, vertexrun
 
-    reader = vertexreader.Reader(
-        settings.project, vertexreader.Cloud(vertex_service(settings), reach, reaching), credentials
-    )
+    reader = vertexreader.Reader(settings, credentials)
     try:
-        run_dir, summary = vertexrun.write(
-            job.gca_resource, reader, runs_dir, console=console_url(job.resource_name)
-        )
+        vertexrun.write(job.gca_resource, reader, runs_dir, console=console_url(job.resource_name))
     except Exception as err:  # noqa: BLE001 (named in the warning; the run's end is what counts)
-        said = (
+        why = (
             str(err)
             if isinstance(err, (GoogleUnreachable, GoogleRefused))
             else f"{type(err).__name__}: {err}"
         )
         print(
-            f"WARNING: the run's report was not written ({said}); "
+            f"WARNING: the run's report was not written ({why}); "
             f"`make report RUN={job.resource_name}` writes it",
             flush=True,
         )
-        return
-    vertexrun.show(summary, run_dir, sys.stdout)
 
 
 # aiplatform's PipelineJob.submit, when Vertex's preflight validations refuse the run, raises
@@ -400,38 +390,34 @@ def no_credentials(prog: str, err: Exception) -> str:
     https://cloud.google.com/docs/authentication/application-default-credentials)."""
     from google.auth import exceptions
 
-    reason = " ".join(str(err).split())
-    reason = reason if len(reason) <= 300 else reason[:297] + "..."
     what = (
         "the Google Cloud credentials were refused"
         if isinstance(err, exceptions.RefreshError)
         else "no Google Cloud credentials"
     )
     return (
-        f"{prog}: {what} ({reason}); provide Application Default Credentials: run "
+        f"{prog}: {what} ({cloud.said(err)}); provide Application Default Credentials: run "
         "`gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a "
         "service account key file, or run where a service account is attached (Compute Engine, "
         "Cloud Build, Cloud Run, GKE)"
     )
 
 
-WAIT_VALUES = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
-
-
 def check_wait(text: str) -> bool:
-    """WAIT (`make run WAIT=1`): follow the Vertex run to its end."""
-    if text.lower() not in WAIT_VALUES:
+    """WAIT (`make run WAIT=1`): follow the Vertex run to its end (`flags.parse_bool`; empty: no)."""
+    try:
+        return bool(text.strip()) and parse_bool(text)
+    except argparse.ArgumentTypeError:
         raise ValueError(
             f"WAIT={text!r} is not valid: expected 1, true or yes (follow the run to its end), "
             "or 0, false, no or empty (submit and return)"
-        )
-    return WAIT_VALUES[text.lower()]
+        ) from None
 
 
-def load_settings(prog: str, environ: Mapping[str, str], doing: str = "reach") -> Settings | None:
-    """The settings; None when any is bad, each named on stderr (exit code 2, nothing sent)."""
+def load_settings(prog: str, load: Callable[[], Settings], doing: str = "reach") -> Settings | None:
+    """The settings `load` reads; None when any is bad, each named on stderr (exit code 2, nothing sent)."""
     try:
-        return settings_mod.load(environ)
+        return load()
     except SettingsError as err:
         print(
             f"{prog}: cannot {doing} Vertex AI; fix these settings (env or env.sh):\n{err}", file=sys.stderr
@@ -453,8 +439,8 @@ def exit_status(prog: str, request: Callable[[], int]) -> int:
     except ValueError as err:
         from pipeline import options
 
-        said = f"bad parameters (nothing was sent):\n{err}" if isinstance(err, options.OptionsError) else err
-        print(f"{prog}: {said}", file=sys.stderr)
+        why = f"bad parameters (nothing was sent):\n{err}" if isinstance(err, options.OptionsError) else err
+        print(f"{prog}: {why}", file=sys.stderr)
         return 2
 
 
@@ -483,7 +469,7 @@ def main(ns: argparse.Namespace, environ: Mapping[str, str], project: str) -> in
     except ValueError as err:
         print(f"make run: {err}", file=sys.stderr)
         return 2
-    settings = load_settings("make run", environ, "submit to")
+    settings = load_settings("make run", lambda: settings_mod.load(environ), "submit to")
     if settings is None:
         return 2
     print(

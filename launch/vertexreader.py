@@ -1,31 +1,21 @@
 """How `launch.vertexrun` reads a Vertex run's jobs and files: through aiplatform, Dataflow's and
-Cloud Storage's clients, each service probed once before its first use (`Cloud`, handed over by
-`launch.submit` and `launch.vertexreport`), and whatever is missing or refused recorded rather
-than raised (`Reader.unreadable`)."""
+Cloud Storage's clients, each service probed once before its first use (`launch.cloud.reach`), and
+whatever is missing or refused recorded rather than raised (`Reader.unreadable`)."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
+
+from launch.cloud import reach, reaching, said, vertex_service
+from launch.settings import Settings
 
 DATAFLOW_ENDPOINT = "dataflow.googleapis.com"
 DATAFLOW_MESSAGES = 50  # the first messages a summary keeps of a Dataflow job
 
-# (name, URL, hint) of a Google service, as launch.submit names them.
+# (name, URL, hint) of a Google service, as launch.cloud names them.
 Service = tuple[str, str, str]
-
-
-@dataclasses.dataclass(frozen=True)
-class Cloud:
-    """How the reads reach Google Cloud: `launch.cloud.reach`, `launch.cloud.reaching`, and the
-    Vertex service they name (`launch.cloud.vertex_service`)."""
-
-    vertex: Service
-    reach: Callable[[Sequence[Service]], None]
-    reaching: Callable[[str, Service], contextlib.AbstractContextManager[None]]
 
 
 class Reader:
@@ -33,10 +23,10 @@ class Reader:
     the caller: `launch.submit.init_aiplatform`) and google-cloud-storage."""
 
     def __init__(
-        self, project: str, cloud: Cloud, credentials: Any = None, dataflow_endpoint: str = DATAFLOW_ENDPOINT
+        self, settings: Settings, credentials: Any = None, dataflow_endpoint: str = DATAFLOW_ENDPOINT
     ) -> None:
-        self.project = project
-        self.cloud = cloud
+        self.project = settings.project
+        self.vertex = vertex_service(settings)
         self.credentials = credentials
         # Where Dataflow's API is (a test's fake: http://host:port, spoken over REST).
         self.dataflow_endpoint = dataflow_endpoint
@@ -45,10 +35,10 @@ class Reader:
         self._reached: set[str] = set()
 
     def ensure(self, service: Service) -> None:
-        """Tries `service` once (`Cloud.reach`) before its first use by this reader: out of reach is
+        """Tries `service` once (`reach`) before its first use by this reader: out of reach is
         one line within seconds, not a request retried for minutes."""
         if service[1] not in self._reached:
-            self.cloud.reach([service])
+            reach(service)
             self._reached.add(service[1])
 
     def job(self, name: str) -> Any:
@@ -57,7 +47,7 @@ class Reader:
 
         kind = aiplatform.CustomJob if "/customJobs/" in name else aiplatform.HyperparameterTuningJob
         return self._read(
-            f"the job {name}", name, self.cloud.vertex, lambda: kind.get(resource_name=name).gca_resource
+            f"the job {name}", name, self.vertex, lambda: kind.get(resource_name=name).gca_resource
         )
 
     def model_version(self, name: str) -> Any:
@@ -68,7 +58,7 @@ class Reader:
         return self._read(
             f"the model version {name}",
             name,
-            self.cloud.vertex,
+            self.vertex,
             lambda: aiplatform.Model(model_name=name).gca_resource,
         )
 
@@ -127,18 +117,13 @@ class Reader:
 
     def _read(self, what: str, name: str, service: Service, fetch: Callable[[], Any]) -> Any:
         """`fetch()` once `service` is reached: a network failure is the caller's one line
-        (`Cloud.reaching`); Google refusing or missing it is recorded under `name`: None."""
+        (`reaching`); Google refusing or missing it is recorded under `name`: None."""
         from google.api_core import exceptions
 
         self.ensure(service)
         try:
-            with self.cloud.reaching(f"reading {what}", service):
+            with reaching(f"reading {what}", service):
                 return fetch()
         except exceptions.GoogleAPICallError as err:
             self.unreadable.append(f"{name}: {said(err)}")
             return None
-
-
-def said(err: Exception) -> str:
-    text = " ".join(str(err).split())
-    return text if len(text) <= 300 else text[:297] + "..."

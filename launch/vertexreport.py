@@ -22,9 +22,9 @@ from typing import Any
 
 from launch import settings as settings_mod
 from launch import submit, vertexreader, vertexrun
-from launch.cloud import GoogleUnreachable, reach, reaching, refused_as, vertex_service
+from launch.cloud import reaching, refused_as, said
 from launch.flags import RUNS_DIR
-from launch.settings import Settings, SettingsError
+from launch.settings import Settings
 
 PROG = "make report"
 
@@ -105,49 +105,35 @@ def main(
     if runs_dir.exists() and not runs_dir.is_dir():
         print(f"{PROG}: --runs_dir {runs_dir} exists and is not a folder", file=sys.stderr)
         return 2
-    try:
-        settings = run_settings(run, env, env_file)
-    except SettingsError as err:
-        print(
-            f"{PROG}: cannot read the run from Vertex AI; fix these settings (env or env.sh):\n{err}",
-            file=sys.stderr,
-        )
+    settings = submit.load_settings(PROG, lambda: run_settings(run, env, env_file), "read the run from")
+    if settings is None:
         return 2
     name = resource_name(run, settings)
-    from google.api_core import exceptions
-    from google.cloud import aiplatform
-    from google.cloud.aiplatform import initializer
 
-    try:
+    def request() -> int:
+        from google.api_core import exceptions
+        from google.cloud import aiplatform
+
         submit.init_aiplatform(settings, credentials, transport)
-        initializer.global_config.credentials  # noqa: B018 (found now: none is exit 2, before any contact)
-        vertex = vertex_service(settings)
-        cloud = vertexreader.Cloud(vertex, reach, reaching)
-        reader = vertexreader.Reader(settings.project, cloud, credentials, dataflow_endpoint)
-        reader.ensure(vertex)
-        with (
-            reaching("reading the pipeline run", vertex),
-            refused_as(
-                f"reading the pipeline run {name}",
-                f"roles/aiplatform.user in project {settings.project}",
-                settings,
-            ),
-        ):
-            job = aiplatform.PipelineJob.get(resource_name=name).gca_resource
-        run_dir, summary = vertexrun.write(job, reader, runs_dir, now, submit.console_url(name))
-    except GoogleUnreachable as err:
-        print(f"{PROG}: {err}", file=sys.stderr)
-        return 1
-    except submit.credential_errors() as err:
-        print(submit.no_credentials(PROG, err), file=sys.stderr)
-        return 2
-    except exceptions.NotFound as err:
-        print(
-            f"{PROG}: Vertex AI has no pipeline run {name} (404: {vertexreader.said(err)})", file=sys.stderr
-        )
-        return 1
-    vertexrun.show(summary, run_dir, sys.stdout)
-    return 0
+        reader = vertexreader.Reader(settings, credentials, dataflow_endpoint)
+        reader.ensure(reader.vertex)
+        try:
+            with (
+                reaching("reading the pipeline run", reader.vertex),
+                refused_as(
+                    f"reading the pipeline run {name}",
+                    f"roles/aiplatform.user in project {settings.project}",
+                    settings,
+                ),
+            ):
+                job = aiplatform.PipelineJob.get(resource_name=name).gca_resource
+        except exceptions.NotFound as err:
+            print(f"{PROG}: Vertex AI has no pipeline run {name} (404: {said(err)})", file=sys.stderr)
+            return 1
+        vertexrun.write(job, reader, runs_dir, now, submit.console_url(name))
+        return 0
+
+    return submit.exit_status(PROG, request)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -404,33 +403,26 @@ def _model(
 # --- writing ------------------------------------------------------------------------------------
 
 
-def _write_json(path: Path, value: Any) -> None:
-    """Written whole or not at all: a reader never sees half a summary."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(value, indent=1, default=str))
-    os.replace(partial, path)
-
-
 def write(
     job: Any, reader: Reader, runs_dir: Path, now: datetime.datetime | None = None, console: str = ""
-) -> tuple[Path, dict[str, Any]]:
+) -> None:
     """Writes `<runs_dir>/<job id>/summary.json`, then report.html (a report that cannot be drawn
-    is `report_error` in summary.json, as for a local run); returns the folder and the summary."""
+    is `report_error` in summary.json, as for a local run), then shows the run (`show`)."""
     summary, metrics, trials = collect(job, reader, now, console)
     run_dir = (runs_dir / summary["run_id"]).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     summary["report"] = str(run_dir / "report.html")
-    _write_json(run_dir / "summary.json", summary)
+    report.write_json(run_dir / "summary.json", summary)
     try:
         report.write_report(run_dir / "report.html", summary, metrics, trials)
     except Exception as err:  # noqa: BLE001 (recorded in summary.json and shown)
         summary["report_error"] = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
         summary["report"] = None
-        _write_json(run_dir / "summary.json", summary)
-    return run_dir, summary
+        report.write_json(run_dir / "summary.json", summary)
+    show(summary, run_dir)
 
 
-def show(summary: Mapping[str, Any], run_dir: Path, out: Any) -> None:
+def show(summary: Mapping[str, Any], run_dir: Path) -> None:
     """What `make report` (and `make run WAIT=1` at its end) prints: the run's state, its steps
     with their wait and run times, and where the files are."""
     lines = [f"run {summary['run_id']}: {summary['status']} ({summary['wall_seconds']:.0f} s)"]
@@ -468,5 +460,4 @@ def show(summary: Mapping[str, Any], run_dir: Path, out: Any) -> None:
     lines.append(f"summary: {run_dir / 'summary.json'}")
     if summary.get("report"):
         lines.append(f"report:  {summary['report']}")
-    out.write("\n".join(lines) + "\n")
-    out.flush()
+    print("\n".join(lines), flush=True)

@@ -56,10 +56,13 @@ def _string(node: ast.AST) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
-def keys_read(func: ast.FunctionDef, names: set[str]) -> set[str]:
+def keys_read(
+    func: ast.FunctionDef, names: set[str], constants: dict[str, tuple[str, ...]] | None = None
+) -> set[str]:
     """The top-level keys `func` reads from the documents held in the variables `names`, or
     straight from a `json.load(...)` call: `doc["k"]`, `doc.get("k")`, and `doc[k]` /
-    `doc.get(k)` with `k` looping over a literal tuple of strings."""
+    `doc.get(k)` with `k` looping over a literal tuple of strings or over one of the module's
+    `constants` (a tuple of strings named at module level)."""
 
     def is_doc(node: ast.AST) -> bool:
         return (isinstance(node, ast.Name) and node.id in names) or _is_json_load(node)
@@ -90,6 +93,12 @@ def keys_read(func: ast.FunctionDef, names: set[str]) -> set[str]:
                 strings = [_string(e) for e in iterable.elts]
                 if strings and all(v is not None for v in strings):
                     loops.append((target.id, [str(v) for v in strings], node))
+            elif (
+                isinstance(target, ast.Name)
+                and isinstance(iterable, ast.Name)
+                and iterable.id in (constants or {})
+            ):
+                loops.append((target.id, list((constants or {})[iterable.id]), node))
         key = key_node(node)
         if key is not None and _string(key) is not None:
             keys.add(str(_string(key)))
@@ -130,11 +139,21 @@ def test_the_key_reader_finds_every_form_of_read() -> None:
         "    for key in ('six',):\n"
         "        doc.get(key)\n"
         "    other = {'seven': 1}['seven']\n"
+        "    [doc[k] for k in KEYS]\n"
         "    return other\n"
     )
     func = ast.parse(source).body[0]
     assert isinstance(func, ast.FunctionDef)
     assert keys_read(func, {"doc"}) == {"one", "two", "three", "four", "five", "six"}
+    assert keys_read(func, {"doc"}, {"KEYS": ("eight",)}) == {
+        "one",
+        "two",
+        "three",
+        "four",
+        "five",
+        "six",
+        "eight",
+    }
 
 
 @pytest.mark.parametrize("module_name", sorted(METRICS_READERS))
@@ -142,9 +161,12 @@ def test_each_metrics_reader_lists_what_its_code_reads(module_name: str) -> None
     import importlib
 
     module = importlib.import_module(module_name)
+    constants = {
+        k: v for k, v in vars(module).items() if isinstance(v, tuple) and all(isinstance(x, str) for x in v)
+    }
     read: set[str] = set()
     for path, function, names in METRICS_READERS[module_name]:
-        found = keys_read(function_node(path, function), names)
+        found = keys_read(function_node(path, function), names, constants)
         assert found, f"{path}:{function} reads no metrics.json key: has the reading code changed?"
         read |= found
     assert sorted(read) == sorted(module.METRICS_READ), (

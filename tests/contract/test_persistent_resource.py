@@ -24,7 +24,7 @@ from google.cloud.aiplatform_v1.services.persistent_resource_service.transports.
 from google.protobuf import json_format
 
 import pipeline
-from launch import cli, schedules, settings, submit
+from launch import cli, cloud, schedules, settings, submit
 from pipeline import options
 from pipeline.options import persistent_resource
 from tests.contract.test_submit import BUCKET, JOBS, env, vertex  # noqa: F401 (vertex: a fixture)
@@ -508,7 +508,7 @@ def check_over_grpc(fake: GrpcFake) -> list[str]:
 @pytest.fixture
 def reachable(monkeypatch: pytest.MonkeyPatch) -> None:
     """The gRPC fake needs no HTTP probe of the region's endpoint (no network here)."""
-    monkeypatch.setattr(submit, "reach", lambda services, seconds=0, out=None: None)
+    monkeypatch.setattr(cloud, "reach", lambda service, seconds=0, out=None: None)
 
 
 def test_the_grpc_client_reads_the_resource_by_its_name(

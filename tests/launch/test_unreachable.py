@@ -365,9 +365,9 @@ def test_reach_through_a_proxy_honours_no_proxy(monkeypatch: pytest.MonkeyPatch)
             monkeypatch.delenv(name, raising=False)
         service = ("Vertex AI in us-central1", f"http://{fake.address}", "")
         with pytest.raises(submit.GoogleUnreachable, match=f"through the proxy {dead} \\(the proxy failed"):
-            submit.reach([service])
+            submit.reach(service)
         monkeypatch.setenv("NO_PROXY", "127.0.0.1")
         monkeypatch.setenv("no_proxy", "127.0.0.1")
-        submit.reach([service])  # straight to the fake: any HTTP answer will do (here 501)
+        submit.reach(service)  # straight to the fake: any HTTP answer will do (here 501)
     finally:
         fake.stop()
