@@ -4,18 +4,8 @@ parameters (docs/vertex.md#moving-from-ai-platform-training---training_config-fi
 Only what has a faithful Vertex AI equivalent is mapped; the rest is refused, every problem of the
 file in one `TrainingConfigError`, each naming the YAML field and the nearest choice that works.
 
-Sources (AI Platform Training is shut down; its pages are archived):
-- TrainingInput and ReplicaConfig, the fields and the legacy machine types with the GPUs each
-  includes ("A machine equivalent to standard that also includes a single NVIDIA Tesla K80 GPU",
-  ...): https://cloud.google.com/ai-platform/training/docs/reference/rest/v1/projects.jobs#TrainingInput
-- The scale tiers (ScaleTier: BASIC "a single worker instance", STANDARD_1 "many workers and a few
-  parameter servers", PREMIUM_1 "a large number of workers with many parameter servers", BASIC_GPU
-  "a single worker instance with a K80 GPU", BASIC_TPU, CUSTOM), same page; and "Specifying
-  machine types or scale tiers": https://cloud.google.com/ai-platform/training/docs/machine-types
-- The GPU-enabled legacy machine types: https://cloud.google.com/ai-platform/training/docs/using-gpus
-- The Compute Engine machine of each legacy type (`LEGACY_MACHINE_TYPES`): AI Platform's pricing
-  page lists each at the price of its equivalent (the figures: docs/vertex.md#sources):
-  https://cloud.google.com/ml-engine/docs/pricing (the 2019 version, archived).
+AI Platform's fields, legacy machine types and scale tiers, with their sources:
+`launch.aiplatformjob`.
 """
 
 from __future__ import annotations
@@ -32,122 +22,8 @@ from typing import Any, TextIO
 import yaml
 
 from components import hardware
+from launch import aiplatformjob as aip
 from launch import settings
-
-K80, P100, T4, V100 = hardware.K80, hardware.P100, hardware.T4, hardware.V100
-
-# AI Platform's legacy machine type -> (Compute Engine machine type, GPU type, GPUs per machine).
-# AI Platform's table, whole: the K80 rows and complex_model_s are refused when read (see above).
-LEGACY_MACHINE_TYPES: dict[str, tuple[str, str, int]] = {
-    "standard": ("n1-standard-4", "", 0),
-    "large_model": ("n1-highmem-8", "", 0),
-    "complex_model_s": ("n1-highcpu-8", "", 0),
-    "complex_model_m": ("n1-highcpu-16", "", 0),
-    "complex_model_l": ("n1-highcpu-32", "", 0),
-    "standard_gpu": ("n1-standard-8", K80, 1),
-    "complex_model_m_gpu": ("n1-standard-16", K80, 4),
-    "complex_model_l_gpu": ("n1-standard-32", K80, 8),
-    "standard_p100": ("n1-standard-8", P100, 1),
-    "complex_model_m_p100": ("n1-standard-16", P100, 4),
-    "standard_v100": ("n1-standard-8", V100, 1),
-    "large_model_v100": ("n1-highmem-8", V100, 1),
-    "complex_model_m_v100": ("n1-standard-16", V100, 4),
-    "complex_model_l_v100": ("n1-standard-32", V100, 8),
-}
-SCALE_TIERS = ("BASIC", "STANDARD_1", "PREMIUM_1", "BASIC_GPU", "BASIC_TPU", "CUSTOM")
-BASIC_MACHINE = "n1-standard-4"  # BASIC: one machine, priced as `standard`
-
-# The fields this module reads: the mapped ones, and those ignored with a note (not hardware: the
-# pipeline has its own flag, or builds its own trainer image).
-MAPPED_FIELDS = (
-    "scaleTier",
-    "masterType",
-    "masterConfig",
-    "workerType",
-    "workerConfig",
-    "workerCount",
-    "parameterServerType",
-    "parameterServerConfig",
-    "parameterServerCount",
-    "evaluatorType",
-    "evaluatorConfig",
-    "evaluatorCount",
-)
-OWN_IMAGE = "the pipeline builds and runs its own trainer image"
-IGNORED_FIELDS = {
-    "region": "give --location",
-    "serviceAccount": "give --service_account",
-    "network": "give --network",
-    "encryptionConfig": "give --encryption_spec_key_name",
-    "scheduling": "give --timeout (maxRunningTime) and --scheduling_strategy",
-    "hyperparameters": "give --tune true (the pipeline's own study)",
-    **dict.fromkeys(("args", "packageUris", "pythonModule", "runtimeVersion", "pythonVersion"), OWN_IMAGE),
-    "jobDir": "the pipeline gives every job its own base output directory",
-    "useChiefInTfConfig": "Vertex AI's TF_CONFIG names pool 0 chief",
-    "enableWebAccess": "the pipeline does not open interactive shells",
-}
-JOB_FIELDS = {"jobId": "the pipeline names its jobs", "labels": "give --labels"}
-ACCELERATOR_FIELDS = ("count", "type")
-DISK_FIELDS = {"bootDiskType": "boot_disk_type", "bootDiskSizeGb": "boot_disk_size_gb"}  # -> parameter
-
-K80_WHY = (
-    f"{K80} is end of support on Vertex AI (aiplatform_v1 AcceleratorType marks it deprecated) and "
-    "TensorFlow 2.21 ships CUDA kernels for compute capability 6.0 and newer only (the K80 is 3.7)"
-)
-TPU_WHY = "the trainer runs MultiWorkerMirroredStrategy on CPUs and NVIDIA GPUs and the pipeline takes no TPU"
-
-PARAMETER_SERVERS_WHY = (
-    "parameter servers have no role under MultiWorkerMirroredStrategy, which this trainer uses (the "
-    "workers all-reduce the gradients among themselves); nearest: drop parameterServerCount and "
-    "parameterServerType (all-reduce needs none), or offload the all-reduce with "
-    "--reduction_server_count N (Reduction Server; needs GPU workers)"
-)
-EVALUATORS_WHY = (
-    "this trainer has no evaluator task (the chief evaluates on the test split after training); "
-    "nearest: drop evaluatorCount and evaluatorType"
-)
-
-
-def v100_nearest(type_key: str = "masterType") -> str:
-    return f"{type_key}: standard_v100 (n1-standard-8 + 1 x {V100})"
-
-
-def shape(machine: str, gpu: str, count: int) -> str:
-    return f"{machine} + {count} x {gpu}" if gpu and count else f"{machine}, no GPU"
-
-
-def n1_nearest(machine: str) -> str | None:
-    """For an N1 name outside the N1 table, its nearest machines there; None for a non-N1 name."""
-    found = re.fullmatch(r"n1-(standard|highmem|highcpu)-(\d+)", machine)
-    if not found or machine in hardware.N1_GPU_COUNTS:
-        return None
-    family, vcpus = found.group(1), int(found.group(2))
-    sizes = sorted(int(m.rsplit("-", 1)[1]) for m in hardware.N1_GPU_COUNTS if m.startswith(f"n1-{family}-"))
-    bigger = [s for s in sizes if s >= vcpus]
-    options = [f"n1-{family}-{bigger[0] if bigger else sizes[-1]}"]
-    if f"n1-standard-{vcpus}" in hardware.N1_GPU_COUNTS and family != "standard":
-        options.append(f"n1-standard-{vcpus} ({vcpus} vCPUs, more memory)")
-    return " or ".join(options)
-
-
-def k80_nearest(machine: str, count: int, type_key: str, config_key: str, legacy: bool) -> str:
-    """The V100 / T4 choices on the same machine that the N1 table allows (K80's count, or the
-    closest allowed); `legacy`: the K80 came from a legacy machine type, so name the machine too."""
-    options = [
-        f"{type_key}: {name} ({shape(m, g, c)})"
-        for name, (m, g, c) in LEGACY_MACHINE_TYPES.items()
-        if legacy and (m, g, c) == (machine, V100, count)
-    ]
-    has_legacy_v100 = bool(options)
-    for gpu in (T4, V100):
-        counts = hardware.allowed_counts(machine, gpu)
-        if not counts or (gpu == V100 and has_legacy_v100):
-            continue
-        n = count if count in counts else max((c for c in counts if c <= count), default=min(counts))
-        accelerator = f"{config_key}.acceleratorConfig {{count: {n}, type: {gpu}}}"
-        options.append(f"{type_key}: {machine} with {accelerator}" if legacy else accelerator)
-    return " or ".join(options) or v100_nearest(type_key)
-
 
 TRAINING_CONFIG_MAX_BYTES = 1 << 20  # a config of a few dozen lines; anything larger is not one
 
@@ -245,25 +121,32 @@ class _Reader:
         return value
 
     def read(self, body: Mapping[Any, Any]) -> None:
-        self.keys(body, self.prefix, MAPPED_FIELDS, {**IGNORED_FIELDS, **({} if self.prefix else JOB_FIELDS)})
+        self.keys(
+            body,
+            self.prefix,
+            aip.MAPPED_FIELDS,
+            {**aip.IGNORED_FIELDS, **({} if self.prefix else aip.JOB_FIELDS)},
+        )
         tier = self.tier(body)
         if tier is None:
             return
         if tier != "CUSTOM":
-            for key in MAPPED_FIELDS:
+            for key in aip.MAPPED_FIELDS:
                 if key in body and key != "scaleTier" and not key.endswith("Config"):
                     self.problems.append(
                         f"{self.field(key)}: only read with scaleTier CUSTOM (AI Platform's rule); "
                         f"set {self.field('scaleTier')} to CUSTOM or drop it"
                     )
         if tier == "BASIC":
-            self.notes.append(f"{self.field('scaleTier')} BASIC -> one {BASIC_MACHINE}, no GPU, no workers")
+            self.notes.append(
+                f"{self.field('scaleTier')} BASIC -> one {aip.BASIC_MACHINE}, no GPU, no workers"
+            )
             for role in ("master", "worker"):
                 if role + "Config" in body:
                     self.replica(body[role + "Config"], role + "Config", gpus_allowed=False)
             field = self.field("scaleTier")
-            shown = (f"BASIC -> {BASIC_MACHINE}", "BASIC -> no GPU", "BASIC -> 0")
-            self.role_values("chief", (BASIC_MACHINE, "", 0), (field,) * 3, shown)
+            shown = (f"BASIC -> {aip.BASIC_MACHINE}", "BASIC -> no GPU", "BASIC -> 0")
+            self.role_values("chief", (aip.BASIC_MACHINE, "", 0), (field,) * 3, shown)
             self.set("worker_count", 0, self.field("scaleTier"), "BASIC -> no workers")
             self.no_workers()
         elif tier == "CUSTOM":
@@ -279,13 +162,13 @@ class _Reader:
                 self.notes.append(f"{field} not set: CUSTOM, since {self.field('masterType')} is set")
                 return "CUSTOM"
             self.problems.append(
-                f"{field}: missing; set BASIC (one {BASIC_MACHINE}) or CUSTOM with {self.field('masterType')}"
+                f"{field}: missing; set BASIC (one {aip.BASIC_MACHINE}) or CUSTOM with {self.field('masterType')}"
             )
             return None
-        if not isinstance(raw, str) or raw.upper() not in SCALE_TIERS:
+        if not isinstance(raw, str) or raw.upper() not in aip.SCALE_TIERS:
             self.problems.append(
-                f"{field}: {raw!r} is not a scale tier; {_close(str(raw), list(SCALE_TIERS))}"
-                f"AI Platform's: {', '.join(SCALE_TIERS)}"
+                f"{field}: {raw!r} is not a scale tier; {_close(str(raw), list(aip.SCALE_TIERS))}"
+                f"AI Platform's: {', '.join(aip.SCALE_TIERS)}"
             )
             return None
         tier = raw.upper()
@@ -302,15 +185,15 @@ class _Reader:
             )
         elif tier == "BASIC_GPU":
             self.problems.append(
-                f"{field}: BASIC_GPU is one machine with one {K80} (priced as standard_gpu: n1-standard-8 + "
-                f"1 x {K80}); {K80_WHY}; nearest: set {field} to CUSTOM with masterType standard_v100 "
-                f"(n1-standard-8 + 1 x {V100}), or masterType n1-standard-8 with "
-                f"masterConfig.acceleratorConfig {{count: 1, type: {T4}}}"
+                f"{field}: BASIC_GPU is one machine with one {aip.K80} (priced as standard_gpu: n1-standard-8 + "
+                f"1 x {aip.K80}); {aip.K80_WHY}; nearest: set {field} to CUSTOM with masterType standard_v100 "
+                f"(n1-standard-8 + 1 x {aip.V100}), or masterType n1-standard-8 with "
+                f"masterConfig.acceleratorConfig {{count: 1, type: {aip.T4}}}"
             )
         elif tier == "BASIC_TPU":
             self.problems.append(
-                f"{field}: BASIC_TPU is one machine with a Cloud TPU; {TPU_WHY}; nearest: set {field} to "
-                f"CUSTOM with masterType standard_v100 (n1-standard-8 + 1 x {V100})"
+                f"{field}: BASIC_TPU is one machine with a Cloud TPU; {aip.TPU_WHY}; nearest: set {field} to "
+                f"CUSTOM with masterType standard_v100 (n1-standard-8 + 1 x {aip.V100})"
             )
         else:
             return tier
@@ -328,7 +211,7 @@ class _Reader:
             if "workerConfig" in body:
                 self.replica(body["workerConfig"], "workerConfig", gpus_allowed=False)
             self.no_workers()
-        for role, why in (("parameterServer", PARAMETER_SERVERS_WHY), ("evaluator", EVALUATORS_WHY)):
+        for role, why in (("parameterServer", aip.PARAMETER_SERVERS_WHY), ("evaluator", aip.EVALUATORS_WHY)):
             key = role + "Count"
             n = self.count(body.get(key, 0), self.field(key))
             if n:
@@ -353,15 +236,15 @@ class _Reader:
         accelerator_field = self.field(config_key, "acceleratorConfig")
         if raw == "cloud_tpu":
             self.problems.append(
-                f"{field}: cloud_tpu is a Cloud TPU; {TPU_WHY}; nearest: {v100_nearest(type_key)}"
+                f"{field}: cloud_tpu is a Cloud TPU; {aip.TPU_WHY}; nearest: {aip.v100_nearest(type_key)}"
             )
             return
-        legacy = raw in LEGACY_MACHINE_TYPES
+        legacy = raw in aip.LEGACY_MACHINE_TYPES
         if legacy:
-            machine, gpu, count = LEGACY_MACHINE_TYPES[raw]
+            machine, gpu, count = aip.LEGACY_MACHINE_TYPES[raw]
             if accelerator is not None:
                 self.problems.append(
-                    f"{accelerator_field}: given with the legacy machine type {raw} ({shape(machine, gpu, count)}), "
+                    f"{accelerator_field}: given with the legacy machine type {raw} ({aip.shape(machine, gpu, count)}), "
                     f"whose GPUs are fixed; drop it, or set {field} to a Compute Engine machine type"
                 )
                 return
@@ -375,16 +258,16 @@ class _Reader:
             else:
                 shown = (machine, gpu, str(count))
                 fields = (field, accelerator_field + ".type", accelerator_field + ".count")
-        if gpu == K80:
+        if gpu == aip.K80:
             what = (
-                f"{field}: {raw} is {shape(machine, gpu, count)} (AI Platform's legacy machine type)"
+                f"{field}: {raw} is {aip.shape(machine, gpu, count)} (AI Platform's legacy machine type)"
                 if legacy
-                else f"{accelerator_field}.type: {K80} ({count} on {machine})"
+                else f"{accelerator_field}.type: {aip.K80} ({count} on {machine})"
             )
-            choices = k80_nearest(machine, count, type_key, config_key, legacy=legacy)
-            self.problems.append(f"{what}; {K80_WHY}; nearest: {choices}")
+            choices = aip.k80_nearest(machine, count, type_key, config_key, legacy=legacy)
+            self.problems.append(f"{what}; {aip.K80_WHY}; nearest: {choices}")
             return
-        nearest = n1_nearest(machine)
+        nearest = aip.n1_nearest(machine)
         if nearest:
             what = f"{raw} is {machine}, which" if legacy else machine
             self.problems.append(
@@ -393,12 +276,12 @@ class _Reader:
             )
             return
         if legacy:
-            self.notes.append(f"{field} {raw} -> {shape(machine, gpu, count)}")
+            self.notes.append(f"{field} {raw} -> {aip.shape(machine, gpu, count)}")
         try:
             hardware.validate_machine(machine, gpu, count)
         except ValueError as err:
             with_gpu = f" with {accelerator_field} ({count} x {gpu})" if accelerator is not None else ""
-            hint = _close(raw, [*LEGACY_MACHINE_TYPES, "cloud_tpu"]) if "_" in raw else ""
+            hint = _close(raw, [*aip.LEGACY_MACHINE_TYPES, "cloud_tpu"]) if "_" in raw else ""
             self.problems.append(f"{field} ({raw}){with_gpu}: {err}{'; ' + hint.strip() if hint else ''}")
             return
         self.role_values(pool, (machine, gpu, count), fields, shown)
@@ -425,12 +308,12 @@ class _Reader:
         if not isinstance(config, Mapping):
             self.problems.append(f"{where}: expected a mapping, got {config!r}")
             return None
-        ignored = dict.fromkeys(("imageUri", "containerCommand", "containerArgs"), OWN_IMAGE)
+        ignored = dict.fromkeys(("imageUri", "containerCommand", "containerArgs"), aip.OWN_IMAGE)
         self.keys(config, where + ".", ("acceleratorConfig", "diskConfig", "tpuTfVersion"), ignored)
         if "tpuTfVersion" in config:
             self.problems.append(
-                f"{where}.tpuTfVersion: set for a Cloud TPU; {TPU_WHY}; nearest: drop it, and "
-                f"{v100_nearest(key.replace('Config', 'Type'))}"
+                f"{where}.tpuTfVersion: set for a Cloud TPU; {aip.TPU_WHY}; nearest: drop it, and "
+                f"{aip.v100_nearest(key.replace('Config', 'Type'))}"
             )
         if "diskConfig" in config:
             self.disk(config["diskConfig"], where + ".diskConfig")
@@ -447,13 +330,15 @@ class _Reader:
         if not isinstance(accelerator, Mapping):
             self.problems.append(f"{where}: expected a mapping with count and type, got {accelerator!r}")
             return None
-        self.keys(accelerator, where + ".", ACCELERATOR_FIELDS, {})
+        self.keys(accelerator, where + ".", aip.ACCELERATOR_FIELDS, {})
         gpu, count = accelerator.get("type"), accelerator.get("count")
         problems = len(self.problems)
         if not isinstance(gpu, str) or not gpu:
-            self.problems.append(f"{where}.type: expected an accelerator type (e.g. {V100}), got {gpu!r}")
+            self.problems.append(f"{where}.type: expected an accelerator type (e.g. {aip.V100}), got {gpu!r}")
         elif gpu.startswith("TPU_"):
-            self.problems.append(f"{where}.type: {gpu} is a Cloud TPU; {TPU_WHY}; nearest: {V100} or {T4}")
+            self.problems.append(
+                f"{where}.type: {gpu} is a Cloud TPU; {aip.TPU_WHY}; nearest: {aip.V100} or {aip.T4}"
+            )
         if count is None:
             self.problems.append(f"{where}.count: missing (the GPUs per machine)")
         else:
@@ -466,8 +351,8 @@ class _Reader:
         if not isinstance(config, Mapping):
             self.problems.append(f"{where}: expected a mapping, got {config!r}")
             return
-        self.keys(config, where + ".", tuple(DISK_FIELDS), {})
-        for key, name in DISK_FIELDS.items():
+        self.keys(config, where + ".", tuple(aip.DISK_FIELDS), {})
+        for key, name in aip.DISK_FIELDS.items():
             if key not in config:
                 continue
             value = config[key]
@@ -530,19 +415,19 @@ def load_training_config(path: str | Path) -> TrainingConfig:
     reader.problems += duplicates
     if reader.prefix:
         for key in doc:
-            if key in MAPPED_FIELDS or key in IGNORED_FIELDS:
+            if key in aip.MAPPED_FIELDS or key in aip.IGNORED_FIELDS:
                 reader.problems.append(
                     f"{key}: a trainingInput field at the top level; indent it under trainingInput"
                 )
             else:
-                reader.keys({key: None}, "", ("trainingInput",), JOB_FIELDS)
+                reader.keys({key: None}, "", ("trainingInput",), aip.JOB_FIELDS)
         body = doc["trainingInput"]
         if not isinstance(body, Mapping):
             reader.problems.append(f"trainingInput: expected a mapping, got {body!r}")
             body = {}
     else:
         near = [k for k in doc if _close(str(k), ["trainingInput"])]
-        if near and not any(k in MAPPED_FIELDS for k in doc):
+        if near and not any(k in aip.MAPPED_FIELDS for k in doc):
             raise TrainingConfigError(
                 f"--training_config {path}: 1 problem:\n  - {near[0]}: unknown field; did you mean trainingInput?"
             )

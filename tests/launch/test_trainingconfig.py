@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import pipeline
-from launch import trainingconfig
+from launch import aiplatformjob
 from launch.flags import build_parser
 from launch.trainingconfig import (
     TrainingConfigError,
@@ -124,7 +124,7 @@ def refusal(path: Path) -> TrainingConfigError:
 
 
 def test_the_legacy_table_is_ai_platforms_whole() -> None:
-    assert trainingconfig.LEGACY_MACHINE_TYPES == AI_PLATFORM_LEGACY
+    assert aiplatformjob.LEGACY_MACHINE_TYPES == AI_PLATFORM_LEGACY
     assert set(EXPECTED_LEGACY) == set(AI_PLATFORM_LEGACY)
 
 
