@@ -34,6 +34,7 @@ from components.prepare import (
     dataflow_template_spec,
     prepare_command,
 )
+from components.reductionserver import reduction_server_pool, reduction_server_problems
 from components.registry import check_model_display_name, registry_folder
 from components.servingimage import servable_folder
 from components.stepimage import fuse_path, multi_region
@@ -230,6 +231,8 @@ def describe_pools(name: str, folder: str, specs: list) -> None:
         pool_env,
         hardware_parameters,
         multi_region,
+        reduction_server_problems,
+        reduction_server_pool,
         build_worker_pool_specs,
         prepare_command,
         train_command,

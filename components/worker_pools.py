@@ -24,7 +24,7 @@ v1/hyperparameter_tuning_job/component.py).
 from typing import Any
 
 from components.hardware import validate_machine
-from components.stepimage import multi_region
+from components.reductionserver import reduction_server_pool, reduction_server_problems
 
 
 def hardware_parameters() -> tuple:
@@ -143,22 +143,12 @@ def build_worker_pool_specs(
                 name = "accelerator_count"
             problems.append(f"{role}_{name}: {role} pool: {text}")
     if reduction_server_count:
-        # "distributed training with GPU workers" using "NCCL all-reduce" (Vertex AI "Distributed
-        # training", Reduction Server); the trainer picks NCCL from each machine's own GPUs, so a
-        # CPU chief beside GPU workers would run mismatched all-reduces.
-        if not worker_count or not (worker_accelerator_type and worker_accelerator_count):
-            problems.append(
-                "reduction_server_count: a Reduction Server pool needs GPU workers (worker_count > 0 "
-                "with accelerators)"
-            )
-        if not (chief_accelerator_type and chief_accelerator_count):
-            problems.append(
-                "reduction_server_count: a Reduction Server pool needs a GPU chief too (NCCL all-reduce)"
-            )
-        try:
-            validate_machine(reduction_server_machine_type, "", 0, None)
-        except ValueError as err:
-            problems.append(f"reduction_server_machine_type: {err}")
+        problems += reduction_server_problems(
+            reduction_server_machine_type,
+            bool(chief_accelerator_type and chief_accelerator_count),
+            worker_count,
+            bool(worker_accelerator_type and worker_accelerator_count),
+        )
     if problems:
         raise ValueError("\n".join(problems))
     if warnings is not None:
@@ -186,15 +176,5 @@ def build_worker_pool_specs(
             pool(worker_machine_type, worker_accelerator_type, worker_accelerator_count, worker_count)
         )
     if reduction_server_count:
-        specs.append(
-            {
-                "machine_spec": {"machine_type": reduction_server_machine_type},
-                "replica_count": reduction_server_count,
-                "container_spec": {
-                    # Google publishes the reducer in the us, europe and asia multi-regions: "choosing
-                    # the multi-region closest to where you are performing training might reduce latency".
-                    "image_uri": f"{multi_region(region or 'us')}-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
-                },
-            }
-        )
+        specs.append(reduction_server_pool(reduction_server_count, reduction_server_machine_type, region))
     return specs
