@@ -67,8 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     names = [n.strip() for value in args.bench or [] for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in registry.BENCHMARKS]
-    if unknown:
-        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(registry.BENCHMARKS)}")
+    if unknown or (args.bench is not None and not names):  # `--bench ,` runs nothing, not all
+        parser.error(
+            f"unknown benchmark(s) {', '.join(unknown) or '(none named)'}; known: {', '.join(registry.BENCHMARKS)}"
+        )
     return run(names or list(registry.BENCHMARKS), args.results_dir, args.work_dir, args.markdown)
 
 

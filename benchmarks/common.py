@@ -183,12 +183,16 @@ def _run(
     started = time.perf_counter()
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        timer = threading.Timer(timeout, proc.kill)
-        timer.start()
+        # SIGTERM first: `make run` stops its replicas (their own sessions) on it, SIGKILL would
+        # leave them running; SIGKILL after a grace period.
+        timers = [threading.Timer(timeout, proc.terminate), threading.Timer(timeout + 60, proc.kill)]
+        for timer in timers:
+            timer.start()
         try:
             _, status, usage = os.wait4(proc.pid, 0)
         finally:
-            timer.cancel()
+            for timer in timers:
+                timer.cancel()
         proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
     busy_after = _cpu_busy_seconds()
@@ -304,9 +308,8 @@ def local_run(folder: Path, *flags: str, log: Path, timeout: float = 3600) -> Lo
     code, wall, _, other = _run(command, log, timeout)
     summary = folder / "runs" / "latest" / "summary.json"
     if code != 0 or not summary.exists():
-        raise RuntimeError(
-            f"{' '.join(command)} failed (exit {code}); the end of its output ({log}):\n{tail(log)}"
-        )
+        why = f"timed out after {timeout:.0f} s" if wall >= timeout else f"failed (exit {code})"
+        raise RuntimeError(f"{' '.join(command)} {why}; the end of its output ({log}):\n{tail(log)}")
     return LocalRun(json.loads(summary.read_text(encoding="utf-8")), wall, other, str(log))
 
 

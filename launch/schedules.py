@@ -247,9 +247,7 @@ def upload_template(
     from kfp.registry import RegistryClient
 
     if not settings.template_repository:
-        raise SettingsError(
-            f"TEMPLATE_REPOSITORY is not set: {settings_mod.SETTINGS['TEMPLATE_REPOSITORY'][0]}"
-        )
+        raise SettingsError(f"TEMPLATE_REPOSITORY is not set: {settings_mod.SETTINGS['TEMPLATE_REPOSITORY']}")
     import pipeline
 
     client = RegistryClient(host=host or settings.template_repository, auth=auth)

@@ -25,8 +25,15 @@ from typing import Any
 from components.buildcontext import write_context_tarball
 from launch import cloud, trainingconfig
 from launch import settings as settings_mod
-from launch.cloud import GoogleRefused, GoogleUnreachable, calling_vertex, reach, reaching, refused_as
-from launch.flags import parse_bool
+from launch.cloud import (
+    GoogleRefused,
+    GoogleUnreachable,
+    calling_vertex,
+    reach,
+    reaching,
+    refused_as,
+    vertex_endpoint,
+)
 from launch.settings import Settings, SettingsError
 from local import ROOT
 
@@ -150,14 +157,17 @@ class PersistentResourceRefused(ValueError):
 
 def check_persistent_resource(settings: Settings, values: Mapping[str, Any], client: Any = None) -> list[str]:
     """Reads the run's persistent resource (`values["persistent_resource_id"]` of `run_values`;
-    none when empty) with aiplatform's `PersistentResource` (GetPersistentResource, through the
-    endpoint, transport and credentials `init_aiplatform` gave aiplatform) before anything of the
-    run is uploaded or created; judges it by `persistent_resource_fit`
+    none when empty) with aiplatform_v1 `PersistentResourceServiceClient.get_persistent_resource`
+    before anything of the run is uploaded or created; judges it by `persistent_resource_fit`
     (`pipeline.options.persistent_resource`). Raises PersistentResourceRefused (one line) when
-    missing or unfit; prints and returns the warnings. `client`: a test's
-    PersistentResourceServiceClient."""
+    missing or unfit; prints and returns the warnings. `client`: for tests.
+
+    Not aiplatform's `PersistentResource`: its read retries a 429/500/503 for 120 s
+    (aiplatform/base.py `_get_gca_resource`, `retry.Retry()`), and an answer here is one line
+    within seconds (docs/guarantees.md)."""
     from google.api_core import exceptions
-    from google.cloud.aiplatform.persistent_resource import PersistentResource
+    from google.cloud import aiplatform_v1
+    from google.cloud.aiplatform import initializer
 
     from pipeline.options import persistent_resource
 
@@ -165,13 +175,18 @@ def check_persistent_resource(settings: Settings, values: Mapping[str, Any], cli
     if not resource_id:
         return []
     name = f"projects/{settings.project}/locations/{settings.region}/persistentResources/{resource_id}"
+    if client is None:
+        endpoint = vertex_endpoint(settings)
+        client = aiplatform_v1.PersistentResourceServiceClient(
+            credentials=initializer.global_config.credentials,  # those init_aiplatform found
+            transport="rest" if endpoint.startswith("http://") else None,  # gRPC speaks to no URL
+            client_options={"api_endpoint": endpoint},
+        )
     try:
         with calling_vertex(
             f"reading the persistent resource {name}", settings, "; nothing of the run was sent"
         ):
-            resource = (
-                client.get_persistent_resource(name=name) if client else PersistentResource(name).gca_resource
-            )
+            resource = client.get_persistent_resource(name=name)
     except exceptions.NotFound:
         raise PersistentResourceRefused(
             f"persistent_resource_id: there is no persistent resource {resource_id!r} in project "
@@ -404,14 +419,14 @@ def no_credentials(prog: str, err: Exception) -> str:
 
 
 def check_wait(text: str) -> bool:
-    """WAIT (`make run WAIT=1`): follow the Vertex run to its end (`flags.parse_bool`; empty: no)."""
-    try:
-        return bool(text.strip()) and parse_bool(text)
-    except argparse.ArgumentTypeError:
+    """WAIT (`make run WAIT=1`): follow the Vertex run to its end."""
+    values = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
+    if text.lower() not in values:
         raise ValueError(
             f"WAIT={text!r} is not valid: expected 1, true or yes (follow the run to its end), "
             "or 0, false, no or empty (submit and return)"
-        ) from None
+        )
+    return values[text.lower()]
 
 
 def load_settings(prog: str, load: Callable[[], Settings], doing: str = "reach") -> Settings | None:

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from trainer.config import ENCODINGS, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, float_in, int_in, parse_bool
-from trainer.preparation.prepareconfig import PrepareConfig
+from trainer.preparation.prepareconfig import PrepareConfig, work_dir
 from trainer.preparation.progress import Progress
 from trainer.preparation.source import PrepareError
 from trainer.preparation.sources import open_source
@@ -191,7 +191,7 @@ def parse_args(
 # --- stopping on SIGTERM ----------------------------------------------------------------------
 
 # 128 + SIGTERM: what the local job runner counts as a replica stopped on SIGTERM (local/jobs.py:
-# `TERMINATED`, `_restartable`, `describe_exit`), as trainer.callbacks.TERMINATED_EXIT_CODE (not
+# `TERMINATED`, `describe_exit`), as trainer.callbacks.TERMINATED_EXIT_CODE (not
 # imported: it loads TensorFlow).
 TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
 
@@ -280,7 +280,7 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
             "to replace it"
         )
     if config.engine == "beam":
-        from trainer.preparation.beamprep import check_work_dir, work_dir
+        from trainer.preparation.beamprep import check_work_dir
 
         check_work_dir(work_dir(config.output_dir))  # before anything is listed or removed
     started = time.monotonic()
@@ -301,8 +301,6 @@ def _left(config: PrepareConfig | None) -> str:
     """What a stopped preparation leaves: nothing, or (--engine beam) the shards it wrote."""
     if config is None or config.engine != "beam":
         return "no staging folder is left"
-    from trainer.preparation.beamprep import work_dir
-
     return f"the shards written so far are kept in {work_dir(config.output_dir)} for the next run to resume"
 
 

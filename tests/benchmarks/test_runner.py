@@ -43,6 +43,16 @@ def test_run_writes_the_selected_results_and_their_table_rows(
     assert "63s" in rows["e2e"] and "no result yet" in rows["input"]
 
 
+@pytest.mark.parametrize("selection", [",", " "])
+def test_a_selection_naming_no_benchmark_is_refused_not_taken_for_all(
+    selection: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "run", lambda names, *_: pytest.fail(f"ran {names}"))
+    with pytest.raises(SystemExit) as exit_info:
+        runner.main(["run", "--bench", selection])
+    assert exit_info.value.code == 2
+
+
 def test_unknown_benchmarks_are_refused_with_the_known_names(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         runner.main(["run", "--bench", "input,nope"])

@@ -750,3 +750,17 @@ def test_a_bucket_probe_refusal_names_the_bucket_reader_role(vertex: RestFake) -
     assert cloud.missing_role("no permission named", config, "the default") == "the default"
     # A service's host name is not a permission.
     assert cloud.missing_role("POST https://aiplatform.googleapis.com/v1: denied", config, "x") == "x"
+
+
+def test_a_schedule_without_template_repository_names_the_setting_and_what_it_takes(tmp_path: Path) -> None:
+    environ = {
+        "PROJECT_ID": "p-proj",
+        "REGION": "us-central1",
+        "PIPELINE_ROOT": f"gs://{BUCKET}/root",
+        "ARTIFACT_REPOSITORY": "us-central1-docker.pkg.dev/p-proj/training",
+    }
+    config = settings.load(environ, tmp_path / "no-env.sh")
+    with pytest.raises(settings.SettingsError) as info:
+        schedules.upload_template(config, tmp_path / "pipeline.json", "abc123")
+    assert info.value.settings == ["TEMPLATE_REPOSITORY"]
+    assert settings.SETTINGS["TEMPLATE_REPOSITORY"] in str(info.value)  # its help, whole

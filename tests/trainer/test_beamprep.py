@@ -22,7 +22,7 @@ import pytest
 from tests.processes import ROOT, trainer_env
 from tests.trainer.test_prepare import write_images
 from trainer import data
-from trainer.preparation import beamprep, beamrun
+from trainer.preparation import beamprep, beamrun, prepareconfig
 
 pytestmark = pytest.mark.serial
 
@@ -101,7 +101,7 @@ def test_a_killed_beam_preparation_resumes_with_the_shards_it_wrote(
     folder: Path, job_output: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "dataset"
-    work = Path(beamprep.work_dir(str(out)))
+    work = Path(prepareconfig.work_dir(str(out)))
     args = ("--source", f"folder:{folder}", "--output_dir", str(out), *FLAGS, "--engine", "beam")
     # One worker, so shards are written one after another and the stop lands between them.
     err = tmp_path / "stderr"
@@ -168,7 +168,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_shards_written(folder: Path, smal
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
-    work = beamprep.work_dir(str(out))
+    work = prepareconfig.work_dir(str(out))
     assert len(errors) == 1 and errors[0].endswith("run the same command again to resume"), done.stderr[
         -3000:
     ]
@@ -184,7 +184,7 @@ def test_a_changed_plan_is_not_resumed_and_the_fresh_run_writes_the_jobs_dataset
     """An earlier run's work folder with another plan is discarded, and the run starts afresh:
     every shard written by two Beam workers, the same bytes as the one-replica job's."""
     out = tmp_path / "dataset"
-    work = Path(beamprep.work_dir(str(out)))
+    work = Path(prepareconfig.work_dir(str(out)))
     work.mkdir()
     (work / beamprep.OWNER_FILE).write_text("{}")  # as an earlier run of this engine left it
     (work / beamprep.PLAN_FILE).write_text(
@@ -249,7 +249,7 @@ def test_engine_flags_are_checked_before_any_work(folder: Path, tmp_path: Path) 
     assert done.returncode == 1
     assert f"--output_dir {tmp_path / 'o'} is not on Cloud Storage" in done.stderr
     assert f"--source folder: {folder} is not on Cloud Storage" in done.stderr
-    assert not (tmp_path / "o").exists() and not Path(beamprep.work_dir(str(tmp_path / "o"))).exists()
+    assert not (tmp_path / "o").exists() and not Path(prepareconfig.work_dir(str(tmp_path / "o"))).exists()
 
 
 @pytest.mark.parametrize("missing", ["network", "credentials"])
@@ -355,7 +355,7 @@ def test_publishing_again_keeps_what_an_earlier_attempt_published(job_output: Pa
     records = [shard for split in meta["splits"].values() for shard in split["shards"]]
     out = tmp_path / "dataset"
     shutil.copytree(job_output, out)
-    work = Path(beamprep.work_dir(str(out)))
+    work = Path(prepareconfig.work_dir(str(out)))
     assert not work.exists()
     assert beamprep.finalize(str(work), str(out), records) == meta
     assert (out / data.METADATA_FILE).read_text() == (job_output / data.METADATA_FILE).read_text()

@@ -30,7 +30,7 @@ from PIL import Image, features
 from tests.processes import ROOT, trainer_env
 from trainer import prepare as P
 from trainer.config import MAX_IMAGE_PIXELS
-from trainer.preparation import folders, imageheaders, source
+from trainer.preparation import folders, imageheaders, prepareconfig, source
 from trainer.preparation.prepareconfig import PrepareConfig
 from trainer.preparation.progress import Progress
 from trainer.preparation.source import PrepareError
@@ -726,13 +726,12 @@ def test_the_beam_engine_refuses_a_work_folder_it_did_not_make_and_deletes_nothi
     """`<output>.beam-work` is the Beam engine's to resume into and remove only when it made it:
     a link there (removing through it deleted the folder it points to), a file or a folder of
     the user's is refused before any work, named, and left as it was."""
-    from trainer.preparation import beamprep
 
     users = tmp_path / "users"
     users.mkdir()
     (users / "keep.txt").write_text("mine")
     out = tmp_path / "dataset"
-    work = Path(beamprep.work_dir(str(out)))
+    work = Path(prepareconfig.work_dir(str(out)))
     if planted == "link":
         work.symlink_to(users)
     elif planted == "file":

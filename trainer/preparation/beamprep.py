@@ -41,7 +41,6 @@ from trainer.preparation.shards import (
 from trainer.preparation.source import PrepareError, Source
 from trainer.preparation.sources import split_subset
 
-WORK_SUFFIX = ".beam-work"
 PLAN_FILE = "plan.json"
 PLAN_VERSION = 1
 TASKS, DONE, ERRORS = "tasks", "done", "errors"
@@ -49,10 +48,6 @@ TASKS, DONE, ERRORS = "tasks", "done", "errors"
 OUTPUT_FIELDS = ("source", "image_size", "encoding", "shards", "validation_fraction", "test_fraction", "seed")
 # Seconds between the driver's progress lines (it counts the done records).
 PROGRESS_EVERY_S = 5.0
-
-
-def work_dir(output_dir: str) -> str:
-    return storage.resolve(output_dir).rstrip("/") + WORK_SUFFIX
 
 
 # Written first into a work folder this engine makes: only a folder holding it is the engine's to

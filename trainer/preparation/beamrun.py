@@ -23,17 +23,15 @@ from trainer.preparation.beamprep import (
     PLAN_FILE,
     PROGRESS_EVERY_S,
     TASKS,
-    WORK_SUFFIX,
     build_pipeline,
     check_work_dir,
     disk_full,
     make_plan,
     plan_changes,
     read_problems,
-    work_dir,
     write_json,
 )
-from trainer.preparation.prepareconfig import PrepareConfig
+from trainer.preparation.prepareconfig import WORK_SUFFIX, PrepareConfig, work_dir
 from trainer.preparation.progress import Progress
 from trainer.preparation.shards import source_identity
 from trainer.preparation.source import PrepareError, Source

@@ -5,6 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 
+from trainer import storage
+
+# `--engine beam`'s work folder, beside the output (trainer.preparation.beamprep): named here, so
+# that a stopped run says where it is without loading TensorFlow (trainer.prepare._left).
+WORK_SUFFIX = ".beam-work"
+
+
+def work_dir(output_dir: str) -> str:
+    return storage.resolve(output_dir).rstrip("/") + WORK_SUFFIX
+
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
