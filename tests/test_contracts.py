@@ -121,8 +121,9 @@ METRICS_READERS: dict[str, list[Reader]] = {
     ],
     "launch.report": [("launch/report.py", "_metrics_sections", {"metrics"})],
 }
-# Modules that read the keys named in their METRICS_READ through that very list (the run
-# summary of `launch.cli`): the list itself is checked against the trainer's declaration.
+# Modules that read the keys named in their METRICS_READ through that very list alone (the run
+# summary of `launch.cli`; `launch.report` reads its table's rows so, and the rest by name): the list
+# itself is checked against the trainer's declaration.
 METRICS_LISTS_ONLY = ("launch.cli",)
 METADATA_READERS: dict[str, list[Reader]] = {
     "components.prepare": [("components/prepare.py", "dataset_record", {"meta"})]
