@@ -42,7 +42,7 @@ def gpu_tables() -> dict[str, Any]:
     small = row(ANY, UP_TO_4, UP_TO_4, UP_TO_4, ANY)  # up to 8 vCPUs
     n16 = row((2, 4, 8), UP_TO_4, UP_TO_4, UP_TO_4, (2, 4, 8))
     n32 = row((4, 8), (2, 4), (2, 4), (2, 4), (4, 8))
-    big = row((), (4,), (), (4,), (8,))  # 64 and 96 vCPUs: no K80, no P100 (memory limits)
+    big = row((), (4,), (), (4,), (8,))  # 64 and 96 vCPUs (n1-highcpu-64 alone also takes K80 and P100)
     n1 = {
         "n1-standard-4": small,
         "n1-standard-8": small,
