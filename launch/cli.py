@@ -358,9 +358,7 @@ def _summary(
     if upload and upload.status == "SUCCESS":
         summary["model"] = {
             "name": args["model_display_name"],
-            "version": upload.outputs["version"],
-            "path": upload.outputs["path"],
-            "champion": upload.outputs["champion"],
+            **{k: upload.outputs[k] for k in ("version", "path", "champion")},
         }
     if trials is not None:
         best = by_name.get(step.BEST_TRIAL)

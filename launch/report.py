@@ -142,15 +142,10 @@ def trials_png(trials: Sequence[Mapping[str, Any]], metric_id: str) -> str:
 # A bar's colour by its state: kfp.local's (SUCCESS, FAILURE), Vertex tasks', trials' and jobs'
 # (SUCCEEDED, FAILED, SKIPPED: served from the cache; jobs' after JOB_STATE_).
 STATE_COLOURS = {
-    "SUCCESS": "tab:green",
-    "SUCCEEDED": "tab:green",
-    "FAILURE": "tab:red",
-    "FAILED": "tab:red",
-    "RUNNING": "tab:blue",
-    "PENDING": "tab:blue",
-    "QUEUED": "tab:blue",
-    "CANCELLED": "tab:gray",
-    "CANCELLING": "tab:gray",
+    **dict.fromkeys(("SUCCESS", "SUCCEEDED"), "tab:green"),
+    **dict.fromkeys(("FAILURE", "FAILED"), "tab:red"),
+    **dict.fromkeys(("RUNNING", "PENDING", "QUEUED"), "tab:blue"),
+    **dict.fromkeys(("CANCELLED", "CANCELLING"), "tab:gray"),
     "SKIPPED": "tab:olive",
 }
 
@@ -274,15 +269,8 @@ def comparison_blocks(comparison: Mapping[str, Any], rule: str) -> list[Block]:
         figure = comparison.get(name)
         if isinstance(figure, Mapping):
             low, high = figure["ci95"]
-            rows.append(
-                (
-                    name,
-                    f"{figure['challenger']:.4f}",
-                    f"{figure['champion']:.4f}",
-                    f"{figure['difference']:+.4f}",
-                    f"{low:+.4f} to {high:+.4f}",
-                )
-            )
+            scores = [f"{figure[model]:.4f}" for model in ("challenger", "champion")]
+            rows.append((name, *scores, f"{figure['difference']:+.4f}", f"{low:+.4f} to {high:+.4f}"))
     mcnemar = comparison.get("mcnemar") or {}
     note = (
         f"On {comparison.get('examples')} test images, gate_rule={rule}. Exact McNemar test: "

@@ -314,24 +314,15 @@ def create_schedule(
     return schedule
 
 
-PROGS = {
-    "schedule": "make schedule",
-    "schedules": "make schedules",
-    "pause": "make schedule-pause",
-    "resume": "make schedule-resume",
-    "delete": "make schedule-delete",
-}
-
-
 def schedule_command(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
     """`python -m launch.schedules ...` (module docstring); returns the exit status."""
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
     action, rest = argv[0], list(argv[1:])
-    prog = PROGS.get(action, "launch.submit")
     if action == "schedule":
         return _schedule(rest, environ)
+    prog = "make schedules" if action == "schedules" else f"make schedule-{action}"  # pause, resume, delete
     if action == "schedules" and not rest:
         name = ""
     elif action in ("pause", "resume", "delete") and len(rest) <= 1:
@@ -374,18 +365,13 @@ def _schedule(rest: Sequence[str], environ: Mapping[str, str]) -> int:
 
     parser = flags.build_parser(pipeline.parameters_for("vertex"))
     parser.prog = "make schedule CRON=..."
-    parser.add_argument("--cron", default=environ.get("CRON", ""), help="default: CRON")
-    parser.add_argument("--timezone", default=environ.get("TIMEZONE", ""), help="default: TIMEZONE")
-    parser.add_argument(
-        "--max_concurrent_runs",
-        default=environ.get("MAX_CONCURRENT", "") or "1",
-        help="default: MAX_CONCURRENT",
-    )
-    parser.add_argument("--start_time", default=environ.get("START", ""), help="default: START")
-    parser.add_argument("--end_time", default=environ.get("END", ""), help="default: END")
+    fields = [f.name for f in dataclasses.fields(ScheduleOptions)]
+    for flag, variable in zip(fields, ("CRON", "TIMEZONE", "MAX_CONCURRENT", "START", "END"), strict=True):
+        default = environ.get(variable) or ("1" if variable == "MAX_CONCURRENT" else "")
+        parser.add_argument(f"--{flag}", default=default, help=f"default: {variable}")
     ns = parser.parse_args(rest)
     try:
-        options = schedule_options(ns.cron, ns.timezone, ns.max_concurrent_runs, ns.start_time, ns.end_time)
+        options = schedule_options(*(getattr(ns, flag) for flag in fields))
     except ValueError as err:
         print(f"make schedule: {err}", file=sys.stderr)
         return 2

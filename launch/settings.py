@@ -82,9 +82,6 @@ _DOCKER_REPO = re.compile(
 _KFP_REPO = re.compile(
     r"^https://([a-z0-9-]+)-kfp\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z][a-z0-9-]{0,62}$"
 )
-# The forms of the pipeline parameters they fill (service_account, network; the CMEK key's rule
-# is `kms_key_problem`, shared with encryption_spec_key_name): one home, pipeline/options/jobs.py.
-_SERVICE_ACCOUNT, _NETWORK = job_rules.SERVICE_ACCOUNT, job_rules.NETWORK
 _ENDPOINT = re.compile(
     r"^([a-z0-9.-]+\.googleapis\.com|[a-z0-9.-]+\.p\.googleapis\.com|http://127\.0\.0\.1:[0-9]+)$"
 )
@@ -301,8 +298,10 @@ def load(
                 f"BUILD_REGION={build_region!r} is not a Cloud Build location: global or one of "
                 f"{', '.join(image.CLOUD_BUILD_REGIONS[1:])} (https://cloud.google.com/build/docs/locations)"
             )
-    check("SERVICE_ACCOUNT", _SERVICE_ACCOUNT)
-    check("NETWORK", _NETWORK)
+    # The forms of the pipeline parameters they fill (service_account, network, and the CMEK key's
+    # below, encryption_spec_key_name's): one home, pipeline/options/jobs.py.
+    check("SERVICE_ACCOUNT", job_rules.SERVICE_ACCOUNT)
+    check("NETWORK", job_rules.NETWORK)
     check("API_ENDPOINT", _ENDPOINT)
     region = values.get("REGION", "")
     for key, pattern in (("ARTIFACT_REPOSITORY", _DOCKER_REPO), ("TEMPLATE_REPOSITORY", _KFP_REPO)):
@@ -340,22 +339,14 @@ def load(
         )
     if problems:
         raise SettingsError("\n".join(problems))
+    # Each text field is the setting of its name (REGION: region), as given.
+    texts = {f.name: values.get(f.name.upper(), "") for f in dataclasses.fields(Settings) if f.type == "str"}
+    texts.update(project=values.get("PROJECT_ID", ""), pipeline_root=texts["pipeline_root"].rstrip("/"))
     return Settings(
-        project=values.get("PROJECT_ID", ""),
-        region=region,
-        pipeline_root=values.get("PIPELINE_ROOT", "").rstrip("/"),
-        artifact_repository=values.get("ARTIFACT_REPOSITORY", ""),
-        service_account=values.get("SERVICE_ACCOUNT", ""),
-        template_repository=values.get("TEMPLATE_REPOSITORY", ""),
-        network=values.get("NETWORK", ""),
-        kms_key=values.get("KMS_KEY", ""),
+        **texts,
         labels=labels,
-        api_endpoint=values.get("API_ENDPOINT", ""),
-        experiment=values.get("EXPERIMENT", ""),
         enable_caching=False if caching == "false" else None,
         preflight_validations=preflight != "false",
-        build_region=build_region,
-        persistent_resource_id=resource_id,
     )
 
 

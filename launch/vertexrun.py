@@ -234,12 +234,9 @@ def collect(
             jobs.append(entry)
     state = job.state.name if job.state is not None else "PIPELINE_STATE_UNSPECIFIED"
     status = state.removeprefix("PIPELINE_STATE_")
-    failed = [s for s in steps if s["status"] == "FAILED" and not s["group"]]
-    error = job.error.message if job.error and job.error.message else ""
-    if not error and failed:
-        error = f"step {failed[0]['name']} failed" + (
-            f": {failed[0]['error']}" if failed[0].get("error") else ""
-        )
+    failed = next((s for s in steps if s["status"] == "FAILED" and not s["group"]), None)
+    cause = f": {failed['error']}" if failed and failed.get("error") else ""
+    error = (job.error and job.error.message) or (f"step {failed['name']} failed{cause}" if failed else "")
     run_timing = _timing(job.create_time, job.start_time, job.end_time, origin, now)
     metrics = _metrics(tasks, artifacts_of, reader)
     gate = _gate(outputs_of, parameters)
@@ -351,10 +348,8 @@ def _gate(
                 "reason": outputs["reason"],
                 "metric": parameters.get("gate_metric"),
             }
-            for key in ("champion", "description", "score", "champion_score", "evaluation_import"):
-                if key in outputs:
-                    gate[key] = outputs[key]
-            return gate
+            keys = ("champion", "description", "score", "champion_score", "evaluation_import")
+            return gate | {key: outputs[key] for key in keys if key in outputs}
     return None
 
 
@@ -384,9 +379,7 @@ def _model(
                     "resource_name": name,
                     # Whether the alias reached it: the gate's `champion` output (false when the
                     # compare-and-set refused, though it promoted), once the run got to its end.
-                    "champion": (bool(gate.get("champion")) if gate else None)
-                    if status == "SUCCEEDED"
-                    else None,
+                    "champion": bool(gate.get("champion")) if gate and status == "SUCCEEDED" else None,
                 }
                 found = reader.model_version(name)
                 if found is not None:

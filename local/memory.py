@@ -117,14 +117,6 @@ class MemoryProbe:
             (root / "memory", v1, "memory.limit_in_bytes"),
         ):
             files += [base.joinpath(*parts[:i], name) for i in range(len(parts), -1, -1)]
-        lowest: tuple[int, str] | None = None
-        for file in files:
-            try:
-                text = file.read_text(encoding="utf-8").strip()
-            except OSError:
-                continue
-            if text.isdigit() and int(text) < UNLIMITED and (lowest is None or int(text) < lowest[0]):
-                lowest = (int(text), f"the cgroup's limit, {file}")
         total = None
         with contextlib.suppress(OSError, ValueError, IndexError):
             for line in Path(self.meminfo).read_text(encoding="utf-8").splitlines():
@@ -132,9 +124,14 @@ class MemoryProbe:
                     total = int(line.split()[1]) * 1024  # kB
         if total is None:
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        if lowest is not None and lowest[0] < total:
-            return lowest
-        return total, f"the machine's memory, MemTotal in {self.meminfo}"
+        # The machine's first: it wins a tie, as the first of equal cgroup limits does.
+        limits = [(total, f"the machine's memory, MemTotal in {self.meminfo}")]
+        for file in files:
+            with contextlib.suppress(OSError):
+                text = file.read_text(encoding="utf-8").strip()
+                if text.isdigit() and int(text) < UNLIMITED:
+                    limits.append((int(text), f"the cgroup's limit, {file}"))
+        return min(limits, key=lambda limit: limit[0])
 
 
 def out_of_memory(

@@ -74,18 +74,15 @@ def grid(spec: Any) -> dict[str, list[Any]]:
     points: dict[str, list[Any]] = {}
     for p in spec.parameters:
         kind = aiplatform_v1.StudySpec.ParameterSpec.pb(p).WhichOneof("parameter_value_spec")
-        if kind == "integer_value_spec":
-            points[p.parameter_id] = list(
-                range(p.integer_value_spec.min_value, p.integer_value_spec.max_value + 1)
-            )
-        elif kind == "discrete_value_spec":
-            points[p.parameter_id] = list(p.discrete_value_spec.values)
-        elif kind == "categorical_value_spec":
-            points[p.parameter_id] = list(p.categorical_value_spec.values)
-        else:
+        if kind not in ("integer_value_spec", "discrete_value_spec", "categorical_value_spec"):
             raise ValueError(
                 f"GRID_SEARCH needs integer, discrete or categorical parameters; {p.parameter_id} is a double"
             )
+        values = getattr(p, kind)
+        ints = kind == "integer_value_spec"
+        points[p.parameter_id] = list(
+            range(values.min_value, values.max_value + 1) if ints else values.values
+        )
     return points
 
 
@@ -121,24 +118,20 @@ def suggest(trial: Any, spec: Any) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for p in spec.parameters:
         kind = aiplatform_v1.StudySpec.ParameterSpec.pb(p).WhichOneof("parameter_value_spec")
+        if kind is None:
+            raise ValueError(f"parameter {p.parameter_id} has no value spec")
+        pid = p.parameter_id
+        v = getattr(p, kind)
         log = p.scale_type == log_scale
         if kind == "double_value_spec":
-            values[p.parameter_id] = trial.suggest_float(
-                p.parameter_id, p.double_value_spec.min_value, p.double_value_spec.max_value, log=log
-            )
+            values[pid] = trial.suggest_float(pid, v.min_value, v.max_value, log=log)
         elif kind == "integer_value_spec":
-            values[p.parameter_id] = trial.suggest_int(
-                p.parameter_id, p.integer_value_spec.min_value, p.integer_value_spec.max_value, log=log
-            )
+            values[pid] = trial.suggest_int(pid, v.min_value, v.max_value, log=log)
         elif kind == "discrete_value_spec":
-            options = [int(v) if float(v).is_integer() else v for v in p.discrete_value_spec.values]
-            values[p.parameter_id] = trial.suggest_categorical(p.parameter_id, options)
-        elif kind == "categorical_value_spec":
-            values[p.parameter_id] = trial.suggest_categorical(
-                p.parameter_id, list(p.categorical_value_spec.values)
-            )
+            options = [int(x) if float(x).is_integer() else x for x in v.values]
+            values[pid] = trial.suggest_categorical(pid, options)
         else:
-            raise ValueError(f"parameter {p.parameter_id} has no value spec")
+            values[pid] = trial.suggest_categorical(pid, list(v.values))
     return values
 
 
@@ -264,16 +257,14 @@ def run_tuning(
             if measurement_selection == "BEST_MEASUREMENT"
             else measurements[-1]
         )
+        as_api = [
+            {"stepCount": str(s), "metrics": [{"metricId": metric.metric_id, "value": v}]}
+            for s, v in measurements
+        ]
         row.update(
             state="SUCCEEDED",
-            measurements=[
-                {"stepCount": str(s), "metrics": [{"metricId": metric.metric_id, "value": v}]}
-                for s, v in measurements
-            ],
-            finalMeasurement={
-                "stepCount": str(step),
-                "metrics": [{"metricId": metric.metric_id, "value": value}],
-            },
+            measurements=as_api,
+            finalMeasurement=as_api[measurements.index((step, value))],
             endTime=_timestamp(time.time()),
         )
         stream.write(f"[tune] trial {trial_id} {metric.metric_id}={value:.4f}\n")

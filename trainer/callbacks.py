@@ -101,10 +101,7 @@ class EpochRecorder(keras.callbacks.Callback):
 
 
 def load_history(path: str) -> dict[str, dict[str, float]]:
-    if not tf.io.gfile.exists(storage.resolve(path)):
-        return {}
-    history: dict[str, dict[str, float]] = storage.read_json(path)
-    return history
+    return storage.read_json(path) if tf.io.gfile.exists(storage.resolve(path)) else {}
 
 
 def history_as_lists(history: dict[str, dict[str, float]], up_to: int) -> dict[str, list[float]]:
@@ -286,10 +283,7 @@ def improves(goal: str, value: float, best: float | None) -> bool:
 def latest_backup(backup_dir: str) -> str | None:
     """The newest checkpoint of the chief's backup, `<backup_dir>/chief` (tf-keras's layout:
     `adapters.BACKUP_CHIEF_FOLDER`); None when nothing was backed up."""
-    found: str | None = tf.train.latest_checkpoint(
-        storage.resolve(storage.join(backup_dir, adapters.BACKUP_CHIEF_FOLDER))
-    )
-    return found
+    return tf.train.latest_checkpoint(storage.resolve(storage.join(backup_dir, adapters.BACKUP_CHIEF_FOLDER)))
 
 
 def backup_position(checkpoint: str) -> tuple[int, int]:
@@ -347,7 +341,6 @@ class BestEpoch(keras.callbacks.Callback):
                     "to start afresh"
                 )
         self.trained = 0  # the last epoch trained (1-based), in this run or before the restart
-        self.stopped_after: int | None = self.record.get("stopped_early_after")
 
     # --- the state, the same on every replica
 
@@ -362,20 +355,17 @@ class BestEpoch(keras.callbacks.Callback):
 
     @property
     def stopped_early(self) -> bool:
-        return self.stopped_after is not None
+        return self.record.get("stopped_early_after") is not None
 
     def resume(self, history: dict[str, dict[str, float]]) -> None:
         """Before training, on every replica: where the backup stands, and the decision a crash
         lost on the last epoch it holds (from `history.json`, written before the backup). Raises
         ValueError when `best.json` names an epoch the backup has not reached."""
         latest = latest_backup(self.backup_dir)
-        completed = 0
-        at_epoch_end = False
-        if latest is not None:
-            epoch, step = backup_position(latest)
-            at_epoch_end = step == self.steps - 1
-            completed = epoch + 1 if at_epoch_end else epoch
-        self.trained = completed
+        # Nothing backed up: as if at the end of an epoch before the first (0-based -1).
+        epoch, step = backup_position(latest) if latest is not None else (-1, self.steps - 1)
+        at_epoch_end = step == self.steps - 1
+        self.trained = completed = epoch + 1 if at_epoch_end else epoch
         if self.best_epoch > completed:
             raise ValueError(
                 f"--checkpoint_dir {self.checkpoint_dir}: {self.path} names epoch {self.best_epoch} as "
@@ -393,8 +383,8 @@ class BestEpoch(keras.callbacks.Callback):
         if self.stopped_early:
             log(
                 self.prefix,
-                f"training ended after epoch {self.stopped_after}, stopped early (no improvement of "
-                f"{self.metric} for {_epochs(self.patience)}); not training again",
+                f"training ended after epoch {self.record['stopped_early_after']}, stopped early (no "
+                f"improvement of {self.metric} for {_epochs(self.patience)}); not training again",
             )
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -412,24 +402,17 @@ class BestEpoch(keras.callbacks.Callback):
         if improves(self.goal, value, self.best_value):
             kept = "; kept as the export candidate" if self.keep_weights else ""
             log(self.prefix, f"epoch {epoch} is the best so far ({self.metric}={value:.4f}){kept}")
+            if self.is_chief and self.keep_weights:
+                self._copy_backup(epoch, latest)
             checkpoint = f"{BEST_DIR}/epoch-{epoch:04d}" if self.keep_weights else None
-            record = {**self.record, "epoch": epoch, "value": value, "checkpoint": checkpoint}
-            if self.is_chief:
-                if self.keep_weights:
-                    self._copy_backup(epoch, latest)
-                self._write(record)
-            self.record = record
+            self._update(epoch=epoch, value=value, checkpoint=checkpoint)
         elif self.patience and epoch < self.epochs and epoch - self.best_epoch >= self.patience:
             since = f"since epoch {self.best_epoch}" if self.best_epoch else "since training began"
             log(
                 self.prefix,
                 f"early stopping: no improvement of {self.metric} for {_epochs(epoch - self.best_epoch)} {since}",
             )
-            self.stopped_after = epoch
-            record = {**self.record, "stopped_early_after": epoch}
-            if self.is_chief:
-                self._write(record)
-            self.record = record
+            self._update(stopped_early_after=epoch)
 
     # --- the chief's files
 
@@ -448,15 +431,19 @@ class BestEpoch(keras.callbacks.Callback):
         for path in sorted(files, key=lambda p: p.endswith(".index")):
             tf.io.gfile.copy(path, target + path[len(latest) :], overwrite=True)
 
-    def _write(self, record: dict[str, Any]) -> None:
-        storage.write_json(self.path, record)
-        # Then the copies the record no longer names (and any a crash left before its record).
-        folder = storage.resolve(storage.join(self.checkpoint_dir, BEST_DIR))
-        keep = os.path.basename(record["checkpoint"]) + "." if record.get("checkpoint") else None
-        if tf.io.gfile.isdir(folder):
-            for name in tf.io.gfile.listdir(folder):
-                if keep is None or not name.startswith(keep):
-                    tf.io.gfile.remove(storage.join(folder, name))
+    def _update(self, **changes: Any) -> None:
+        """Changes the record on every replica, once the chief has written it to best.json."""
+        record = {**self.record, **changes}
+        if self.is_chief:
+            storage.write_json(self.path, record)
+            # Then the copies the record no longer names (and any a crash left before its record).
+            folder = storage.resolve(storage.join(self.checkpoint_dir, BEST_DIR))
+            keep = os.path.basename(record["checkpoint"]) + "." if record.get("checkpoint") else None
+            if tf.io.gfile.isdir(folder):
+                for name in tf.io.gfile.listdir(folder):
+                    if keep is None or not name.startswith(keep):
+                        tf.io.gfile.remove(storage.join(folder, name))
+        self.record = record
 
     # --- the export
 

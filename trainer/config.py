@@ -208,7 +208,6 @@ def _path(text: str) -> str:
 def build_parser(
     parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser,
 ) -> argparse.ArgumentParser:
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     p = parser_class(
         prog="python -m trainer.task",
         description="Train an image classifier (transfer learning) on a prepared dataset, on one "
@@ -217,73 +216,68 @@ def build_parser(
     )
     add = p.add_argument
     add("--data_dir", type=_path, required=True, help="Prepared dataset (trainer.prepare output).")
-    add("--model_dir", type=_path, default=None, help="SavedModel output. Default: $AIP_MODEL_DIR.")
+    add("--model_dir", type=_path, help="SavedModel output. Default: $AIP_MODEL_DIR.")
     add(
         "--checkpoint_dir",
         type=_path,
-        default=None,
         help="Backup of progress, every epoch. Default: $AIP_CHECKPOINT_DIR, else <model_dir>_checkpoints.",
     )
     add(
         "--tensorboard_dir",
         type=_path,
-        default=None,
         help="TensorBoard logs. Default: $AIP_TENSORBOARD_LOG_DIR, else <model_dir>_logs.",
     )
-    add("--epochs", type=int_in(1, 10_000), default=defaults["epochs"])
-    add("--per_replica_batch_size", type=int_in(1, 65_536), default=defaults["per_replica_batch_size"])
-    add("--learning_rate", type=float_in(0, 1, low_open=True), default=defaults["learning_rate"])
-    add("--image_size", type=int_in(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE), default=defaults["image_size"])
-    add("--backbone", choices=backbones.NAMES, default=defaults["backbone"])
+    add("--epochs", type=int_in(1, 10_000))
+    add("--per_replica_batch_size", type=int_in(1, 65_536))
+    add("--learning_rate", type=float_in(0, 1, low_open=True))
+    add("--image_size", type=int_in(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE))
+    add("--backbone", choices=backbones.NAMES)
     add(
         "--weights",
         type=_weights,
-        default=defaults["weights"],
         help="'imagenet' (downloaded at run time), 'none', or a weights file (local or GCS) "
         "for offline and VPC-SC projects.",
     )
     add(
         "--fine_tune_fraction",
         type=float_in(0, 1),
-        default=None,
         help="Fraction of the backbone's layers, from the top, that are trained (0: head only). "
         "Default: 0 with pretrained weights, 1 with --weights none.",
     )
-    add("--dense_units", type=int_in(0, 65_536), default=defaults["dense_units"])
-    add("--dropout", type=float_in(0, 1, high_open=True), default=defaults["dropout"])
-    add("--mixed_precision", type=parse_bool, default=defaults["mixed_precision"])
-    add("--xla", type=parse_bool, default=defaults["xla"])
+    add("--dense_units", type=int_in(0, 65_536))
+    add("--dropout", type=float_in(0, 1, high_open=True))
+    add("--mixed_precision", type=parse_bool)
+    add("--xla", type=parse_bool)
     add(
         "--hp_metric",
         choices=HP_METRICS,
-        default=defaults["hp_metric"],
         help="Reported to a tuning job every epoch; picks the best epoch and stops early.",
     )
-    add("--seed", type=int_in(0, 2**31 - 1), default=defaults["seed"])
-    add("--shuffle_buffer", type=int_in(1, 10_000_000), default=defaults["shuffle_buffer"])
-    add("--augment", type=augment_policy, default=defaults["augment"], help="; ".join(AUGMENT_POLICIES))
-    add("--lr_schedule", choices=LR_SCHEDULES, default=defaults["lr_schedule"])
-    add("--warmup_epochs", type=float_in(0, 100), default=defaults["warmup_epochs"])
+    add("--seed", type=int_in(0, 2**31 - 1))
+    add("--shuffle_buffer", type=int_in(1, 10_000_000))
+    add("--augment", type=augment_policy, help="; ".join(AUGMENT_POLICIES))
+    add("--lr_schedule", choices=LR_SCHEDULES)
+    add("--warmup_epochs", type=float_in(0, 100))
     add(
         "--lr_reference_batch_size",
         type=int_in(0, 1_000_000),
-        default=defaults["lr_reference_batch_size"],
         help="Global batch size --learning_rate is meant for (linear scaling); 0: the per-replica batch size.",
     )
-    add("--label_smoothing", type=float_in(0, 1, high_open=True), default=defaults["label_smoothing"])
-    add("--class_weights", choices=CLASS_WEIGHTS, default=defaults["class_weights"])
+    add("--label_smoothing", type=float_in(0, 1, high_open=True))
+    add("--class_weights", choices=CLASS_WEIGHTS)
     add(
         "--export_epoch",
         choices=EXPORT_EPOCHS,
-        default=defaults["export_epoch"],
         help="Export the epoch with the best --hp_metric, or the last epoch trained.",
     )
     add(
         "--early_stopping_patience",
         type=int_in(0),
-        default=defaults["early_stopping_patience"],
         help="Stop when --hp_metric has not improved for this many epochs (0: off).",
     )
+    # The other flags' defaults are their TrainConfig fields' (--fine_tune_fraction's follows --weights).
+    derived = (*PATH_FIELDS, "fine_tune_fraction")
+    p.set_defaults(**{f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name not in derived})
     return p
 
 

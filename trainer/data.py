@@ -271,21 +271,31 @@ def make_dataset(
         image = images.decode_stored(example["image"], encoding, size)
         return image, tf.cast(example["label"], tf.int32)
 
+    # Cached: decoded once, then shuffled from the cache every epoch (in any order when training).
+    # Streamed: every epoch reads the shards again, in parallel, and decodes each example. Training
+    # then shuffles the shard order every epoch, reads each shard from a seeded offset then from its
+    # start (records are written round-robin, class by class for a folder: shards read from their
+    # starts in lockstep would fill the buffer with one class at a time), and shuffles the records
+    # before decoding them.
+    deterministic = not training or not plan.cache
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    read: Callable[[tf.Tensor], tf.data.Dataset] = tf.data.TFRecordDataset
+    if training and not plan.cache:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        read = _from_offset(info.count // len(files), seed)
+    ds = ds.interleave(
+        read,
+        cycle_length=min(len(files), 16),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=deterministic,
+    )
     if plan.cache:
-        ds = tf.data.Dataset.from_tensor_slices(files)
-        ds = ds.interleave(
-            tf.data.TFRecordDataset,
-            cycle_length=min(len(files), 16),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=not training,
-        )
-        ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
-        ds = ds.cache()
-        if training:
-            ds = ds.shuffle(plan.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-            ds = ds.repeat()
-    else:
-        ds = _streamed(files, info, parse, training=training, seed=seed, shuffle_buffer=plan.shuffle_buffer)
+        ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic).cache()
+    if training:
+        # Streamed: before `repeat`, so every epoch holds each example once and the buffer empties.
+        ds = ds.shuffle(plan.shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+    if not plan.cache:
+        ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
 
     options = tf.data.Options()
@@ -293,7 +303,7 @@ def make_dataset(
     options.experimental_distribute.auto_shard_policy = (
         policy.FILE if shards_by_file(info, num_workers) else policy.DATA
     )
-    options.deterministic = not training or not plan.cache
+    options.deterministic = deterministic
     # No autotuning model (parallel steps run at min(16, cores), AutotuneOptions'
     # initial_parallelism; prefetch keeps its own tuner): its thread delayed a worker's `model.fit`
     # by up to 97 s after its last epoch, the chief waiting on it (docs/facts.md, fact 37).
@@ -322,42 +332,19 @@ def untune_device_iterators() -> None:
     mdi._create_device_dataset = untuned
 
 
-def _streamed(
-    files: list[str],
-    info: SplitInfo,
-    parse: Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]],
-    *,
-    training: bool,
-    seed: int,
-    shuffle_buffer: int,
-) -> tf.data.Dataset:
-    """Every epoch reads the shards again, in parallel, and decodes each example. Training: the
-    shard order is shuffled every epoch, each shard read from a seeded offset then from its start
-    (records are written round-robin, class by class for a folder: shards read from their starts in
-    lockstep would fill the buffer with one class at a time), records shuffled before decoding."""
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    read: Callable[[tf.Tensor], tf.data.Dataset] = tf.data.TFRecordDataset
-    if training:
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        fewest = max(1, info.count // len(files))  # records in the smallest shard
-        salt = f":{seed}"
+def _from_offset(fewest: int, seed: int) -> Callable[[tf.Tensor], tf.data.Dataset]:
+    """Reads a shard from an offset below `fewest` (the records of the smallest shard) that its
+    name and `seed` give, then from its start."""
+    salt, buckets = f":{seed}", max(1, fewest)
 
-        def read(path: tf.Tensor) -> tf.data.Dataset:
-            name = tf.strings.regex_replace(path, r"^.*/", "")
-            offset = tf.strings.to_hash_bucket_fast(name + salt, fewest)
-            return (
-                tf.data.TFRecordDataset(path)
-                .skip(offset)
-                .concatenate(tf.data.TFRecordDataset(path).take(offset))
-            )
+    def read(path: tf.Tensor) -> tf.data.Dataset:
+        name = tf.strings.regex_replace(path, r"^.*/", "")
+        offset = tf.strings.to_hash_bucket_fast(name + salt, buckets)
+        return (
+            tf.data.TFRecordDataset(path).skip(offset).concatenate(tf.data.TFRecordDataset(path).take(offset))
+        )
 
-    ds = ds.interleave(
-        read, cycle_length=min(len(files), 16), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-    )
-    if training:
-        # Before `repeat`: every epoch holds each example once; the buffer empties at its end.
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
-    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return read
 
 
 def steps_per_epoch(meta: DatasetMetadata, global_batch_size: int) -> int:

@@ -247,7 +247,7 @@ def verify_shards(data_dir: str, meta: DatasetMetadata, verify: str | None = Non
     edited = bool(meta.manifest_fingerprint) and meta.manifest_fingerprint != meta.fingerprint
     if not edited and mode != "full":
         return
-    problems = _audit(data_dir, meta, SPLITS)
+    problems = _audit(data_dir, meta, _listed(meta))
     if edited and not problems:
         problems = _read_all(data_dir, meta)
     if edited:
@@ -332,9 +332,7 @@ def _check_files(data_dir: str, meta: DatasetMetadata) -> list[Fault]:
     for split, entry in listed:
         if entry.name not in present:
             problems.append(_content_problem(meta, split, entry, None, 0, data_dir))
-            continue
-        size = tf.io.gfile.stat(_path(data_dir, entry.name)).length
-        if size != entry.bytes:
+        elif tf.io.gfile.stat(_path(data_dir, entry.name)).length != entry.bytes:
             resized.append((split, entry))
     for name in sorted(present - names):
         if name.endswith(".tfrecord"):
@@ -377,9 +375,8 @@ def _hash_all(data_dir: str, listed: list[tuple[str, ShardInfo]]) -> dict[str, t
     return {entry.name: digest for (_, entry), digest in zip(listed, digests, strict=True)}
 
 
-def _audit(data_dir: str, meta: DatasetMetadata, splits: Iterable[str]) -> list[Fault]:
-    """The shards of `splits` whose bytes are not those metadata.json records, each hashed."""
-    listed = _listed(meta, splits)
+def _audit(data_dir: str, meta: DatasetMetadata, listed: list[tuple[str, ShardInfo]]) -> list[Fault]:
+    """The `listed` shards whose bytes are not those metadata.json records, each hashed."""
     found = _hash_all(data_dir, listed)
     return [
         _content_problem(meta, split, entry, *found[entry.name], data_dir)
@@ -406,14 +403,11 @@ def _content_problem(
         kind = "swapped"
         what = f"it holds the content of {_where(twin[0], twin[1].name)}: swapped or copied over"
     else:
-        intact, error = _read_records(_path(data_dir, entry.name))
-        if error:
-            kind, what = "corrupted", f"{_records(intact)} read intact, then {error}"
-        elif intact != entry.records:
-            kind = "truncated"
-            what = f"it holds {_records(intact)}, all intact: truncated or replaced by other records"
-        else:
-            kind, what = "replaced", f"its {_records(intact)} read intact, but are not the records prepared"
+        kind, what = _read_fault(_path(data_dir, entry.name), entry.records) or ("replaced", "")
+        if kind == "truncated":
+            what += ", all intact: truncated or replaced by other records"
+        elif kind == "replaced":
+            what = f"its {_records(entry.records)} read intact, but are not the records prepared"
     return Fault(entry.name, kind, f"{where}: {expected}; {found}: {what}")
 
 
@@ -426,31 +420,30 @@ def _read_all(data_dir: str, meta: DatasetMetadata) -> list[Fault]:
     shard whose entry was edited to its new size and SHA-256."""
     listed = _listed(meta)
     with concurrent.futures.ThreadPoolExecutor(HASH_THREADS) as pool:
-        found = list(pool.map(lambda item: _read_records(_path(data_dir, item[1].name)), listed))
+        found = list(
+            pool.map(lambda item: _read_fault(_path(data_dir, item[1].name), item[1].records), listed)
+        )
     problems = []
-    for (split, entry), (intact, error) in zip(listed, found, strict=True):
-        if error or intact != entry.records:
-            what = (
-                f"{_records(intact)} read intact, then {error}" if error else f"it holds {_records(intact)}"
-            )
+    for (split, entry), fault in zip(listed, found, strict=True):
+        if fault is not None:
             text = (
                 f"{_where(split, entry.name)}: its size and SHA-256 match its entry in metadata.json, "
-                f"which says it holds {_records(entry.records)}; {what}"
+                f"which says it holds {_records(entry.records)}; {fault[1]}"
             )
-            problems.append(Fault(entry.name, "corrupted" if error else "truncated", text))
+            problems.append(Fault(entry.name, fault[0], text))
     return problems
 
 
-def _read_records(path: str) -> tuple[int, str | None]:
-    """Records of a TFRecord file that read intact, and the error that stopped the reading (None:
-    none did)."""
+def _read_fault(path: str, records: int) -> tuple[str, str] | None:
+    """("corrupted" or "truncated", what was found) when the records of the TFRecord file `path`
+    stop reading intact or are not `records`; None when `records` read intact."""
     intact = 0
     try:
         for _ in tf.data.TFRecordDataset(path).as_numpy_iterator():
             intact += 1
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-        return intact, _first_cause(e)
-    return intact, None
+        return "corrupted", f"{_records(intact)} read intact, then {_first_cause(e)}"
+    return None if intact == records else ("truncated", f"it holds {_records(intact)}")
 
 
 def _first_cause(error: tf.errors.OpError) -> str:
@@ -475,7 +468,7 @@ def explain_read_error(
     listed = _listed(meta, splits)
     total = sum(entry.bytes for _, entry in listed)
     if listed and total <= AUDIT_MAX_BYTES:
-        problems = _audit(data_dir, meta, splits)
+        problems = _audit(data_dir, meta, listed)
         if problems:
             return _mismatch(data_dir, meta, problems, head)
         return DataError(

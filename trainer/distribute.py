@@ -36,13 +36,11 @@ before any training: not 1 (a failure with a traceback), 2 (bad flags) or 143 (S
 @dataclasses.dataclass(frozen=True)
 class ClusterInfo:
     """This process's place in the training cluster: `task_type` None is a single machine without
-    TF_CONFIG; `num_workers` the machines that train together; `training_cluster` their addresses
-    (the strategy's cluster); `other_task_types` those TF_CONFIG also lists (`ps`, `evaluator`)."""
+    TF_CONFIG; `training_cluster` the addresses of the machines that train together (the strategy's
+    cluster); `other_task_types` those TF_CONFIG also lists (`ps`, `evaluator`)."""
 
     task_type: str | None = None
     task_index: int = 0
-    num_workers: int = 1
-    has_chief_task: bool = False
     training_cluster: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
     other_task_types: tuple[str, ...] = ()
 
@@ -52,7 +50,12 @@ class ClusterInfo:
         in a cluster without one, a single machine (no TF_CONFIG, or a cluster of one)."""
         if self.task_type is None or self.task_type == "chief":
             return True
-        return self.task_type == "worker" and self.task_index == 0 and not self.has_chief_task
+        return self.task_type == "worker" and self.task_index == 0 and "chief" not in self.training_cluster
+
+    @property
+    def num_workers(self) -> int:
+        """The machines that train together (a cluster of one is a single machine: it waits for no peer)."""
+        return max(1, sum(len(addresses) for addresses in self.training_cluster.values()))
 
     @property
     def is_multi_worker(self) -> bool:
@@ -95,14 +98,10 @@ def cluster_from_tf_config(tf_config: str | Mapping[str, Any] | None) -> Cluster
             f"TF_CONFIG task {task_type}:{index} is not in the cluster's {len(members)} "
             f"{task_type} address(es)"
         )
-    training_cluster = {t: tuple(cluster[t]) for t in TRAINING_TASK_TYPES if cluster.get(t)}
     return ClusterInfo(
         task_type=task_type,
         task_index=index,
-        # a cluster of one is a single machine: it waits for no peer
-        num_workers=sum(len(addresses) for addresses in training_cluster.values()),
-        has_chief_task=bool(cluster.get("chief")),
-        training_cluster=training_cluster,
+        training_cluster={t: tuple(cluster[t]) for t in TRAINING_TASK_TYPES if cluster.get(t)},
         other_task_types=tuple(sorted(t for t in cluster if t not in TRAINING_TASK_TYPES and cluster[t])),
     )
 
@@ -116,15 +115,10 @@ def create_strategy(cluster: ClusterInfo) -> tf.distribute.Strategy:
 
     gpus = tf.config.list_physical_devices("GPU")
     if cluster.is_multi_worker:
-        implementation = (
-            tf.distribute.experimental.CommunicationImplementation.NCCL
-            if gpus
-            else tf.distribute.experimental.CommunicationImplementation.RING
+        implementations = tf.distribute.experimental.CommunicationImplementation
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=implementations.NCCL if gpus else implementations.RING
         )
-        options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
-        if not cluster.training_cluster:
-            # Built by hand rather than parsed: TensorFlow reads TF_CONFIG itself, as it is.
-            return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         if cluster.other_task_types:
             from trainer.callbacks import log
 

@@ -115,18 +115,6 @@ def served_predictor(model_dir: str) -> Callable[[Any], Any]:
     return predict
 
 
-def recorded_metrics(model_dir: str) -> dict[str, Any]:
-    """The metrics.json the trainer published beside a SavedModel."""
-    from trainer import storage
-    from trainer._tf import tf
-
-    path = storage.join(model_dir, METRICS_FILE)
-    if not tf.io.gfile.exists(storage.resolve(path)):
-        raise EvaluationError(f"{model_dir} has no {METRICS_FILE}: it was not published by trainer.task")
-    recorded: dict[str, Any] = storage.read_json(path)
-    return recorded
-
-
 def evaluate(
     data_dir: str,
     models: Mapping[str, str],
@@ -137,14 +125,18 @@ def evaluate(
     """evaluation.json's content for `models` ({role: SavedModel folder}) on `split`."""
     import numpy as np
 
-    from trainer import datasetinfo, pairedstats
+    from trainer import datasetinfo, pairedstats, storage
+    from trainer._tf import tf
 
     meta = datasetinfo.load_metadata(data_dir)
     if meta.splits[split].count == 0:
         raise EvaluationError(f"{data_dir}: the {split} split has no images")
     recorded, predictors = {}, {}
     for role, model_dir in models.items():
-        recorded[role] = recorded_metrics(model_dir)
+        path = storage.join(model_dir, METRICS_FILE)  # the metrics.json trainer.task published
+        if not tf.io.gfile.exists(storage.resolve(path)):
+            raise EvaluationError(f"{model_dir} has no {METRICS_FILE}: it was not published by trainer.task")
+        recorded[role] = storage.read_json(path)
         names = [str(c) for c in recorded[role].get("class_names", [])]
         if names != list(meta.class_names):
             raise EvaluationError(

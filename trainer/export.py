@@ -27,11 +27,9 @@ def header_pixels(encoded: tf.Tensor) -> tf.Tensor:
     """The pixels a JPEG's frame header (`extract_jpeg_shape`, which decodes nothing) or a PNG's
     IHDR chunk declares, as int64; -1 for anything else."""
 
-    def png() -> tf.Tensor:
+    def png() -> tf.Tensor:  # IHDR's width and height: 4 big-endian bytes each
         ihdr = tf.cast(tf.io.decode_raw(tf.strings.substr(encoded, 16, 8), tf.uint8), tf.int64)
-        width = ((ihdr[0] * 256 + ihdr[1]) * 256 + ihdr[2]) * 256 + ihdr[3]
-        height = ((ihdr[4] * 256 + ihdr[5]) * 256 + ihdr[6]) * 256 + ihdr[7]
-        return width * height
+        return tf.reduce_prod(tf.reduce_sum(tf.reshape(ihdr, (2, 4)) * [1 << 24, 1 << 16, 1 << 8, 1], axis=1))
 
     def jpeg() -> tf.Tensor:
         shape = tf.io.extract_jpeg_shape(encoded, output_type=tf.int64)
@@ -61,13 +59,10 @@ def serving_function(model: keras.Model, class_names: Sequence[str], image_size:
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SERVING_INPUT)])
     def serve(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
         count = tf.size(image_bytes)
-        with tf.control_dependencies(
-            [
-                tf.debugging.Assert(
-                    count <= MAX_INSTANCES, ["at most", MAX_INSTANCES, "images a request:", count]
-                )
-            ]
-        ):
+        limit = tf.debugging.Assert(
+            count <= MAX_INSTANCES, ["at most", MAX_INSTANCES, "images a request:", count]
+        )
+        with tf.control_dependencies([limit]):
             image_bytes = tf.identity(image_bytes)
         pixels = tf.map_fn(
             lambda b: images.resize(checked_decode(b), image_size),

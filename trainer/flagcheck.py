@@ -18,7 +18,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 # The flags a job's folders fill in (from the dataset artifact or Vertex's AIP_* variables).
@@ -43,36 +43,24 @@ class FlagParser(argparse.ArgumentParser):
         raise FlagError((message or f"{self.prog} exits with status {status}").strip())
 
 
-def _parsers(program: str) -> tuple[Callable[[Sequence[str]], Any], Callable[[Sequence[str]], Any]]:
-    """The program's argparse parser alone (each flag's own rule) and its whole parse (the rules
-    between flags too), both raising FlagError instead of exiting: the trainer's parser builders
-    (`build_parser`, `parse_args`) build the parser they are given the class of."""
+def problems(program: str, argv: Sequence[str]) -> list[dict[str, Any]]:
+    """Every problem the program's own parser finds in `argv`, one per flag: its argparse parser
+    alone (each flag's own rule), then its whole parse (the rules between flags too), both raising
+    FlagError instead of exiting (`build_parser` and `parse_args` build a parser of the class given)."""
     from trainer import config, prepare
 
     module: Any = config if program == "trainer.task" else prepare
-    return (
-        lambda argv: module.build_parser(FlagParser).parse_args(argv),
-        lambda argv: module.parse_args(argv, environ={}, parser_class=FlagParser),
-    )
-
-
-def _flag_of(arg: str) -> str:
-    return arg.split("=", 1)[0].removeprefix("--")
-
-
-def problems(program: str, argv: Sequence[str]) -> list[dict[str, Any]]:
-    """Every problem the program's own parser finds in `argv`, one per flag."""
-    parse_one, parse_all = _parsers(program)
     stand_ins = STAND_INS[program]
     found: list[dict[str, Any]] = []
     for arg in argv:
         try:
-            parse_one([*stand_ins, arg])
+            module.build_parser(FlagParser).parse_args([*stand_ins, arg])
         except FlagError as err:
-            found.append({"program": program, "flags": [_flag_of(arg)], "message": str(err)})
+            flag = arg.split("=", 1)[0].removeprefix("--")
+            found.append({"program": program, "flags": [flag], "message": str(err)})
     if not found:
         try:
-            parse_all([*stand_ins, *argv])
+            module.parse_args([*stand_ins, *argv], environ={}, parser_class=FlagParser)
         except FlagError as err:
             named = list(dict.fromkeys(re.findall(r"--([a-z_]+)", str(err))))
             found.append({"program": program, "flags": named, "message": str(err)})

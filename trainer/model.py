@@ -221,16 +221,12 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
         return {"peak": self.peak, "warmup_steps": self.warmup_steps, "total_steps": self.total_steps}
 
 
-def peak_learning_rate(config: TrainConfig, global_batch: int) -> float:
-    """The linear scaling rule: `learning_rate` at `lr_reference_batch_size` (0: the per-replica
-    batch size), scaled to the global batch."""
-    reference = config.lr_reference_batch_size or config.per_replica_batch_size
-    return config.learning_rate * global_batch / reference
-
-
 def learning_rate(config: TrainConfig, global_batch: int, steps_per_epoch: int) -> Any:
-    """The optimizer's learning rate: a constant, or `WarmupCosine` over the whole run."""
-    peak = peak_learning_rate(config, global_batch)
+    """The optimizer's learning rate: a constant, or `WarmupCosine` over the whole run, peaking at
+    `learning_rate` scaled to the global batch from `lr_reference_batch_size` (0: the per-replica
+    batch size), the linear scaling rule."""
+    reference = config.lr_reference_batch_size or config.per_replica_batch_size
+    peak = config.learning_rate * global_batch / reference
     if config.lr_schedule == "constant":
         return peak
     total = max(config.epochs * steps_per_epoch, 1)

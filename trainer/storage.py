@@ -15,7 +15,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from trainer.contract import METADATA_FILE, SAVED_MODEL_FILE
@@ -120,8 +120,8 @@ def publish(staging: str, final: str) -> None:
         for name in COMPLETION_FILES:
             if tf.io.gfile.exists(join(final, name)):
                 tf.io.gfile.remove(join(final, name))
-    files = sorted(_walk_files(staging), key=lambda rel: os.path.basename(rel) in COMPLETION_FILES)
-    for rel in files:
+    files = [os.path.relpath(os.path.join(d, n), staging) for d, _, names in os.walk(staging) for n in names]
+    for rel in sorted(files, key=lambda rel: os.path.basename(rel) in COMPLETION_FILES):
         target = join(final, rel)
         tf.io.gfile.makedirs(os.path.dirname(target))
         tf.io.gfile.copy(os.path.join(staging, rel), target, overwrite=True)
@@ -153,10 +153,6 @@ def remove_leftovers(final: str) -> None:
     them was stopped (one job writes a given output), so nothing else uses them."""
     for path in leftovers(final):
         _remove(path)
-
-
-def _walk_files(root: str) -> Sequence[str]:
-    return [os.path.relpath(os.path.join(d, name), root) for d, _, names in os.walk(root) for name in names]
 
 
 def local_copy(path: str, folder: str) -> str:

@@ -229,11 +229,8 @@ def _train(
     # backed up, so a restart goes straight to the export.
     if stop.agreed():
         what = "training is backed up; the model is not exported"
-        stop.check(prefix, what)
-        cb.log(
-            prefix,
-            f"SIGTERM received by another replica: {what}; exiting with status {cb.TERMINATED_EXIT_CODE}",
-        )
+        who = "" if stop.received else " by another replica"
+        cb.log(prefix, f"SIGTERM received{who}: {what}; exiting with status {cb.TERMINATED_EXIT_CODE}")
         raise cb.Terminated(what)
     return best, trains
 
@@ -318,11 +315,9 @@ def _metrics(
     for split, key in (("validation", "val"), ("test", "test")):
         labels, probs = evaluate.predict_split(lambda x: predict(x).numpy(), config.data_dir, meta, split)
         figures = evaluate.summarize(labels, probs, meta.class_names)
-        out[f"{key}_loss"], out[f"{key}_accuracy"] = figures["loss"], figures["accuracy"]
-        out[f"{key}_examples"] = figures["examples"]
+        out.update({f"{key}_{name}": figures[name] for name in ("loss", "accuracy", "examples")})
         if split == "test":
-            for name in ("confusion_matrix", "per_class", "macro_f1"):
-                out[name] = figures[name]
+            out.update({name: figures[name] for name in ("confusion_matrix", "per_class", "macro_f1")})
     hist = cb.history_as_lists(cb.load_history(plan.history_path), config.epochs)
     rates = hist.get("images_per_second", [])
     steady = rates[1:] or rates  # the first epoch also fills the cache

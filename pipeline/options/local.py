@@ -33,8 +33,7 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
     # runner and every replica would give (local.gpus.gpu_shortfall, trainer.distribute's rule).
     seen = gpus.local_gpus()
     for pool, role in enumerate(("chief", "worker") if args["worker_count"] else ("chief",)):
-        same = role == "worker" and not args["worker_machine_type"]  # copies the chief's
-        source = "chief" if same else role
+        source = role if role == "chief" or args["worker_machine_type"] else "chief"  # copies the chief's
         asked = args[f"{source}_accelerator_count"]
         if isinstance(asked, int) and asked > 0:
             problem = gpus.gpu_shortfall(
@@ -96,14 +95,7 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
         )
     if problem := tfds_source_problem(str(args["dataset_source"]), os.environ):
         problems.append(Problem(("dataset_source",), problem))
-    if not str(args["registry_dir"]).strip():
-        problems.append(
-            Problem(
-                ("registry_dir",),
-                "is empty: give the folder of the local registry (default local_runs/registry)",
-            )
-        )
-    elif problem := _registry_dir_problem(Path(args["registry_dir"])):
+    if problem := _registry_dir_problem(str(args["registry_dir"])):
         problems.append(Problem(("registry_dir",), problem))
     return problems
 
@@ -148,11 +140,14 @@ def tfds_source_problem(source: str, environ: Mapping[str, str]) -> str:
     )
 
 
-def _registry_dir_problem(registry_dir: Path) -> str:
+def _registry_dir_problem(folder: str) -> str:
     """The registry folder is written only by the last step (upload-model): check now that it is
     a folder this run can write (or create), not after the whole run."""
     import tempfile
 
+    if not folder.strip():
+        return "is empty: give the folder of the local registry (default local_runs/registry)"
+    registry_dir = Path(folder)
     if registry_dir.exists() and not registry_dir.is_dir():
         return f"{registry_dir} exists and is not a folder"
     existing = registry_dir

@@ -121,7 +121,9 @@ def test_schedule_commands_with_no_credentials_say_how_to_provide_them(
     environ = {**VALID, "CRON": "0 6 * * 1", "NAME": "projects/p-proj/locations/us-central1/schedules/78"}
     assert schedules.schedule_command(argv, environ) == 2
     err = capsys.readouterr().err
-    prog = schedules.PROGS[argv[0]]
+    prog = {"schedule": "make schedule", "pause": "make schedule-pause", "delete": "make schedule-delete"}[
+        argv[0]
+    ]
     [line] = err.strip().splitlines()
     assert line.startswith(f"{prog}: no Google Cloud credentials (File ") and "was not found" in line
     for hint in GUIDANCE:
