@@ -365,13 +365,20 @@ def _schedule(rest: Sequence[str], environ: Mapping[str, str]) -> int:
 
     parser = flags.build_parser(pipeline.parameters_for("vertex"))
     parser.prog = "make schedule CRON=..."
-    fields = [f.name for f in dataclasses.fields(ScheduleOptions)]
-    for flag, variable in zip(fields, ("CRON", "TIMEZONE", "MAX_CONCURRENT", "START", "END"), strict=True):
+    # Each ScheduleOptions field's flag and make variable, in schedule_options' order.
+    variables = {
+        "cron": "CRON",
+        "timezone": "TIMEZONE",
+        "max_concurrent_runs": "MAX_CONCURRENT",
+        "start_time": "START",
+        "end_time": "END",
+    }
+    for flag, variable in variables.items():
         default = environ.get(variable) or ("1" if variable == "MAX_CONCURRENT" else "")
         parser.add_argument(f"--{flag}", default=default, help=f"default: {variable}")
     ns = parser.parse_args(rest)
     try:
-        options = schedule_options(*(getattr(ns, flag) for flag in fields))
+        options = schedule_options(*(getattr(ns, flag) for flag in variables))
     except ValueError as err:
         print(f"make schedule: {err}", file=sys.stderr)
         return 2

@@ -333,8 +333,8 @@ def untune_device_iterators() -> None:
 
 
 def _from_offset(fewest: int, seed: int) -> Callable[[tf.Tensor], tf.data.Dataset]:
-    """Reads a shard from an offset below `fewest` (the records of the smallest shard) that its
-    name and `seed` give, then from its start."""
+    """Reads a shard from an offset below `fewest` (the records of the smallest shard; at least 1)
+    that its name and `seed` give, then from its start."""
     salt, buckets = f":{seed}", max(1, fewest)
 
     def read(path: tf.Tensor) -> tf.data.Dataset:
