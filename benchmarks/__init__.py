@@ -4,7 +4,4 @@ Speed is measured here, never by timed tests, and always as a ratio against a ba
 in the same run (these machines are noisy). Every side of a comparison runs in its own process,
 so its peak memory is its own and no TensorFlow state (mixed-precision policy, XLA, caches)
 leaks from one side to the other. The runner itself never imports TensorFlow.
-
-Each benchmark writes `benchmarks/results/<name>.json` (`common.RESULT_KEYS`); `table.py`
-regenerates `BENCHMARKS.md`'s table from them.
 """

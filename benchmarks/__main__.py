@@ -49,10 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"a benchmark to run (repeatable or comma-separated; default: all of {', '.join(registry.BENCHMARKS)})",
     )
     run_parser.add_argument("--work-dir", type=Path, default=WORK_DIR, help="cached datasets and logs")
-    for p in (
-        run_parser,
-        sub.add_parser("table", help="regenerate the BENCHMARKS.md table from the results"),
-    ):
+    table_parser = sub.add_parser("table", help="regenerate the BENCHMARKS.md table from the results")
+    for p in (run_parser, table_parser):
         p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
         p.add_argument("--markdown", type=Path, default=BENCHMARKS_MD)
     sub.add_parser("list", help="list the benchmarks")

@@ -17,6 +17,7 @@ same Pillow. The layout is what `--dataset_source folder:PATH` takes: `PATH/{tra
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,10 +75,8 @@ def _render(char: str, font_path: Path, rng: random.Random, variant: Variant) ->
         image = image.rotate(angle, resample=Image.Resampling.BILINEAR, fillcolor=background)
         image = image.filter(ImageFilter.GaussianBlur(rng.uniform(0.0, variant.max_blur)))
         pixels: Any = image.load()  # an "L" image: one int per pixel
-        for i in range(SIDE):
-            for j in range(SIDE):
-                value = pixels[i, j] + rng.gauss(0.0, variant.noise)
-                pixels[i, j] = int(min(255, max(0, value)))
+        for i, j in itertools.product(range(SIDE), repeat=2):
+            pixels[i, j] = int(min(255, max(0, pixels[i, j] + rng.gauss(0.0, variant.noise))))
     return image.convert("RGB")
 
 

@@ -10,6 +10,7 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from benchmarks.common import rss_self_mib
 
@@ -20,12 +21,9 @@ def main(argv: Sequence[str]) -> int:
     target, args_path, out_path = argv
     module_name, _, function_name = target.partition(":")
     function = getattr(importlib.import_module(module_name), function_name)
-    with open(args_path, encoding="utf-8") as f:
-        kwargs = json.load(f)
-    figures = dict(function(**kwargs))
+    figures = dict(function(**json.loads(Path(args_path).read_text(encoding="utf-8"))))
     figures.setdefault("peak_rss_mib_self", rss_self_mib(peak=True))
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(figures, f)
+    Path(out_path).write_text(json.dumps(figures), encoding="utf-8")
     return 0
 
 

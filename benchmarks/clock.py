@@ -86,10 +86,8 @@ def fit_timed(
         logger = callbacks.ProgressLogger("bench", 1, (warmup_steps or 0) + steps, ours_batch_size)
         logger._supports_tf_logs = progress_tf_logs
         fit_args = {"verbose": 0, "callbacks": [logger, clock]}
-    if warmup_steps is None:
-        model.fit(dataset, epochs=2, **fit_args)
-    else:
-        model.fit(dataset, epochs=1, steps_per_epoch=warmup_steps + steps, **fit_args)
+    epochs = {"epochs": 2} if warmup_steps is None else {"epochs": 1, "steps_per_epoch": warmup_steps + steps}
+    model.fit(dataset, **epochs, **fit_args)
     return {
         "timed_steps": clock.steps,
         "timed_seconds": round(clock.seconds, 3),

@@ -65,9 +65,7 @@ def create_dataset(
         lambda image, label: preprocess_data(image, label, image_size),
         num_parallel_calls=tf.data.experimental.AUTOTUNE,
     )
-    train_data = train_data.shuffle(CODELAB_SHUFFLE)
-    train_data = train_data.batch(batch_size)
-    train_data = train_data.prefetch(tf.data.experimental.AUTOTUNE)
+    train_data = train_data.shuffle(CODELAB_SHUFFLE).batch(batch_size).prefetch(tf.data.experimental.AUTOTUNE)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     train_data = train_data.with_options(options)
@@ -77,8 +75,7 @@ def create_dataset(
 def create_model(number_of_classes: int) -> keras.Model:
     """Creates and compiles the ResNet50 model (float32, no XLA, every layer trained)."""
     base_model = keras.applications.ResNet50(weights=None, include_top=False)
-    x = base_model.output
-    x = keras.layers.GlobalAveragePooling2D()(x)
+    x = keras.layers.GlobalAveragePooling2D()(base_model.output)
     x = keras.layers.Dense(1016, activation="relu")(x)
     predictions = keras.layers.Dense(number_of_classes, activation="softmax")(x)
     model = keras.Model(inputs=base_model.input, outputs=predictions)

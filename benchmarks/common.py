@@ -174,10 +174,9 @@ class ChildError(RuntimeError):
 def _run(
     command: Sequence[str], log: Path, timeout: float, env: Mapping[str, str] | None = None
 ) -> tuple[int, float, Any, float | None]:
-    """Runs `command`, its output into `log`: (exit code, wall seconds, its rusage, the share of
-    the machine's CPU time other processes used meanwhile). The rusage is `os.wait4`'s, that
-    process's own, so runs never share a high-water mark; the share is 0 when the machine was
-    ours, 0.5 on 2 CPUs when something else kept a whole CPU busy."""
+    """Runs `command`, its output into `log`: (exit code, wall seconds, its own rusage from
+    `os.wait4` (runs never share a high-water mark), the share of the machine's CPU time other
+    processes used meanwhile: 0.5 on 2 CPUs when something else kept a whole CPU busy)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     busy_before = _cpu_busy_seconds()
     started = time.perf_counter()
@@ -210,8 +209,7 @@ def _cpu_busy_seconds() -> float | None:
             fields = [int(v) for v in f.readline().split()[1:]]
     except (OSError, ValueError):
         return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
 
 
 def run_child(
@@ -266,11 +264,6 @@ def alternate(
             )
             runs[side].append(figures)
     return runs
-
-
-def best(runs: Sequence[Mapping[str, Any]], key: str) -> float:
-    """The highest figure among repeated runs: the least disturbed by a noisy machine."""
-    return max(float(r[key]) for r in runs)
 
 
 BUSY_SHARE = 0.15
@@ -332,10 +325,8 @@ def rss_self_mib(peak: bool = False) -> float | None:
 def ours_resnet50(
     image_size: int, batch_size: int, num_classes: int, mixed_precision: bool, xla: bool
 ) -> Any:
-    """(model, strategy, precision policy): our side of the train, gpu and profile measurements,
-    the trainer's ResNet50 (random weights: no download; every layer trained) built and compiled
-    by `trainer.model` under `trainer.distribute.create_strategy` with the trainer's precision
-    policy, as `trainer.task.run` does."""
+    """(model, strategy, precision policy): the trainer's ResNet50 (random weights, every layer
+    trained) built and compiled as `trainer.task.run` does, for the train, gpu and profile benchmarks."""
     from trainer import distribute, task
     from trainer import model as model_lib
     from trainer._tf import keras, tf

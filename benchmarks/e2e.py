@@ -1,11 +1,9 @@
 """`e2e`: the local `make run` wall time, step by step.
 
-Runs exactly what `make run` runs with no project configured (`python -m launch.cli run
---target local`, the default local parameters: synthetic data through the real TFDS cassava
-builder, the tiny backbone at 64 px, one chief and one worker) into a fresh runs folder and a
-fresh registry, and reports the command's wall time (what the user waits for, interpreter and
-imports included) and each step's seconds from the run's summary.json. No baseline: the codelab
-has no pipeline to run end to end. Goal: within 120 s on 2 cores.
+`common.local_run` with the default local parameters (synthetic data through the real TFDS cassava
+builder, the tiny backbone at 64 px, one chief and one worker) into a fresh runs folder and
+registry: the command's wall time and each step's seconds. No baseline: the codelab has no
+pipeline to run end to end. Goal: within 120 s on 2 cores.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,9 @@ class SourceSpec:
     """The cassava-like source: `train_per_class` x 5 training images."""
 
     train_per_class: int = 200
-    heldout_per_class: int = 20
-    """Validation and test images per class (TFDS's cassava needs every split)."""
+    heldout_per_class: int = 20  # validation and test images per class (TFDS's cassava needs every split)
     width: int = 500
-    heights: tuple[int, ...] = (500, 375)
-    """Cassava's typical sizes: 500x500 and 500x375 (W x H), alternately."""
+    heights: tuple[int, ...] = (500, 375)  # cassava's typical 500x500 and 500x375 (W x H), alternately
     seed: int = 2024
 
     @property
@@ -52,11 +49,8 @@ class SourceSpec:
 @dataclasses.dataclass(frozen=True)
 class CassavaSource:
     spec: SourceSpec
-    archive: Path
-    """The folder holding `cassavaleafdata/<split>/<class>/*.jpg` (folder:PATH takes
-    `archive / ARCHIVE_FOLDER`)."""
-    tfds_dir: Path
-    """A TFDS data folder where `cassava` is prepared."""
+    archive: Path  # holds cassavaleafdata/<split>/<class>/*.jpg (folder:PATH: archive / ARCHIVE_FOLDER)
+    tfds_dir: Path  # a TFDS data folder where `cassava` is prepared
 
 
 def built(folder: Path, params: dict[str, Any], what: str, *steps: tuple[str, dict[str, Any], Path]) -> None:
@@ -107,21 +101,6 @@ def prepared(source: CassavaSource, image_size: int, work: Path = WORK_DIR) -> P
 # --- run in child processes -----------------------------------------------------------------
 
 
-def _jobs(
-    root: str, train_per_class: int, heldout_per_class: int, heights: list[int], seed: int
-) -> list[tuple[str, str, int, list[int]]]:
-    jobs = []
-    for s, split in enumerate(SPLIT_FOLDERS):
-        count = train_per_class if split == "train" else heldout_per_class
-        for c, class_name in enumerate(CASSAVA_CLASSES):
-            folder = os.path.join(root, ARCHIVE_FOLDER, split, class_name)
-            for i in range(count):
-                # File names are unique per split, as the cassava builder needs.
-                path = os.path.join(folder, f"{split}-{class_name}-{i}.jpg")
-                jobs.append((path, class_name, heights[i % len(heights)], [seed, s, c, i]))
-    return jobs
-
-
 def _write_images(jobs: list[tuple[str, str, int, list[int]]], width: int) -> int:
     import numpy as np
 
@@ -151,14 +130,20 @@ def build_archive(
     import concurrent.futures
     import multiprocessing
 
-    started = time.perf_counter()
-    jobs = _jobs(root, train_per_class, heldout_per_class, heights, seed)
+    jobs = []
+    for s, split in enumerate(SPLIT_FOLDERS):
+        count = train_per_class if split == "train" else heldout_per_class
+        for c, class_name in enumerate(CASSAVA_CLASSES):
+            folder = os.path.join(root, ARCHIVE_FOLDER, split, class_name)
+            for i in range(count):
+                # File names are unique per split, as the cassava builder needs.
+                path = os.path.join(folder, f"{split}-{class_name}-{i}.jpg")
+                jobs.append((path, class_name, heights[i % len(heights)], [seed, s, c, i]))
     workers = max(1, min(len(os.sched_getaffinity(0)), 8))
     chunks = [jobs[i::workers] for i in range(workers)]
     context = multiprocessing.get_context("spawn")  # no fork after TensorFlow threads exist
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        written = sum(pool.map(_write_images, chunks, [width] * len(chunks)))
-    return {"images": written, "seconds": time.perf_counter() - started}
+        return {"images": sum(pool.map(_write_images, chunks, [width] * len(chunks)))}
 
 
 def build_tfds(archive: str, data_dir: str) -> dict[str, Any]:
@@ -169,22 +154,16 @@ def build_tfds(archive: str, data_dir: str) -> dict[str, Any]:
 
     from trainer.preparation.localarchive import local_archive
 
-    started = time.perf_counter()
     builder = tfds.builder("cassava", data_dir=data_dir)
     with tempfile.TemporaryDirectory() as scratch, local_archive(builder, archive, scratch):
         builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
-    counts = {name: split.num_examples for name, split in builder.info.splits.items()}
-    return {"splits": counts, "seconds": time.perf_counter() - started}
+    return {"splits": {name: split.num_examples for name, split in builder.info.splits.items()}}
 
 
 def build_prepared(tfds_dir: str, output_dir: str, image_size: int) -> dict[str, Any]:
     from trainer.prepare import PrepareConfig, prepare
 
-    started = time.perf_counter()
-    metadata = prepare(
-        PrepareConfig(
-            source="tfds:cassava", output_dir=output_dir, image_size=image_size, tfds_data_dir=tfds_dir
-        )
+    config = PrepareConfig(
+        source="tfds:cassava", output_dir=output_dir, image_size=image_size, tfds_data_dir=tfds_dir
     )
-    counts = {name: split["count"] for name, split in metadata["splits"].items()}
-    return {"splits": counts, "seconds": time.perf_counter() - started}
+    return {"splits": {name: split["count"] for name, split in prepare(config)["splits"].items()}}

@@ -21,6 +21,7 @@ the peak of the tree's total RSS, and the largest single process's peak. Flat me
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from pathlib import Path
@@ -159,30 +160,14 @@ def measure(source: str, output_dir: str, image_size: int, synthetic_per_class: 
     return {**figures, "phases_seconds": {k: round(v, 3) for k, v in phases.items()}}
 
 
-def _tree_rss_mib(root: int) -> tuple[float, float]:
-    """(total, largest) resident MiB of process `root` and its descendants, from /proc."""
-    import os
+def _tree_rss_mib() -> tuple[float, float]:
+    """(total, largest) resident MiB of this process and its descendants (psutil reads /proc)."""
+    import psutil
 
-    children: dict[int, list[int]] = {}
-    rss: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/statm", encoding="utf-8") as f:
-                pages = int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-        rss[int(entry)] = pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(children.get(pid, []))
-    sizes = [rss.get(pid, 0.0) for pid in tree]
+    sizes = [0.0]
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):  # gone since the listing
+            sizes.append(process.memory_info().rss / 2**20)
     return sum(sizes), max(sizes)
 
 
@@ -190,7 +175,6 @@ def measure_tree(
     source: str, output_dir: str, image_size: int, engine: str, beam_workers: int
 ) -> dict[str, Any]:
     """`prepare()` with `engine`, timed, its process tree's memory sampled every 0.1 s."""
-    import os
     import threading
 
     from trainer.preparation.progress import Progress
@@ -201,16 +185,12 @@ def measure_tree(
 
     def sample() -> None:
         while not stop.wait(0.1):
-            total, largest = _tree_rss_mib(os.getpid())
+            total, largest = _tree_rss_mib()
             peaks["tree"] = max(peaks["tree"], total)
             peaks["process"] = max(peaks["process"], largest)
 
     config = PrepareConfig(
-        source=source,
-        output_dir=output_dir,
-        image_size=image_size,
-        engine=engine,
-        beam_workers=beam_workers,
+        source=source, output_dir=output_dir, image_size=image_size, engine=engine, beam_workers=beam_workers
     )
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import os
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from benchmarks import fixtures
-from benchmarks.common import WORK_DIR
+from benchmarks.common import WORK_DIR, ours_resnet50
 
 CONTAINERS = {"Process", "Run", "RunWithBorrowedArgs", "MakeIterator"}
 """Events that nest other events (whole steps, executor runs): not ops."""
@@ -30,12 +29,11 @@ def op_breakdown(logdir: str, top: int = 25) -> list[tuple[str, float, int]]:
     """(op name, total milliseconds, count) of the host plane's events, by total time."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+    paths = sorted(Path(logdir).rglob("*.xplane.pb"))
     if not paths:
         raise FileNotFoundError(f"no .xplane.pb under {logdir}")
     space = xplane_pb2.XSpace()
-    with open(paths[0], "rb") as f:
-        space.ParseFromString(f.read())
+    space.ParseFromString(paths[0].read_bytes())
     totals: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.defaultdict(int)
     for plane in space.planes:
@@ -59,7 +57,6 @@ def op_breakdown(logdir: str, top: int = 25) -> list[tuple[str, float, int]]:
 
 def profile_train(side: str, image_size: int, batch_size: int, mixed_precision: bool, steps: int) -> None:
     from benchmarks import codelab
-    from benchmarks.common import ours_resnet50
     from trainer import data, datasetinfo
     from trainer._tf import tf
 

@@ -47,8 +47,7 @@ def render_row(name: str, title: str, result: Mapping[str, Any] | None) -> str:
 
 
 def render_table(results: Mapping[str, Mapping[str, Any]], titles: Mapping[str, str]) -> str:
-    """The markdown table: one row per known benchmark (in `titles`' order), then any other
-    result found."""
+    """One row per known benchmark (in `titles`' order), then one per other result found."""
     lines = [
         "| Benchmark | Result | Ratio | Goal | Goal met | Machine | Measured |",
         "|---|---|---|---|---|---|---|",
@@ -59,8 +58,7 @@ def render_table(results: Mapping[str, Mapping[str, Any]], titles: Mapping[str, 
 
 
 def replace_table(text: str, table: str) -> str:
-    """`text` with the block between the markers replaced by `table` (appended, with its
-    markers, when the markers are missing)."""
+    """`text` with the block between the markers replaced (appended when they are missing)."""
     block = f"{START}\n{table}\n{END}"
     start, end = text.find(START), text.find(END)
     if start == -1 or end == -1 or end < start:

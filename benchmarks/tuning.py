@@ -9,9 +9,7 @@ Each repetition (one per seed in `SEEDS`) runs the default local run twice with 
 
 The figures compared are those of that side-by-side evaluation (run 2's `version.json`,
 `evaluation.models.{challenger,champion}`): both models on the same images (each run's own
-`test_accuracy` is on its own split). Also recorded: every trial, the best trial's
-hyperparameters, each run's wall time and `other_cpu_share`, the gate's decision. A repetition
-slower than `MAX_REPETITION_SECONDS` skips the rest, and the result's inputs say so.
+`test_accuracy` is on its own split).
 
 Ratio: mean tuned / mean untuned accuracy. The comparison is stated as the gate states it
 (`trainer.pairedstats`, evaluation.json's `comparison`): per repetition, the paired difference
@@ -53,9 +51,6 @@ class TuningBenchmarkError(RuntimeError):
     """A run failed or did not leave what the comparison needs."""
 
 
-# --- turning the runs' records into figures (no run needed: unit-tested) ---------------------
-
-
 def trials_table(tuning: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """The tuning job's trials, compact: id, state, parameters, final objective value."""
     out = []
@@ -94,17 +89,15 @@ def _succeeded(launch: LocalRun, what: str) -> dict[str, Any]:
     return summary
 
 
-def _run_figures(
-    evaluated: Mapping[str, Any], summary: Mapping[str, Any], launch: LocalRun
-) -> dict[str, Any]:
+def _run_figures(evaluated: Mapping[str, Any], launch: LocalRun) -> dict[str, Any]:
     """One run's side of a repetition: its model's figures on the shared split, its own."""
     return {
         "accuracy": evaluated["accuracy"],
         "macro_f1": evaluated["macro_f1"],
-        "own_test_accuracy": summary.get("metrics", {}).get("test_accuracy"),
-        "version": summary["model"]["version"],
+        "own_test_accuracy": launch.summary.get("metrics", {}).get("test_accuracy"),
+        "version": launch.summary["model"]["version"],
         "wall_seconds": round(launch.wall_seconds, 2),
-        "pipeline_seconds": summary.get("wall_seconds"),
+        "pipeline_seconds": launch.summary.get("wall_seconds"),
         "other_cpu_share": launch.other_cpu_share,
     }
 
@@ -112,9 +105,8 @@ def _run_figures(
 def repetition_figures(
     seed: int, untuned: LocalRun, tuned: LocalRun, version_record: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """One repetition's figures from the two runs' summaries and the tuned version's
-    `version.json`. Raises when the comparison is not the one this benchmark means to make (the
-    untuned model did not become the champion, the tuned run's gate saw no champion)."""
+    """One repetition's figures from the two runs and the tuned version's `version.json`; raises
+    when the comparison is not the one this benchmark means to make."""
     first, second = _succeeded(untuned, "untuned"), _succeeded(tuned, "tuned")
     if not first["model"].get("champion"):
         raise TuningBenchmarkError(f"the untuned run's model did not become the champion: {first['model']}")
@@ -138,9 +130,9 @@ def repetition_figures(
         "tuning_parameters": {k: parameters.get(k) for k in TUNING_PARAMETERS},
         "test_examples": challenger["examples"],
         "dataset_fingerprint": evaluation.get("dataset_fingerprint"),
-        "untuned": _run_figures(champion, first, untuned),
+        "untuned": _run_figures(champion, untuned),
         "tuned": {
-            **_run_figures(challenger, second, tuned),
+            **_run_figures(challenger, tuned),
             "tune_seconds": next(
                 (s["seconds"] for s in second.get("steps", []) if s["name"] == "tune-hyperparameters"), None
             ),
@@ -163,8 +155,7 @@ def repetition_figures(
 
 
 def paired(evaluation: Mapping[str, Any]) -> dict[str, Any]:
-    """The tuned - untuned accuracy difference as the evaluation job paired it: the difference,
-    its 95% interval, McNemar's p, and what they say (significantly worse, better, or neither)."""
+    """The tuned - untuned accuracy difference as the evaluation job paired it, and its verdict."""
     comparison = evaluation.get("comparison")
     if not isinstance(comparison, Mapping) or METRIC not in comparison:
         raise TuningBenchmarkError(
@@ -172,15 +163,14 @@ def paired(evaluation: Mapping[str, Any]) -> dict[str, Any]:
         )
     figure = comparison[METRIC]
     low, high = (float(x) for x in figure["ci95"])
+    verdict = (
+        "significantly worse" if high < 0 else "significantly better" if low > 0 else "indistinguishable"
+    )
     return {
         "difference": float(figure["difference"]),
         "ci95": [low, high],
         "mcnemar_p": float(comparison["mcnemar"]["p_value"]),
-        "verdict": "significantly worse"
-        if high < 0
-        else "significantly better"
-        if low > 0
-        else "indistinguishable",
+        "verdict": verdict,
     }
 
 
@@ -195,7 +185,6 @@ def build_result(
     wall_seconds: float,
     machine: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The benchmark's result from its repetitions' figures."""
     if not repetitions:
         raise TuningBenchmarkError("no repetition ran")
     means = {
@@ -244,9 +233,6 @@ def build_result(
     )
 
 
-# --- the runs ---------------------------------------------------------------------------------
-
-
 def launch(work_dir: Path, seed: int, *, tune: bool, log: Path) -> LocalRun:
     return local_run(work_dir, "--seed", str(seed), *(["--tune", "true"] if tune else []), log=log)
 
@@ -288,7 +274,6 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
             )
             say(f"tuning: {skipped}")
             break
-    first = repetitions[0]
     inputs = {
         "command": "make run (local target, default parameters) with --seed S, then the same with "
         "--tune true into the same registry",
@@ -298,7 +283,7 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
         "compared_on": "the tuned run's test split: its evaluate-models job evaluates the tuned model "
         "(challenger) and the untuned one (champion) side by side (version.json evaluation)",
         "max_repetition_seconds": MAX_REPETITION_SECONDS,
-        "tuning": first["tuning_parameters"],
+        "tuning": repetitions[0]["tuning_parameters"],
         **({"repetitions_skipped": skipped} if skipped else {}),
     }
     return build_result(repetitions, inputs=inputs, wall_seconds=time.perf_counter() - started)
