@@ -17,7 +17,8 @@ import hypertune
 
 from trainer import adapters, hpmetric, storage
 from trainer._tf import keras, tf
-from trainer.contract import BEST_DIR
+from trainer.config import TrainConfig, metric_goal
+from trainer.contract import BEST_DIR, BEST_FILE
 
 
 def log(prefix: str, message: str) -> None:
@@ -26,7 +27,7 @@ def log(prefix: str, message: str) -> None:
 
 class ProgressLogger(keras.callbacks.Callback):
     """Prints each epoch's start, progress every tenth of it, and its results; puts training
-    throughput (images per second, validation excluded) into `logs`."""
+    images per second (validation excluded) into `logs`."""
 
     def __init__(self, prefix: str, epochs: int, steps_per_epoch: int, global_batch_size: int) -> None:
         super().__init__()
@@ -129,15 +130,12 @@ class StopRequest:
 
     SIGTERM stops a container before it is killed (a Spot VM: Compute Engine API,
     `Scheduling.skipGuestOsShutdown`; cloud.google.com/kubernetes-engine/docs/concepts/spot-vms;
-    kubernetes.io/docs/concepts/workloads/pods/pod-termination/; docs/contracts.md, section 7).
-    The handler only sets a flag. A backup is a collective save under MultiWorkerMirroredStrategy
-    and SIGTERM may reach one replica alone, so `poll` sums every replica's flag with an all-reduce
-    at the same step, and all stop there (as PreemptionCheckpointHandler does through the
-    coordination service's key-value store).
-
-    Install it after the strategy: its coordination service installs a SIGTERM handler that only
-    records the notice (`SigtermNotifier` in xla/tsl/distributed_runtime/preemption/
-    preemption_notifier.cc), under which a replica trains on.
+    kubernetes.io/docs/concepts/workloads/pods/pod-termination/). The handler only sets a flag: a
+    backup is a collective save and SIGTERM may reach one replica alone, so `poll` all-reduces the
+    flags and all stop at the same step (as PreemptionCheckpointHandler does through the
+    coordination service's key-value store). Install it after the strategy, whose SIGTERM handler
+    only records the notice (`SigtermNotifier`, xla/tsl/distributed_runtime/preemption/
+    preemption_notifier.cc) and lets a replica train on.
     """
 
     def __init__(self, strategy: Any = None, *, collective: bool = False) -> None:
@@ -150,8 +148,7 @@ class StopRequest:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopRequest]:
-        """Catches SIGTERM for the length of the block (main thread only: elsewhere Python
-        cannot install a handler, and the block runs without one)."""
+        """Catches SIGTERM in the block (main thread only: elsewhere Python cannot install a handler)."""
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
@@ -166,8 +163,7 @@ class StopRequest:
         return self._event.is_set()
 
     def agreed(self) -> bool:
-        """Whether any replica received SIGTERM. Collective under MultiWorkerMirroredStrategy:
-        every replica must call it at the same point."""
+        """Whether any replica received SIGTERM (collective: every replica calls it at the same point)."""
         return self.poll(1)[0]
 
     def poll(self, steps_to_next: int) -> tuple[bool, int]:
@@ -193,8 +189,7 @@ class StopRequest:
         return bool(flags > 0), max(1, int(steps))
 
     def check(self, prefix: str, what: str) -> None:
-        """Raises Terminated if this replica received SIGTERM (no collective: for the steps a
-        replica runs alone, such as the chief's evaluation and publishing)."""
+        """Raises Terminated if this replica received SIGTERM (no collective: for the chief's steps alone)."""
         if self.received:
             log(prefix, f"SIGTERM received: {what}; exiting with status {TERMINATED_EXIT_CODE}")
             raise Terminated(what)
@@ -207,20 +202,19 @@ POLL_SECONDS = 1.0
 
 class Backup(keras.callbacks.BackupAndRestore):
     """tf-keras `BackupAndRestore` in `backup_dir`, saved at the end of every epoch and, on SIGTERM
-    (`StopRequest`), after the current step, then the process stops (Terminated). A job started
-    again resumes at the step after the last one saved, mid-epoch included.
+    (`StopRequest`), after the current step, then Terminated. A restart resumes at the step after
+    the last one saved, mid-epoch included.
 
-    Not tf-keras's `save_before_preemption=True` (TensorFlow's PreemptionCheckpointHandler): it is
-    on only where the GCE metadata server answers (`distributed_file_utils.
-    support_on_demand_checkpoint_callback`); on a Google Cloud CPU VM it "does not support usage
-    with TPU or CPU device on GCP" and tf-keras's per-batch call then fails; on a GPU VM it watches
-    the metadata server's `instance/maintenance-event`, not SIGTERM
+    Not tf-keras's `save_before_preemption=True` (PreemptionCheckpointHandler): it is on only where
+    the GCE metadata server answers (`distributed_file_utils.support_on_demand_checkpoint_callback`);
+    on a Google Cloud CPU VM it "does not support usage with TPU or CPU device on GCP" and fails; on
+    a GPU VM it watches `instance/maintenance-event`, not SIGTERM
     (`failure_handling_util.termination_watcher_function_gce`).
 
     The integer `save_freq` makes a restart resume mid-epoch
     (`WorkerTrainingState.maybe_load_initial_counters_from_ckpt` uses the saved step only then);
-    the periodic save it turns on is replaced here. Keep it after the other callbacks (an epoch
-    counts as done once backed up) and before `BestEpoch`, which copies the backup just saved.
+    its periodic save is replaced here. Keep it after the other callbacks (an epoch counts as done
+    once backed up) and before `BestEpoch`, which copies the backup just saved.
     """
 
     def __init__(self, backup_dir: str, steps_per_epoch: int, stop: StopRequest, prefix: str) -> None:
@@ -228,7 +222,7 @@ class Backup(keras.callbacks.BackupAndRestore):
         super().__init__(backup_dir, save_freq=steps_per_epoch, delete_checkpoint=False)
         self.steps, self.stop, self.prefix = steps_per_epoch, stop, prefix
         self.epoch = 0  # the epoch under way, 0-based
-        # The first poll (which traces its all-reduce) after the batches tf-keras times callbacks on
+        # First poll (it traces its all-reduce) after the batches tf-keras times callbacks on
         # (CallbackList: `_num_batches_for_timing_check = 5`).
         self._to_next_poll, self._since, self._since_time = 7, 0, 0.0
 
@@ -272,32 +266,27 @@ class Backup(keras.callbacks.BackupAndRestore):
 
 
 def improves(goal: str, value: float, best: float | None) -> bool:
-    """Whether `value` beats `best` (None: no epoch yet) in the direction `goal`, strictly: the
-    earliest of equal epochs stays the best, as Vertex's BEST_MEASUREMENT and `local.tuner` keep
-    the first of equal measurements. A NaN or infinite value never improves."""
+    """Whether `value` beats `best` (None: no epoch yet) strictly in the direction `goal` (the first
+    of equals stays, as Vertex's BEST_MEASUREMENT and `local.tuner` keep it); NaN or inf never does."""
     if not math.isfinite(value):
         return False
     return best is None or (value > best if goal == "max" else value < best)
 
 
 def latest_backup(backup_dir: str) -> str | None:
-    """The newest checkpoint of the chief's backup, `<backup_dir>/chief` (tf-keras's layout:
-    `adapters.BACKUP_CHIEF_FOLDER`); None when nothing was backed up."""
+    """The newest checkpoint of the chief's backup (`adapters.BACKUP_CHIEF_FOLDER`), or None."""
     return tf.train.latest_checkpoint(storage.resolve(storage.join(backup_dir, adapters.BACKUP_CHIEF_FOLDER)))
 
 
 def backup_position(checkpoint: str) -> tuple[int, int]:
-    """(epoch, step), both 0-based, at which a backup checkpoint was saved (tf-keras's variables,
-    `adapters.SAVED_EPOCH_KEY`); an epoch's end holds its last step, steps_per_epoch - 1."""
+    """(epoch, step), both 0-based, at which a backup checkpoint was saved (an epoch's end: its last step)."""
     reader = tf.compat.v1.train.NewCheckpointReader(checkpoint)  # the prefix, never a folder
-    epoch = reader.get_tensor(adapters.SAVED_EPOCH_KEY)
-    step = reader.get_tensor(adapters.SAVED_BATCH_KEY)
-    return int(epoch), int(step)
+    return int(reader.get_tensor(adapters.SAVED_EPOCH_KEY)), int(reader.get_tensor(adapters.SAVED_BATCH_KEY))
 
 
 class BestEpoch(keras.callbacks.Callback):
-    """Keeps the epoch with the best `metric` (`--hp_metric`) as the export candidate, and stops
-    training once it has not improved for `patience` epochs (0: never).
+    """Keeps the epoch with the best `config.hp_metric` as the export candidate, and stops training
+    once it has not improved for `config.early_stopping_patience` epochs (0: never).
 
     Every replica takes the same decisions (`logs` metrics are all-reduced; the best so far is
     read from `best.json`), so all stop at the same epoch and restore the same checkpoint before
@@ -307,26 +296,14 @@ class BestEpoch(keras.callbacks.Callback):
     """
 
     def __init__(
-        self,
-        checkpoint_dir: str,
-        backup_dir: str,
-        *,
-        metric: str,
-        patience: int,
-        keep_weights: bool,
-        steps_per_epoch: int,
-        epochs: int,
-        is_chief: bool,
-        prefix: str,
+        self, config: TrainConfig, backup_dir: str, steps_per_epoch: int, *, is_chief: bool, prefix: str
     ) -> None:
-        from trainer.config import metric_goal
-        from trainer.contract import BEST_FILE
-
         super().__init__()
-        self.checkpoint_dir, self.backup_dir = checkpoint_dir, backup_dir
-        self.metric, self.goal, self.patience = metric, metric_goal(metric), patience
-        self.keep_weights, self.steps, self.epochs = keep_weights, steps_per_epoch, epochs
-        self.is_chief, self.prefix = is_chief, prefix
+        self.checkpoint_dir = checkpoint_dir = config.checkpoint_dir
+        self.backup_dir, self.steps, self.epochs = backup_dir, steps_per_epoch, config.epochs
+        self.metric = metric = config.hp_metric
+        self.goal, self.patience = metric_goal(metric), config.early_stopping_patience
+        self.keep_weights, self.is_chief, self.prefix = config.export_epoch == "best", is_chief, prefix
         self.path = storage.join(checkpoint_dir, BEST_FILE)
         # best.json's content, written or not: epoch None until an epoch has a finite metric.
         self.record: dict[str, Any] = {"metric": metric, "goal": self.goal, "epoch": None, "value": None}

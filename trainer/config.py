@@ -22,11 +22,10 @@ HP_METRICS = ("val_accuracy", "val_loss", "accuracy", "loss")
 """Metrics the trainer computes every epoch, and so the only valid `--hp_metric` tags."""
 
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 32, 1024
-# The most pixels an image may have, in a folder source or a serving request, checked from the
-# header before decoding: width x height, a GIF's frames added up (TensorFlow 2.21 decodes every
-# frame even to keep the first). 8192 x 8192 = 67.1 MP is above full-frame cameras' photos (about
-# 61 MP) and 8 times the largest --image_size on each side; one such JPEG raised the peak memory
-# by 231 MB decoded and resized (a 12 MP photo: 49 MB), and preparation decodes several at once.
+# The most pixels an image (folder source, serving request) may have, from its header before
+# decoding: width x height, a GIF's frames added up (TensorFlow 2.21 decodes every frame). 67.1 MP
+# is above full-frame photos (~61 MP), 8x the largest --image_size per side; one such JPEG raised
+# peak memory by 231 MB decoded and resized (12 MP: 49 MB), and preparation decodes several at once.
 MAX_IMAGE_PIXELS = 8192 * 8192
 SPLITS = ("train", "validation", "test")
 """The splits every prepared dataset has."""
@@ -47,8 +46,7 @@ JPEG/PNG (smaller files, decoded once before the cache)."""
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything one training run needs, resolved and validated: a field per flag of
-    `build_parser` (docs/contracts.md, section 1; its help says what the paths, `weights`,
-    `fine_tune_fraction` and `lr_reference_batch_size` are). Of the others:
+    `build_parser` (docs/contracts.md, section 1; see its help for the flags not listed here):
 
       per_replica_batch_size: examples per replica per step (x the replicas in sync: the global batch).
       image_size: side of the square images the model sees (others are resized on the device).
@@ -100,8 +98,7 @@ published would be trained half one way and half the other."""
 
 
 def metric_goal(metric: str) -> str:
-    """`max` for an accuracy, `min` for a loss: the direction in which `metric` (one of
-    HP_METRICS) improves, for choosing the exported epoch and for early stopping."""
+    """The direction in which `metric` (one of HP_METRICS) improves: `max` or `min`."""
     if metric.endswith("accuracy"):
         return "max"
     if metric.endswith("loss"):
@@ -171,21 +168,18 @@ def parse_bool(text: str) -> bool:
 
 
 def augment_policy(text: str) -> str:
-    """An `--augment` value: a policy of AUGMENT_POLICIES (`true`/`false`, the flag's old values,
-    read as `flip` and `none`)."""
+    """An `--augment` policy (the flag's old values `true`/`false` read as `flip`/`none`)."""
     lowered = text.strip().lower()
     legacy = {"true": "flip", "1": "flip", "yes": "flip", "false": "none", "0": "none", "no": "none"}
-    if lowered in legacy:
-        return legacy[lowered]
+    lowered = legacy.get(lowered, lowered)
     if lowered not in AUGMENT_POLICIES:
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(AUGMENT_POLICIES)}, got {text!r}")
     return lowered
 
 
 def resolve_augment(policy: str, source: str) -> str:
-    """The policy `auto` stands for, given the prepared dataset's source: `leaf` for TFDS's
-    cassava, `flip` for the synthetic leaves, `none` for anything else (why:
-    docs/training.md#augmentation-augment)."""
+    """The policy `auto` stands for, given the prepared dataset's source
+    (docs/training.md#augmentation-augment)."""
     if policy != "auto":
         return policy
     return {"tfds:cassava": "leaf", "synthetic": "flip"}.get(source, "none")
@@ -286,10 +280,8 @@ def parse_args(
     environ: Mapping[str, str] | None = None,
     parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser,
 ) -> TrainConfig:
-    """Flags (and the AIP_* defaults in `environ`) to a validated TrainConfig.
-
-    Exits with status 2 and a message naming the flag and what is allowed on bad input.
-    """
+    """Flags (and the AIP_* defaults in `environ`) to a validated TrainConfig; on bad input, exits
+    with status 2 and a message naming the flag and what is allowed."""
     env = os.environ if environ is None else environ
     parser = build_parser(parser_class)
     ns = parser.parse_args(argv)
@@ -352,8 +344,7 @@ class GpuRequest:
 
 def gpu_request(environ: Mapping[str, str] | None = None) -> GpuRequest | None:
     """The worker pool's request from `TRAINER_POOL_*` (docs/contracts.md, section 2), or None when
-    none is set (a replica not started from this pipeline's worker pool specs), which nothing
-    checks. Raises ValueError naming each variable that is missing or bad and what it takes."""
+    none is set (nothing to check). Raises ValueError naming each bad or missing variable."""
     env = os.environ if environ is None else environ
     values = {name: env.get(name) for name in POOL_ENV}
     if all(value is None for value in values.values()):

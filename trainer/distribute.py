@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 TRAINING_TASK_TYPES = ("chief", "worker")
-POOL_OF_TASK = {"chief": "workerpool0", "worker": "workerpool1"}
 GPUS_MISSING_EXIT_CODE = 3
 """Exit status of a replica that sees fewer GPUs than its worker pool asked for (`check_gpus`),
 before any training: not 1 (a failure with a traceback), 2 (bad flags) or 143 (SIGTERM)."""
@@ -35,9 +34,8 @@ before any training: not 1 (a failure with a traceback), 2 (bad flags) or 143 (S
 
 @dataclasses.dataclass(frozen=True)
 class ClusterInfo:
-    """This process's place in the training cluster: `task_type` None is a single machine without
-    TF_CONFIG; `training_cluster` the addresses of the machines that train together (the strategy's
-    cluster); `other_task_types` those TF_CONFIG also lists (`ps`, `evaluator`)."""
+    """This process's place in the training cluster: `task_type` None is a single machine;
+    `training_cluster` the strategy's cluster; `other_task_types` those TF_CONFIG also lists."""
 
     task_type: str | None = None
     task_index: int = 0
@@ -46,15 +44,15 @@ class ClusterInfo:
 
     @property
     def is_chief(self) -> bool:
-        """The one rule for who writes final artifacts: the `chief` task (Vertex's layout), worker 0
-        in a cluster without one, a single machine (no TF_CONFIG, or a cluster of one)."""
+        """Who writes final artifacts: the `chief` task (Vertex's layout), worker 0 in a cluster
+        without one, a single machine."""
         if self.task_type is None or self.task_type == "chief":
             return True
         return self.task_type == "worker" and self.task_index == 0 and "chief" not in self.training_cluster
 
     @property
     def num_workers(self) -> int:
-        """The machines that train together (a cluster of one is a single machine: it waits for no peer)."""
+        """The machines that train together (a cluster of one is a single machine)."""
         return max(1, sum(len(addresses) for addresses in self.training_cluster.values()))
 
     @property
@@ -152,10 +150,8 @@ class GpusMissing(RuntimeError):
 
 
 def pool_and_role(cluster: ClusterInfo) -> tuple[str, str]:
-    """Vertex's name of this replica's worker pool and its task type: (`workerpool0`, `chief`)
-    for the chief and a single machine, (`workerpool1`, `worker`) for a worker."""
-    role = cluster.task_type or "chief"
-    return POOL_OF_TASK[role], role
+    """Vertex's name of this replica's worker pool and its task type (a single machine: the chief's)."""
+    return ("workerpool1", "worker") if cluster.task_type == "worker" else ("workerpool0", "chief")
 
 
 def gpu_shortfall(
@@ -183,7 +179,7 @@ def gpu_shortfall(
 
 def visible_devices() -> tuple[int, list[str], str]:
     """The GPUs TensorFlow sees, every physical device's name (`CPU:0`, `GPU:0`, ...) and its
-    build (`describe_build`). Physical devices only: TensorFlow's runtime is not started."""
+    build (`describe_build`), without starting TensorFlow's runtime."""
     from trainer._tf import tf
 
     devices = tf.config.list_physical_devices()

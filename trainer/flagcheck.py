@@ -1,8 +1,7 @@
 """`python -m trainer.flagcheck`: the trainer's own flag rules, applied before any job starts.
 
 The front door (`make run`, `make schedule`) applies the trainer's own parsers (`trainer.config`,
-`trainer.prepare`) to the flags a run would hand the jobs, in milliseconds and before any
-request, instead of the job failing on its first line hours later. No TensorFlow.
+`trainer.prepare`) to the flags a run would hand the jobs, in milliseconds. No TensorFlow.
 
     stdin:  {"trainer.task": ["--epochs=0", ...], "trainer.prepare": ["--shards=0", ...]}
     stdout: [{"program": "trainer.task", "flags": ["epochs"], "message": "..."}, ...]
@@ -33,8 +32,7 @@ class FlagError(Exception):
 
 
 class FlagParser(argparse.ArgumentParser):
-    """An `ArgumentParser` that raises FlagError where a job's parser would print and exit: on
-    a bad flag (`error`) and on any other exit (`exit`, e.g. `--help`)."""
+    """An `ArgumentParser` that raises FlagError where a job's parser would exit (`--help` too)."""
 
     def error(self, message: str) -> NoReturn:
         raise FlagError(message)
@@ -44,9 +42,8 @@ class FlagParser(argparse.ArgumentParser):
 
 
 def problems(program: str, argv: Sequence[str]) -> list[dict[str, Any]]:
-    """Every problem the program's own parser finds in `argv`, one per flag: its argparse parser
-    alone (each flag's own rule), then its whole parse (the rules between flags too), both raising
-    FlagError instead of exiting (`build_parser` and `parse_args` build a parser of the class given)."""
+    """Every problem the program's own parser finds in `argv`: each flag alone, then (if all pass)
+    the whole parse, for the rules between flags."""
     from trainer import config, prepare
 
     module: Any = config if program == "trainer.task" else prepare

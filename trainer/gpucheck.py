@@ -166,9 +166,7 @@ def nccl_all_reduce(
         return time.perf_counter() - started, results
 
     def right(results: Sequence[Any]) -> bool:
-        return all(
-            float(tf.reduce_min(r).numpy()) == float(tf.reduce_max(r).numpy()) == expected for r in results
-        )
+        return all(bool(tf.reduce_all(tf.equal(r, expected)).numpy()) for r in results)
 
     first, results = timed()
     correct = right(results)
@@ -201,21 +199,13 @@ def check(
     all_reduce: Callable[[int], dict[str, Any]],
     xla: Callable[[], dict[str, Any]] | None = None,
 ) -> tuple[int, dict[str, Any], list[str]]:
-    """The check on what was seen (`inspect_devices`' form): (exit status, summary, lines to
-    print). `xla()` compiles one XLA computation, then `all_reduce(gpus)` runs the all-reduce;
-    neither is called without GPUs or when fewer GPUs than asked are seen."""
+    """(exit status, summary, lines to print) for what was seen (`inspect_devices`' form). `xla()`,
+    then `all_reduce(gpus)`, run only with GPUs seen and none missing."""
     gpus = int(seen["gpus"])
-    summary: dict[str, Any] = {
-        "ok": True,
-        "error": None,
-        "pool": pool,
-        "role": role,
-        "asked": dataclasses.asdict(request) if request else None,
-        **{k: seen[k] for k in ("tensorflow", "build", "devices", "gpus", "nvidia_smi")},
-        "driver": seen.get("driver", ""),
-        "xla": None,
-        "all_reduce": None,
-    }
+    # Every key but `wall_seconds` (`main` adds it): what was seen, the rest filled in below.
+    summary: dict[str, Any] = {key: seen.get(key) for key in RESULT_KEYS[:-1]}
+    asked = dataclasses.asdict(request) if request else None
+    summary.update(ok=True, error=None, pool=pool, role=role, asked=asked, driver=seen.get("driver", ""))
     build = describe_build(seen["tensorflow"], seen["build"])
     if request is None:
         wanted = "no GPU request in the environment (TRAINER_POOL_* unset): nothing to check against"

@@ -6,12 +6,11 @@ publishes to `--model_dir`, atomically, a SavedModel whose `serving_default` tak
 images, `metrics.json` and `config.json` (docs/contracts.md, section 4): the best epoch's weights
 by `--hp_metric` (docs/training.md, "Which epoch is exported").
 
-At start, before the strategy: a replica seeing fewer GPUs than its pool asked for exits with one
-line and status 3 (`distribute.GPUS_MISSING_EXIT_CODE`; docs/vertex.md#no-silent-cpu-training); a
-global batch larger than the training split, with one line naming the largest
-`--per_replica_batch_size` that fits and status 2 (`data.check_global_batch`). SIGTERM stops
-every replica after the current step, backed up, nothing published, with status 143
-(`callbacks.TERMINATED_EXIT_CODE`; docs/contracts.md, section 7).
+At start, before the strategy, with one line: status 3 when a replica sees fewer GPUs than its pool
+asked for (docs/vertex.md#no-silent-cpu-training), 2 when the global batch exceeds the training
+split (`data.check_global_batch` names the largest `--per_replica_batch_size` that fits). SIGTERM
+stops every replica after the current step, backed up, nothing published, with status 143
+(docs/contracts.md, section 7).
 """
 
 from __future__ import annotations
@@ -51,15 +50,16 @@ def run(
     """
     from trainer import callbacks as cb
     from trainer import data, datasetinfo, distribute
+    from trainer._tf import tf
 
     cluster = cluster or ClusterInfo()
     if strategy is None:
         # Before the strategy (a multi-worker one waits for every replica): every replica reads
-        # the same file with the same flags, so all stop here together.
+        # the same file with the same flags, so all stop here together. The replicas it will have:
+        # one per GPU (or one for the CPU) per machine; listing physical devices is no TensorFlow op.
+        replicas = cluster.num_workers * max(1, len(tf.config.list_physical_devices("GPU")))
         meta = datasetinfo.read_metadata(config.data_dir)
-        data.check_global_batch(
-            meta, config.per_replica_batch_size, _replicas_expected(cluster), config.data_dir
-        )
+        data.check_global_batch(meta, config.per_replica_batch_size, replicas, config.data_dir)
     strategy = strategy or distribute.create_strategy(cluster)  # before any other TF op
     # After the strategy, whose own SIGTERM handler this one replaces (callbacks.StopRequest).
     stop = cb.StopRequest(strategy, collective=cluster.is_multi_worker)
@@ -72,12 +72,13 @@ class _Plan:
     """What the phases of `_run` share, fixed once the data is read and checked."""
 
     config: TrainConfig  # with `--augment auto` resolved
+    cluster: ClusterInfo
+    stop: Any  # callbacks.StopRequest
     meta: Any  # datasetinfo.DatasetMetadata of config.data_dir
     replicas: int  # the strategy's replicas in sync
     global_batch: int
     steps: int  # per epoch
     policy: str  # the Keras precision policy
-    prefix: str  # this replica's log prefix
 
     @property
     def history_path(self) -> str:
@@ -89,30 +90,29 @@ class _Plan:
 def _run(
     config: TrainConfig, cluster: ClusterInfo, strategy: Any, callbacks: Sequence[Any], stop: Any
 ) -> dict[str, Any] | None:
-    """`run`'s work once the strategy is built: read the data and check the batch, build the
-    model, train, export (and on the chief: evaluate, write the metrics, publish)."""
+    """`run`'s work once the strategy is built."""
     from trainer import callbacks as cb
 
     started = time.perf_counter()
     cb.log(cluster.name, f"config: {json.dumps(config.to_dict(), sort_keys=True)}")
-    plan = _plan(config, cluster, strategy)
-    train_ds, val_ds = _datasets(plan, cluster)
+    plan = _plan(config, cluster, strategy, stop)
+    train_ds, val_ds = _datasets(plan)
     cb.log(
-        plan.prefix,
+        cluster.name,
         f"{cluster.num_workers} worker(s), {plan.replicas} replica(s) in sync ({type(strategy).__name__}), "
         f"global batch {plan.global_batch}, {plan.steps} steps/epoch, precision {plan.policy}, "
         f"{plan.meta.splits['train'].count} training images of {plan.meta.num_classes} classes",
     )
     model = _build_model(plan, strategy)
-    best, trains = _train(plan, cluster, model, train_ds, val_ds, callbacks, stop)
+    best, trains = _train(plan, model, train_ds, val_ds, callbacks)
     exported_epoch = _load_export_weights(plan, model, best, trains)
     if not cluster.is_chief:
-        _discard_export(plan, model, stop)
+        _discard_export(plan, model)
         return None
-    return _publish(plan, cluster, model, best, exported_epoch, stop, started)
+    return _publish(plan, model, best, exported_epoch, started)
 
 
-def _plan(config: TrainConfig, cluster: ClusterInfo, strategy: Any) -> _Plan:
+def _plan(config: TrainConfig, cluster: ClusterInfo, strategy: Any, stop: Any) -> _Plan:
     """Reads metadata.json and checks the global batch against it, resolves `--augment auto`,
     seeds, sets the precision policy and checks that a backup being resumed is this run's."""
     from trainer import data, datasetinfo
@@ -131,16 +131,16 @@ def _plan(config: TrainConfig, cluster: ClusterInfo, strategy: Any) -> _Plan:
 
     global_batch = config.per_replica_batch_size * replicas
     steps = data.steps_per_epoch(meta, global_batch)
-    return _Plan(config, meta, replicas, global_batch, steps, policy, prefix=cluster.name)
+    return _Plan(config, cluster, stop, meta, replicas, global_batch, steps, policy)
 
 
-def _datasets(plan: _Plan, cluster: ClusterInfo) -> tuple[Any, Any]:
+def _datasets(plan: _Plan) -> tuple[Any, Any]:
     """The training and validation input pipelines, each batched to the global batch."""
     from trainer import data
 
     config, meta = plan.config, plan.meta
     common: dict[str, Any] = dict(
-        seed=config.seed, shuffle_buffer=config.shuffle_buffer, num_workers=cluster.num_workers
+        seed=config.seed, shuffle_buffer=config.shuffle_buffer, num_workers=plan.cluster.num_workers
     )
     train_ds = data.make_dataset(
         config.data_dir, meta, "train", batch_size=plan.global_batch, training=True, **common
@@ -168,15 +168,7 @@ def _build_model(plan: _Plan, strategy: Any) -> Any:
     return model
 
 
-def _train(
-    plan: _Plan,
-    cluster: ClusterInfo,
-    model: Any,
-    train_ds: Any,
-    val_ds: Any,
-    callbacks: Sequence[Any],
-    stop: Any,
-) -> tuple[Any, bool]:
+def _train(plan: _Plan, model: Any, train_ds: Any, val_ds: Any, callbacks: Sequence[Any]) -> tuple[Any, bool]:
     """Trains from where a backup being resumed stands, backing up every epoch; returns the
     best epoch's tracker (`callbacks.BestEpoch`) and whether `fit` ran. Raises
     `callbacks.Terminated` when another replica received SIGTERM."""
@@ -184,19 +176,10 @@ def _train(
     from trainer import datasetinfo, storage
     from trainer._tf import keras, tf
 
-    config, prefix, steps = plan.config, plan.prefix, plan.steps
+    config, cluster, stop, steps = plan.config, plan.cluster, plan.stop, plan.steps
+    prefix = cluster.name
     backup_dir = storage.join(config.checkpoint_dir, "backup")
-    best = cb.BestEpoch(
-        config.checkpoint_dir,
-        backup_dir,
-        metric=config.hp_metric,
-        patience=config.early_stopping_patience,
-        keep_weights=config.export_epoch == "best",
-        steps_per_epoch=steps,
-        epochs=config.epochs,
-        is_chief=cluster.is_chief,
-        prefix=prefix,
-    )
+    best = cb.BestEpoch(config, backup_dir, steps, is_chief=cluster.is_chief, prefix=prefix)
     best.resume(cb.load_history(plan.history_path))
     fit_callbacks: list[Any] = [cb.ProgressLogger(prefix, config.epochs, steps, plan.global_batch)]
     if cluster.is_chief:
@@ -236,47 +219,38 @@ def _train(
 
 
 def _load_export_weights(plan: _Plan, model: Any, best: Any, trains: bool) -> int:
-    """Loads the weights of the epoch to export (`--export_epoch`) into `model`; returns that
-    epoch (1-based)."""
+    """Loads the `--export_epoch` weights into `model`; returns that epoch (1-based)."""
     from trainer import callbacks as cb
     from trainer._tf import tf
 
     # Every replica loads the exported epoch's weights: the export reads the BatchNorm statistics
     # with collectives. The chief finished copying them before `stop.agreed()` in `_train`.
     exported_epoch, weights, what = best.export_plan(plan.config.export_epoch, model_is_last=trains)
-    cb.log(plan.prefix, what)
+    cb.log(plan.cluster.name, what)
     if weights is not None:
         tf.train.Checkpoint(model=model).restore(weights).expect_partial().assert_existing_objects_matched()
     return exported_epoch
 
 
-def _discard_export(plan: _Plan, model: Any, stop: Any) -> None:
+def _discard_export(plan: _Plan, model: Any) -> None:
     """A non-chief replica's export: saved (its collectives match the chief's), then deleted."""
     from trainer import callbacks as cb
     from trainer import export
 
     with tempfile.TemporaryDirectory(prefix="worker-model-") as scratch:
         export.save(model, scratch, plan.meta.class_names, plan.meta.image_size)
-    stop.check(plan.prefix, "the model was saved and discarded (non-chief)")
-    cb.log(plan.prefix, "done (non-chief: model discarded)")
+    plan.stop.check(plan.cluster.name, "the model was saved and discarded (non-chief)")
+    cb.log(plan.cluster.name, "done (non-chief: model discarded)")
 
 
-def _publish(
-    plan: _Plan,
-    cluster: ClusterInfo,
-    model: Any,
-    best: Any,
-    exported_epoch: int,
-    stop: Any,
-    started: float,
-) -> dict[str, Any]:
+def _publish(plan: _Plan, model: Any, best: Any, exported_epoch: int, started: float) -> dict[str, Any]:
     """The chief's export: the SavedModel, evaluated as published, with metrics.json and
     config.json, published to --model_dir atomically; returns the metrics."""
     from trainer import callbacks as cb
     from trainer import export, storage
     from trainer._tf import keras
 
-    config, prefix = plan.config, plan.prefix
+    config, prefix, stop = plan.config, plan.cluster.name, plan.stop
     with storage.staged_output(config.model_dir) as staging:
         export.save(model, staging, plan.meta.class_names, plan.meta.image_size)
         # From here the chief works alone: a SIGTERM leaves the block by an exception, so the
@@ -285,7 +259,7 @@ def _publish(
         # Evaluate the artifact being published, loaded outside the strategy: the chief alone
         # can then run it (the trained model's BatchNorm statistics are read by collectives).
         published = keras.models.load_model(staging, compile=False)
-        metrics = _metrics(published, plan, cluster, best, exported_epoch, started)
+        metrics = _metrics(published, plan, best, exported_epoch, started)
         storage.write_json(os.path.join(staging, METRICS_FILE), metrics)
         storage.write_json(os.path.join(staging, CONFIG_FILE), config.to_dict())
         stop.check(prefix, "the export is discarded, nothing is published")
@@ -297,9 +271,7 @@ def _publish(
     return metrics
 
 
-def _metrics(
-    published: Any, plan: _Plan, cluster: ClusterInfo, best: Any, exported_epoch: int, started: float
-) -> dict[str, Any]:
+def _metrics(published: Any, plan: _Plan, best: Any, exported_epoch: int, started: float) -> dict[str, Any]:
     """metrics.json: the published model's exact figures over the whole validation and test splits
     (`trainer.evaluate.summarize`, as the gate's evaluation job computes them), the training
     history, the exported epoch's (1-based) training loss and accuracy, and how it was trained."""
@@ -334,7 +306,7 @@ def _metrics(
         "export_epoch": config.export_epoch,
         "selection_metric": config.hp_metric,
         "stopped_early": best.stopped_early,
-        "num_workers": cluster.num_workers,
+        "num_workers": plan.cluster.num_workers,
         "replicas": plan.replicas,
         "global_batch_size": plan.global_batch,
         "precision_policy": plan.policy,
@@ -344,9 +316,7 @@ def _metrics(
 
 
 def _precision_policy(mixed: bool, has_gpu: bool) -> str:
-    if not mixed:
-        return "float32"
-    return "mixed_float16" if has_gpu else "mixed_bfloat16"
+    return ("mixed_float16" if has_gpu else "mixed_bfloat16") if mixed else "float32"
 
 
 def _check_resumable(config: TrainConfig, fingerprint: str, cluster: ClusterInfo) -> None:
@@ -373,15 +343,6 @@ def _check_resumable(config: TrainConfig, fingerprint: str, cluster: ClusterInfo
 def _at_epoch(hist: dict[str, list[float]], key: str, epoch: int) -> float | None:
     values = hist.get(key, [])
     return values[epoch - 1] if 0 < epoch <= len(values) else None
-
-
-def _replicas_expected(cluster: ClusterInfo) -> int:
-    """The replicas `distribute.create_strategy` will have in sync, without building it (it must
-    come before any other TensorFlow op; listing physical devices is none): one per GPU of this
-    machine, or one for its CPU, times the machines that train together."""
-    from trainer._tf import tf
-
-    return cluster.num_workers * max(1, len(tf.config.list_physical_devices("GPU")))
 
 
 def _error(error: Exception, status: int) -> int:

@@ -58,18 +58,20 @@ class Backups:
         self.manager.save()
 
 
-def best_epoch(checkpoint_dir: str, **overrides: Any) -> cb.BestEpoch:
-    options: dict[str, Any] = dict(
-        metric="val_loss",
-        patience=0,
-        keep_weights=True,
-        steps_per_epoch=STEPS,
-        epochs=10,
-        is_chief=True,
-        prefix="chief-0",
-    )
-    options.update(overrides)
-    callback = cb.BestEpoch(checkpoint_dir, storage.join(checkpoint_dir, "backup"), **options)
+def best_epoch(
+    checkpoint_dir: str,
+    *,
+    metric: str = "val_loss",
+    patience: int = 0,
+    keep_weights: bool = True,
+    epochs: int = 10,
+    is_chief: bool = True,
+) -> cb.BestEpoch:
+    flags = [f"--checkpoint_dir={checkpoint_dir}", f"--hp_metric={metric}", f"--epochs={epochs}"]
+    flags += [f"--early_stopping_patience={patience}", f"--export_epoch={'best' if keep_weights else 'last'}"]
+    config = parse_args(["--data_dir=/data", "--model_dir=/model", *flags], environ={})
+    backup_dir = storage.join(checkpoint_dir, "backup")
+    callback = cb.BestEpoch(config, backup_dir, STEPS, is_chief=is_chief, prefix="chief-0")
     callback.set_model(FakeModel())
     return callback
 
