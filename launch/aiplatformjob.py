@@ -50,15 +50,7 @@ MAPPED_FIELDS = (
     "scaleTier",
     "masterType",
     "masterConfig",
-    "workerType",
-    "workerConfig",
-    "workerCount",
-    "parameterServerType",
-    "parameterServerConfig",
-    "parameterServerCount",
-    "evaluatorType",
-    "evaluatorConfig",
-    "evaluatorCount",
+    *(f"{r}{p}" for r in ("worker", "parameterServer", "evaluator") for p in ("Type", "Config", "Count")),
 )
 OWN_IMAGE = "the pipeline builds and runs its own trainer image"
 IGNORED_FIELDS = {

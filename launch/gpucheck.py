@@ -31,10 +31,8 @@ from local import ROOT
 
 PROG = "make gpu-check"
 COMMAND = ["python", "-m", "trainer.gpucheck"]
-IMAGE_NAME = "trainer"  # components.image.build_trainer_image's image_name
+# What trainer.gpucheck writes into AIP_MODEL_DIR (its RESULT_FILE; not imported: the test keeps them equal).
 RESULT_FILE = "gpu_check.json"
-"""What `trainer.gpucheck` writes into AIP_MODEL_DIR (`trainer.gpucheck.RESULT_FILE`; this layer
-does not import the trainer: tests/launch/test_gpucheck.py keeps them equal)."""
 RESULT_READ = (
     "ok",
     "error",
@@ -50,7 +48,6 @@ RESULT_READ = (
 )
 """The keys of the check's summary read here (`trainer.gpucheck.RESULT_KEYS` declares them)."""
 HARDWARE = ("chief_machine_type", "chief_accelerator_type", "chief_accelerator_count")
-DEFAULT_TIMEOUT = "1800s"
 # The states after which a CustomJob changes no more: GCPC's launcher waits for SUCCEEDED,
 # FAILED, CANCELLED and PAUSED (job_remote_runner._JOB_COMPLETE_STATES); EXPIRED and
 # PARTIALLY_SUCCEEDED are final too (aiplatform_v1 JobState).
@@ -116,7 +113,7 @@ def build_parser(defaults: Mapping[str, Any]) -> argparse.ArgumentParser:
         default=None,
         help="The image to check (default: this checkout's trainer image in ARTIFACT_REPOSITORY).",
     )
-    p.add_argument("--timeout", type=duration, default=duration(DEFAULT_TIMEOUT), help="Job timeout.")
+    p.add_argument("--timeout", type=duration, default=1800, help="Job timeout (default 1800s).")
     p.add_argument("--no_wait", action="store_true", help="Submit and return: do not wait for the result.")
     return p
 
@@ -126,7 +123,8 @@ def checkout_image(settings: Settings, root: Path = ROOT) -> tuple[str, str]:
     image the pipeline's build step makes from the same context (`components.image`)."""
     from components.buildcontext import context_members, context_tag
 
-    return f"{settings.artifact_repository}/{IMAGE_NAME}", context_tag(context_members(root))
+    # "trainer": components.image.build_trainer_image's image_name
+    return f"{settings.artifact_repository}/trainer", context_tag(context_members(root))
 
 
 def worker_pool(
@@ -294,10 +292,8 @@ def run(
             return 1
         if not digest:
             print(
-                f"{PROG}: the trainer image of this checkout, {image}:{tag}, is not in Artifact Registry "
-                "(its build context changed since the last build, or it was never built): `make run` "
-                'builds it first (its build-trainer-image step), or give ARGS="--image <URI>" to check '
-                "another image",
+                f"{PROG}: the trainer image of this checkout, {image}:{tag}, is not in Artifact Registry: "
+                '`make run` builds it first, or give ARGS="--image <URI>" to check another image',
                 file=sys.stderr,
             )
             return 2
@@ -362,9 +358,8 @@ def main(
         return 2
     if not project:
         sys.stderr.write(
-            f"{PROG}: needs a Google Cloud project: it runs one job on Vertex AI. Set PROJECT_ID, REGION, "
-            "PIPELINE_ROOT and ARTIFACT_REPOSITORY in env.sh (see env.sh.example) or the environment. "
-            "The in-image half runs here too, on this machine's own devices: "
+            f"{PROG}: needs a Google Cloud project: set PROJECT_ID, REGION, PIPELINE_ROOT and "
+            "ARTIFACT_REPOSITORY in env.sh or the environment; on this machine's own devices: "
             ".venv/bin/python -m trainer.gpucheck\n"
         )
         return 2

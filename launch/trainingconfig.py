@@ -3,9 +3,7 @@ parameters (docs/vertex.md#moving-from-ai-platform-training---training_config-fi
 
 Only what has a faithful Vertex AI equivalent is mapped; the rest is refused, every problem of the
 file in one `TrainingConfigError`, each naming the YAML field and the nearest choice that works.
-
-AI Platform's fields, legacy machine types and scale tiers, with their sources:
-`launch.aiplatformjob`.
+AI Platform's fields, legacy machine types and scale tiers, with their sources: `launch.aiplatformjob`.
 """
 
 from __future__ import annotations
@@ -102,14 +100,12 @@ class _Reader:
         """Unknown keys are problems (with a close match when there is one); ignored ones notes."""
         names = [*known, *ignored]
         for key in mapping:
-            if key in known:
-                continue
             if key in ignored:
                 self.notes.append(f"{where}{key} ignored: {ignored[key]}")
-                continue
-            self.problems.append(
-                f"{where}{key}: unknown field; {_close(str(key), names)}known: {', '.join(names)}"
-            )
+            elif key not in known:
+                self.problems.append(
+                    f"{where}{key}: unknown field; {_close(str(key), names)}known: {', '.join(names)}"
+                )
 
     def count(self, value: Any, field: str) -> int | None:
         """A whole number >= 0 (the API's int64 fields also come as digit strings)."""
@@ -147,7 +143,7 @@ class _Reader:
             field = self.field("scaleTier")
             shown = (f"BASIC -> {aip.BASIC_MACHINE}", "BASIC -> no GPU", "BASIC -> 0")
             self.role_values("chief", (aip.BASIC_MACHINE, "", 0), (field,) * 3, shown)
-            self.set("worker_count", 0, self.field("scaleTier"), "BASIC -> no workers")
+            self.set("worker_count", 0, field, "BASIC -> no workers")
             self.no_workers()
         elif tier == "CUSTOM":
             self.custom(body)
@@ -289,7 +285,6 @@ class _Reader:
     def role_values(
         self, pool: str, values: tuple[str, str, int], fields: tuple[str, ...], shown: tuple[str, ...]
     ) -> None:
-        """The pool's machine type, accelerator type and count, with the fields they come from."""
         suffixes = ("machine_type", "accelerator_type", "accelerator_count")
         for suffix, value, field, text in zip(suffixes, values, fields, shown, strict=True):
             self.set(f"{pool}_{suffix}", value, field, text)
@@ -434,8 +429,13 @@ def load_training_config(path: str | Path) -> TrainingConfig:
         reader.notes.append(f"{path}: no top-level trainingInput; read as the trainingInput mapping itself")
         body = doc
     reader.read(body)
-    if not reader.problems:
-        _check_pools(reader)
+    try:  # the real builder's checks (worker count range, boot disk), each line naming its YAML field
+        if not reader.problems:
+            describe_pools(reader.values)
+    except ValueError as err:
+        for line in str(err).splitlines():
+            name = next((n for n in sorted(reader.sources, key=len, reverse=True) if line.startswith(n)), "")
+            reader.problems.append(f"{reader.sources[name][0]} ({name}){line[len(name) :]}" if name else line)
     if reader.problems:
         count = len(reader.problems)
         raise TrainingConfigError(
@@ -443,16 +443,6 @@ def load_training_config(path: str | Path) -> TrainingConfig:
             + "\n".join(f"  - {p}" for p in reader.problems)
         )
     return TrainingConfig(reader.values, reader.sources, tuple(reader.notes))
-
-
-def _check_pools(reader: _Reader) -> None:
-    """The real builder's checks (worker count range, boot disk), each line naming the YAML field."""
-    try:
-        describe_pools(reader.values)
-    except ValueError as err:
-        for line in str(err).splitlines():
-            name = next((n for n in sorted(reader.sources, key=len, reverse=True) if line.startswith(n)), "")
-            reader.problems.append(f"{reader.sources[name][0]} ({name}){line[len(name) :]}" if name else line)
 
 
 def apply_training_config(path: str | Path, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:

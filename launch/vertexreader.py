@@ -35,8 +35,7 @@ class Reader:
         self._reached: set[str] = set()
 
     def ensure(self, service: Service) -> None:
-        """Tries `service` once (`reach`) before its first use by this reader: out of reach is
-        one line within seconds, not a request retried for minutes."""
+        """Probes `service` once per reader (`reach`): out of reach is one line, not minutes of retries."""
         if service[1] not in self._reached:
             reach(service)
             self._reached.add(service[1])
@@ -76,11 +75,7 @@ class Reader:
             # Only the REST transport speaks to a URL (a test's fake).
             **({"transport": "rest"} if endpoint.startswith("http://") else {}),
         }
-        service: Service = (
-            "Dataflow",
-            endpoint if endpoint.startswith("http") else f"https://{endpoint}",
-            "",
-        )
+        url = endpoint if endpoint.startswith("http") else f"https://{endpoint}"
 
         def job_and_messages() -> tuple[Any, list[Any]]:
             job = dataflow.JobsV1Beta3Client(**options).get_job(
@@ -95,7 +90,7 @@ class Reader:
             )
             return job, list(next(iter(pages.pages)).job_messages)[:DATAFLOW_MESSAGES]
 
-        return self._read(f"the Dataflow job {name}", name, service, job_and_messages)
+        return self._read(f"the Dataflow job {name}", name, ("Dataflow", url, ""), job_and_messages)
 
     def text(self, uri: str) -> str | None:
         """The text of the gs:// object `uri`, or None (recorded) when it cannot be read."""

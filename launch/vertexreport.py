@@ -1,11 +1,8 @@
 """`make report RUN=<job id or resource name>`: a Vertex run's `summary.json` and
 `report.html`, as a local run leaves them, in `<runs_dir>/<job id>/` (replaced on every report).
 
-    python -m launch.vertexreport [RUN] [--runs_dir local_runs]     (RUN also from the environment)
-
-RUN (`RUN_FORMS`) is checked before any setting is read. What the report reads and shows is
-`launch.vertexrun`'s; a run still running is reported as it stands (`status` RUNNING). Exit
-status: docs/vertex.md#on-vertex-ai-the-runs-report.
+What it reads and shows: `launch.vertexrun`; a run still running is reported as it stands (`status`
+RUNNING). Exit status: docs/vertex.md#on-vertex-ai-the-runs-report.
 """
 
 from __future__ import annotations
@@ -81,7 +78,7 @@ def resource_name(run: Run, settings: Settings) -> str:
 
 def main(
     argv: Sequence[str] | None = None,
-    environ: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] = os.environ,
     env_file: Path = Path("env.sh"),
     *,
     credentials: Any = None,
@@ -89,15 +86,14 @@ def main(
     now: datetime.datetime | None = None,
     dataflow_endpoint: str = vertexreader.DATAFLOW_ENDPOINT,
 ) -> int:
-    env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog=f"{PROG} RUN=...", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", nargs="?", default=None, help="the run (default: RUN); " + RUN_FORMS)
     parser.add_argument(
         "--runs_dir", default=RUNS_DIR, help=f"where <job id>/ is written (default {RUNS_DIR})"
     )
-    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    ns = parser.parse_args(argv)
     try:
-        run = parse_run(ns.run if ns.run is not None else env.get("RUN", ""))
+        run = parse_run(ns.run if ns.run is not None else environ.get("RUN", ""))
     except ValueError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
@@ -105,7 +101,7 @@ def main(
     if runs_dir.exists() and not runs_dir.is_dir():
         print(f"{PROG}: --runs_dir {runs_dir} exists and is not a folder", file=sys.stderr)
         return 2
-    settings = submit.load_settings(PROG, lambda: run_settings(run, env, env_file), "read the run from")
+    settings = submit.load_settings(PROG, lambda: run_settings(run, environ, env_file), "read the run from")
     if settings is None:
         return 2
     name = resource_name(run, settings)

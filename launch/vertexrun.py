@@ -2,32 +2,26 @@
 `<runs_dir>/<job id>/`, the files a local run leaves: for `make report` (launch.vertexreport) and
 for `make run WAIT=1` when the run ends (launch.submit).
 
-Everything comes from the run's records, read through the real client libraries
-(`launch.vertexreader.Reader`):
+Read through the real client libraries (`launch.vertexreader.Reader`):
 
-- the PipelineJob: its state and times, and each task's state and create -> start -> end times
-  (aiplatform_v1 `PipelineJob.job_detail.task_details`: `PipelineTaskDetail.create_time`,
-  `start_time`, `end_time`, `state`), its output parameters (its `execution`'s metadata, under
-  `output:<name>`: how aiplatform's own `PipelineJob.run` reads them,
-  google/cloud/aiplatform/pipeline_jobs.py) and its output artifacts (`outputs`);
-- each job a launcher task started, named in the task's `gcp_resources` output parameter (GCPC's
-  job_remote_runner writes `{"resources": [{"resourceType": "CustomJob", "resourceUri":
-  "https://<endpoint>/v1/<job name>"}]}`): the CustomJob's or HyperparameterTuningJob's state and
-  create -> start -> end (aiplatform_v1 `CustomJob.create_time`; `start_time`: "Time when the
-  CustomJob for the first time entered the JOB_STATE_RUNNING state"; `end_time`), and a tuning
-  job's trials (`HyperparameterTuningJob.trials`, each with its `start_time` and `end_time`);
-- a Dataflow job (prepare_engine=beam: `DATAFLOW_JOB`), read with
-  google-cloud-dataflow-client (dataflow_v1beta3): its state and times
-  (`Job.create_time`; `start_time`, which equals the creation for all but FlexRS jobs;
-  `current_state_time`, its end once the state is terminal), and its first messages of importance
-  JOB_MESSAGE_BASIC and above (`MessagesV1Beta3.ListJobMessages`), timed from its creation: they
-  time the workers' start-up, which decides when Dataflow beats the one-replica preparation job
-  (docs/training.md#preparing-on-apache-beam) and which Google publishes no figure for;
-- the trainer's metrics.json (trainer/contract.py) beside the run's Model artifact (`_metrics`),
-  the gate's decision (`_gate`) and the model version GCPC's ModelUploadOp made (`_model`).
+- the PipelineJob: its state and times, each task's state and create -> start -> end (aiplatform_v1
+  `PipelineTaskDetail.create_time`, `start_time`, `end_time`, `state`), output parameters (its
+  `execution`'s metadata under `output:<name>`, as aiplatform's `PipelineJob.run` reads them,
+  google/cloud/aiplatform/pipeline_jobs.py) and output artifacts (`outputs`);
+- each job a task's `gcp_resources` names (GCPC's job_remote_runner writes `{"resources":
+  [{"resourceType": "CustomJob", "resourceUri": "https://<endpoint>/v1/<job name>"}]}`): its state
+  and create -> start -> end (aiplatform_v1 `CustomJob.start_time`: "Time when the CustomJob for
+  the first time entered the JOB_STATE_RUNNING state"), and a tuning job's trials
+  (`HyperparameterTuningJob.trials`);
+- a Dataflow job (prepare_engine=beam: `DATAFLOW_JOB`, dataflow_v1beta3): its state and times
+  (`start_time` equals `create_time` for all but FlexRS jobs; `current_state_time` is the end once
+  the state is terminal) and its first messages of importance JOB_MESSAGE_BASIC and above
+  (`MessagesV1Beta3.ListJobMessages`), timed from its creation: the workers' start-up, for which
+  Google publishes no figure (docs/training.md#preparing-on-apache-beam);
+- the trainer's metrics.json beside the run's Model artifact (`_metrics`), the gate's decision
+  (`_gate`) and the model version GCPC's ModelUploadOp made (`_model`).
 
-Tasks are read generically, by their state, times, outputs and `gcp_resources`, never by their
-names: the DAG's task names are free to change.
+Tasks are read by their state, times, outputs and `gcp_resources`, never by their names.
 """
 
 from __future__ import annotations
@@ -81,10 +75,6 @@ def _seconds(start: datetime.datetime | None, end: datetime.datetime | None) -> 
     return round((end - start).total_seconds(), 2) if start and end else None
 
 
-def _iso(moment: datetime.datetime | None) -> str | None:
-    return moment.isoformat() if moment else None
-
-
 def _timing(
     created: datetime.datetime | None,
     started: datetime.datetime | None,
@@ -98,9 +88,9 @@ def _timing(
     first = created or started
     last = ended or (now if started else None)
     return {
-        "created": _iso(created),
-        "started": _iso(started),
-        "ended": _iso(ended),
+        "created": created.isoformat() if created else None,
+        "started": started.isoformat() if started else None,
+        "ended": ended.isoformat() if ended else None,
         "queued_seconds": _seconds(created, started),
         "run_seconds": _seconds(started, last),
         "seconds": _seconds(first, last) or 0.0,

@@ -27,13 +27,6 @@ from pipeline.options import (
     tuning,
 )
 from pipeline.options.common import REQUIRED, TARGETS, OptionsError, Parameter, Problem, whole
-from pipeline.options.data import data_problems, dataflow_problems
-from pipeline.options.gate import registry_problems
-from pipeline.options.jobs import flex_start_problems, hardware_problems, job_settings_problems
-from pipeline.options.local import local_problems
-from pipeline.options.persistent_resource import persistent_resource_problems
-from pipeline.options.trainer_flags import source_problems, trainer_flag_problems
-from pipeline.options.tuning import tuning_problems
 
 __all__ = [
     "PARAMETERS",
@@ -87,22 +80,12 @@ def _row_problems(values: Mapping[str, Any]) -> list[Problem]:
             continue
         value = values[p.name]
         if p.choices and value not in p.choices:
-            close = [c for c in p.choices if c.lower() == str(value).lower()]
+            close = next((f"; did you mean {c}?" for c in p.choices if c.lower() == str(value).lower()), "")
             problems.append(
-                Problem(
-                    (p.name,),
-                    f"must be one of {', '.join(p.choices)}, got {value!r}"
-                    + (f"; did you mean {close[0]}?" if close else ""),
-                )
+                Problem((p.name,), f"must be one of {', '.join(p.choices)}, got {value!r}{close}")
             )
-        if p.bounds is not None and (
-            not (
-                whole(value)
-                if p.type is int
-                else isinstance(value, int | float) and not isinstance(value, bool)
-            )
-            or not p.bounds[0] <= value <= p.bounds[1]
-        ):
+        number = whole(value) or (p.type is not int and isinstance(value, float))
+        if p.bounds is not None and not (number and p.bounds[0] <= value <= p.bounds[1]):
             low, high = p.bounds
             allowed = f"from {low:g} to {high:g}" if math.isfinite(high) else f"{low:g} or more"
             kind = "a whole number" if p.type is int else "a number"
@@ -113,8 +96,7 @@ def _row_problems(values: Mapping[str, Any]) -> list[Problem]:
 def check(values: Mapping[str, Any], target: str, region: str = "") -> list[str]:
     """Applies every rule to a run's parameter values (the target's defaults with the user's
     values over them); `region` is the Vertex region. Raises OptionsError; returns warnings."""
-    if target not in TARGETS:
-        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+    parameters_for(target)  # an unknown target: ValueError
     warnings: list[str] = []
     problems = _number_problems(values)  # before rules that would compare them
     if not problems:
@@ -122,7 +104,7 @@ def check(values: Mapping[str, Any], target: str, region: str = "") -> list[str]
     elif target == "vertex":
         raise OptionsError(problems)
     if target == "local":
-        problems += local_problems(values)
+        problems += local.local_problems(values)
     if problems:
         raise OptionsError(problems)
     if values["tune"] and (values["scheduling_strategy"] != "STANDARD" or values["tensorboard"]):
@@ -142,17 +124,17 @@ def _parameter_problems(
 ) -> list[Problem]:
     """The rules of both targets (every number finite already)."""
     problems = _row_problems(values)
-    problems += hardware_problems(values, region, warnings)
-    problems += job_settings_problems(values, region)
-    problems += persistent_resource_problems(values, warnings)
+    problems += jobs.hardware_problems(values, region, warnings)
+    problems += jobs.job_settings_problems(values, region)
+    problems += persistent_resource.persistent_resource_problems(values, warnings)
     if values["scheduling_strategy"] == "FLEX_START":
-        problems += flex_start_problems(values)
-    problems += tuning_problems(values)
-    problems += registry_problems(values, region, warnings)
-    problems += data_problems(values, target)
+        problems += jobs.flex_start_problems(values)
+    problems += tuning.tuning_problems(values)
+    problems += gate.registry_problems(values, region, warnings)
+    problems += data.data_problems(values, target)
     if target == "vertex":
-        problems += dataflow_problems(values, region, warnings)
-    problems += trainer_flag_problems(values)
+        problems += data.dataflow_problems(values, region, warnings)
+    problems += trainer_flags.trainer_flag_problems(values)
     if not any("dataset_source" in p.parameters for p in problems):
-        problems += source_problems(values)
+        problems += trainer_flags.source_problems(values)
     return problems

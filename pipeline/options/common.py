@@ -28,9 +28,7 @@ class Parameter:
     bounds: tuple[float, float] | None = None
 
     def default_for(self, target: str) -> Any:
-        if target == "local" and self.local is not None:
-            return self.local
-        return self.default
+        return self.local if target == "local" and self.local is not None else self.default
 
 
 @dataclasses.dataclass(frozen=True)

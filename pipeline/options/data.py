@@ -55,8 +55,7 @@ PARAMETERS: tuple[_p, ...] = (
     _p("seed", int, 42, "Seed of the split carving and of training."),
 )
 
-# docs/options.md#the-rules, this capability's rows (`make docs` writes the table): the parameters,
-# the rule, its source.
+# This capability's rows of docs/options.md#the-rules (`make docs`): parameters | rule | source.
 RULES = """
 | `dataset_shards`, `worker_count` | at least one shard per training replica (each reads whole files: FILE auto-sharding) | `trainer/data.py` |
 | `dataset_source` | `tfds:NAME`, `folder:PATH` or `synthetic`; on Vertex a folder must be in Cloud Storage (`folder:gs://...`); locally it must exist | the preparation job runs on Vertex |
@@ -126,8 +125,7 @@ def data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
 
 def _weights_problem(weights: str, target: str) -> str:
     """Why `weights` names no weights file the training job can read ("" when it does): on Vertex
-    a Cloud Storage path (nothing else on this machine is reachable from there), locally a regular
-    HDF5 file."""
+    a Cloud Storage path, locally a regular HDF5 file."""
     if weights.lower() in ("imagenet", "none") or not weights.strip():
         return ""  # the trainer's own parser names an empty value (trainer_flag_problems)
     if weights.startswith(("gs://", "/gcs/")):

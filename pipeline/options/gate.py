@@ -78,8 +78,7 @@ PARAMETERS: tuple[_p, ...] = (
     ),
 )
 
-# docs/options.md#the-rules, this capability's rows (`make docs` writes the table): the parameters,
-# the rule, its source.
+# This capability's rows of docs/options.md#the-rules (`make docs`): parameters | rule | source.
 RULES = """
 | `model_display_name`, `serving_image`, `serving_tf_version`, `serving_accelerator` | Vertex's display-name rule; a serving image that exists (docs/guarantees.md#the-local-target-is-as-strict-as-vertex) | `components/registry.py`, `components/servingimage.py` |
 | `model_root` (Vertex) | `''` (`gs://<the pipeline root's bucket>/models`) or a `gs://<bucket>/<path>` folder | docs/training.md, "What may be deleted" |

@@ -91,8 +91,7 @@ PARAMETERS: tuple[_p, ...] = (
     _p("labels", dict, {}, "Labels of the jobs and the model version."),
 )
 
-# docs/options.md#the-rules, this capability's rows (`make docs` writes the table): the parameters,
-# the rule, its source.
+# This capability's rows of docs/options.md#the-rules (`make docs`): parameters | rule | source.
 RULES = """
 | hardware (`chief_*`, `worker_*`, `boot_disk_*`, `reduction_server_*`, `prepare_machine_type`) | the GPU tables of docs/vertex.md#gpus-for-training-what-google-allows-and-what-this-project-checks, per pool; K80 and GB200 refused; `check_gpu_region=false` makes the region table a warning | docs/vertex.md#gpus-for-training-what-google-allows-and-what-this-project-checks |
 | `scheduling_strategy=FLEX_START` | L4, A100, A100 80GB, H100, H100 Mega, H200 or B200 GPUs in every pool; the same machine configuration in every pool (so no Reduction Server pool); `timeout` at most 7 days | "Schedule training jobs based on resource availability", https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws |
@@ -171,11 +170,7 @@ def kms_key_problem(key: str, region: str) -> str:
     location = match.group(1)
     if not region or location == region:
         return ""
-    kind = ""
-    if location == "global":
-        kind = " (a global key)"
-    elif "-" not in location:
-        kind = " (a multi-region)"
+    kind = " (a global key)" if location == "global" else "" if "-" in location else " (a multi-region)"
     return (
         f"the key is in {location}{kind}; Vertex AI needs a CMEK key in the region of its resources, "
         f"{region}: {form} (global and multi-region keys are refused)"
@@ -239,14 +234,11 @@ def hardware_problems(values: Mapping[str, Any], region: str, warnings: list[str
 def flex_start_problems(v: Mapping[str, Any]) -> list[Problem]:
     doc = "(Dynamic Workload Scheduler; https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws)"
     problems = []
-    pools = [("chief", v["chief_machine_type"], v["chief_accelerator_type"], v["chief_accelerator_count"])]
-    if v["worker_count"]:
-        worker = (
-            v["worker_machine_type"] or v["chief_machine_type"],
-            v["worker_accelerator_type"] or v["chief_accelerator_type"],
-            v["worker_accelerator_count"] or v["chief_accelerator_count"],
-        )
-        pools.append(("worker", *worker))
+    keys = ("machine_type", "accelerator_type", "accelerator_count")
+    chief = [v[f"chief_{k}"] for k in keys]
+    pools = [("chief", *chief)]
+    if v["worker_count"]:  # empty worker settings copy the chief's
+        pools.append(("worker", *(v[f"worker_{k}"] or c for k, c in zip(keys, chief, strict=True))))
     for role, _, gpu, _ in pools:
         if gpu not in FLEX_START_GPUS:
             problems.append(

@@ -52,29 +52,25 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
                         f"{problem}; set it to 0 (and {role}_accelerator_type to '') to train on CPU",
                     )
                 )
-    if isinstance(args["worker_count"], int) and args["worker_count"] > MAX_LOCAL_WORKERS:
+    workers, parallel = args["worker_count"], args["parallel_trial_count"]
+    if isinstance(workers, int) and workers > MAX_LOCAL_WORKERS:
         problems.append(
             Problem(
                 ("worker_count",),
-                f"{args['worker_count']} is more processes than a local run should start (max {MAX_LOCAL_WORKERS})",
+                f"{workers} is more processes than a local run should start (max {MAX_LOCAL_WORKERS})",
             )
         )
-    elif (
-        args["tune"]
-        and isinstance(args["worker_count"], int)
-        and isinstance(args["parallel_trial_count"], int)
-    ):
+    elif args["tune"] and isinstance(workers, int) and isinstance(parallel, int):
         # Each trial is a job of its own with the same pools: parallel trials multiply the
         # replicas (6 trials of 2 replicas: 14 trainer processes, 5.8 GB on this machine).
-        per_trial = 1 + args["worker_count"]
-        if args["parallel_trial_count"] * per_trial > MAX_LOCAL_REPLICAS:
+        per_trial = 1 + workers
+        if parallel * per_trial > MAX_LOCAL_REPLICAS:
             problems.append(
                 Problem(
                     ("parallel_trial_count", "worker_count"),
-                    f"{args['parallel_trial_count']} trials at once of {per_trial} replicas each is "
-                    f"{args['parallel_trial_count'] * per_trial} trainer processes; a local run starts at most "
-                    f"{MAX_LOCAL_REPLICAS} at once: give parallel_trial_count at most "
-                    f"{max(1, MAX_LOCAL_REPLICAS // per_trial)}",
+                    f"{parallel} trials at once of {per_trial} replicas each is {parallel * per_trial} "
+                    f"trainer processes; a local run starts at most {MAX_LOCAL_REPLICAS} at once: give "
+                    f"parallel_trial_count at most {max(1, MAX_LOCAL_REPLICAS // per_trial)}",
                 )
             )
     try:  # the serving image this run would register with (auto: decided on today's date)
@@ -125,11 +121,7 @@ def tfds_source_problem(source: str, environ: Mapping[str, str]) -> str:
     name = source.removeprefix("tfds:").split(":")[0].split("/")[0]
     data_dir = Path(environ.get("TFDS_DATA_DIR") or Path.home() / "tensorflow_datasets")
     folder = data_dir / name
-    if folder.is_dir() and any(
-        p.name == "dataset_info.json"
-        for depth in ("*", "*/*")
-        for p in folder.glob(f"{depth}/dataset_info.json")
-    ):
+    if any(folder.glob("*/dataset_info.json")) or any(folder.glob("*/*/dataset_info.json")):
         return ""
     if internet_reachable():
         return ""

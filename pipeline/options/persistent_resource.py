@@ -1,9 +1,6 @@
 """The persistent resource (an extra): `persistent_resource_id`'s offline rules, and whether the
 resource itself can run the run's jobs (`persistent_resource_fit`, called by `launch.submit` once
 it has read the resource).
-
-Offline: the ID's form (`PERSISTENT_RESOURCE_ID`) and STANDARD scheduling (this pipeline's rule);
-docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource.
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ PARAMETERS: tuple[_p, ...] = (
     ),
 )
 
-# docs/options.md#the-rules, this capability's rows (`make docs` writes the table): the parameters,
-# the rule, its source.
+# This capability's rows of docs/options.md#the-rules (`make docs`): parameters | rule | source.
 RULES = """
 | `persistent_resource_id` (Vertex; the `PERSISTENT_RESOURCE_ID` setting) | `''` (every job starts its own machines) or a persistent resource's ID, 1-63 lowercase letters, digits and `-`, starting with a letter; only with `scheduling_strategy=STANDARD`; `tune=true` warns that the trials still start machines. When the run is submitted, the resource is read: it must exist in the run's project and region, be `RUNNING`, have the run's `network`, CMEK key and service account, and a pool for each job's machines (machine type, GPU type and count, boot disk type) with its replicas: `prepare_machine_type` for the preparation and evaluation jobs, the chief's, the workers' and the Reduction Server's for the training job | aiplatform_v1 `CreatePersistentResourceRequest.persistent_resource_id`, `CustomJobSpec.persistent_resource_id`; "Run training jobs on a persistent resource"; docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource |
 """
@@ -73,7 +69,7 @@ def persistent_resource_id_problem(resource_id: str) -> str:
 
 
 def persistent_resource_problems(v: Mapping[str, Any], warnings: list[str]) -> list[Problem]:
-    """The offline rules of `persistent_resource_id` (module docstring)."""
+    """The offline rules of `persistent_resource_id`: its form, and STANDARD scheduling (ours)."""
     resource_id = v.get("persistent_resource_id", "")
     if not resource_id:
         return []
@@ -129,20 +125,15 @@ def persistent_resource_jobs(v: Mapping[str, Any], region: str = "") -> dict[str
     """The worker pools of each job that runs on the persistent resource (`PERSISTENT_RESOURCE_JOBS`),
     built as the planning step builds them (`components.plan.plan_jobs`), less the image and
     flags, which a resource pool does not constrain."""
-
-    def build(**hardware: Any) -> list[dict[str, Any]]:
-        specs: list[dict[str, Any]] = worker_pools.build_worker_pool_specs(
-            image_uri="check", command=["python"], args=[], region=region, **hardware
+    cpu = {k: v[k] for k in ("boot_disk_type", "boot_disk_size_gb")}
+    cpu["chief_machine_type"] = v["prepare_machine_type"]
+    training = {k: v[k] for k in worker_pools.HARDWARE_PARAMETERS if k in v}
+    return {
+        job: worker_pools.build_worker_pool_specs(
+            image_uri="check", command=["python"], args=[], region=region, **hw
         )
-        return specs
-
-    cpu = build(
-        chief_machine_type=v["prepare_machine_type"],
-        boot_disk_type=v["boot_disk_type"],
-        boot_disk_size_gb=v["boot_disk_size_gb"],
-    )
-    training = build(**{k: v[k] for k in worker_pools.HARDWARE_PARAMETERS if k in v})
-    return {step.PREPARE: cpu, step.TRAIN: training, step.EVALUATE: cpu}
+        for job, hw in ((step.PREPARE, cpu), (step.TRAIN, training), (step.EVALUATE, cpu))
+    }
 
 
 def persistent_resource_fit(
@@ -196,8 +187,7 @@ def persistent_resource_fit(
     if key != run_key:
         problems.append(
             f"its CMEK key is {key or 'none'} and the run's encryption_spec_key_name (KMS_KEY) is "
-            f"{run_key or 'none'}: they must be the same (aiplatform_v1 CustomJobSpec.persistent_resource_id: "
-            "a job whose CMEK config is not the resource's is rejected)"
+            f"{run_key or 'none'}: they must be the same {consistent}"
         )
     enforced = bool(resource.resource_runtime_spec.service_account_spec.enable_custom_service_account)
     account = str(v.get("service_account", ""))

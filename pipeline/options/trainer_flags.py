@@ -67,8 +67,7 @@ PARAMETERS: tuple[_p, ...] = (
     ),
 )
 
-# docs/options.md#the-rules, this capability's rows (`make docs` writes the table): the parameters,
-# the rule, its source.
+# This capability's rows of docs/options.md#the-rules (`make docs`): parameters | rule | source.
 RULES = """
 | model and data flags (`backbone`, `weights`, `epochs`, `learning_rate`, `per_replica_batch_size`, `dense_units`, `dropout`, `image_size`, `seed`, `fine_tune_fraction`, `dataset_shards`, `synthetic_per_class`, ...) | whatever the trainer's own parsers accept, applied to the exact flags the run would hand the jobs (`python -m trainer.flagcheck`, no TensorFlow, ~0.1 s); `fine_tune_fraction` is -1 (the trainer's default) or 0 to 1 | `trainer/config.py`, `trainer/prepare.py` |
 """
@@ -129,11 +128,10 @@ def trainer_check(module: str, request: Any, timeout: float | None = None) -> An
 def trainer_flag_problems(values: Mapping[str, Any]) -> list[Problem]:
     """The trainer's own parsers' verdict on the flags this run would hand its jobs, each problem
     named by the pipeline parameter behind the flag (`trainer_check`: trainer.flagcheck)."""
-    to_parameter = PREPARE_INPUTS  # build_prepare_args's inputs are its flags' names
     problems = []
     for found in trainer_check("trainer.flagcheck", trainer_commands(values)):
         names = [
-            flag if found["program"] == "trainer.task" else to_parameter.get(flag, flag)
+            flag if found["program"] == "trainer.task" else PREPARE_INPUTS.get(flag, flag)
             for flag in found["flags"]
         ]
         problems.append(

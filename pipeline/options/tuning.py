@@ -53,8 +53,7 @@ PARAMETERS: tuple[_p, ...] = (
     ),
 )
 
-# docs/options.md#the-rules, this capability's rows (`make docs` writes the table): the parameters,
-# the rule, its source.
+# This capability's rows of docs/options.md#the-rules (`make docs`): parameters | rule | source.
 RULES = """
 | `tune`, `search_algorithm` | `ALGORITHM_UNSPECIFIED` (Bayesian), `GRID_SEARCH` or `RANDOM_SEARCH`; `GRID_SEARCH` only when every parameter of the declared `search_space` is INTEGER, CATEGORICAL or DISCRETE (the default spaces have DOUBLE `learning_rate` and `dropout`) | aiplatform_v1 `StudySpec.Algorithm` |
 | `parallel_trial_count` | 1 to `max_trial_count` | aiplatform_v1 `HyperparameterTuningJob` |
