@@ -7,6 +7,7 @@ keeps them equal). The GPUs are found without TensorFlow (`local_gpus`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,25 +30,21 @@ def local_gpus(driver_dir: str = GPU_DRIVER_DIR, environ: Mapping[str, str] | No
         buses = sorted(os.listdir(driver_dir))
     except OSError:
         return []
-    names = []
-    for bus in buses:
-        model = bus
-        with contextlib.suppress(OSError):
-            for line in Path(driver_dir, bus, "information").read_text(errors="replace").splitlines():
-                if line.startswith("Model:"):
-                    model = line.partition(":")[2].strip() or bus
-                    break
-        names.append(model)
+    names = [_model(Path(driver_dir, bus, "information")) or bus for bus in buses]
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return names
-    picked = []
-    for item in visible.split(","):
-        item = item.strip()
-        if not item.isdigit() or int(item) >= len(names):
-            break
-        picked.append(names[int(item)])
-    return picked
+    items = (item.strip() for item in visible.split(","))
+    return [names[int(i)] for i in itertools.takewhile(lambda i: i.isdigit() and int(i) < len(names), items)]
+
+
+def _model(information: Path) -> str:
+    """The `Model:` line of a driver `information` file; "" when it has none or cannot be read."""
+    with contextlib.suppress(OSError):
+        for line in information.read_text(errors="replace").splitlines():
+            if line.startswith("Model:"):
+                return line.partition(":")[2].strip()
+    return ""
 
 
 def gpu_shortfall(

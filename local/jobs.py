@@ -3,9 +3,8 @@
 Given the same `worker_pool_specs` Vertex receives, it runs every replica of pools 0 and 1 as a
 process of the spec's command and args (`python` becomes this interpreter: the checkout's trainer
 stands in for the image) with the environment Vertex gives a container (`replica_env`), on free
-loopback ports. Also `TMPDIR=<log_dir>/.tmp/<replica>`, deleted after every attempt: on Vertex a
-replica's temporary files die with its container; here they would stay in /tmp after a SIGKILL
-(TensorFlow's autograph writes its generated modules there).
+loopback ports, and `TMPDIR=<log_dir>/.tmp/<replica>`, deleted after every attempt as a Vertex
+container's files die with it (TensorFlow's autograph writes there; /tmp would keep them).
 
 Each replica's output is prefixed on screen and saved to `<log_dir>/<role>-<index>.log`. No
 replica outlives the job, whatever ends it (failure, timeout, Ctrl-C, SIGTERM, `cancel`; SIGKILL
@@ -61,9 +60,8 @@ class ReplicaOutOfMemoryError(JobFailed):
     The message's first line names the replica, its peak memory, the limit and what to lower."""
 
 
-# A trainer replica's exit after saving its backup on SIGTERM (trainer.callbacks.TERMINATED_EXIT_CODE:
-# 128 + SIGTERM, as TensorFlow's PreemptionCheckpointHandler exits on Google Cloud; not imported
-# here: tests/local/test_jobs.py checks the two are equal).
+# A trainer replica's exit after saving its backup on SIGTERM: trainer.callbacks.TERMINATED_EXIT_CODE
+# (128 + SIGTERM, as TensorFlow's PreemptionCheckpointHandler exits on Google Cloud; a test keeps them equal).
 TERMINATED = 143
 
 
@@ -97,7 +95,6 @@ class Replica:
 class JobResult:
     attempts: int
     seconds: float
-    log_dir: str
     replicas: list[str]
 
 
@@ -220,7 +217,7 @@ class _Running:
     oom: tuple[str, int, str] | None = None  # set when it ran out of memory (`oom_cause`)
     oom_checked: bool = False
 
-    def start(self, header: str, prefix: str, out: TextIO) -> None:
+    def start(self, header: str, display_name: str, out: TextIO) -> None:
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.kills_before, self.peak, self.seen_peak = self.probe.oom_kills(), None, None
         self.oom, self.oom_checked = None, False
@@ -241,7 +238,9 @@ class _Running:
         )
         assert self.process.stdout is not None
         self.thread = threading.Thread(
-            target=_pump, args=(self.process.stdout, prefix, log_file, self.tail, out), daemon=True
+            target=_pump,
+            args=(self.process.stdout, f"[{display_name} {self.replica.name}] ", log_file, self.tail, out),
+            daemon=True,
         )
         self.thread.start()
 
@@ -271,15 +270,14 @@ class _Running:
         with contextlib.suppress(OSError, ValueError, IndexError):
             for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
-                    hwm = int(line.split()[1]) * 1024  # kB
-                    self.seen_peak = max(self.seen_peak or 0, hwm)
+                    self.seen_peak = max(self.seen_peak or 0, int(line.split()[1]) * 1024)  # kB
                     return
 
     def oom_cause(self) -> tuple[str, int, str] | None:
         """(how it was recognised, the memory limit, where the limit comes from) when it ran out
         of memory, else None; decided once it has ended (also kept in `oom`)."""
         code = self.code
-        if code is None or code != -signal.SIGKILL:
+        if code != -signal.SIGKILL:
             return None
         if self.oom_checked:
             return self.oom
@@ -339,10 +337,8 @@ _SIGTERM = threading.Event()
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (kfp.local or a CI runner stopping us) unwinds like Ctrl-C, so replicas stop too.
-    Python can drop the handler's exception (raised in a `__del__`, a weakref callback, C code
-    that clears errors: trainer.prepare.sigterm_unwinds), and its own SIGINT handler's alike, so
-    both signals are also recorded and the supervising loop raises them again; a second one
-    during the clean-up does not cut it short."""
+    Python can drop a handler's exception (trainer.prepare.sigterm_unwinds), so both signals are
+    also recorded for the supervising loop; a second one does not cut the clean-up short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -395,7 +391,6 @@ def run_job(
     logs = Path(log_dir)
     logs.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    deadline = start + seconds
     job_id = job_id or f"local-{display_name}-{int(time.time())}"
     probe = memory or MemoryProbe()
     restarts = 0
@@ -420,7 +415,7 @@ def run_job(
                 }
                 r = _Running(rep, env, logs / f"{rep.name}.log", tmp_root / rep.name, probe)
                 running.append(r)
-                r.start(f"attempt {number}", f"[{display_name} {rep.name}] ", stream)
+                r.start(f"attempt {number}", display_name, stream)
             done: set[str] = set()
             while True:
                 if _SIGTERM.is_set():
@@ -450,12 +445,10 @@ def run_job(
                     )
                     if r.thread is not None:
                         r.thread.join(timeout=5)
-                    r.start(
-                        f"attempt {number}, restart {restarts}", f"[{display_name} {r.replica.name}] ", stream
-                    )
+                    r.start(f"attempt {number}, restart {restarts}", display_name, stream)
                 if len(done) == len(running):
                     return "ok", None
-                if time.monotonic() > deadline:
+                if time.monotonic() > start + seconds:
                     return "timeout", None
                 time.sleep(0.2)
         finally:
@@ -471,7 +464,7 @@ def run_job(
             say(f"attempt {number}: starting {', '.join(r.name for r in reps)}")
             outcome, culprit = attempt(number)
             if outcome == "ok":
-                return JobResult(number, time.monotonic() - start, str(logs), [r.name for r in reps])
+                return JobResult(number, time.monotonic() - start, [r.name for r in reps])
             if outcome == "timeout":
                 raise JobFailed(
                     f"{display_name} ran past its timeout of {timeout}; every replica was stopped"
@@ -479,8 +472,7 @@ def run_job(
             assert culprit is not None and culprit.process is not None
             if outcome == "oom":
                 raise ReplicaOutOfMemoryError(out_of_memory_message(display_name, culprit, restarts))
-            code = culprit.process.returncode
-            how = describe_exit(code)
+            how = describe_exit(culprit.process.returncode)
             if outcome == "restart" and restart_job_on_worker_restart and restarts < max_restarts:
                 restarts += 1
                 say(

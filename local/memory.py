@@ -20,22 +20,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# Vertex AI's error for a replica out of memory: the training service's wording since AI Platform
-# Training ("The replica master 0 ran out-of-memory and exited with a non-zero status of
-# 9(SIGKILL)", tensorflow/models#5591 and #9352) with Vertex's replica names ("The replica
-# workerpool1-1 exited with a non-zero status of 1. Termination reason: Error.",
-# GoogleCloudPlatform/vertex-ai-samples#1504). Google's "Understand the custom training service"
-# (https://cloud.google.com/vertex-ai/docs/training/understanding-training-service, "Restart
-# workers during the training job") restarts a worker that exits non-zero unless its error is on
-# the "common errors" list (permanent: the whole job shuts down); whether out of memory is, the
-# page does not show, and the reports above end with the job failed. A replica holding the same
-# batch would run out of memory again, so here it is permanent: the job fails at once.
+# Vertex AI's error for a replica out of memory: AI Platform Training's wording ("The replica
+# master 0 ran out-of-memory and exited with a non-zero status of 9(SIGKILL)", tensorflow/models#5591
+# and #9352) with Vertex's replica names (GoogleCloudPlatform/vertex-ai-samples#1504). Vertex
+# restarts a worker that exits non-zero unless its error is a "common error" (permanent; "Restart
+# workers during the training job", https://cloud.google.com/vertex-ai/docs/training/understanding-training-service);
+# the page does not say whether out of memory is, the reports above end with the job failed, and
+# the same batch would run out of memory again: here it is permanent.
 VERTEX_OOM_WORDS = "The replica {pool} ran out-of-memory and exited with a non-zero status of 9(SIGKILL)"
 OOM_PEAK_FRACTION = 0.4
-"""Only where no cgroup `oom_kill` counter can be read: a replica killed by SIGKILL whose peak
-resident memory reached this share of the memory limit is judged out of memory. The kernel's OOM
-killer ends the largest process when memory runs out; with the local default of two replicas
-sharing the machine, the largest holds about half of what is in use, less the runner's share."""
+"""Where no cgroup `oom_kill` counter can be read, a SIGKILLed replica whose peak reached this share
+of the limit is judged out of memory: the OOM killer ends the largest process, and of the local
+default two replicas the largest holds about half of what is in use, less the runner's share."""
 UNLIMITED = 1 << 60
 """cgroup v1 writes "no limit" as a huge number (9223372036854771712); anything above is one."""
 
@@ -57,9 +53,8 @@ class MemoryProbe:
     meminfo: str = "/proc/meminfo"
 
     def _paths(self) -> tuple[list[str], list[str]]:
-        """The parts of this process's cgroup v2 path and v1 memory-controller path (none: the
-        root). Written twice on purpose: `trainer.data.cgroup_memory_limit` parses the same file,
-        and neither layer imports the other."""
+        """The parts of this process's cgroup v2 and v1 memory-controller paths ([]: the root), as
+        `trainer.data.cgroup_memory_limit` parses them (neither layer imports the other)."""
         v2, v1 = "/", "/"
         with contextlib.suppress(OSError):
             for line in Path(self.proc_cgroup).read_text(encoding="utf-8").splitlines():
@@ -72,12 +67,10 @@ class MemoryProbe:
         return [p for p in v2.split("/") if p], [p for p in v1.split("/") if p]
 
     def counter_files(self) -> list[Path]:
-        """Where the `oom_kill` counter may be, best first: cgroup v2 `memory.events` of this
-        cgroup (it counts the processes "killed by any kind of OOM killer" in it and below it:
-        the kernel's cgroup-v2 documentation), at the mount's root or at `unified/` on hybrid
-        hosts; else v1 `memory.oom_control` of this memory cgroup (its `oom_kill` line, Linux
-        4.13 and later; not counted in ancestors). A container that sees only its own cgroup
-        finds it at the mount's root, whatever /proc says: those come last."""
+        """Where the `oom_kill` counter may be, best first: cgroup v2 `memory.events` (processes
+        "killed by any kind of OOM killer" in the cgroup and below: the kernel's cgroup-v2
+        documentation), at the mount's root or `unified/`; v1 `memory.oom_control` (Linux 4.13+,
+        not counted in ancestors); last the mount's root itself, all a container may see."""
         rel2, rel1 = self._paths()
         root = Path(self.cgroup_root)
         return [
@@ -90,11 +83,8 @@ class MemoryProbe:
 
     def oom_kills(self) -> tuple[int, str] | None:
         """The `oom_kill` count and the file it came from; None when no file has one."""
-        for file in map(str, self.counter_files()):
-            count = self.oom_kills_in(file)
-            if count is not None:
-                return count, file
-        return None
+        counts = ((self.oom_kills_in(file), file) for file in map(str, self.counter_files()))
+        return next(((count, file) for count, file in counts if count is not None), None)
 
     def oom_kills_in(self, file: str) -> int | None:
         """The count in `file` (a replica's start and its death compare one file)."""
@@ -147,15 +137,11 @@ def out_of_memory(
         return None
     if kills is not None:
         before, after, file = kills
-        if after > before:
-            return f"the OOM killer's count in {file} went from {before} to {after} while it ran"
+        went = f"the OOM killer's count in {file} went from {before} to {after} while it ran"
+        return went if after > before else None
+    if peak is None or peak < OOM_PEAK_FRACTION * limit:
         return None
-    if peak is not None and peak >= OOM_PEAK_FRACTION * limit:
-        return (
-            f"judged from its peak, {peak / limit:.0%} of the limit (no cgroup oom_kill counter "
-            "could be read)"
-        )
-    return None
+    return f"judged from its peak, {peak / limit:.0%} of the limit (no cgroup oom_kill counter could be read)"
 
 
 def memory_hint(command: Sequence[str]) -> str:

@@ -26,7 +26,7 @@ import re
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # A version as the registry writes it (str(n), n >= 1) and an alias name (Vertex's alias rule,
@@ -390,6 +390,15 @@ def _write_new(dir_fd: int, name: str, data: bytes) -> None:
         raise
 
 
+def _fresh(template: str, create: Callable[[str], object]) -> str:
+    """`template` with an unpredictable token, made by `create` (`O_EXCL`: another on a clash)."""
+    while True:
+        name = template.format(secrets.token_hex(8))
+        with contextlib.suppress(FileExistsError):
+            create(name)
+            return name
+
+
 def publish(
     model_fd: int, model_path: str, source: str, record: dict[str, Any], aliases: dict[str, str]
 ) -> tuple[str, str]:
@@ -404,13 +413,7 @@ def publish(
             os.lstat(name, dir_fd=model_fd).st_mode
         ):
             shutil.rmtree(name, dir_fd=model_fd)
-    while True:
-        staging = f".staging-{secrets.token_hex(8)}"
-        try:
-            os.mkdir(staging, 0o777, dir_fd=model_fd)
-            break
-        except FileExistsError:
-            continue
+    staging = _fresh(".staging-{}", lambda name: os.mkdir(name, 0o777, dir_fd=model_fd))
     try:
         sfd = os.open(staging, _DIR, dir_fd=model_fd)
         try:
@@ -446,13 +449,8 @@ def write_aliases(model_fd: int, aliases: dict[str, str]) -> None:
     problem = _check_aliases(aliases)
     if problem:
         raise RegistryError(f"local registry: refusing to write aliases that {problem}")
-    while True:
-        tmp = f".aliases.json.{secrets.token_hex(8)}.tmp"
-        try:
-            _write_new(model_fd, tmp, json.dumps(aliases, indent=1).encode())
-            break
-        except FileExistsError:
-            continue
+    data = json.dumps(aliases, indent=1).encode()
+    tmp = _fresh(".aliases.json.{}.tmp", lambda name: _write_new(model_fd, name, data))
     try:
         os.replace(tmp, "aliases.json", src_dir_fd=model_fd, dst_dir_fd=model_fd)
     except BaseException:

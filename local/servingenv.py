@@ -12,7 +12,6 @@ of the exact pins makes later calls instant, and a change of pins rebuilds it.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -20,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -68,29 +66,11 @@ def find_uv() -> Path:
     )
 
 
-def _base_python() -> str:
-    """This interpreter when it is PYTHON, else uv's pick."""
-    if f"{sys.version_info.major}.{sys.version_info.minor}" == PYTHON:
-        return sys.executable
-    return PYTHON
-
-
-def _stamp_text(pins: tuple[str, ...]) -> str:
-    return json.dumps({"python": PYTHON, "requirements": list(pins), "bytecode": True}, indent=1) + "\n"
-
-
 def _ready(folder: Path, stamp: str) -> bool:
     try:
         return (folder / STAMP).read_text() == stamp and (folder / "bin" / "python").exists()
     except OSError:
         return False
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
-        yield
 
 
 def _run(uv: Path, args: list[str], what: str) -> None:
@@ -110,12 +90,13 @@ def python_for(tf_version: str, out: TextIO = sys.stdout, *, cache_dir: Path | N
     cache = Path(cache_dir) if cache_dir is not None else CACHE_DIR
     folder = cache / f"serving-tf-{tf_version}"
     python = folder / "bin" / "python"
-    stamp = _stamp_text(pins)
+    stamp = json.dumps({"python": PYTHON, "requirements": list(pins), "bytecode": True}, indent=1) + "\n"
     if _ready(folder, stamp):
         return python
 
     cache.mkdir(parents=True, exist_ok=True)
-    with _locked(cache / f".serving-tf-{tf_version}.lock"):
+    with open(cache / f".serving-tf-{tf_version}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if _ready(folder, stamp):  # another process made it while this one waited
             return python
         uv = find_uv()
@@ -128,11 +109,13 @@ def python_for(tf_version: str, out: TextIO = sys.stdout, *, cache_dir: Path | N
         )
         staging = Path(tempfile.mkdtemp(prefix=f".serving-tf-{tf_version}.tmp-", dir=cache))
         staging.chmod(0o755)  # mkdtemp's 0700 would stay on the final folder
+        # This interpreter when it is PYTHON, else uv's pick.
+        base = sys.executable if f"{sys.version_info.major}.{sys.version_info.minor}" == PYTHON else PYTHON
         try:
             # --relocatable: the environment works after the rename below.
             _run(
                 uv,
-                ["venv", "--quiet", "--relocatable", "--python", _base_python(), str(staging)],
+                ["venv", "--quiet", "--relocatable", "--python", base, str(staging)],
                 f"creating a Python {PYTHON} environment with {uv}",
             )
             if pins:

@@ -212,8 +212,7 @@ def champion_record(model_fd: int, model_dir: str, alias: str = "champion") -> d
     version cannot be used. A damaged aliases.json raises `local.registry.Damaged`."""
     from local import registry
 
-    aliases = registry.read_aliases(model_fd, model_dir) or {}
-    version = aliases.get(registry.check_alias(alias))
+    version = (registry.read_aliases(model_fd, model_dir) or {}).get(alias)
     if version is None:
         return {}
     try:
@@ -244,17 +243,11 @@ def register_version(
 ) -> tuple:
     """Adds the SavedModel folder `model_path` as the next version of `model_display_name` and
     moves `alias` to it when it still deserves it; returns (version, its folder, whether it took
-    the alias, why).
-
-    All under the model's lock (`fcntl`): two concurrent runs never get the same version, and the
-    alias never moves on a stale comparison. The gate (`promote`, `gate_reason`) compared the
-    model with `evaluated_champion` (the champion's version when the run started; "": none, or
-    none usable); another run may have moved the alias since. So the alias moves only if the
-    gate passed, the alias is still on that version (Vertex's rule:
-    `components.registry.record_on_version`) and the model is of the same task (class names). A
-    damaged champion counts as none (it stays; a model the gate passed takes the alias). The
-    decision, its reason and `details` go into version.json. A damaged aliases.json, lock or
-    model folder is refused before anything is written."""
+    the alias, why). Under the model's lock: no two runs get one version, and the alias moves only
+    if the gate (`promote`) passed, the alias is still on `evaluated_champion` (the version the
+    gate compared with; "": none usable; Vertex's rule: `components.registry.record_on_version`)
+    and the model is of the same task. A damaged champion counts as none. The decision and
+    `details` go into version.json; a damaged aliases.json, lock or model folder is refused first."""
     import json
     import os
     import time
@@ -339,17 +332,15 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
     champion_uri=str,
     class_names=list,
 ):
-    """Local form of `find_champion`, on the local registry folder: the champion's version, its
-    SavedModel folder and its class names ("", "" and [] when there is none). A damaged champion
-    is none, said in one line with the path and the fix; a damaged registry is refused."""
+    """Local form of `find_champion` on the registry folder: the champion's version, SavedModel folder
+    and class names ("", "", [] for none; a damaged champion is none, said with the path and fix)."""
     import collections
     import os
 
     from local import registry
 
     Outputs = collections.namedtuple(
-        "Outputs",
-        ["exists", "resource_name", "resource_uri", "champion_version", "champion_uri", "class_names"],
+        "Outputs", "exists resource_name resource_uri champion_version champion_uri class_names"
     )
     registry.check_alias(alias)
     folder = registry_folder(model_display_name)
@@ -491,11 +482,8 @@ def local_upload_model(
     version, where, champion, reason = register_version(
         model.path, registry_dir, model_display_name, promote, gate_reason, details, evaluated_champion
     )
-    if champion:
-        print(f"registered {model_display_name} version {version} at {where} (champion)")
-    elif promote:  # the gate passed it, but a better champion was registered since
-        print(f"registered {model_display_name} version {version} at {where}; champion NOT moved: {reason}")
-    else:
-        print(f"registered {model_display_name} version {version} at {where}")
+    # promote without champion: the gate passed it, but the alias moved or the task differs.
+    note = " (champion)" if champion else f"; champion NOT moved: {reason}" if promote else ""
+    print(f"registered {model_display_name} version {version} at {where}{note}")
     Outputs = collections.namedtuple("Outputs", ["version", "path", "champion"])
     return Outputs(version, where, champion)

@@ -9,14 +9,13 @@ directories under `<base>/<trial_id>/` and its measurements from its cloudml-hyp
 trials table is in the `aiplatform_v1.Trial` JSON form, like the Vertex job's.
 
 No trial is stopped by the study: GCPC 2.22's `HyperparameterTuningJobRunOp` cannot ask Vertex
-for automated stopping, so only the trainer stops a trial (`early_stopping_patience`), here too
-(docs/options.md#the-search-space-search_space). Each trial's final measurement follows
-`measurement_selection` (aiplatform_v1 `StudySpec.MeasurementSelectionType`), which the pipeline
-sets from `export_epoch` (`components.plan.measurement_selection`).
+for automated stopping (docs/options.md#the-search-space-search_space). A trial's final measurement
+follows `measurement_selection` (aiplatform_v1 `StudySpec.MeasurementSelectionType`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -35,19 +34,15 @@ def parse_study(metrics: Sequence[Mapping[str, Any]], parameters: Sequence[Mappi
     from google.cloud import aiplatform_v1
     from google.protobuf import json_format
 
-    def whole(value: Any) -> Any:  # kfp.local hands JSON numbers over as floats (2.0 for an enum)
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, dict):
-            return {k: whole(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [whole(v) for v in value]
-        return value
-
     def parse(kind: Any, entry: Any, what: str) -> Any:
         message = kind.pb(kind())
         try:
-            json_format.ParseDict(whole(dict(entry)), message, ignore_unknown_fields=False)
+            # kfp.local hands JSON numbers over as floats (2.0 for an enum): whole ones become ints.
+            plain = json.loads(
+                json.dumps(dict(entry)),
+                parse_float=lambda x: int(float(x)) if float(x).is_integer() else float(x),
+            )
+            json_format.ParseDict(plain, message, ignore_unknown_fields=False)
         except (json_format.ParseError, TypeError, ValueError) as err:
             raise ValueError(f"{what}: {str(err).splitlines()[0]}") from None
         return kind.wrap(message)
@@ -127,11 +122,10 @@ def suggest(trial: Any, spec: Any) -> dict[str, Any]:
             values[pid] = trial.suggest_float(pid, v.min_value, v.max_value, log=log)
         elif kind == "integer_value_spec":
             values[pid] = trial.suggest_int(pid, v.min_value, v.max_value, log=log)
-        elif kind == "discrete_value_spec":
-            options = [int(x) if float(x).is_integer() else x for x in v.values]
+        else:  # a discrete value that is whole is offered as an int
+            discrete = kind == "discrete_value_spec"
+            options = [int(x) if discrete and float(x).is_integer() else x for x in v.values]
             values[pid] = trial.suggest_categorical(pid, options)
-        else:
-            values[pid] = trial.suggest_categorical(pid, list(v.values))
     return values
 
 
@@ -210,18 +204,9 @@ def run_tuning(
         trial_dir = Path(base) / trial_id
         metric_file = trial_dir / "hypertune" / "output.metrics"
         flags = [trial_flag(k, v) for k, v in params.items()]
-        specs = [
-            {
-                **s,
-                "container_spec": {
-                    **s["container_spec"],
-                    "args": [*s["container_spec"].get("args", []), *flags],
-                },
-            }
-            if s
-            else s
-            for s in worker_pool_specs
-        ]
+        specs = copy.deepcopy(list(worker_pool_specs))
+        for s in filter(None, specs):  # an empty pool keeps its place
+            s["container_spec"]["args"] = [*s["container_spec"].get("args", []), *flags]
         started = time.time()
         row: dict[str, Any] = {
             "id": trial_id,

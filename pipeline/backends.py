@@ -45,13 +45,12 @@ def _local_image(p: dict[str, Any]) -> dsl.PipelineTask:
 def _vertex_custom_job(
     name: str, where: dict[str, Any], pools: Any, folder: Any, settings: dict[str, Any], **extra: Any
 ) -> dsl.PipelineTask:
-    """GCPC's CustomTrainingJobOp, with `persistent_resource_id` from `settings` passed explicitly
-    ('': machines started for the job): the op's default, `{{$.pipeline_persistent_resource_id}}`,
-    is "resolved to the PipelineJob RuntimeConfig's persistent resource id at runtime" (GCPC 2.22
-    v1/custom_job/component.py), which only a v1beta1 PipelineJob with a default runtime sets, and
-    `launch.submit` sends a v1 one (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).
-    aiplatform_v1 `CustomJobSpec.persistent_resource_id`: "the job will be run on existing machines
-    held by the PersistentResource instead of on-demand short-live machines"."""
+    """GCPC's CustomTrainingJobOp, `persistent_resource_id` passed explicitly ('': machines started
+    for the job): the op's default is "resolved to the PipelineJob RuntimeConfig's persistent
+    resource id at runtime" (GCPC 2.22 v1/custom_job/component.py), set only by a v1beta1
+    PipelineJob, and `launch.submit` sends a v1 one (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).
+    aiplatform_v1 `CustomJobSpec.persistent_resource_id`: run "on existing machines held by the
+    PersistentResource instead of on-demand short-live machines"."""
     from google_cloud_pipeline_components.v1.custom_job import CustomTrainingJobOp
 
     return CustomTrainingJobOp(
@@ -62,16 +61,11 @@ def _vertex_custom_job(
 def dataflow_preparation(
     where: dict[str, Any], p: dict[str, Any], plan: Any, built: Any, settings: dict[str, Any]
 ) -> dsl.PipelineTask:
-    """The Vertex target's preparation with prepare_engine=beam
-    (docs/training.md#preparing-on-apache-beam): GCPC's `DataflowFlexTemplateJobOp` launches the
-    Beam pipeline from the Flex Template spec the plan wrote (the dataflow image, launcher and SDK
-    container at once: Dockerfile's `dataflow` stage), and `WaitGcpResourcesOp` waits for the
-    job. The op only launches: its launcher POSTs `flexTemplates:launch` and returns (GCPC 2.22
-    container/preview/dataflow/flex_template/remote_runner.py); the wait op polls the job every
-    20 s until JOB_STATE_DONE and fails on any other end state (container/v1/wait_gcp_resources/
-    remote_runner.py). The job runs with the run's service account, network (by name), CMEK key
-    and labels (the op adds the run's own), in `dataflow_subnetwork` when given
-    (`pipeline.options.data.dataflow_problems`)."""
+    """The Vertex target's preparation with prepare_engine=beam (docs/training.md#preparing-on-apache-beam):
+    GCPC's `DataflowFlexTemplateJobOp` launches the Beam pipeline from the Flex Template spec the
+    plan wrote (image: Dockerfile's `dataflow` stage) and returns (GCPC 2.22 container/preview/
+    dataflow/flex_template/remote_runner.py); `WaitGcpResourcesOp` polls the job until
+    JOB_STATE_DONE and fails on any other end state (container/v1/wait_gcp_resources/remote_runner.py)."""
     from google_cloud_pipeline_components.v1.dataflow import DataflowFlexTemplateJobOp
     from google_cloud_pipeline_components.v1.wait_gcp_resources import WaitGcpResourcesOp
 
@@ -120,10 +114,9 @@ def _study(p: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared: Any) -> dsl.PipelineTask:
-    """The tuning job (`tuning.tuning_job`: GCPC's op with each trial's timeout, the run's
-    `timeout`), then the best-trial step, which writes the best trial's values into the planned
-    training job's flags; returns that step. No automated early stopping: GCPC 2.22's op has no
-    input for it (docs/options.md#the-search-space-search_space; `local.tuner` alike)."""
+    """The tuning job (`tuning.tuning_job`), then the best-trial step that writes the best values
+    into the training job's flags; returns that step. No automated early stopping: GCPC 2.22's op
+    has no input for it (docs/options.md#the-search-space-search_space)."""
     job = tuning.tuning_job()(
         **where,
         display_name=step.TUNE,
@@ -196,20 +189,16 @@ def _gate(t: dict[str, Any], **vertex: Any) -> dsl.PipelineTask:
 def _vertex_registry(
     where: dict[str, Any], t: dict[str, Any], settings: dsl.PipelineTask, evaluated: dsl.PipelineTask
 ) -> None:
-    """ModelUploadOp, as a new version of the champion's model when there is one, once the
-    evaluation job has run; then the gate, which writes its figures on the version and moves the
-    champion alias when it passed (`registry.record_on_version`). One upload, not one per branch
-    of "does the model exist" (no artifact `dsl.OneOf`, kubeflow/pipelines#13436): the parent
-    importer's resource name is empty when there is none, and GCPC's upload launcher leaves an
-    empty parent out (container/v1/model/upload_model/remote_runner.py: `if parent_model_name:`)."""
+    """ModelUploadOp (a new version of the champion's model when there is one), then the gate,
+    which moves the alias when it passed (`registry.record_on_version`). One upload for both cases
+    (no artifact `dsl.OneOf`, kubeflow/pipelines#13436): GCPC's upload launcher leaves an empty
+    parent out (container/v1/model/upload_model/remote_runner.py: `if parent_model_name:`)."""
     from google_cloud_pipeline_components.types.artifact_types import UnmanagedContainerModel, VertexModel
     from google_cloud_pipeline_components.v1.model import ModelUploadOp
 
-    # The image and what it is given of the model (`servingimage.registered_artifact`). A route
-    # left "" is unset in the Model (proto3), and an unset route takes Vertex's default,
-    # /v1/endpoints/ENDPOINT/deployedModels/DEPLOYED_MODEL:predict (aiplatform_v1
-    # `ModelContainerSpec.predict_route` and `health_route`: "If you don't specify this field, it
-    # defaults to ..."), which is what the prebuilt images answer on.
+    # (`servingimage.registered_artifact`) A route left "" is unset (proto3) and takes Vertex's
+    # default, /v1/endpoints/ENDPOINT/deployedModels/DEPLOYED_MODEL:predict, the prebuilt images'
+    # (aiplatform_v1 `ModelContainerSpec.predict_route`: "If you don't specify this field, ...").
     unmanaged = dsl.importer(
         artifact_uri=settings.outputs["artifact_uri"],
         artifact_class=UnmanagedContainerModel,
@@ -241,8 +230,7 @@ def _vertex_registry(
 def _local_registry(
     where: dict[str, Any], t: dict[str, Any], settings: dsl.PipelineTask, evaluated: dsl.PipelineTask
 ) -> None:
-    """The gate, then the local upload, which moves the alias by the gate's decision under the
-    registry's lock (the local registry has no versions to write on before the decision)."""
+    """The gate, then the local upload, which moves the alias by its decision under the lock."""
     gate = step.uncached(_gate(t), step.GATE).after(evaluated)
     upload = local_steps.local_upload_model(
         model=gate.outputs["model"],

@@ -57,12 +57,9 @@ def task_cost(spec: Mapping[str, Any], component: Mapping[str, Any]) -> int:
 
 
 def _taken(task: Mapping[str, Any], scenario: Mapping[str, bool | str]) -> bool:
-    condition = task.get("triggerPolicy", {}).get("condition", "")
-    if not condition:
-        return True
-    match = _CONDITION.match(condition.strip())
+    match = _CONDITION.match(task.get("triggerPolicy", {}).get("condition", "").strip())
     if not match or match.group(2) not in scenario:
-        return True  # not decided by the scenario: counted (worst case)
+        return True  # unconditional, or not decided by the scenario: counted (worst case)
     wanted = True if match.group(3) == "true" else match.group(3).strip("'")
     holds = scenario[match.group(2)] == wanted
     return not holds if match.group(1) else holds

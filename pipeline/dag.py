@@ -5,12 +5,9 @@
         -> [tune -> best trial] -> train -> evaluate the new model and the champion on this
         run's test split -> upload a new model version -> gate (moves the champion alias)
 
-Every container step is a machine start on Vertex (`pipeline.cost`; docs/architecture.md, "The
-critical path"): the bookkeeping lives in the planning step and the steps that consume it.
-
-`create_pipeline("vertex")` wires the Google Cloud Pipeline Components (`make compile`),
-`create_pipeline("local")` the same DAG with the local stand-ins of `local.steps`, which take the
-same specs; the steps that differ are looked up in `pipeline.backends.BACKENDS`.
+Every container step is a machine start on Vertex (`pipeline.cost`), so the bookkeeping lives in
+the planning step. The steps that differ between "vertex" (GCPC) and "local" (`local.steps`) are
+looked up in `pipeline.backends.BACKENDS`.
 """
 
 from __future__ import annotations
@@ -32,9 +29,8 @@ from pipeline.options import REQUIRED, parameters_for
 PIPELINE_NAME = "multiworker-cassava-training"
 COMPILED = ROOT / "compiled" / "pipeline.json"
 COMPILED_NOTIFY = ROOT / "compiled" / "pipeline-notify.json"
-# The pipeline parameters the planning step takes under their own names (`components.plan.plan_jobs`;
-# tests/components/test_steps.py keeps the list equal to its inputs), from which
-# `pipeline.options.trainer_flags.trainer_commands` also builds the jobs' flags.
+# The pipeline parameters `components.plan.plan_jobs` takes under their own names
+# (tests/components/test_steps.py keeps them equal), also `trainer_flags.trainer_commands`' source.
 PLAN_PARAMETERS = (
     "dataset_source",
     "image_size",
@@ -55,9 +51,8 @@ def _dag(target: str, p: dict[str, Any]) -> None:
     steps = BACKENDS[target]
     where = {"project": p["project"], "location": p["location"]}
 
-    # 1. The trainer image, and the registry read before any work: the champion's class names go
-    # to the preparation job (a source of another task is refused there), its SavedModel to the
-    # evaluation job.
+    # 1. The trainer image, and the champion read before any work (its class names go to the
+    # preparation job, its SavedModel to the evaluation job).
     built = steps.build_image(p)
     step.uncached(built, step.BUILD)
     champion = step.uncached(steps.find_champion(where, p), step.FIND_CHAMPION)
@@ -102,9 +97,9 @@ def _prepare_job(target: str, where: dict[str, Any], p: dict[str, Any], out: Any
 
 
 def _tune_then_train(target: str, t: dict[str, Any], prepared: Any) -> None:
-    """4-7. Tuning (optional), then the final training and everything after it, the same steps
-    in both branches: nothing joins them (no artifact `dsl.OneOf`: kubeflow/pipelines#13436; a
-    KFP sub-pipeline compiles to different bytes from run to run): docs/architecture.md."""
+    """4-7. Tuning (optional), then training and everything after it in both branches: nothing
+    joins them (no artifact `dsl.OneOf`: kubeflow/pipelines#13436; a KFP sub-pipeline compiles to
+    different bytes from run to run)."""
     where = {"project": t["project"], "location": t["location"]}
     out = t["plan"]
     with dsl.If(t["tune"] == True, name="tuning-enabled"):  # noqa: E712 (a KFP condition)
@@ -128,9 +123,8 @@ def _job_settings(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, prepared: Any) -> None:
-    """The training job (on `training_pools`: the plan's, or the best trial's), the evaluation
-    job, then the registry (`Backend.registry`). `t` holds the parameters and the outputs of the
-    plan, find-champion and the build."""
+    """The training job (on the plan's or the best trial's pools), the evaluation job, then the
+    registry. `t`: the parameters and the plan, find-champion and build outputs."""
     steps = BACKENDS[target]
     where = {"project": t["project"], "location": t["location"]}
     plan = t["plan"]
@@ -165,10 +159,9 @@ def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, pre
 
 
 def create_pipeline(target: str = "vertex", notify: bool = False) -> Callable[..., Any]:
-    """The pipeline for `target` ("vertex" or "local"), with the parameters of `PARAMETERS`.
-    `notify` (Vertex only) wraps the DAG in an exit handler that e-mails `notification_emails`
-    (GCPC's `VertexNotificationEmailOp`); Google documents no empty list of recipients
-    (docs/facts.md, fact 33), so a run without any gets the template without it (`template_for`)."""
+    """The pipeline for `target` ("vertex" or "local"). `notify` (Vertex only) wraps the DAG in an
+    exit handler e-mailing `notification_emails` (GCPC's `VertexNotificationEmailOp`); Google
+    documents no empty recipient list (docs/facts.md, fact 33), hence `template_for`."""
     if notify and target != "vertex":
         raise ValueError("notify exists only on the vertex target (the e-mail is sent by Vertex)")
     params = tuple(q for q in parameters_for(target) if notify or q.name != "notification_emails")
