@@ -25,8 +25,7 @@ _SKIP_SUFFIXES = (".pyc", ".pyo")
 def context_tag(members: Iterable[tuple[str, bytes]]) -> str:
     """The image tag for a build context: `src-` and 20 hex digits of a hash over the sorted
     (relative path, content) pairs. File order, timestamps and owners do not count."""
-
-    import hashlib  # inside: shipped alone to the Vertex component (additional_funcs)
+    import hashlib
 
     outer = hashlib.sha256()
     for name, data in sorted(members):
@@ -54,23 +53,13 @@ _GIT_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY"
 
 
 def context_members(root: str | os.PathLike[str]) -> list[tuple[str, bytes]]:
-    """The build context of a checkout, as (relative path, content), in path order.
-
-    In a git checkout: the files git tracks among CONTEXT_FILES and below CONTEXT_DIRS, as in the
-    working tree; untracked ones that git does not ignore are named on stderr. Where `root` is not
-    a git checkout (Cloud Build hands its steps the source without .git) or git is not installed:
-    every file below CONTEXT_DIRS. Either way:
-
-    - caches (`__pycache__/`, `*.pyc`, `*.pyo`) are left out, as .dockerignore does;
-    - a symlink is never followed out of the checkout: one to a member of the context is taken
-      with that file's content (the tarball holds regular files only); any other is refused, as
-      is a path through a symlinked folder;
-    - anything that is not a regular file where a file is expected is refused;
-    - a file that looks like a secret, by name or content, is refused
-      (`components.contextsecrets.why_secret`).
-
-    A refusal is a ValueError naming every offending file and what to do, so nothing is packed
-    or uploaded."""
+    """The build context of a checkout, as (relative path, content), in path order: in a git
+    checkout the tracked files among CONTEXT_FILES and below CONTEXT_DIRS (untracked, unignored
+    ones named on stderr); without git or .git (Cloud Build's source), every file there. Caches
+    are left out, as .dockerignore does. A symlink to a member is taken with its content; any
+    other symlink, a path through a symlinked folder, a non-regular file or a file that looks like
+    a secret (`why_secret`) is refused: a ValueError naming every offending file and what to do,
+    before anything is packed or uploaded."""
     base = Path(root)
     missing = [name for name in (*CONTEXT_FILES, *CONTEXT_DIRS) if not os.path.lexists(base / name)]
     if missing:
@@ -168,8 +157,7 @@ def _kept(name: str) -> bool:
 
 
 def _git_files(base: Path, *which: str) -> set[str] | None:
-    """`git ls-files -z` for the context's paths, relative to `base`; None where `base` is not in
-    a git checkout or git is not installed."""
+    """`git ls-files -z` for the context's paths; None without git or a checkout."""
     env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV}
     env["LC_ALL"] = "C"  # git's messages untranslated: "not a git repository" is looked for
     specs = [*CONTEXT_FILES, *(f"{d}/" for d in CONTEXT_DIRS)]
@@ -214,8 +202,8 @@ def _kind(mode: int) -> str:
 
 
 def dockerignore_secret_rules() -> list[str]:
-    """.dockerignore's secret rules, from SECRET_NAMES and PUBLIC_NAMES, in either case (Docker
-    matches case-sensitively; the context does not); public keys let back in below CONTEXT_DIRS."""
+    """.dockerignore's secret rules from SECRET_NAMES and PUBLIC_NAMES, in either case (Docker
+    matches case-sensitively; the context does not)."""
 
     def either_case(pattern: str) -> str:
         return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in pattern)

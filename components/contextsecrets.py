@@ -107,31 +107,27 @@ _PLACEHOLDER = r"""["'](?:\$|\{|<|%\(|["']|\s)"""
 _PRIVATE_KEY = re.compile(rb"-----BEGIN ([A-Z0-9 ]{0,64})PRIVATE KEY( BLOCK)?-----")
 _PRIVATE_KEY_TEXT = re.compile(_PRIVATE_KEY.pattern.decode())
 _PUTTY_KEY = re.compile(rb"(?m)^PuTTY-User-Key-File-\d+:")
-# (what it is, rule, pattern, where: "all" files, or "config" files only: not _CODE_OR_PROSE).
-_TEXT_RULES: tuple[tuple[str, str, re.Pattern[str], str], ...] = (
+# (what it is, rule, pattern); those of _CONFIG_ONLY apply to config files only: not _CODE_OR_PROSE.
+_TEXT_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     (
         "a Google credentials file",
         '"type": a Google credential type',
         re.compile(rf"""["']type["'][ \t\r\n]{{0,64}}:[ \t\r\n]{{0,64}}["']({_TYPES_RE})["']"""),
-        "all",
     ),
     (
         "a secret field",
         "a JSON field holding a secret",
         re.compile(rf"""["']({_FIELDS_RE})["']\s{{0,64}}:\s{{0,64}}(?!{_PLACEHOLDER})["']""", re.IGNORECASE),
-        "all",
     ),
     (
         "a Google API key",
         "AIza... (Google's API key form)",
         re.compile(r"(?<![\w-])AIza[0-9A-Za-z_-]{35}(?![\w-])"),
-        "all",
     ),
     (
         "a Google OAuth access token",
         "ya29. (Google's access token form)",
         re.compile(r"(?<![\w.-])ya29\.[0-9A-Za-z_-]{20,}"),
-        "all",
     ),
     (
         "AWS credentials",
@@ -139,7 +135,6 @@ _TEXT_RULES: tuple[tuple[str, str, re.Pattern[str], str], ...] = (
         re.compile(
             r"""(?im)^[ \t]*(?:export[ \t]+)?(aws_secret_access_key)[ \t]*[=:][ \t]*["']?[A-Za-z0-9/+=]{16}"""
         ),
-        "all",
     ),
     (
         "a URL with a password in it",
@@ -147,19 +142,16 @@ _TEXT_RULES: tuple[tuple[str, str, re.Pattern[str], str], ...] = (
         re.compile(
             r"""\b[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s/:@"'<>]{0,256}:(?!\$|\{|<|%\(|\*+@)[^\s/@"'<>]+@[^\s/@"'<>]"""
         ),
-        "all",
     ),
     (
         "a kubeconfig client key",
         "client-key-data:",
         re.compile(r"(?m)^[ \t]*(client-key-data)[ \t]*:[ \t]*\S"),
-        "all",
     ),
     (
         "netrc credentials",
         "machine ... password ...",
         re.compile(r"\bmachine\s+\S+(?:\s+(?:login|account|port)\s+\S+)*\s+password\s+\S"),
-        "config",
     ),
     (
         "a password or token setting",
@@ -170,10 +162,10 @@ _TEXT_RULES: tuple[tuple[str, str, re.Pattern[str], str], ...] = (
             r"""access[_-]?token|refresh[_-]?token|id[_-]?token)|token)["']?[ \t]*[=:][ \t]*"""
             r"""(?!(?:null|none|true|false|~)?[ \t]*$)(?!\$|\{|<|%\(|["']["'])\S"""
         ),
-        "config",
     ),
 )
-# Python and prose: the "config" rules do not apply (`password: str` is an annotation there).
+_CONFIG_ONLY = ("netrc credentials", "a password or token setting")
+# Python and prose: _CONFIG_ONLY's rules do not apply (`password: str` is an annotation there).
 _CODE_OR_PROSE = (".py", ".pyi", ".md", ".rst")
 
 
@@ -312,8 +304,8 @@ def _text_secret(text: str, config: bool) -> str:
     key = _PRIVATE_KEY_TEXT.search(text)
     if key:
         return _private_key(key.group(), text.count("\n", 0, key.start()) + 1)
-    for what, rule, pattern, where in _TEXT_RULES:
-        if where == "config" and not config:
+    for what, rule, pattern in _TEXT_RULES:
+        if what in _CONFIG_ONLY and not config:
             continue
         match = pattern.search(text)
         if match:

@@ -36,8 +36,8 @@ GATE_METRICS = ("accuracy", "macro_f1")
 """What the gate may compare: test accuracy, or the macro F1 (the mean per-class F1, which a model
 always answering the largest class of imbalanced data keeps low)."""
 
-# The keys of the trainer's metrics.json and evaluation.json `evaluate_model` reads: components run
-# without the trainer, so tests/test_contracts.py checks these against trainer/contract.py.
+# The keys of the trainer's metrics.json and evaluation.json `evaluate_model` reads (checked
+# against trainer/contract.py: components run without the trainer).
 METRICS_READ = (
     "val_accuracy",
     "val_loss",
@@ -62,16 +62,14 @@ EVALUATION_READ = (
 )
 GATE_RULES = ("not_worse", "significantly_better", "non_inferior")
 """How the gate judges the challenger against the champion on this run's test split
-(docs/training.md#noise-the-paired-comparison-and-gate_rule): `not_worse` (the default), its gate
-metric at least the champion's, one test image counting; `significantly_better`, the paired
-bootstrap interval of the difference above 0 and, on accuracy, the exact McNemar test's p < 0.05;
-`non_inferior`, the interval's lower end above -gate_margin. The level, 95%, is the evaluation
-job's (`trainer.pairedstats.CONFIDENCE`)."""
+(docs/training.md#noise-the-paired-comparison-and-gate_rule; `paired_verdict`)."""
 
 
 def paired_verdict(gate_metric: str, rule: str, margin: float, comparison: dict) -> tuple:
     """(passes, what the paired comparison says) for `rule` (GATE_RULES, not `not_worse`) on
-    evaluation.json's `comparison`."""
+    evaluation.json's `comparison`: `significantly_better`, the 95% interval of the difference
+    above 0 and, on accuracy, the exact McNemar p < 0.05; `non_inferior`, its low end above
+    -`margin`."""
     figure = comparison[gate_metric]
     low, high = (float(x) for x in figure["ci95"])
     difference = float(figure["difference"])
@@ -100,10 +98,9 @@ def gate_decision(
     comparison: dict | None = None,
 ) -> tuple:
     """(promote, reason): the challenger passes when it was trained for the champion's task
-    (`other_task`, `task_mismatch`'s verdict: belt and braces, the run is refused before training
-    otherwise), `score` is at least `min_score` and, by `rule` on the paired `comparison`, it is
-    not worse than the champion's `champion_score` on the same split (< 0: no champion, the floor
-    alone). `champion_recorded`: its figure on its own split (< 0: unknown)."""
+    (`other_task`: `task_mismatch`'s verdict), `score` is at least `min_score` and, by `rule`, it
+    is not worse than `champion_score` on the same split (< 0: no champion, the floor alone).
+    `champion_recorded`: the champion's figure on its own split (< 0: unknown)."""
     if gate_metric not in ("accuracy", "macro_f1"):
         raise ValueError(f"gate_metric must be accuracy or macro_f1, got {gate_metric!r}")
     if not 0.0 <= min_score <= 1.0:
@@ -138,7 +135,7 @@ def gate_decision(
 
 def build_evaluation_args(data_dir: str, model_dir: str, champion_uri: str) -> list:
     """The `trainer.evaluate` flags: this run's dataset, the new model and the champion's
-    SavedModel folder, if any; evaluation.json goes to the job's AIP_MODEL_DIR."""
+    SavedModel folder, if any (evaluation.json goes to AIP_MODEL_DIR)."""
     args = [f"--data_dir={data_dir}", f"--model_dir={model_dir}"]
     if champion_uri:
         args.append(f"--champion_dir={champion_uri}")
@@ -187,15 +184,11 @@ def evaluate_model(
     comparison=dict,
     evaluation_import=str,
 ):
-    """The gate. Records this run's Dataset and Model as artifacts, logs the new model's metrics,
-    and returns the gate's decision (`gate_decision`), its reason, both scores on this run's test
-    split (champion_score -1: no champion) and the model version's description.
-
-    `uploaded` (Vertex: ModelUploadOp's VertexModel, uploaded before this step) gets the decision
-    as its version description and labels, and the alias by `record_on_version`'s rule;
-    `champion` says whether it holds the alias now, and `evaluation_import` the ModelEvaluation
-    imported onto it ("refused: ..."). Without it (the local target, whose upload step follows
-    and moves its alias by the same rule) `champion` is the decision."""
+    """The gate: records this run's Dataset and Model artifacts, logs the new model's metrics and
+    returns `gate_decision`'s verdict, both scores on this test split (champion_score -1: none)
+    and the version's description. `uploaded` (Vertex: ModelUploadOp's VertexModel) gets them and
+    the alias by `record_on_version`; `champion` says whether it holds the alias now. Without it
+    (local: the upload step follows, same rule) `champion` is the decision."""
     import collections
     import json
     import os
@@ -296,17 +289,7 @@ def evaluate_model(
         if promote and not champion:
             reason = moved
     Outputs = collections.namedtuple(
-        "Outputs",
-        [
-            "promote",
-            "champion",
-            "score",
-            "champion_score",
-            "reason",
-            "description",
-            "comparison",
-            "evaluation_import",
-        ],
+        "Outputs", "promote champion score champion_score reason description comparison evaluation_import"
     )
     return Outputs(
         promote,

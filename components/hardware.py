@@ -1,15 +1,11 @@
 """Which accelerators Vertex AI custom training accepts on which machine, in which region.
 
-Validated before anything is submitted, so a bad worker pool fails in milliseconds with a
-message naming what is allowed. Sources, tables and rules:
-docs/vertex.md#gpus-for-training-what-google-allows-and-what-this-project-checks.
-
-`N1_GPU_COUNTS` is the table of GPUs per N1 machine type from Google's guide "Using GPUs for
-training models in the cloud", cell by cell (`tests/components/test_hardware.py` checks every
-cell). `FIXED_GPU_MACHINES` are the machine families whose GPUs come with the machine.
-`REGION_GPUS` is a snapshot of Vertex AI's "accelerators by region" page, NOT yet checked against
-it (written from memory, 2026-11): verify it before trusting a rejection
-(`check_gpu_region=false` makes one a warning).
+Checked before anything is submitted, naming what is allowed (sources and rules:
+docs/vertex.md#gpus-for-training-what-google-allows-and-what-this-project-checks).
+`N1_GPU_COUNTS` is the GPUs-per-N1-machine table of Google's "Using GPUs for training models in
+the cloud"; `FIXED_GPU_MACHINES` the families whose GPUs come with the machine. `REGION_GPUS` is a
+snapshot of Vertex AI's "accelerators by region" page written from memory (2026-11), NOT yet
+checked against it: verify it before trusting a rejection (`check_gpu_region=false` warns instead).
 
 The accelerator names are aiplatform_v1's `AcceleratorType` enum less the TPUs (a test keeps them
 equal). Refused whatever the machine (`UNUSABLE_GPUS`): NVIDIA_TESLA_K80
@@ -43,25 +39,14 @@ def gpu_tables() -> dict[str, Any]:
     n16 = row((2, 4, 8), UP_TO_4, UP_TO_4, UP_TO_4, (2, 4, 8))
     n32 = row((4, 8), (2, 4), (2, 4), (2, 4), (4, 8))
     big = row((), (4,), (), (4,), (8,))  # 64 and 96 vCPUs (n1-highcpu-64 alone also takes K80 and P100)
-    n1 = {
-        "n1-standard-4": small,
-        "n1-standard-8": small,
-        "n1-standard-16": n16,
-        "n1-standard-32": n32,
-        "n1-standard-64": big,
-        "n1-standard-96": big,
-        "n1-highmem-2": small,
-        "n1-highmem-4": small,
-        "n1-highmem-8": small,
-        "n1-highmem-16": n16,
-        "n1-highmem-32": n32,
-        "n1-highmem-64": big,
-        "n1-highmem-96": big,
-        "n1-highcpu-16": n16,
-        "n1-highcpu-32": n32,
-        "n1-highcpu-64": row((8,), (4,), (4,), (4,), (8,)),
-        "n1-highcpu-96": big,
+    by_vcpus = {2: small, 4: small, 8: small, 16: n16, 32: n32, 64: big, 96: big}
+    sizes = {
+        "standard": (4, 8, 16, 32, 64, 96),
+        "highmem": (2, 4, 8, 16, 32, 64, 96),
+        "highcpu": (16, 32, 64, 96),
     }
+    n1 = {f"n1-{family}-{v}": by_vcpus[v] for family, vcpus in sizes.items() for v in vcpus}
+    n1["n1-highcpu-64"] = row((8,), (4,), (4,), (4,), (8,))
     fixed = {
         **{f"a2-highgpu-{n}g": (A100, n) for n in (1, 2, 4, 8)},
         "a2-megagpu-16g": (A100, 16),
@@ -143,9 +128,9 @@ def validate_machine(
 ) -> list[str]:
     """Raises ValueError naming what is allowed unless Vertex AI accepts this machine (and this
     TensorFlow can use its GPU); returns warnings. No accelerator: type None, "" or
-    ACCELERATOR_TYPE_UNSPECIFIED with a count of 0 or None. A GPU `REGION_GPUS` does not list for
-    `region` is an error, or with `region_strict=False` a warning."""
-    import re  # inside: the function is shipped to components on its own (see gpu_tables)
+    ACCELERATOR_TYPE_UNSPECIFIED, count 0 or None. A GPU `REGION_GPUS` does not list for `region`
+    is an error, or with `region_strict=False` a warning."""
+    import re
 
     tables = gpu_tables()
     fixed, n1, regions, gpus, none = (tables[k] for k in ("fixed", "n1", "regions", "gpus", "none"))

@@ -85,15 +85,8 @@ def cloud_build_regions() -> tuple[tuple[str, ...], tuple[str, ...]]:
         "northamerica-south1 southamerica-east1 southamerica-west1 us-central1 us-east1 us-east4 "
         "us-east5 us-south1 us-west1 us-west2 us-west3 us-west4"
     ).split()
-    restricted = (
-        "us-central1",
-        "us-west2",
-        "europe-west1",
-        "asia-east1",
-        "australia-southeast1",
-        "southamerica-east1",
-    )
-    return tuple(regions), restricted
+    restricted = "us-central1 us-west2 europe-west1 asia-east1 australia-southeast1 southamerica-east1"
+    return tuple(regions), tuple(restricted.split())
 
 
 CLOUD_BUILD_REGIONS, RESTRICTED_BUILD_REGIONS = cloud_build_regions()
@@ -208,9 +201,9 @@ def run_cloud_build(
     poll_seconds: float,
     fall_back: bool = False,
 ) -> dict:
-    """Starts `build` (a Build as REST JSON) and polls its operation until done; returns the
-    finished Build. Raises RuntimeError naming the build id, its status and its log URL when it
-    does not succeed, TimeoutError when it is not done after `wait_seconds`.
+    """Starts `build` (a Build as REST JSON), polls its operation until done and returns the
+    finished Build; RuntimeError (naming id, status, log URL) unless it succeeds, TimeoutError
+    after `wait_seconds`.
 
     REST shapes (Cloud Build v1; also in google-cloud-build's
     `cloudbuild_v1/services/cloud_build/transports/rest_base.py` and `rest.py`):
@@ -418,16 +411,7 @@ def build_trainer_image(
         project, location, build_location, build_machine_type, build_service_account, build_worker_pool
     )
     Outputs = collections.namedtuple(
-        "Outputs",
-        [
-            "image_uri",
-            "tag",
-            "built",
-            "serving_image_uri",
-            "training_image_uri",
-            "dataflow_image_uri",
-            "cpu_image_uri",
-        ],
+        "Outputs", "image_uri tag built serving_image_uri training_image_uri dataflow_image_uri cpu_image_uri"
     )
 
     build_serving_image = resolve_serving_image(serving_image, serving_tf_version) == "custom"
@@ -438,9 +422,8 @@ def build_trainer_image(
             + f" (prebuilt TensorFlow {serving_tf_version} ends on {prebuilt_days_left(serving_tf_version)[0]})"
         )
     with_reducers = reduction_server_count > 0
-    # An uploaded context is named by its tag (`<PIPELINE_ROOT>/contexts/<tag>.tar.gz`,
-    # launch.submit.upload_context): the tarball is needed only to build, so once a schedule's
-    # images exist a pruned `contexts/` costs its runs nothing.
+    # An uploaded context is named by its tag (`<PIPELINE_ROOT>/contexts/<tag>.tar.gz`): once a
+    # schedule's images exist, a pruned `contexts/` costs its runs nothing.
     context = storage.Client(project=project).bucket(bucket).blob(blob_name)
     named = re.fullmatch(r"(?:.+/)?contexts/(src-[0-9a-f]{20})\.tar\.gz", blob_name)
     tag = named.group(1) if named else context_tag(tarball_members(context.download_as_bytes()))

@@ -9,17 +9,14 @@ docs/architecture.md#the-critical-path-machine-starts-on-vertex).
     training  python -m trainer.task      the trainer pools (on the training image)
     evaluate  python -m trainer.evaluate  one CPU replica (`prepare_machine_type`), cpu image
 
-Each job's folder is an output artifact of this step, used only for its URI: the job's
-`base_output_directory`, from which Vertex derives its AIP_* folders
-(docs/contracts.md#2-the-environment-of-a-replica). Never cached (`pipeline.step`): a cached plan
-would hand a new run the folders of an older one.
+Each job's folder is an output artifact used only for its URI: the job's `base_output_directory`,
+whence Vertex's AIP_* folders (docs/contracts.md#2-the-environment-of-a-replica). Never cached
+(`pipeline.step`): a cached plan would hand a new run an older run's folders.
 
-The trainer's command line is spelled here once (`build_trainer_args`;
-docs/contracts.md#1-the-trainers-command-line-python--m-trainertask; `--checkpoint_dir` and
-`--tensorboard_dir` keep their AIP_* defaults, per trial in a tuning job); the pre-flight
-(`pipeline.options.trainer_flags.trainer_commands`) calls it too, so the trainer's parsers check
-the very command line the jobs get. A tunable hyperparameter is one row of `hyperparameters()`
-and one input of `plan_jobs`.
+The trainer's command line is spelled once, in `build_trainer_args`
+(docs/contracts.md#1-the-trainers-command-line-python--m-trainertask), which the pre-flight
+(`pipeline.options.trainer_flags`) calls too, so the trainer's parsers check the very command line
+the jobs get. A tunable hyperparameter is one row of `hyperparameters()` and one input of `plan_jobs`.
 """
 
 from typing import Any, NamedTuple
@@ -47,9 +44,8 @@ def train_command() -> list:
 
 
 def hyperparameters() -> list:
-    """The hyperparameters a tuning job may set: (name, kind, Vertex default, local default, help).
-    Each row makes a pipeline parameter (`pipeline.options`) and is an input of `plan_jobs` of
-    the same name (tests/components/test_steps.py keeps the two equal)."""
+    """The hyperparameters a tuning job may set: (name, kind, Vertex default, local default, help),
+    each a pipeline parameter (`pipeline.options`) and an input of `plan_jobs` of the same name."""
     return [
         (
             "learning_rate",
@@ -79,8 +75,7 @@ def tunable() -> dict:
 TRAIN_COMMAND = train_command()
 TUNABLE = tunable()
 # The pipeline parameters `build_trainer_args` turns into `trainer.task` flags of the same names
-# (beside the dataset's URI and image size); tests/components/test_steps.py keeps them inputs of
-# the planning step.
+# (beside the dataset's URI and image size).
 MODEL_FLAGS = (
     "backbone",
     "weights",
@@ -121,10 +116,10 @@ def build_trainer_args(
     leave_out: tuple = (),
     search_space: list | None = None,
 ) -> tuple:
-    """(args, hyperparameters): the `trainer.task` flags of one job (`flags` holds every name of
-    `MODEL_FLAGS`), and the tunable values they carry. Flags named in `leave_out`, and those a
-    tuning job's `search_space` declares (StudySpec ParameterSpecs, either JSON form; each trial
-    adds its own), are omitted. `fine_tune_fraction` < 0 leaves the trainer's default."""
+    """(args, hyperparameters): one job's `trainer.task` flags from `flags` (every name of
+    `MODEL_FLAGS`) and the tunable values they carry, less those in `leave_out` or declared by a
+    tuning job's `search_space` (StudySpec ParameterSpecs; each trial adds its own).
+    `fine_tune_fraction` < 0 leaves the trainer's default."""
     tuned = [str(s.get("parameter_id", s.get("parameterId", ""))) for s in (search_space or [])]
     untunable = sorted(set(tuned) - set(kinds))
     if untunable:
@@ -161,9 +156,9 @@ def build_trainer_args(
 
 
 def apply_hyperparameters(pools: list, best: dict, kinds: dict) -> tuple:
-    """(pools, values): the training job's worker pools with `best` (the best trial's values)
-    written over the trainer's flags of the same names in every pool with args, and every tunable
-    value the job now carries. A hyperparameter the job's flags do not carry is refused."""
+    """(pools, values): the training job's pools with `best` (the best trial's values) written over
+    the flags of the same names, and every tunable value the job now carries. A hyperparameter
+    the job's flags do not carry is refused."""
     import copy
 
     typed = {name: typed_hyperparameter(name, value, kinds) for name, value in best.items()}
@@ -198,12 +193,10 @@ def measurement_selection(export_epoch: str) -> str:
 
 
 def stable_model_uri(model_root: str, training_folder: str, model_display_name: str, run: str) -> str:
-    """Where the training job publishes the model, in its version folder `1/`
-    (`servingimage.servable_folder`). A run's folder may be deleted once the run is over, but a
-    registered version keeps pointing at its `artifact_uri` (aiplatform_v1 `Model.artifact_uri`):
-    so on Vertex, `<model_root>/<model's folder>/<run>` (`model_root` defaulting to
-    `gs://<the training folder's bucket>/models`); locally, whose registry keeps its own copy,
-    the job's `model/`."""
+    """Where the training job publishes the model (its `servable_folder`). A registered version
+    keeps pointing at its aiplatform_v1 `Model.artifact_uri` after the run's folder is deleted, so
+    on Vertex `<model_root>/<model's folder>/<run>` (`model_root` "": `gs://<bucket>/models`);
+    locally, whose registry keeps its own copy, the job's `model/`."""
     if not model_root and not training_folder.startswith("gs://"):
         return servable_folder(training_folder.rstrip("/") + "/model")
     root = (
@@ -327,21 +320,16 @@ def plan_jobs(
     dataflow_temp_location=str,
     dataflow_network=str,
 ):
-    """The four jobs' worker pools and folders (module docstring), validated: a bad machine, GPU
-    or flag fails this step, before any job starts. The tuning pools are planned whether or not
-    the run tunes; `hyperparameters` are the tunable values the training job's flags carry."""
+    """The four jobs' worker pools and folders, validated: a bad machine, GPU or flag fails here,
+    before any job starts. The tuning pools are planned whether or not the run tunes."""
     flags = dict(locals())  # the parameters, by name (before any other local is made)
     import collections
 
     kinds = tunable()
+    jobs = ("prepare", "tuning", "training", "evaluate")
     folders = {
-        name: artifact.uri.rstrip("/")
-        for name, artifact in (
-            ("prepare", prepare_job),
-            ("tuning", tuning_job),
-            ("training", training_job),
-            ("evaluate", evaluation_job),
-        )
+        name: job.uri.rstrip("/")
+        for name, job in zip(jobs, (prepare_job, tuning_job, training_job, evaluation_job), strict=True)
     }
     dataset_uri = folders["prepare"] + "/model"
     model_uri = stable_model_uri(model_root, folders["training"], model_display_name, pipeline_run)
@@ -409,35 +397,17 @@ def plan_jobs(
         print(f"dataflow template: {dataflow_template} ({dataflow_image_uri})")
     for warning in warnings:
         print(f"WARNING: {warning}")
-    for name, specs in (
-        ("prepare", prepare_pools),
-        ("tuning", tuning_pools),
-        ("training", training_pools),
-        ("evaluate", evaluation_pools),
+    for name, specs in zip(
+        jobs, (prepare_pools, tuning_pools, training_pools, evaluation_pools), strict=True
     ):
         describe_pools(name, folders[name], specs)
     print(f"the model: {model_uri}")
     print("training args:", " ".join(training_args))
     Outputs = collections.namedtuple(
         "Outputs",
-        [
-            "prepare_pools",
-            "prepare_dir",
-            "tuning_pools",
-            "tuning_dir",
-            "measurement_selection_type",
-            "training_pools",
-            "training_dir",
-            "evaluation_pools",
-            "evaluation_dir",
-            "dataset_uri",
-            "model_uri",
-            "hyperparameters",
-            "dataflow_template",
-            "dataflow_parameters",
-            "dataflow_temp_location",
-            "dataflow_network",
-        ],
+        "prepare_pools prepare_dir tuning_pools tuning_dir measurement_selection_type training_pools "
+        "training_dir evaluation_pools evaluation_dir dataset_uri model_uri hyperparameters "
+        "dataflow_template dataflow_parameters dataflow_temp_location dataflow_network",
     )
     return Outputs(
         prepare_pools,

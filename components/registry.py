@@ -37,15 +37,14 @@ METRICS_READ = ("test_accuracy", "class_names")
 
 
 def check_model_display_name(name: str) -> str:
-    """Vertex's rule for a Model's display name: required, at most 128 characters, any UTF-8
-    (aiplatform_v1 `Model.display_name`). Raises ValueError naming the rule."""
+    """Vertex's rule for a Model's display name (aiplatform_v1 `Model.display_name`): required, at
+    most 128 characters, any UTF-8. Raises ValueError naming the rule."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError("model_display_name is required (Vertex: up to 128 characters of any UTF-8)")
     if len(name) > 128:
         raise ValueError(f"model_display_name has {len(name)} characters; Vertex allows at most 128")
-    # find_champion looks the model up with a list filter, `display_name="<name>"` (AIP-160 string
-    # literal); a `"` or `\` would end or escape it, and Google documents no escape for Vertex's
-    # filters: such a name is refused rather than matched against the wrong models.
+    # find_champion filters on `display_name="<name>"` (AIP-160 string literal); Google documents no
+    # escape for Vertex's filters, so a `"` or `\` is refused rather than matching the wrong models.
     bad = sorted({c for c in name if c in '"\\' or ord(c) < 32})
     if bad:
         raise ValueError(
@@ -57,8 +56,7 @@ def check_model_display_name(name: str) -> str:
 
 def task_mismatch(class_names: list, champion_class_names: list, model_display_name: str = "") -> str:
     """Why a model trained on `class_names` may be neither compared with nor replace the champion
-    trained on `champion_class_names` (`[]`: none); "" when it may. The check before training and
-    the gate both use it."""
+    trained on `champion_class_names` (`[]`: none); "" when it may."""
     new = [str(c) for c in class_names]
     old = [str(c) for c in champion_class_names]
     if not old or new == old:
@@ -80,13 +78,11 @@ def task_mismatch(class_names: list, champion_class_names: list, model_display_n
 
 
 def registry_folder(name: str) -> str:
-    """A model's folder for its display name (in the local registry, and on Vertex under
-    `model_root`): every character but ASCII letters, digits, `_` and `-` as %XX of its UTF-8
-    bytes, so no name (`..`, `a/b`, `/abs`) leaves the folder, and two names never share one.
-
-    Vertex allows 128 characters of any UTF-8, up to 1,536 bytes encoded; a file name has at most
-    255 (NAME_MAX). A longer encoding keeps its first 200 bytes, cut between characters, then `~`
-    (never in an encoding) and 16 hex digits of the name's SHA-256."""
+    """A model's folder for its display name (local registry; Vertex, under `model_root`): every
+    character but ASCII letters, digits, `_` and `-` as %XX of its UTF-8 bytes, so no name (`..`,
+    `a/b`) leaves the folder and two names never share one. An encoding over 240 bytes (a file
+    name has at most 255) keeps its first 200 bytes, cut between characters, then `~` and 16 hex
+    digits of the name's SHA-256."""
     import hashlib
 
     check_model_display_name(name)
@@ -139,9 +135,8 @@ def upload_settings(
 ) -> NamedTuple(
     "Outputs", serving_image=str, artifact_uri=str, predict_route=str, health_route=str, labels=dict
 ):
-    """The Model's serving image (`choose_serving_image`), what it is given of the model in
-    `model_uri` (`registered_artifact`) and the version's labels: `labels` plus the pipeline run
-    and the commit. Warns when the prebuilt image chosen ends soon (`serving_image_warnings`)."""
+    """The Model's serving image (`choose_serving_image`), its artifact and routes
+    (`registered_artifact`) and labels: `labels` plus the pipeline run and the commit."""
     import collections
 
     # `auto` as the build step decided it (see `choose_serving_image`).
@@ -171,7 +166,7 @@ def upload_settings(
     )
     print(f"labels {merged}")
     Outputs = collections.namedtuple(
-        "Outputs", ["serving_image", "artifact_uri", "predict_route", "health_route", "labels"]
+        "Outputs", "serving_image artifact_uri predict_route health_route labels"
     )
     return Outputs(
         image, artifact["artifact_uri"], artifact["predict_route"], artifact["health_route"], merged
@@ -200,10 +195,9 @@ def find_champion(
     champion_uri=str,
     class_names=list,
 ):
-    """The registry's model named `model_display_name` (the parent of the new version), and its
-    `alias` version: its versioned name (`projects/.../models/ID@VERSION`), the gs:// folder of
-    its SavedModel and its class names (from the metrics.json there; "", "" and [] when the model
-    or the alias does not exist yet). Fails when two models share the name."""
+    """The model named `model_display_name` (the new version's parent) and its `alias` version:
+    versioned name, SavedModel folder and class names (from its metrics.json; "", "" and [] when
+    the model or alias does not exist yet). Fails when two models share the name."""
     import collections
     import json
     import re
@@ -213,8 +207,7 @@ def find_champion(
     from google.cloud import aiplatform_v1
 
     Outputs = collections.namedtuple(
-        "Outputs",
-        ["exists", "resource_name", "resource_uri", "champion_version", "champion_uri", "class_names"],
+        "Outputs", "exists resource_name resource_uri champion_version champion_uri class_names"
     )
     check_model_display_name(model_display_name)
     endpoint = f"{location}-aiplatform.googleapis.com"
@@ -247,8 +240,6 @@ def find_champion(
     except exceptions.NotFound:
         print(f"{parent} has no {alias!r} version yet")
         return Outputs(True, parent, uri, "", "", [])
-    # The SavedModel and its metrics.json: the artifact_uri, or its version folder when the
-    # version is served by TensorFlow Serving (the custom serving image).
     folder = saved_model_folder(champion.artifact_uri, champion.container_spec.predict_route)
     match = re.match(r"^gs://([^/]+)/(.*?)/?$", folder)
     if not match:
@@ -291,9 +282,8 @@ def classification_metrics_schema() -> str:
 
 
 def evaluation_record(evaluated: dict, description: str, pipeline_run: str = "") -> dict:
-    """The new version's ModelEvaluation (aiplatform_v1 `ModelEvaluation`, as JSON) from
-    evaluation.json: the confusion matrix and log loss in the schema's terms, and in `metadata`
-    what the schema has no field for."""
+    """The new version's aiplatform_v1 `ModelEvaluation` (JSON) from evaluation.json: the
+    schema's confusion matrix and log loss, the rest in `metadata`."""
     new = evaluated["models"]["challenger"]
     matrix = new["confusion_matrix"]
     labels = [str(c) for c in matrix["labels"]]
@@ -335,26 +325,21 @@ def record_on_version(
     alias: str = "champion",
     evaluation: dict | None = None,
 ) -> tuple:
-    """(holds the alias, what was done, the evaluation import's outcome): writes the gate's
-    `description` and `labels` on the uploaded version `name` (`projects/.../models/ID@VERSION`)
-    and, when `promote`, moves `alias` and `default` to it if the alias is still on
-    `evaluated_champion` (the version the gate compared with; "": none): a champion registered
-    since was never compared on like-for-like data, so the alias stays and the reason says to run
-    again. Versions are compared by ID: the upload's name and `list_models`' may spell the project
-    differently (ID or number).
+    """(holds the alias, what was done, the evaluation import's outcome): writes `description` and
+    `labels` on the uploaded version `name` (`projects/.../models/ID@VERSION`) and, when `promote`,
+    moves `alias` and `default` to it if the alias is still on `evaluated_champion` (the version
+    the gate compared with; "": none; compared by ID, as the project may be spelled as ID or
+    number). Otherwise the alias stays and the reason says to run again.
 
-    `default` moves with the alias: it is the version everything that names the model without a
-    version gets (a console deploy, batch prediction, `aiplatform.Model(id)`; Google's model-alias
-    page), and GCPC's ModelUploadOp sends no aliases, so Vertex would keep it on version 1 for good
-    (aiplatform `Model.upload` moves it only when the request names it: `_get_true_alias_list`).
+    `default` is what a versionless reference gets (console deploy, batch prediction; Google's
+    model-alias page); GCPC's ModelUploadOp sends no aliases, so Vertex would keep it on version 1
+    (aiplatform `Model.upload` moves it only when asked: `_get_true_alias_list`).
 
-    A version's own fields are `version_description` and its labels (aiplatform_v1
-    `UpdateModelRequest`: "model.name with the @ value ... refers to a version specific update
-    ... supported version-specific fields: version_description. Labels are supported"); the
-    labels replace the version's, so the uploaded ones are kept and these added. `evaluation`
-    (`evaluation_record`'s) is imported onto the version last (ModelService.ImportModelEvaluation,
-    with the versioned name as parent, as GCPC's own import passes the VertexModel's
-    resourceName); a refusal there is a warning, never a block on the promotion."""
+    Version fields: `version_description` and labels (aiplatform_v1 `UpdateModelRequest`: "model.name
+    with the @ value ... refers to a version specific update ... supported version-specific fields:
+    version_description. Labels are supported"); labels are replaced, so the uploaded ones are kept.
+    `evaluation` is imported last (ModelService.ImportModelEvaluation, parent the versioned name, as
+    GCPC's own import passes the VertexModel's resourceName); a refusal there only warns."""
     from google.api_core import exceptions
     from google.cloud import aiplatform_v1
     from google.protobuf import field_mask_pb2

@@ -9,13 +9,11 @@ from __future__ import annotations
 from components.stepimage import multi_region
 
 
-# Vertex AI's prebuilt TensorFlow 2 prediction images that exist, newest first, with each one's
-# end of availability (the same for a version's CPU and GPU image; docs/facts.md, fact 35): Google's
-# "Prebuilt containers for inference and explanation" page, its TensorFlow table's "End of
-# availability" column (https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers,
-# read 2026-11), and the support policy (https://cloud.google.com/vertex-ai/docs/framework-support-policy).
-# The versions are google-cloud-aiplatform's own list (`google/cloud/aiplatform/constants/prediction.py`,
-# TF_CONTAINER_URIS; a test keeps them equal). A serving version is only ever chosen from here,
+# Vertex AI's prebuilt TensorFlow 2 prediction images, newest first, with each one's end of
+# availability (CPU and GPU alike; docs/facts.md, fact 35): the "End of availability" column of
+# https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers (read 2026-11) and
+# https://cloud.google.com/vertex-ai/docs/framework-support-policy. The versions are aiplatform's
+# own (`constants/prediction.py`, TF_CONTAINER_URIS). A serving version is only chosen from here,
 # never derived from the trainer's TensorFlow: `tf2-cpu.2-21` does not exist.
 def prebuilt_tf_serving_table() -> dict[str, str]:
     """{TF version: end of availability (ISO date)}, newest first."""
@@ -32,10 +30,8 @@ def prebuilt_tf_serving_table() -> dict[str, str]:
 
 
 # The custom serving image (Dockerfile.serving) is TensorFlow Serving, the server Vertex's prebuilt
-# TensorFlow images run and Google's custom-container page names, at this release: its
-# `tensorflow/serving:<version>.0` CPU and GPU images (tests/ci keeps Dockerfile.serving's tags
-# equal). The local target checks a model under this TensorFlow before registering it with the
-# custom image (`local.servingenv`).
+# TensorFlow images run, at this release (`tensorflow/serving:<version>.0`); the local target
+# checks a model under this TensorFlow before registering it with that image (`local.servingenv`).
 CUSTOM_SERVING_TF_VERSION = "2.20"
 
 
@@ -46,19 +42,16 @@ def tf_serving_routes() -> dict[str, str]:
 
 
 def servable_folder(base: str) -> str:
-    """Where the trainer publishes a model to be registered: version folder `1` of `base`.
-    TensorFlow Serving loads a model from numbered version folders under its base path
-    (`<base>/<n>/saved_model.pb`); Vertex's prebuilt TensorFlow images take the SavedModel's own
-    folder (saved_model.pb at its top: Google's "Export model artifacts for prediction"). With
-    the SavedModel in `<base>/1`, both find it: see `registered_artifact`."""
+    """Where the trainer publishes a model to be registered: version folder `1` of `base`, which
+    both TensorFlow Serving (numbered version folders under its base path) and Vertex's prebuilt
+    images (saved_model.pb at the top: Google's "Export model artifacts for prediction") load."""
     return base.rstrip("/") + "/1"
 
 
 def registered_artifact(custom: bool, model_uri: str) -> dict[str, str]:
-    """The artifact_uri (which Vertex copies to AIP_STORAGE_URI) and containerSpec routes of the
-    SavedModel in `model_uri` (a `servable_folder`): for the custom serving image (TensorFlow
-    Serving), the base above the version folder and TF Serving's routes; for any other image, the
-    SavedModel's folder and the image's own routes ("": Vertex's defaults)."""
+    """The artifact_uri (Vertex copies it to AIP_STORAGE_URI) and containerSpec routes of the
+    SavedModel in `model_uri` (a `servable_folder`): for the custom image (TensorFlow Serving) the
+    base above the version folder and its routes, else the folder itself and Vertex's defaults."""
     if not custom:
         return {"artifact_uri": model_uri, "predict_route": "", "health_route": ""}
     base, _, version = model_uri.rstrip("/").rpartition("/")
@@ -82,17 +75,15 @@ DEFAULT_SERVING_TF_VERSION = PREBUILT_TF_SERVING_VERSIONS[0]
 
 
 def serving_policy() -> dict[str, int]:
-    """The serving-image policy's margins, in days before a prebuilt image's end of availability:
-    `serving_image=auto` stops choosing it `safe_days` before (a version registered then still
-    has a month to be deployed and replaced), and `make run`, `make schedule` and the upload step
-    warn from `warn_days` before."""
+    """The serving-image policy's margins, in days before a prebuilt image's end: `auto` stops
+    choosing it `safe_days` before (leaving a month to deploy and replace), and runs, schedules
+    and the upload step warn from `warn_days` before."""
     return {"safe_days": 30, "warn_days": 90}
 
 
 def prebuilt_days_left(tf_version: str, today: str = "") -> tuple[str, int]:
-    """(end of availability, whole days from `today` to it; 0 or less: no longer available) of
-    Vertex's prebuilt TF serving image of `tf_version`. `today` is an ISO date ("": today, UTC).
-    Raises ValueError for a version with no prebuilt image."""
+    """(end of availability, days from `today` (ISO; "": today, UTC) to it) of Vertex's prebuilt
+    TF serving image of `tf_version`; ValueError for a version with none."""
     import datetime
 
     table = prebuilt_tf_serving_table()
@@ -108,8 +99,7 @@ def prebuilt_days_left(tf_version: str, today: str = "") -> tuple[str, int]:
 
 def resolve_serving_image(serving_image: str, tf_version: str, today: str = "") -> str:
     """`serving_image` with `auto` decided for a run on `today`: `prebuilt` while Vertex's prebuilt
-    image of `tf_version` is available for more than the policy's `safe_days`, else `custom`.
-    The build step decides once per run (it builds the custom image only then)."""
+    image of `tf_version` has more than the policy's `safe_days` left, else `custom`."""
     if serving_image != "auto":
         return serving_image
     _, days = prebuilt_days_left(tf_version, today)
@@ -117,8 +107,8 @@ def resolve_serving_image(serving_image: str, tf_version: str, today: str = "") 
 
 
 def serving_image_warnings(serving_image: str, tf_version: str, today: str = "") -> list[str]:
-    """What a run on `today` (or a schedule created then) should be told about the prebuilt
-    image's end of availability: nothing unless it is within the policy's `warn_days`."""
+    """What a run (or schedule) on `today` should be told about the prebuilt image's end: nothing
+    unless it is within the policy's `warn_days`."""
     import datetime
 
     if serving_image not in ("auto", "prebuilt") or tf_version not in prebuilt_tf_serving_table():
@@ -178,9 +168,8 @@ def prebuilt_tf_version(image: str) -> str:
 
 
 def undeployable(image_uri: str, today: str = "") -> str:
-    """Why a model version whose serving container is `image_uri` can no longer hold the champion
-    alias on `today`: a prebuilt TF serving image past its end of availability, or within the
-    policy's `safe_days` of it. "" for any other image."""
+    """Why a version served by `image_uri` can no longer hold the champion alias on `today`: a
+    prebuilt TF serving image past its end or within `safe_days` of it; "" otherwise."""
     version = prebuilt_tf_version(image_uri)
     if version not in prebuilt_tf_serving_table():
         return ""
@@ -252,9 +241,8 @@ def choose_serving_image(
 def check_serving_parameters(
     serving_image: str, tf_version: str, accelerator: str, location: str, today: str = ""
 ) -> list[str]:
-    """The serving parameters checked before any work (both targets), as the upload step will
-    check them on `today`: raises ValueError naming what is wrong and what is allowed; returns
-    the warnings of `serving_image_warnings`."""
+    """The serving parameters checked before any work, as the upload step will on `today`:
+    ValueError naming what is wrong and what is allowed; returns `serving_image_warnings`."""
     if serving_image in ("auto", "prebuilt"):
         prebuilt_days_left(tf_version, today)  # a version with no prebuilt image: named here
     built = (

@@ -1,14 +1,11 @@
 """Step 5, hyperparameter tuning (optional): a Vertex HyperparameterTuningJob over the trainer,
 then our own best-trial step (GCPC 2.22 has none: docs/facts.md, fact 9).
 
-The search space is the pipeline parameter `search_space`: parameter specs in the JSON form of
-Vertex's `StudySpec.ParameterSpec` (aiplatform_v1 `types/study.py`), by default
-`VERTEX_SEARCH_SPACE` or `LOCAL_SEARCH_SPACE` (docs/options.md#the-search-space-search_space);
-`pipeline.options.tuning.search_space_problems` holds the rules a space must meet. The metric
-(`study_metrics`) is fixed (docs/contracts.md#3-tuning-parameter-ids-are-trainer-flags).
-
-`pick_best_trial` works on trials in the `aiplatform_v1.Trial` JSON form, from the tuning job
-(`best_trial`) or the local tuner (`local.steps.local_best_trial`): both targets pick alike.
+The search space is the pipeline parameter `search_space`: aiplatform_v1
+`StudySpec.ParameterSpec`s as JSON (docs/options.md#the-search-space-search_space), checked by
+`pipeline.options.tuning`. The metric (`study_metrics`) is fixed
+(docs/contracts.md#3-tuning-parameter-ids-are-trainer-flags). `pick_best_trial` reads
+`aiplatform_v1.Trial` JSON from the tuning job (`best_trial`) or the local tuner alike.
 """
 
 import functools
@@ -56,9 +53,8 @@ VERTEX_SEARCH_SPACE: list[dict[str, Any]] = [
     },
 ]
 # The local target's space: two trials of the `tiny` backbone, whose untuned defaults already reach
-# the gate, where two draws from the Vertex space mostly landed below them (rates under 1e-3, wide,
-# dropped-out heads). So it is centred on the local defaults (1.5e-3 near 5e-4..5e-3's log-middle;
-# tests/components/test_search_space.py keeps it there) and searches two dimensions, not four.
+# the gate where draws from the Vertex space mostly fell below them; so two dimensions, centred on
+# the local defaults (1.5e-3 near 5e-4..5e-3's log-middle).
 LOCAL_SEARCH_SPACE: list[dict[str, Any]] = [
     {
         "parameter_id": "learning_rate",
@@ -74,9 +70,8 @@ LOCAL_SEARCH_SPACE: list[dict[str, Any]] = [
 
 
 def study_parameters() -> list[dict[str, Any]]:
-    """The Vertex default search space (`VERTEX_SEARCH_SPACE`) written with aiplatform's `hpt`
-    specs and GCPC's own `serialize_parameters`, as GCPC documents the op's input (tests check
-    that both parse to the same ParameterSpecs)."""
+    """`VERTEX_SEARCH_SPACE` written with aiplatform's `hpt` specs and GCPC's own
+    `serialize_parameters`, as GCPC documents the op's input."""
     from google.cloud.aiplatform import hyperparameter_tuning as hpt
     from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import serialize_parameters
 
@@ -97,9 +92,8 @@ def study_metrics() -> list[dict[str, Any]]:
     return serialize_metrics({METRIC_ID: "maximize"})
 
 
-# `study_metrics()`'s value (tests/components/test_tuning.py holds them equal), written out for
-# the local target: importing GCPC's tuning module imports aiplatform, about 5 s of every local
-# `make run`'s launcher for this one list.
+# `study_metrics()`'s value, written out for the local target: importing GCPC's tuning module
+# imports aiplatform, about 5 s of every local `make run`.
 LOCAL_STUDY_METRICS = [{"metric_id": METRIC_ID, "goal": 1}]  # StudySpec.MetricSpec.GoalType.MAXIMIZE
 
 
@@ -122,13 +116,11 @@ def hyperparameter_tuning_job(
     timeout: str,
     gcp_resources: dsl.OutputPath(str),
 ) -> dsl.ContainerSpec:
-    """GCPC's `HyperparameterTuningJobRunOp` with one field more: each trial's
-    `trial_job_spec.scheduling.timeout` (aiplatform_v1 `HyperparameterTuningJob.trial_job_spec`,
-    a CustomJobSpec: "The same spec applies to the CustomJobs created in all the trials";
-    `Scheduling.timeout`: "The maximum job running time. The default is 7 days.";
-    https://cloud.google.com/vertex-ai/docs/reference/rest/v1/CustomJobSpec#scheduling). GCPC 2.22's
-    op has no such input; its own container spec (image, launcher, payload: the installed
-    v1/hyperparameter_tuning_job/component.py) is reused, the field added to its payload."""
+    """GCPC's `HyperparameterTuningJobRunOp` plus each trial's `trial_job_spec.scheduling.timeout`
+    (aiplatform_v1 `HyperparameterTuningJob.trial_job_spec`: "The same spec applies to the
+    CustomJobs created in all the trials"; `Scheduling.timeout`: "The default is 7 days.";
+    https://cloud.google.com/vertex-ai/docs/reference/rest/v1/CustomJobSpec#scheduling), which
+    GCPC 2.22's op lacks: its container spec is reused, the field added to its payload."""
     gcpc = {k: v for k, v in locals().items() if k != "timeout"}
     from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import HyperparameterTuningJobRunOp
 
@@ -145,17 +137,10 @@ def tuning_job() -> Any:
     return dsl.container_component(hyperparameter_tuning_job)
 
 
-def spec_id(spec: Any) -> str:
-    """A parameter spec's id, from either JSON form ('' when it has none)."""
-    if not isinstance(spec, Mapping):
-        return ""
-    return str(spec.get("parameter_id", spec.get("parameterId", "")) or "")
-
-
 def parse_search_space(space: Any) -> list[Any]:
-    """Each entry of `space` parsed strictly into `aiplatform_v1.StudySpec.ParameterSpec` (the proto
-    JSON form: snake_case or camelCase keys, numbers or strings for numbers, enum names; unknown
-    fields and two value specs in one entry refused). Raises ValueError naming the entry."""
+    """Each entry of `space` parsed strictly into `aiplatform_v1.StudySpec.ParameterSpec` (proto
+    JSON, either key case; unknown fields and two value specs refused). Raises ValueError naming
+    the entry."""
     from google.cloud import aiplatform_v1
     from google.protobuf import json_format
 
@@ -166,9 +151,10 @@ def parse_search_space(space: Any) -> list[Any]:
     kind = aiplatform_v1.StudySpec.ParameterSpec
     parsed = []
     for n, entry in enumerate(space, 1):
-        name = f"parameter {n}" + (f" ({spec_id(entry)})" if spec_id(entry) else "")
         if not isinstance(entry, Mapping):
-            raise ValueError(f"{name}: must be a mapping (a StudySpec.ParameterSpec), got {entry!r}")
+            raise ValueError(f"parameter {n}: must be a mapping (a StudySpec.ParameterSpec), got {entry!r}")
+        ident = entry.get("parameter_id", entry.get("parameterId"))
+        name = f"parameter {n}" + (f" ({ident})" if ident else "")
         message = kind.pb(kind())
         try:
             json_format.ParseDict(dict(entry), message, ignore_unknown_fields=False)
@@ -235,8 +221,8 @@ def trial_values(spec: Any) -> list[float | str]:
 
 def pick_best_trial(trials: list[dict[str, Any]], metric_id: str, goal: str) -> dict[str, Any]:
     """The best SUCCEEDED trial (aiplatform_v1 Trial JSON, either key case) by its final
-    measurement of `metric_id`, as {"trial_id", "value", "parameters"}; ties go to the earlier
-    trial. Raises RuntimeError listing every trial's state when none succeeded with the metric."""
+    `metric_id`, as {"trial_id", "value", "parameters"}; ties go to the earlier trial. Raises
+    RuntimeError listing every trial's state when none succeeded with the metric."""
 
     def get(d: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
         return d.get(camel, d.get(snake, default))
@@ -285,9 +271,8 @@ def best_trial(
     metric_id: str = "val_accuracy",
     goal: str = "MAXIMIZE",
 ) -> NamedTuple("Outputs", worker_pool_specs=list, hyperparameters=dict, trial_id=str, value=float):
-    """Reads the tuning job named in `gcp_resources` (the GCPC op's output), picks the best trial
-    and writes its parameters into the planned training job's flags (`apply_hyperparameters`).
-    `trials` gets the whole trials table (JSON list)."""
+    """Picks the best trial of the tuning job in `gcp_resources` and writes its parameters into the
+    planned training job's flags; `trials` gets the whole trials table (JSON list)."""
     import collections
     import json
     import re

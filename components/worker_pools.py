@@ -2,23 +2,16 @@
 pipeline parameters.
 
 Not a literal: parameters inside one would reach the GCPC launcher as strings, refused for int32
-fields (docs/facts.md, fact 11). Validated (`components.hardware.validate_machine`) before
-anything is submitted.
-
-Layout (what Vertex gives the containers as TF_CONFIG/CLUSTER_SPEC): pool 0 the chief, one
+fields (docs/facts.md, fact 11). Layout (Vertex's TF_CONFIG/CLUSTER_SPEC): pool 0 the chief, one
 replica; pool 1 `worker_count` workers (0: one machine); pool 2 optional Reduction Server replicas.
 The same specs feed `CustomTrainingJobOp`, `HyperparameterTuningJobRunOp` and `local.jobs`.
 
-Each trainer pool's container gets its own request in its environment (`pool_env`), so every
-replica can check at start that it sees the GPUs it was given (docs/vertex.md#no-silent-cpu-training).
-`container_spec.env` is aiplatform_v1 `ContainerSpec.env`, a list of `EnvVar{name, value}`
-("Environment variables to be passed to the container. Maximum limit is 100."), set per pool ("If
-you are performing distributed training, you can use different settings for each worker pool":
-"Configure container settings for custom training",
-https://cloud.google.com/vertex-ai/docs/training/configure-container-settings). A tuning job's
-trials get the same pools: GCPC's `HyperparameterTuningJobRunOp` puts `worker_pool_specs` as they
-are into the payload's `trial_job_spec` (google_cloud_pipeline_components
-v1/hyperparameter_tuning_job/component.py).
+Each trainer pool's aiplatform_v1 `ContainerSpec.env` carries its own request (`pool_env`), so
+every replica checks at start that it sees its GPUs (docs/vertex.md#no-silent-cpu-training); env
+is per pool ("you can use different settings for each worker pool",
+https://cloud.google.com/vertex-ai/docs/training/configure-container-settings), and GCPC's
+`HyperparameterTuningJobRunOp` puts `worker_pool_specs` as they are into `trial_job_spec`
+(v1/hyperparameter_tuning_job/component.py), so trials get them too.
 """
 
 from typing import Any
@@ -27,35 +20,12 @@ from components.hardware import validate_machine
 from components.reductionserver import reduction_server_pool, reduction_server_problems
 
 
-def hardware_parameters() -> tuple:
-    """The pipeline parameters that shape the worker pools: arguments of build_worker_pool_specs,
-    by the same names."""
-    return (
-        "chief_machine_type",
-        "chief_accelerator_type",
-        "chief_accelerator_count",
-        "worker_count",
-        "worker_machine_type",
-        "worker_accelerator_type",
-        "worker_accelerator_count",
-        "boot_disk_type",
-        "boot_disk_size_gb",
-        "reduction_server_count",
-        "reduction_server_machine_type",
-        "check_gpu_region",
-    )
-
-
-HARDWARE_PARAMETERS = hardware_parameters()
-
-
 def pool_env(
     machine_type: str, accelerator_type: str = "", accelerator_count: int = 0
 ) -> list[dict[str, str]]:
     """A trainer pool's `container_spec.env`: what the pool asked for, read by the trainer at start
-    (`trainer.config.gpu_request`; tests/components/test_pool_env.py keeps the names equal). No
-    GPU is `ACCELERATOR_TYPE_UNSPECIFIED` and `0`: aiplatform_v1 `EnvVar.value` is required. No
-    name starts with `AIP_` or `CLOUD_ML_`, Vertex's own (docs/contracts.md, section 2)."""
+    (`trainer.config.gpu_request`). No GPU is `ACCELERATOR_TYPE_UNSPECIFIED` and `0` (aiplatform_v1
+    `EnvVar.value` is required); no name starts with Vertex's own `AIP_` or `CLOUD_ML_`."""
     none = "ACCELERATOR_TYPE_UNSPECIFIED"
     has_gpu = bool(accelerator_type) and accelerator_type != none and bool(accelerator_count)
     return [
@@ -84,10 +54,10 @@ def build_worker_pool_specs(
     check_gpu_region: bool = True,
     warnings: list | None = None,
 ) -> list[dict[str, Any]]:
-    """The `worker_pool_specs` of a Vertex CustomJob, validated. Raises ValueError naming every
-    bad setting and what is allowed, one per line, each starting with the parameter's name. Empty
-    worker settings copy the chief's. `validate_machine`'s warnings are appended to `warnings`."""
-    import re  # inside: shipped to the worker-pools component on its own (additional_funcs)
+    """A Vertex CustomJob's `worker_pool_specs`, validated: ValueError names every bad setting and
+    what is allowed, a line each starting with the parameter's name. Empty worker settings copy
+    the chief's; `validate_machine`'s warnings are appended to `warnings`."""
+    import re
 
     def whole(value: Any, low: int, high: float) -> bool:  # an int, not a bool, within [low, high]
         return type(value) is int and low <= value <= high
@@ -178,3 +148,15 @@ def build_worker_pool_specs(
     if reduction_server_count:
         specs.append(reduction_server_pool(reduction_server_count, reduction_server_machine_type, region))
     return specs
+
+
+def hardware_parameters() -> tuple:
+    """The pipeline parameters that shape the worker pools: the arguments of
+    `build_worker_pool_specs` but the job's own (image, command, args), its region and `warnings`."""
+    import inspect
+
+    own = ("image_uri", "command", "args", "region", "warnings")
+    return tuple(name for name in inspect.signature(build_worker_pool_specs).parameters if name not in own)
+
+
+HARDWARE_PARAMETERS = hardware_parameters()
