@@ -1,18 +1,13 @@
 """Dataset preparation: `python -m trainer.prepare --source SOURCE --output_dir DIR --image_size N`.
 
-Sources (trainer/preparation/sources.py): `tfds:NAME`, a TFDS image-classification dataset
-(default `tfds:cassava`) through its real builder; `folder:PATH`, your own images, local or gs://,
-as PATH/<split>/<class>/<image>; `synthetic`, a small leaf set prepared offline through the real
-TFDS `cassava` builder (tests and local runs).
-
-Output: images resized once to N x N, in TFRecord shards per split (enough for FILE sharding
-across many workers), and `metadata.json`
+Sources (trainer/preparation/sources.py): `tfds:NAME` (default `tfds:cassava`), `folder:PATH`
+(PATH/<split>/<class>/<image>, local or gs://) or `synthetic`. Output: images resized once to
+N x N in TFRecord shards per split, and `metadata.json`
 (docs/contracts.md#a-prepared-dataset-python--m-trainerprepare-output); a split the source lacks
 is carved deterministically from train. It is staged and published only when complete.
 
-Progress: tqdm bars on a terminal, else plain `prepare: ...` lines (`trainer.preparation.progress`).
-SIGTERM unwinds the command like Ctrl-C: nothing is published, no staging folder is left, and it
-exits with status 143. The preparation's other modules: docs/architecture.md#the-trainers-parts.
+Progress: tqdm bars on a terminal, else plain `prepare: ...` lines. SIGTERM unwinds the command
+like Ctrl-C: nothing is published, no staging folder is left, and it exits with status 143.
 """
 
 from __future__ import annotations
@@ -59,8 +54,7 @@ def _class_names(text: str) -> tuple[str, ...]:
 
 def champion_mismatch(class_names: Sequence[str], champion_class_names: Sequence[str]) -> str:
     """Why a dataset of `class_names` is not the champion's task; "" when it is (no champion, or
-    the same names in the same order). The pipeline's gate applies the same rule
-    (`components.registry.task_mismatch`; tests/components/test_registry.py keeps them agreeing)."""
+    the same names in the same order): `components.registry.task_mismatch`'s rule."""
     new, old = list(class_names), list(champion_class_names)
     if not old or new == old:
         return ""
@@ -145,9 +139,8 @@ def build_parser(
 
 
 def unknown_beam_options(args: Sequence[str]) -> list[str]:
-    """Those of `args` that no Apache Beam pipeline option takes (Beam itself only logs them and
-    goes on: `--image-size=48` would prepare at the default size); [] without Beam installed
-    (the preparation then refuses --engine beam, naming the fix). Beam's own parser, built as
+    """Those of `args` that no Apache Beam pipeline option takes (Beam only logs them: a mistyped
+    flag would be ignored); [] without Beam installed. Beam's own parser, built as
     `PipelineOptions.get_all_options` builds it (apache_beam/options/pipeline_options.py)."""
     import importlib.util
 
@@ -190,15 +183,12 @@ def parse_args(
 
 # --- stopping on SIGTERM ----------------------------------------------------------------------
 
-# 128 + SIGTERM: what the local job runner counts as a replica stopped on SIGTERM (local/jobs.py:
-# `TERMINATED`, `describe_exit`), as trainer.callbacks.TERMINATED_EXIT_CODE (not
-# imported: it loads TensorFlow).
+# As local/jobs.py's `TERMINATED` and trainer.callbacks.TERMINATED_EXIT_CODE (not imported: it loads TensorFlow).
 TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
 
 
 class Terminated(BaseException):
-    """SIGTERM reached `main`, raised so that every `finally` and `with` on the way out runs
-    (unhandled, SIGTERM ends the process at once: only SIGINT becomes an exception). A
+    """SIGTERM reached `main`, raised so that every `finally` and `with` on the way out runs; a
     BaseException, like KeyboardInterrupt, so that no `except Exception` swallows it."""
 
 
@@ -207,12 +197,11 @@ _STOP = threading.Event()
 
 @contextlib.contextmanager
 def sigterm_unwinds() -> Iterator[None]:
-    """Inside the block, SIGTERM raises Terminated in the main thread, and records that it came:
-    every image's progress update then raises it again (`stop_if_asked`), as Python drops an
-    exception raised by a handler that ran inside a `__del__`, a weakref callback or C code that
-    clears errors (`abc.register` during an import: 10 of 200 SIGTERMs, measured). A second
+    """Inside the block, SIGTERM raises Terminated in the main thread and is recorded: every
+    image's progress update raises it again (`stop_if_asked`), as Python drops an exception raised
+    by a handler inside a `__del__`, a weakref callback or C code that clears errors. A second
     SIGTERM does nothing, so the clean-up is not cut short. Once stopping, other threads'
-    exceptions are not printed: the Beam engine's threads fail as its workers die of the same SIGTERM."""
+    exceptions are not printed (the Beam engine's threads fail as its workers die)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -238,7 +227,7 @@ def sigterm_unwinds() -> Iterator[None]:
 
 
 def stop_if_asked() -> None:
-    """Raises Terminated once SIGTERM has come (`sigterm_unwinds`), wherever its own exception went."""
+    """Raises Terminated once SIGTERM has come (`sigterm_unwinds`)."""
     if _STOP.is_set():
         raise Terminated("SIGTERM (seen at the next image)")
 
@@ -253,20 +242,14 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
     progress.stop = stop_if_asked  # every image's update: the work loop's stop point
 
     if config.engine == "beam":  # before the output is looked at: on Dataflow that is a request
-        from trainer.preparation.beamrun import (
-            check_beam_installed,
-            check_google_cloud,
-            check_runner_paths,
-            is_local_runner,
-            local_workers,
-        )
+        from trainer.preparation import beamrun
 
-        check_beam_installed()
-        check_runner_paths(config)
-        if is_local_runner(config):
-            local_workers(config)  # bounded by this machine's CPUs and memory
+        beamrun.check_beam_installed()
+        beamrun.check_runner_paths(config)
+        if beamrun.is_local_runner(config):
+            beamrun.local_workers(config)  # bounded by this machine's CPUs and memory
         else:
-            check_google_cloud()  # reached, with credentials: one line within seconds otherwise
+            beamrun.check_google_cloud()  # reached, with credentials: one line within seconds otherwise
     output = storage.resolve(config.output_dir)
     exists = tf.io.gfile.exists(output) if storage.is_remote(output) else os.path.lexists(output)
     if not config.overwrite and exists and not tf.io.gfile.isdir(output):
@@ -280,18 +263,14 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
             "to replace it"
         )
     if config.engine == "beam":
-        from trainer.preparation.beamprep import check_work_dir
-
-        check_work_dir(work_dir(config.output_dir))  # before anything is listed or removed
+        beamrun.check_work_dir(work_dir(config.output_dir))  # before anything is listed or removed
     started = time.monotonic()
     with open_source(config, progress) as source:
         mismatch = champion_mismatch(source.class_names, config.champion_class_names)
         if mismatch:
             raise PrepareError(mismatch)
         if config.engine == "beam":
-            from trainer.preparation.beamrun import prepare_beam
-
-            return prepare_beam(config, source, progress, started)
+            return beamrun.prepare_beam(config, source, progress, started)
         with storage.staged_output(config.output_dir) as staging:
             metadata = write_dataset(source, config, staging, progress)
     return metadata
@@ -340,8 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     if code in (TERMINATED_EXIT_CODE, 128 + signal.SIGINT):
-        # Stopped, and cleaned up: exit without waiting for threads that wait on what is gone (the
-        # Beam engine's worker handlers: a driver of 64 workers slept 14 minutes there).
+        # Cleaned up: exit without waiting for threads that wait on what is gone (the Beam engine's
+        # worker handlers: a driver of 64 workers slept 14 minutes there).
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

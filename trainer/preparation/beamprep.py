@@ -2,9 +2,8 @@
 the one-replica job (trainer/preparation/shards.py) run as a Beam pipeline, on the DirectRunner here (worker
 processes on this machine) or on Dataflow (`--runner DataflowRunner` and Dataflow's options).
 
-One conversion, two engines: everything that decides the output (carving, placement, shard
-names, the image transform, the record, metadata.json) is shared with `write_dataset`, so for a
-given source and seed both write the same bytes (tests/trainer/test_beamprep.py compares them).
+Everything that decides the output (carving, placement, shard names, the image transform, the
+record, metadata.json) is shared with `write_dataset`: both engines write the same bytes.
 
     Create(shard names) | Reshuffle | ParDo(WriteShard) | CombineGlobally(ToList) | ParDo(Finalize)
 
@@ -46,19 +45,14 @@ PLAN_VERSION = 1
 TASKS, DONE, ERRORS = "tasks", "done", "errors"
 # The PrepareConfig fields that decide what is written (not where, nor by which engine).
 OUTPUT_FIELDS = ("source", "image_size", "encoding", "shards", "validation_fraction", "test_fraction", "seed")
-# Seconds between the driver's progress lines (it counts the done records).
-PROGRESS_EVERY_S = 5.0
-
-
-# Written first into a work folder this engine makes: only a folder holding it is the engine's to
-# resume into or remove.
+PROGRESS_EVERY_S = 5.0  # between the driver's progress lines
+# Written first into a work folder this engine makes: only a folder holding it is its to resume or remove.
 OWNER_FILE = ".beam-work"
 
 
 def check_work_dir(work: str) -> None:
-    """Refuses, before any work, a `work_dir` holding anything this engine did not make: a link
-    (removing through it would delete what it points to), a file, or a folder without OWNER_FILE
-    (not following links). Nothing there, or a folder a killed run left, is fine."""
+    """Refuses a `work_dir` holding anything this engine did not make: a link (removing through it
+    would delete what it points to), a file, or a folder without OWNER_FILE."""
     what, remote = "", storage.is_remote(work)
     if not remote and os.path.islink(work):
         what = f"a symbolic link (to {os.readlink(work)})"
@@ -77,8 +71,8 @@ def check_work_dir(work: str) -> None:
 
 
 def _task_spec(spec: dict[str, Any], indices: list[int]) -> dict[str, Any]:
-    """A shard's task: the source split's spec narrowed to the shard's images (a folder's: just
-    their paths and labels, so a task file holds its own images only)."""
+    """A shard's task: the source split's spec narrowed to the shard's images (a folder's: only
+    their paths and labels)."""
     if spec["kind"] == "files":
         return {
             "kind": "files",
@@ -107,9 +101,8 @@ def make_plan(source: Source, config: PrepareConfig, source_info: dict[str, Any]
         **{f: getattr(config, f) for f in OUTPUT_FIELDS},
         "class_names": list(source.class_names),
         "source_info": source_info,
-        # The images each shard gets, by content of its task (paths or indices), not by the "dir"
-        # a TFDS split was built in: the synthetic source is built in a new temporary folder by
-        # every run, and source_info already names the TFDS dataset (its version and downloads).
+        # Tasks without the "dir" a TFDS split was built in: the synthetic source is built in a new
+        # temporary folder every run, and source_info already names the TFDS dataset.
         "tasks": hashlib.sha256(
             json.dumps(
                 {n: {k: v for k, v in t.items() if k != "dir"} for n, t in tasks.items()}, sort_keys=True
@@ -143,7 +136,6 @@ def write_json(path: str, data: Any) -> None:
 # --- the workers' steps ----------------------------------------------------------------------
 
 
-# How a shard that did not fit on the disk is reported (one line, however many shards met it).
 DISK_FULL = "no space left on the disk of"
 
 
@@ -204,13 +196,10 @@ def published(output_dir: str, records: Sequence[dict[str, Any]]) -> dict[str, A
 
 
 def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Once every shard is written: metadata.json, then the dataset published to `output_dir`
-    (complete, metadata.json last) and the work folder removed. Refuses (PrepareError naming each
-    bad image) when a worker recorded a problem.
-
-    It may run more than once (Dataflow reruns a step whose result was not committed, even after
-    its side effects): a dataset an earlier attempt published whole (`published`) is kept as it
-    is; a half-published one is published again, metadata.json last."""
+    """Once every shard is written: the dataset published to `output_dir` (metadata.json last)
+    and the work folder removed; PrepareError with the problems workers recorded. It may run more
+    than once (Dataflow reruns a step whose result was not committed, even after its side
+    effects): a dataset published whole (`published`) is kept; a half-published one is redone."""
     problems = read_problems(work)
     if problems:
         raise PrepareError("\n".join(problems))
@@ -228,15 +217,11 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
     if missing:
         raise PrepareError(f"{len(missing)} shards were not written: {', '.join(missing[:5])}")
     config = PrepareConfig(output_dir=output_dir, **plan["config"])
-    n_classes = len(plan["class_names"])
     splits: dict[str, tuple[list[dict[str, Any]], list[int]]] = {}
-    for split in SPLITS:
-        manifest, per_class = [], [0] * n_classes
-        for shard in (s for s in plan["shards"] if s["split"] == split):
-            r = by_name[shard["name"]]
-            manifest.append({k: r[k] for k in ("name", "bytes", "records", "sha256")})
-            per_class = [a + b for a, b in zip(per_class, r["class_counts"], strict=True)]
-        splits[split] = (manifest, per_class)
+    for split in SPLITS:  # every split has a shard (shard_names)
+        written = [by_name[s["name"]] for s in plan["shards"] if s["split"] == split]
+        manifest = [{k: r[k] for k in ("name", "bytes", "records", "sha256")} for r in written]
+        splits[split] = (manifest, [sum(n) for n in zip(*(r["class_counts"] for r in written), strict=True)])
     metadata = dataset_metadata(config, plan["source_info"], plan["class_names"], splits, plan["carved"])
     names = [s["name"] for s in plan["shards"]]
     if published(output_dir, records) == metadata:
@@ -254,9 +239,8 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
 
 
 def _publish_remote(work: str, final: str, names: list[str], metadata: dict[str, Any]) -> None:
-    """gs://: a stale metadata.json in `final` goes first (from then on `final` is not a finished
-    dataset), the shards are copied in (Cloud Storage copies in place, no download), metadata.json
-    last."""
+    """gs://: a stale metadata.json in `final` goes first, the shards are copied in (Cloud Storage
+    copies in place), metadata.json last."""
     stale = storage.join(final, data.METADATA_FILE)
     if tf.io.gfile.exists(stale):
         tf.io.gfile.remove(stale)
@@ -279,8 +263,7 @@ def read_problems(work: str) -> list[str]:
 
 
 def disk_full(work: str) -> str:
-    """The one line for a disk that filled while shards were written into `work`: what the
-    shards left need (the mean size of those written), what is kept, how to resume."""
+    """The one line for a disk that filled while shards were written into `work`."""
     done = [storage.read_json(p) for p in tf.io.gfile.glob(storage.join(work, DONE, "*.json"))]
     left = len(storage.read_json(storage.join(work, PLAN_FILE))["shards"]) - len(done)
     need = sum(r["bytes"] for r in done) / len(done) * left / 2**20 if done else None
@@ -291,8 +274,11 @@ def disk_full(work: str) -> str:
     )
 
 
-def _beam_steps() -> tuple[Any, Any]:
-    """The two DoFns (built here so that importing this module needs no Beam)."""
+def build_pipeline(
+    pipeline: Any, work: str, output_dir: str, names: Sequence[str], *, local: bool = True
+) -> Any:
+    """Adds the preparation's steps to the Beam `pipeline` (`local`: the DirectRunner). The DoFns
+    are defined here so that importing this module needs no Beam."""
     import apache_beam as beam
 
     class WriteShard(beam.DoFn):
@@ -321,9 +307,8 @@ def _beam_steps() -> tuple[Any, Any]:
             yield result
 
     class Finalize(beam.DoFn):
-        """Publishes once every shard is written; with problems recorded, nothing: on the
-        DirectRunner the driver reports them from the work folder; on a remote runner
-        (`fail_on_problems`) the job fails with them, since nobody waits there to read it."""
+        """Publishes once every shard is written. With problems recorded, the DirectRunner's
+        driver reports them; on a remote runner (`fail_on_problems`) the job fails with them."""
 
         def __init__(self, work: str, output_dir: str, fail_on_problems: bool) -> None:
             self.work, self.output_dir, self.fail_on_problems = work, output_dir, fail_on_problems
@@ -334,17 +319,6 @@ def _beam_steps() -> tuple[Any, Any]:
             metadata = finalize(self.work, self.output_dir, records)
             yield metadata["fingerprint"]
 
-    return WriteShard, Finalize
-
-
-def build_pipeline(
-    pipeline: Any, work: str, output_dir: str, names: Sequence[str], *, local: bool = True
-) -> Any:
-    """Adds the preparation's steps to the Beam `pipeline` (`local`: the DirectRunner, whose
-    driver reports problems itself)."""
-    import apache_beam as beam
-
-    WriteShard, Finalize = _beam_steps()
     return (
         pipeline
         | "Shards" >> beam.Create(list(names))

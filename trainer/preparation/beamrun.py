@@ -50,20 +50,16 @@ def _runner(args: Sequence[str]) -> str:
 
 # The local runner: Beam 2.77's "DirectRunner" (SwitchingDirectRunner, runners/direct/
 # direct_runner.py) first tries Prism, a Go binary downloaded at run time that runs every step in
-# one process (docs/training.md#preparing-on-apache-beam); the FnApiRunner it falls back to, named
-# directly, downloads nothing and has the worker processes it is given.
+# one process; the FnApiRunner it falls back to downloads nothing and has the workers it is given.
 LOCAL_RUNNER = "FnApiRunner"
-
-
-# Memory one DirectRunner worker takes: it is two processes, each with TensorFlow loaded (24
-# workers started 49 processes and reached 17 GB on a 2-CPU machine before the kernel killed them).
+# Memory one DirectRunner worker takes: two processes, each with TensorFlow loaded (24 workers
+# reached 17 GB on a 2-CPU machine before the kernel killed them).
 WORKER_BYTES = 1400 * 2**20
 
 
 def local_workers(config: PrepareConfig) -> int:
     """The DirectRunner's worker processes: `--beam_workers` (0: one per CPU this process may use,
-    fewer if memory holds fewer); raises PrepareError, naming both bounds, for more than there are
-    CPUs or than the available memory (/proc/meminfo MemAvailable) holds."""
+    fewer if memory holds fewer); PrepareError for more than the CPUs or MemAvailable hold."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     available = 0
     with contextlib.suppress(OSError, ValueError, StopIteration):
@@ -80,17 +76,15 @@ def local_workers(config: PrepareConfig) -> int:
 
 
 def pipeline_options(config: PrepareConfig) -> Any:
-    """Beam's options: `config.beam_args` as given (the runner, Dataflow's project, region,
-    worker settings...); when the runner is the DirectRunner (`_runner`), Beam's FnApiRunner
-    (`LOCAL_RUNNER`) in multi-process mode with `config.beam_workers` processes."""
+    """Beam's options: `config.beam_args` as given; for the DirectRunner (`_runner`), Beam's
+    FnApiRunner (`LOCAL_RUNNER`) in multi-process mode with `local_workers` processes."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     args = list(config.beam_args)
     runner = _runner(args)
     if runner == "DirectRunner":
         # The workers' own logging off (a user's --default_sdk_harness_log_level, later, wins):
-        # failures reach the driver, which says them in one line. Beam still prints each failure's
-        # traceback on the worker's stderr, which `_stderr_to` keeps off the screen.
+        # failures reach the driver, which says them in one line.
         args = [
             "--direct_running_mode=multi_processing",
             f"--direct_num_workers={local_workers(config)}",
@@ -107,8 +101,7 @@ def is_local_runner(config: PrepareConfig) -> bool:
 
 
 def check_beam_installed() -> None:
-    """Refuses, naming the fix, when Apache Beam is not installed here (the trainer and serving
-    images leave the lock's `beam` group out)."""
+    """Refuses when Apache Beam is not installed (the trainer and serving images lack it)."""
     import importlib.util
 
     if importlib.util.find_spec("apache_beam") is None:
@@ -143,17 +136,15 @@ def check_runner_paths(config: PrepareConfig) -> None:
         raise PrepareError("\n".join(problems))
 
 
-# Cloud Storage and Dataflow, each tried once within PROBE_SECONDS before a remote runner starts:
-# unchecked, TensorFlow's GCS client retried an unreachable or unauthorised request for about 25 s
-# and ended in a FailedPreconditionError traceback.
+# Tried before a remote runner starts: unchecked, TensorFlow's GCS client retried an unreachable
+# or unauthorised request for about 25 s and ended in a FailedPreconditionError traceback.
 GOOGLE_HOSTS = ("storage.googleapis.com", "dataflow.googleapis.com")
 PROBE_SECONDS = 5.0
 
 
 def check_google_cloud(seconds: float = PROBE_SECONDS) -> None:
-    """On a remote runner, before any work: Google's hosts answer (one HEAD request each, through
-    the proxy `requests` would use; any HTTP answer will do) and credentials are found (google-auth's
-    Application Default Credentials, what Beam's GCP IO uses). Otherwise one PrepareError line."""
+    """Google's hosts answer a HEAD request (any HTTP answer will do) and credentials are found
+    (google-auth's Application Default Credentials, what Beam's GCP IO uses); else PrepareError."""
     import concurrent.futures
 
     import google.auth
@@ -242,18 +233,15 @@ def _progress_lines(work: str, total: int, progress: Progress) -> Iterator[None]
         thread.join()
 
 
-# Where the DirectRunner's workers write on stderr (Beam's worker prints every failure's traceback
-# there itself, whatever the log level): the screen gets one line, this file the details.
+# The DirectRunner's workers' stderr (Beam's worker prints every failure's traceback there,
+# whatever the log level): the screen gets one line, this file the details.
 WORKERS_LOG = "beam-workers.log"
 
 
 @contextlib.contextmanager
-def _stderr_to(name_suffix: str | None) -> Iterator[None]:
+def _stderr_to(name_suffix: str) -> Iterator[None]:
     """File descriptor 2 (this process's and its workers') into a temporary file ending in
     `name_suffix` while the block runs: named on stderr if the block fails, else removed."""
-    if name_suffix is None:
-        yield
-        return
     import tempfile
 
     saved, failed, name = os.dup(2), True, ""
@@ -279,18 +267,16 @@ def _stderr_to(name_suffix: str | None) -> Iterator[None]:
 
 
 def prepare_beam(config: PrepareConfig, source: Source, progress: Progress, started: float) -> dict[str, Any]:
-    """Runs the Beam preparation of the opened `source` and waits for it (on Dataflow too, then
-    reads what the job published); returns the metadata. Under a Flex Template's launcher
-    (`--template_location`) it only writes the job's graph and returns {}: Dataflow runs the job,
-    which publishes, once the launcher ends. `started` (time.monotonic() before the source was
-    listed) times what Dataflow's launch timeout bounds (docs/training.md#preparing-on-apache-beam)."""
+    """Runs the Beam preparation of the opened `source` and waits for it (on Dataflow too);
+    returns the metadata. Under a Flex Template's launcher (`--template_location`) it only writes
+    the job's graph and returns {}: the job publishes. `started`: time.monotonic() before the
+    source was listed, to time what Dataflow's launch timeout bounds."""
     import logging
     import time
 
     import apache_beam as beam
 
-    # Beam's runner relays each worker's warnings and errors with their tracebacks; problems and
-    # failures come back here, to be said in one line (PrepareError).
+    # Beam relays each worker's warnings with tracebacks; failures are said here in one line.
     logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     plan, tasks = make_plan(source, config, {**source.info, **source_identity(source, config)})
     work = work_dir(config.output_dir)
@@ -314,8 +300,9 @@ def prepare_beam(config: PrepareConfig, source: Source, progress: Progress, star
         pipeline.run()
         progress.say(f"wrote the Dataflow job's graph to {template}; the job publishes {config.output_dir}")
         return {}
+    workers_log = _stderr_to(WORKERS_LOG) if local else contextlib.nullcontext()
     try:
-        with _progress_lines(work, len(names), progress), _stderr_to(WORKERS_LOG if local else None):
+        with _progress_lines(work, len(names), progress), workers_log:
             pipeline.run().wait_until_finish()
     except Exception as e:  # noqa: BLE001 - a worker's failure, reported without its traceback
         problems = read_problems(work)  # a remote runner's Finalize fails the job on them

@@ -18,13 +18,9 @@ def carve_sizes(
     train_count: int, present: Iterable[str], validation_fraction: float, test_fraction: float
 ) -> dict[str, int]:
     """How many training images each split the source lacks is carved from (CARVED_SPLITS order)."""
+    fractions = {"validation": validation_fraction, "test": test_fraction}
     present = set(present)
-    sizes = {}
-    for split in CARVED_SPLITS:
-        if split not in present:
-            fraction = validation_fraction if split == "validation" else test_fraction
-            sizes[split] = max(1, round(train_count * fraction))
-    return sizes
+    return {s: max(1, round(train_count * fractions[s])) for s in CARVED_SPLITS if s not in present}
 
 
 def too_few_to_carve(train_count: int, sizes: Mapping[str, int]) -> str | None:
@@ -35,8 +31,8 @@ def too_few_to_carve(train_count: int, sizes: Mapping[str, int]) -> str | None:
 
 
 def carve_plan(source: Source, config: PrepareConfig) -> tuple[dict[str, int], Any, dict[str, str]]:
-    """Output split sizes and, per train example, the output split it goes to. Refuses a source
-    of too few classes (`too_few_classes`) or training images (`too_few_to_carve`)."""
+    """Output split sizes, per train example the output split it goes to, and the carved splits.
+    Refuses a source of too few classes or training images, or with an empty split."""
     import numpy as np
 
     n_train = source.splits["train"].count
@@ -45,17 +41,16 @@ def carve_plan(source: Source, config: PrepareConfig) -> tuple[dict[str, int], A
     if problem:
         raise PrepareError(problem)
     assignment = np.zeros(n_train, dtype=np.int8)  # index into SPLITS
-    carved: dict[str, str] = {}
     order = np.random.default_rng(config.seed).permutation(n_train)
     start = 0
     for split, take in sizes.items():
         assignment[order[start : start + take]] = SPLITS.index(split)
         start += take
-        carved[split] = "train"
-    counts = {s: source.splits[s].count for s in SPLITS if s in source.splits and s != "train"}
-    for i, split in enumerate(SPLITS):
-        if split == "train" or split in carved:
-            counts[split] = int((assignment == i).sum())
+    carved = dict.fromkeys(sizes, "train")
+    counts = {
+        s: int((assignment == i).sum()) if s == "train" or s in carved else source.splits[s].count
+        for i, s in enumerate(SPLITS)
+    }
     for split, n in counts.items():
         if n == 0:
             raise PrepareError(f"split {split!r} of --source {config.source} has no images")

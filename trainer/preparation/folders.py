@@ -1,19 +1,20 @@
 """The image-folder source, `folder:PATH`: its layout's rules, its listing and its reading.
 
 PATH/<split>/<class>/<image>, local or gs://. `list_folder` holds the layout's rules without
-TensorFlow (`python -m trainer.preparation.sourcecheck` applies them up front); `open_folder` lists and reads
-with TensorFlow. Images are the files named as a format TensorFlow decodes (IMAGE_FORMATS), each
-checked from its header before anything is decoded; every other entry is skipped and listed
-(`Skipped`). The source itself is never changed.
+TensorFlow (sourcecheck applies them up front); `open_folder` lists and reads with TensorFlow.
+Images (IMAGE_FORMATS) are checked from their header before anything is decoded; every other
+entry is skipped and listed (`Skipped`). The source itself is never changed.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import math
 import os
 import stat
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,12 +23,11 @@ from trainer import storage
 from trainer.config import MAX_IMAGE_PIXELS, MAX_IMAGE_SIZE, SPLITS
 from trainer.preparation.imageheaders import BadImageHeader, ImageHeader, read_image_header
 from trainer.preparation.progress import Progress
-from trainer.preparation.source import Source, SourceSplit, refusal, too_few_classes
+from trainer.preparation.source import PrepareError, Source, SourceSplit, shown, too_few_classes
 
 # The formats TensorFlow 2.21's `decode_image` decodes ("Unknown image file format. One of JPEG,
 # JPEG XL, PNG, GIF, BMP, WebP required.", its error for any other; pinned by
-# tests/trainer/test_prepare_inputs.py). A GIF gives its first frame. TensorFlow goes by content,
-# not name, and so does `read_image_header`.
+# tests/trainer/test_prepare_inputs.py). It goes by content, not name, as `read_image_header` does.
 IMAGE_FORMATS = {
     ".jpg": "JPEG",
     ".jpeg": "JPEG",
@@ -38,8 +38,7 @@ IMAGE_FORMATS = {
     ".jxl": "JPEG XL",
 }
 IMAGE_EXTENSIONS = tuple(IMAGE_FORMATS)
-# Image formats people keep beside their photos that TensorFlow cannot decode: skipped, and named
-# as such in the listing (any other name is skipped as "not an image").
+# Image formats TensorFlow cannot decode: skipped, and named as such (any other as "not an image").
 UNDECODABLE_FORMATS = {
     ".tif": "TIFF",
     ".tiff": "TIFF",
@@ -80,7 +79,7 @@ def image_problem(path: str, header: ImageHeader) -> str | None:
 
 def check_image_bytes(data: bytes, path: str) -> int:
     """The pixels the image `data` (read from `path`) decodes to; ValueError, the problem in one
-    line, for a refused one (unreadable header, undecodable variant, over MAX_IMAGE_PIXELS)."""
+    line, for a refused one."""
     try:
         header = read_image_header(data)
     except BadImageHeader as e:
@@ -93,8 +92,7 @@ def check_image_bytes(data: bytes, path: str) -> int:
 
 def check_image_file(p: str) -> str | None:
     """Why the local image file `p` is refused, in one line, or None: it must be a readable
-    regular file (or a symlink to one) whose header passes `image_problem`. Reads its header
-    only (a GIF whole), so a bad entry is refused while listing, before any decoding."""
+    regular file (or a symlink to one) whose header (read alone) passes `image_problem`."""
     allowed = f"each {'/'.join(IMAGE_EXTENSIONS)} entry in a class folder must be a readable image file"
     try:
         st = os.stat(p)
@@ -124,9 +122,8 @@ def check_image_file(p: str) -> str | None:
 
 FOLDER_LAYOUT = "PATH/<split>/<class>/*.jpg (split: train, validation or test)"
 HIDDEN = "hidden"
-# Paths kept per kind of skipped entry (metadata.json), and shown in the one summary line.
-SKIPPED_EXAMPLES = 5
-SUMMARY_EXAMPLES = 4
+SKIPPED_EXAMPLES = 5  # paths kept per kind of skipped entry (metadata.json)
+SUMMARY_EXAMPLES = 4  # paths in the one summary line
 # More unknown folders than this at the top of a source are one problem, naming this many.
 MAX_UNKNOWN_SPLITS_NAMED = 5
 
@@ -200,8 +197,8 @@ class _OutOfBudget(Exception):
 
 @dataclasses.dataclass
 class ListingBudget:
-    """Bounds a listing (`python -m trainer.preparation.sourcecheck`, which must answer in seconds whatever
-    the folder): at most `entries` folder entries read, and nothing after `seconds`."""
+    """Bounds a listing (sourcecheck must answer in seconds whatever the folder): at most
+    `entries` folder entries read, and nothing after `seconds`."""
 
     entries: int
     seconds: float
@@ -237,12 +234,11 @@ class _LocalTree:
             return "dir"
         return "file" if os.path.lexists(path) else "missing"
 
-    def entries(self, folder: str, budget: ListingBudget | None) -> list[tuple[str, bool]]:
+    def entries(self, folder: str, budget: ListingBudget) -> list[tuple[str, bool]]:
         found = []
         with os.scandir(folder) as it:
             for entry in it:
-                if budget is not None:
-                    budget.spend()
+                budget.spend()
                 try:
                     is_dir = entry.is_dir()  # follows a symlink, as the training reads it
                 except OSError:
@@ -254,9 +250,8 @@ class _LocalTree:
 @dataclasses.dataclass
 class FolderListing:
     """A folder source as `list_folder` found it: `splits`, per split, its image paths and labels
-    (indexes into class_names); `problems`, every reason it is refused, one line each; `complete`
-    False when a budget stopped the listing early (`stopped` says where; the counts are the listed
-    part's); `files_checked`, images checked (none for gs://, checked as they are read)."""
+    (indexes into class_names); `problems`, one line each; `complete` False when a budget stopped
+    the listing early (`stopped` says where); `files_checked`, images checked (none for gs://)."""
 
     path: str
     root: str
@@ -269,13 +264,10 @@ class FolderListing:
     files_checked: int = 0
 
     def class_counts(self) -> dict[str, dict[str, int]]:
-        counts = {}
-        for split, (_, labels) in self.splits.items():
-            per_class = [0] * len(self.class_names)
-            for label in labels:
-                per_class[label] += 1
-            counts[split] = dict(zip(self.class_names, per_class, strict=True))
-        return counts
+        counted = {split: collections.Counter(labels) for split, (_, labels) in self.splits.items()}
+        return {
+            split: {name: c[i] for i, name in enumerate(self.class_names)} for split, c in counted.items()
+        }
 
 
 def list_folder(
@@ -287,23 +279,22 @@ def list_folder(
     check_files: bool = True,
 ) -> FolderListing:
     """Lists the folder source `folder:PATH` by the layout's rules, without TensorFlow: split
-    folders among SPLITS (train required; hidden ones skipped, any other refused, naming
-    validation's usual aliases), class folders the same in every split, each with an image; every
-    other entry is skipped and counted by kind. With `check_files`, every image is checked
-    (`check_image_file`) once the layout is right. root: the folder to read (default PATH); tree:
-    how (default the local file system); budget: bounds the listing."""
+    folders among SPLITS (train required), the same class folders in every split, each with an
+    image; other entries are skipped by kind. With `check_files`, every image is checked once the
+    layout is right. root: the folder to read (default PATH); tree: how (default the local file
+    system); budget: bounds the listing (default: unbounded)."""
     root = root if root is not None else (path.rstrip("/") or "/")
     listing = FolderListing(path=path, root=root)
+    budget = budget or ListingBudget(sys.maxsize, math.inf)
     try:
         _list_folder(listing, tree or _LocalTree(), budget, check_files)
     except _OutOfBudget:
-        assert budget is not None
         listing.complete, listing.stopped = False, budget.why()
     return listing
 
 
 def _list_folder(
-    listing: FolderListing, tree: _LocalTree | _GfileTree, budget: ListingBudget | None, check_files: bool
+    listing: FolderListing, tree: _LocalTree | _GfileTree, budget: ListingBudget, check_files: bool
 ) -> None:
     src, root = f"--source folder:{listing.path}", listing.root
     problems, skipped = listing.problems, listing.skipped
@@ -422,7 +413,7 @@ def _list_folder(
         return
     for paths, _ in listing.splits.values():
         for p in paths:
-            if budget is not None and not budget.time_left():
+            if not budget.time_left():
                 listing.stopped = f"{budget.why()}: {listing.files_checked:,} images checked"
                 return
             problem = check_image_file(p)
@@ -435,9 +426,8 @@ def _list_folder(
 
 
 class _GfileTree:
-    """A gs:// folder tree, read with tf.io.gfile. An entry is a folder when its name ends in "/"
-    or, for a name not of an image, when gfile says so: one request per such name (folders,
-    notes), none per image."""
+    """A gs:// folder tree, read with tf.io.gfile: an entry is a folder when its name ends in "/"
+    or, for a name not of an image, when gfile says so (no request per image)."""
 
     local = False
 
@@ -451,11 +441,10 @@ class _GfileTree:
             return "dir"
         return "file" if self.gfile.exists(path) else "missing"
 
-    def entries(self, folder: str, budget: ListingBudget | None) -> list[tuple[str, bool]]:
+    def entries(self, folder: str, budget: ListingBudget) -> list[tuple[str, bool]]:
         found = []
         for n in self.gfile.listdir(folder):
-            if budget is not None:
-                budget.spend()
+            budget.spend()
             name = n.rstrip("/")
             image = os.path.splitext(name)[1].lower() in IMAGE_FORMATS
             is_dir = n.endswith("/") or (not image and self.gfile.isdir(storage.join(folder, name)))
@@ -475,8 +464,8 @@ def _checked_pixels(data: bytes, path: bytes) -> Any:
 
 
 def load_image(p: Any, y: Any) -> tuple[Any, Any]:
-    """The (uint8 [H, W, 3] image, int64 label) of the image file `p`: its header checked before
-    it is decoded (a refused one raises InvalidArgumentError, and is never decoded)."""
+    """The (uint8 [H, W, 3] image, int64 label) of the image file `p`; a header refused by
+    `check_image_bytes` raises InvalidArgumentError before decoding."""
     from trainer import images
     from trainer._tf import tf
 
@@ -489,8 +478,7 @@ def load_image(p: Any, y: Any) -> tuple[Any, Any]:
 
 
 def image_files_dataset(paths: Any, labels: Any) -> Any:
-    """The tf.data dataset of (image, label) of the image files `paths`, in order: what a folder
-    source's split gives preparation, and what a Beam worker reads a shard's images with."""
+    """The tf.data dataset of (image, label) of the image files `paths`, in order."""
     from trainer._tf import tf
 
     ds = tf.data.Dataset.from_tensor_slices((list(paths), [int(y) for y in labels]))
@@ -499,7 +487,7 @@ def image_files_dataset(paths: Any, labels: Any) -> Any:
 
 def find_bad_image(paths: Any) -> str | None:
     """Why the first refused or undecodable image of `paths` is, in one line naming its path
-    (None: every one decodes). Run after decoding failed, to name the image at fault."""
+    (None: every one decodes): run after decoding failed."""
     from trainer import images
     from trainer._tf import tf
 
@@ -516,15 +504,14 @@ def find_bad_image(paths: Any) -> str | None:
 
 
 def open_folder(path: str, progress: Progress) -> Source:
-    """The folder source `folder:PATH`, listed by `list_folder` (its problems refused at once,
-    before any image is decoded), its skipped entries said in one line on `progress`."""
+    """The folder source `folder:PATH`, listed by `list_folder` (its problems refused before any
+    image is decoded), its skipped entries said in one line on `progress`."""
     root = storage.resolve(path.rstrip("/")) or "/"
     remote = storage.is_remote(root)
-    # A gs:// source's images are not opened while listing (a request each); their headers are
-    # checked as each image is read, below, before it is decoded.
+    # A gs:// source's images are not opened while listing (a request each), but checked as read.
     listing = list_folder(path, root=root, tree=_GfileTree() if remote else None, check_files=not remote)
     if listing.problems:
-        raise refusal(listing.problems)
+        raise PrepareError("\n".join(shown(listing.problems)))
     summary = listing.skipped.summary()
     if summary:
         progress.say(summary)

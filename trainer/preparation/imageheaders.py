@@ -3,9 +3,8 @@
 Preparation reads each image's size here before anything decodes it: a small image file can hold
 a huge image (a 1.1 MB PNG of 20000 x 20000 pixels decodes to 1.2 GB).
 
-Not Pillow: the rule is what TensorFlow's decoder will allocate and accept, which
-Pillow's public API does not give without decoding (a GIF's frame sizes: `seek` decodes each
-frame; a BMP's bit depth; a WebP's animation flag), and Pillow reads no JPEG XL.
+Not Pillow: its public API does not give what TensorFlow's decoder will allocate and accept
+without decoding (a GIF's frame sizes, a BMP's bit depth, a WebP's animation flag), nor JPEG XL.
 """
 
 from __future__ import annotations
@@ -29,12 +28,8 @@ class BadImageHeader(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ImageHeader:
-    """What an image file's header says.
-
-    pixels: what decoding it holds in memory: width x height, or for a GIF every frame's added up
-      (trainer.config.MAX_IMAGE_PIXELS says why) or its canvas when that is larger.
-    unsupported: why TensorFlow cannot decode this file of a format it knows (None: it can).
-    """
+    """What an image file's header says. pixels: what decoding it holds in memory (a GIF: every
+    frame's added up, or its canvas when larger); unsupported: why TensorFlow cannot decode it."""
 
     format: str
     width: int
@@ -66,8 +61,7 @@ _BMP_MASKS = struct.pack("<III", 0x00FF0000, 0x0000FF00, 0x000000FF)
 
 class _Bytes:
     """An image's bytes by offset: sliced from memory, or read from a file a chunk at a time,
-    4 KiB first (most headers lie in it), each further chunk twice the last, up to 1 MiB (a
-    GIF is read whole), so that listing a folder reads little more than its headers."""
+    4 KiB first (most headers lie in it), each further chunk twice the last, up to 1 MiB."""
 
     def __init__(self, data: bytes | None = None, file: BinaryIO | None = None) -> None:
         self._data, self._file = data, file
@@ -85,8 +79,7 @@ class _Bytes:
 
 
 def _reader_of(head: bytes) -> Callable[[_Bytes], ImageHeader] | None:
-    """The header reader of the format TensorFlow will decode these first bytes as (it goes by
-    content, not name)."""
+    """The header reader of the format TensorFlow will decode these first bytes as."""
     if head.startswith(b"\xff\xd8\xff"):
         return _jpeg
     if head.startswith(b"\x89PNG\r\n\x1a\n"):
@@ -145,8 +138,7 @@ def _png(b: _Bytes) -> ImageHeader:
 
 
 def _gif_sub_blocks(b: _Bytes, pos: int) -> int:
-    """The offset after the data sub-blocks starting at `pos` (each a size byte, then that many
-    bytes; a size of 0 ends them)."""
+    """The offset after the data sub-blocks starting at `pos` (a size byte, then that many bytes)."""
     while True:
         size = b.at(pos, 1)
         if not size:
@@ -230,13 +222,8 @@ def _webp(b: _Bytes) -> ImageHeader:
         if data[0] != 0x2F:
             raise BadImageHeader("a lossless WebP without its signature byte")
         bits = int.from_bytes(data[1:5], "little")
-        alpha = (bits >> 28) & 1
-        return ImageHeader(
-            "WebP",
-            (bits & 0x3FFF) + 1,
-            ((bits >> 14) & 0x3FFF) + 1,
-            unsupported=_WEBP_ALPHA if alpha else None,
-        )
+        width, height = (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+        return ImageHeader("WebP", width, height, unsupported=_WEBP_ALPHA if (bits >> 28) & 1 else None)
     if kind == b"VP8X":
         flags = data[0]
         width = int.from_bytes(data[4:7], "little") + 1
@@ -272,8 +259,7 @@ def _jxl_codestream(b: _Bytes) -> int:
 
 
 def _jxl(b: _Bytes) -> ImageHeader:
-    """The stored size; an orientation (in the image metadata, after it) that turns the image
-    swaps width and height, which leaves the pixels the same."""
+    """The stored size (an orientation swapping width and height leaves the pixels the same)."""
     code = b.at(_jxl_codestream(b), 9)  # a SizeHeader takes at most 68 bits
     if len(code) < 9:
         raise BadImageHeader("a JPEG XL file that ends inside its size header")
@@ -300,9 +286,8 @@ def _jxl(b: _Bytes) -> ImageHeader:
 
 
 def read_image_header(data: bytes | None = None, *, file: BinaryIO | None = None) -> ImageHeader:
-    """The header of an image, from its bytes or from an open file (read a chunk at a time: a
-    few KiB for most images, the whole file for a GIF, whose frames are all counted). Raises
-    BadImageHeader when it cannot be read, or is not one of TensorFlow's image formats."""
+    """The header of an image, from its bytes or from an open file (read a chunk at a time).
+    Raises BadImageHeader when it cannot be read, or is not one of TensorFlow's image formats."""
     b = _Bytes(data, file)
     head = b.at(0, 16)
     if not head:

@@ -18,9 +18,8 @@ from trainer.preparation.source import PrepareError
 
 
 def _local_archive_manager(archive: str, **manager_kwargs: Any) -> Any:
-    """A `tfds.download.DownloadManager` that downloads nothing: `download_and_extract` gives the
-    local tree `archive` (laid out as the extracted download) for every URL, and the methods
-    that would reach the network raise PrepareError. Everything else is TFDS's own."""
+    """A `tfds.download.DownloadManager` whose `download_and_extract` gives the local tree
+    `archive` for every URL, and whose methods that would reach the network raise PrepareError."""
     import tensorflow_datasets as tfds
 
     class LocalArchiveDownloadManager(tfds.download.DownloadManager):
@@ -53,13 +52,10 @@ def _local_archive_manager(archive: str, **manager_kwargs: Any) -> Any:
 
 @contextlib.contextmanager
 def local_archive(builder: Any, archive: str, scratch_dir: str) -> Iterator[None]:
-    """Inside the block, `builder.download_and_prepare(...)` takes every URL its
-    `_split_generators` passes to `download_and_extract` from the local tree `archive` instead
-    of downloading it, and fails rather than download anything else. `scratch_dir` holds the
-    download manager's (empty) folders. Only this builder object is changed, until the block
-    ends. The block must prepare the builder: RuntimeError if TFDS made no download manager, so a
-    TFDS that stopped calling the hook can never pass off a real download as the local tree.
-    """
+    """Inside the block, `builder.download_and_prepare(...)` takes every URL passed to
+    `download_and_extract` from the local tree `archive`, and fails rather than download anything
+    else; `scratch_dir` holds the download manager's (empty) folders. RuntimeError if TFDS made no
+    download manager, so a TFDS that stopped calling the hook never passes off a real download."""
     check_tfds_download_manager_hook()
     made: list[Any] = []
 

@@ -7,8 +7,7 @@ import dataclasses
 
 from trainer import storage
 
-# `--engine beam`'s work folder, beside the output (trainer.preparation.beamprep): named here, so
-# that a stopped run says where it is without loading TensorFlow (trainer.prepare._left).
+# `--engine beam`'s work folder, beside the output: here, so trainer.prepare names it without TensorFlow.
 WORK_SUFFIX = ".beam-work"
 
 

@@ -24,11 +24,9 @@ def is_terminal(stream: Any) -> bool:
 class Progress:
     """How preparation reports progress.
 
-    bars: tqdm bars, ours and TFDS's, for a terminal. Without them TFDS's bars are switched off
-      (process-wide: TFDS has a single switch) and `count` prints plain lines instead: one when
-      the count passes a multiple of `step` of the total, if `min_gap_s` has passed since the
-      last line (so a fast count prints only its final line); one whenever `interval_s` passes
-      without a line (a slow count still shows it is alive); and a final line when complete.
+    bars: tqdm bars for a terminal (else TFDS's are switched off, process-wide), and `count` prints
+      a line when the count passes a multiple of `step` of the total if `min_gap_s` has passed
+      since the last line, whenever `interval_s` passes without one, and when complete.
     out: where lines go; None: sys.stdout at the time of printing.
     stop: called at every `update`: raises to stop the work (trainer.prepare's SIGTERM).
     """
@@ -43,8 +41,7 @@ class Progress:
 
     @classmethod
     def auto(cls) -> Progress:
-        """Bars when both stdout and stderr are terminals (tqdm draws on stderr; the lines and the
-        rest of the output go to stdout); plain lines in CI, log files and pipeline step logs."""
+        """Bars when both stdout and stderr are terminals (tqdm draws on stderr, lines go to stdout)."""
         terminal = is_terminal(sys.stdout) and is_terminal(sys.stderr)
         return cls(bars=terminal and os.environ.get("TERM") != "dumb")
 

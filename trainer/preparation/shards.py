@@ -22,8 +22,7 @@ from trainer.preparation.prepareconfig import PrepareConfig
 from trainer.preparation.progress import Progress
 from trainer.preparation.source import PrepareError, Source
 
-# A split with fewer images than this of a class gets a warning: its figures (the gate's test
-# accuracy, the tuning metric) are too noisy to compare models by.
+# A split with fewer images than this of a class gets a warning: its accuracy is too noisy.
 FEW_IMAGES_PER_CLASS = 5
 
 
@@ -44,9 +43,8 @@ def target_split(source_split: str, index: int, assignment: Any) -> str:
 
 
 def placement(source: Source, assignment: Any) -> dict[str, list[tuple[str, int]]]:
-    """Every output split's images, as (source split, index), in the order they are written (the
-    source's splits in order, each in its own order). The image at position p of an output split
-    of n shards goes to shard p % n (round robin: `ShardWriter.write`, `beamprep.make_plan`)."""
+    """Every output split's images, as (source split, index), in the order they are written; the
+    one at position p of a split of n shards goes to shard p % n (`ShardWriter.write`)."""
     placed: dict[str, list[tuple[str, int]]] = {split: [] for split in SPLITS}
     for split_name, source_split in source.splits.items():
         for i in range(source_split.count):
@@ -55,8 +53,7 @@ def placement(source: Source, assignment: Any) -> dict[str, list[tuple[str, int]
 
 
 def record_encoder(config: PrepareConfig) -> Any:
-    """The map from a source's (uint8 image, label) to (stored image bytes, label): resized once
-    to config.image_size and encoded as config.encoding. The one conversion both engines run."""
+    """The map from a source's (uint8 image, label) to (stored image bytes, label), both engines'."""
 
     def encode(image: Any, label: Any) -> tuple[Any, Any]:
         return images.encode(images.resize(image, config.image_size), config.encoding), label
@@ -70,21 +67,19 @@ class ShardWriter:
     def __init__(self, folder: str, split: str, count: int, shards: int) -> None:
         self.folder = folder
         self.names = shard_names(split, count, shards)
-        self.n = len(self.names)
         self._writers = [tf.io.TFRecordWriter(os.path.join(folder, name)) for name in self.names]
-        self.records = [0] * self.n
+        self.records = [0] * len(self.names)
         self.written = 0
         self.manifest: list[dict[str, Any]] = []
 
     def write(self, record: bytes) -> None:
-        i = self.written % self.n
+        i = self.written % len(self.names)
         self._writers[i].write(record)
         self.records[i] += 1
         self.written += 1
 
     def close(self) -> None:
-        """Closes and hashes the shards: sets `manifest`, metadata.json's `shards` for them
-        (trainer.contract.METADATA_SHARD_KEYS)."""
+        """Closes and hashes the shards into `manifest` (trainer.contract.METADATA_SHARD_KEYS)."""
         for w in self._writers:
             w.close()
         paths = [os.path.join(self.folder, name) for name in self.names]
@@ -161,7 +156,7 @@ def dataset_metadata(
     carved: Mapping[str, str],
 ) -> dict[str, Any]:
     """metadata.json of a prepared dataset: `splits` maps each output split to (its shards'
-    manifest, in shard order, and its image count per class). Both engines build it here."""
+    manifest, its image count per class)."""
     out = {}
     for split in SPLITS:
         manifest, per_class = splits[split]
@@ -197,21 +192,18 @@ def example_record(encoded: bytes, label: int) -> bytes:
         "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[encoded])),
         "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
     }
-    # deterministic: the map of features in the same order in every process, so the same images
-    # give the same bytes and the same dataset fingerprint (protobuf map order is otherwise free).
+    # deterministic: protobuf map order is otherwise free, and equal images must give equal bytes.
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
 
 
 # --- the source's identity, in source_info (trainer.contract.METADATA_SOURCE_INFO_KEYS) -------
 
-LISTING_STAT_THREADS = 16
-"""gs:// images stat'ed at once for a folder source's listing fingerprint (a request each)."""
+LISTING_STAT_THREADS = 16  # gs:// images stat'ed at once (a request each)
 
 
 def source_identity(source: Source, config: PrepareConfig) -> dict[str, Any]:
     """What identifies the source beyond its own `info`: a TFDS dataset's registered download
-    checksums (`tfds_downloads`), a folder's listing fingerprint (`listing`). The synthetic set is
-    named by its generator, size and seed already (its archive is made here, not downloaded)."""
+    checksums, a folder's listing fingerprint (the synthetic set's `info` names it already)."""
     kind = config.source.partition(":")[0]
     if kind == "tfds":
         return {"tfds_downloads": tfds_downloads(str(source.info["tfds_name"]))}
@@ -239,8 +231,7 @@ def tfds_downloads(name: str) -> list[dict[str, Any]] | None:
 
 
 def folder_listing(path: str) -> dict[str, Any]:
-    """The identity of a folder source's listing, as preparation read it: {images, bytes,
-    fingerprint} (trainer.contract.METADATA_SOURCE_INFO_KEYS). A file added, removed, renamed,
+    """{images, bytes, fingerprint} of a folder source's listing: a file added, removed, renamed,
     resized or rewritten changes the fingerprint."""
     root = storage.resolve(path.rstrip("/")) or "/"
     remote = storage.is_remote(root)

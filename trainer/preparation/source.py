@@ -27,9 +27,8 @@ class SourceSplit:
     count: int
     dataset: Callable[[], Any]  # () -> tf.data.Dataset of (uint8 [H, W, 3], int64)
     find_bad_input: Callable[[], str | None] = lambda: None
-    # How another process opens the split (the Beam engine's workers): JSON, read by
-    # `trainer.preparation.sources.split_subset`. {"kind": "files", "paths", "labels"} or {"kind": "tfds",
-    # "dir", "split", "image_key", "label_key"}.
+    # How a Beam worker opens the split (`trainer.preparation.sources.split_subset`): {"kind":
+    # "files", "paths", "labels"} or {"kind": "tfds", "dir", "split", "image_key", "label_key"}.
     spec: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -44,11 +43,6 @@ def shown(problems: Sequence[str], limit: int = MAX_PROBLEMS_SHOWN) -> list[str]
     """The first `limit` of `problems`, then a line counting the rest."""
     more = len(problems) - limit
     return [*problems[:limit], *([f"... and {more} more like these"] if more > 0 else [])]
-
-
-def refusal(problems: Sequence[str]) -> PrepareError:
-    """A PrepareError listing `problems`, one a line (`shown`)."""
-    return PrepareError("\n".join(shown(problems)))
 
 
 def too_few_classes(source: str, found: Sequence[str]) -> str | None:

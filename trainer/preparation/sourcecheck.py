@@ -1,8 +1,7 @@
 """`python -m trainer.preparation.sourcecheck`: a local folder source checked before any job starts.
 
-The front door applies the preparation's own layout rules (`trainer.preparation.folders.list_folder`: no
-second copy) to `--dataset_source folder:PATH` in seconds, before the pipeline (and on Vertex the
-image build) starts, as `python -m trainer.flagcheck` does for flags. No TensorFlow.
+The front door applies the preparation's own layout rules (`folders.list_folder`) to
+`--dataset_source folder:PATH` in seconds, before the pipeline starts. No TensorFlow.
 
     stdin:  {"source": "folder:/data/leaves", "validation_fraction": 0.15, "test_fraction": 0.15}
             (the fractions are optional: trainer.prepare's defaults)
@@ -18,14 +17,10 @@ image build) starts, as `python -m trainer.flagcheck` does for flags. No TensorF
                                     "count": 2, "examples": ["train/daisy/a.tiff", ...]}, ...]},
                         "skipped_summary": "skipped 3 entries of the source ...: ..."}}
 
-`problems`: every reason the preparation would refuse the source, one line each; `counts`: null
-when the folder could not be listed. `prepared`: what the preparation would write per split (for
-the launcher to check the global batch against), null while the layout has problems.
-
-Bounded (MAX_ENTRIES, SECONDS), so `folder:/` or a 10-million-file tree answers in seconds: when
-the listing stops early, `complete` is false, `stopped` says where, the counts are the listed
-part's (nothing unreached is a problem). Images are checked (`check_image_file`) while time is
-left: `images_checked`. A source that is not a local folder is not checked here (`checked`
+`counts`: null when the folder could not be listed. `prepared`: what the preparation would
+write per split, null while the layout has problems. Bounded (MAX_ENTRIES, SECONDS): a listing
+stopped early has `complete` false, `stopped` saying where, and the listed part's counts. Images
+are checked while time is left. A source that is not a local folder is not checked (`checked`
 false, `why` says so). Exit status: 0 answered (whatever the problems), 2 a bad request.
 """
 
@@ -43,12 +38,10 @@ from trainer.preparation import carving, folders
 from trainer.preparation.prepareconfig import PrepareConfig
 from trainer.preparation.source import shown
 
-# The listing's bounds: a local folder of a million entries lists in about a second
-# (os.scandir); SECONDS caps a slow disk or a network mount.
+# The listing's bounds: a million local entries list in about a second; SECONDS caps a slow disk.
 MAX_ENTRIES = 2_000_000
 SECONDS = 5.0
-# Problems returned; the rest are counted in a last line.
-MAX_PROBLEMS = 50
+MAX_PROBLEMS = 50  # returned; the rest are counted in a last line
 
 
 class RequestError(ValueError):

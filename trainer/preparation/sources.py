@@ -70,9 +70,8 @@ def open_source(config: PrepareConfig, progress: Progress) -> Iterator[Source]:
 
 def split_subset(spec: dict[str, Any], indices: Sequence[int]) -> Any:
     """The tf.data dataset of (uint8 image, label) of images `indices` (ascending) of the source
-    split that `spec` describes (`SourceSplit.spec`), in that order: how a Beam worker reads the
-    images of the shard it writes. A folder split reads just those files; a TFDS split is read
-    through, the others dropped before decoding (TFDS's record files give no random access)."""
+    split `spec` describes (`SourceSplit.spec`), for a Beam worker. A TFDS split is read through,
+    the others dropped before decoding (TFDS's record files give no random access)."""
     from trainer._tf import tf
     from trainer.preparation.folders import image_files_dataset
 

@@ -47,17 +47,9 @@ def image_classification_keys(info: Any, name: str) -> tuple[str, str]:
     import tensorflow_datasets as tfds
 
     features = info.features
-    keys = info.supervised_keys or ("image", "label")
-    image_key, label_key = keys[0], keys[1]
-    ok = (
-        isinstance(image_key, str)
-        and isinstance(label_key, str)
-        and image_key in features
-        and label_key in features
-        and isinstance(features[image_key], tfds.features.Image)
-        and isinstance(features[label_key], tfds.features.ClassLabel)
-    )
-    if not ok:
+    image_key, label_key = (info.supervised_keys or ("image", "label"))[:2]
+    kinds = ((image_key, tfds.features.Image), (label_key, tfds.features.ClassLabel))
+    if not all(isinstance(k, str) and k in features and isinstance(features[k], t) for k, t in kinds):
         raise PrepareError(
             f"TFDS dataset {name!r} is not an image-classification dataset (it needs an Image "
             "feature and a ClassLabel feature as its supervised keys)"
@@ -77,8 +69,7 @@ def tfds_source(builder: Any, image_key: str, label_key: str) -> Source:
 
         spec = {
             "kind": "tfds",
-            # The prepared dataset's own folder (<data_dir>/<name>[/<config>]/<version>), which
-            # `tfds.builder_from_directory` reopens in any process without the builder's code.
+            # <data_dir>/<name>[/<config>]/<version>: `tfds.builder_from_directory` reopens it anywhere.
             "dir": str(builder.data_dir),
             "split": split,
             "image_key": image_key,
