@@ -18,17 +18,11 @@ PREPROCESSING_MODES = ("caffe", "tf", "unit", "raw")
 
 @dataclasses.dataclass(frozen=True)
 class Backbone:
-    """One backbone.
-
-    Attributes:
-      name: the `--backbone` value (and pipeline parameter value): lower case, digits, `_`.
-      application: the constructor's name in `tf_keras.applications` (called with
-        `include_top=False, weights=..., input_shape=...`), or None for this project's own small
-        CNN, `trainer.model.tiny_backbone`.
-      preprocessing: one of PREPROCESSING_MODES: what its weights were trained on.
-      imagenet: whether Keras publishes ImageNet weights for it (`--weights imagenet`); without,
-        only `--weights none` or a weights file.
-    """
+    """One backbone: `name` is the `--backbone` value (lower case, digits, `_`); `application` the
+    constructor in `tf_keras.applications` (called with `include_top=False, weights=...,
+    input_shape=...`), None for `trainer.model.tiny_backbone`; `preprocessing` one of
+    PREPROCESSING_MODES, what its weights were trained on; `imagenet` whether Keras publishes
+    ImageNet weights for it (else only `--weights none` or a weights file)."""
 
     name: str
     application: str | None
@@ -51,12 +45,10 @@ DEFAULT = "resnet50"
 NAMES: tuple[str, ...] = tuple(b.name for b in REGISTRY)
 """The `--backbone` choices."""
 
-_BY_NAME = {b.name: b for b in REGISTRY}
-
 
 def get(name: str) -> Backbone:
     """The registered backbone called `name`; ValueError naming the choices otherwise."""
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise ValueError(f"unknown backbone {name!r}; expected one of {', '.join(NAMES)}") from None
+    for backbone in REGISTRY:
+        if backbone.name == name:
+            return backbone
+    raise ValueError(f"unknown backbone {name!r}; expected one of {', '.join(NAMES)}")

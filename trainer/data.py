@@ -1,14 +1,10 @@
 """The training input pipeline over a prepared dataset (see `trainer.prepare`).
 
-Built for speed: TFRecord shards are read in parallel and sharded across workers by FILE (each
-worker reads only its own files), images stay uint8 until they reach the device, and batches
-are prefetched. Evaluation order is deterministic.
-
-Memory is bounded by a cache budget (`cache_budget`; docs/running.md#memory): a split whose
-decoded size per worker, known from metadata.json, fits what is left of it is cached decoded
-(training order then non-deterministic: faster); a larger one is streamed from its shards every
-epoch through a shuffle buffer sized to the budget (order then a function of the seed). One line
-per split says which and why (`plan_cache`).
+Shards are read in parallel and sharded across workers by FILE, images stay uint8 until the
+device, batches are prefetched, evaluation order is deterministic. A split whose decoded size per
+worker (from metadata.json) fits what is left of the cache budget (`cache_budget`;
+docs/running.md#memory) is cached decoded (training order then non-deterministic); a larger one is
+streamed every epoch through a shuffle buffer sized to the budget (`plan_cache`, one line per split).
 """
 
 from __future__ import annotations
@@ -24,16 +20,9 @@ from trainer import images, storage
 from trainer._tf import tf
 from trainer.config import SPLITS
 from trainer.contract import METADATA_FILE
-from trainer.datasetinfo import (
-    DatasetMetadata,
-    SplitInfo,
-    expected_records,
-)
+from trainer.datasetinfo import DatasetMetadata, SplitInfo, expected_records
 
-FEATURES = {
-    "image": tf.io.FixedLenFeature([], tf.string),
-    "label": tf.io.FixedLenFeature([], tf.int64),
-}
+FEATURES = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
 
 
 # --- the cache budget: which splits are cached decoded, which are streamed ------------------
@@ -66,7 +55,6 @@ class CacheBudget:
 
     bytes: int
     source: str
-    """How it was set, for the log: the memory limit and the rule, or the override."""
 
 
 def _ancestors(base: Path, cgroup_path: str) -> list[Path]:
@@ -171,21 +159,18 @@ def worker_examples(info: SplitInfo, num_workers: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class SplitPlan:
-    """How one split is read, decided from metadata.json and the budget before reading it."""
+    """How one split is read, decided from metadata.json and the budget before reading it:
+    `examples` is the most any worker reads, `decoded_bytes` what caching them takes,
+    `available_bytes` what the splits planned before left of the budget, `shuffle_buffer` the
+    training buffer (streamed: also cut to what the budget affords, `plan_cache`)."""
 
     split: str
     cache: bool
     examples: int
-    """Examples one worker reads (the most any worker reads)."""
     decoded_bytes: int
-    """What caching those examples decoded would take."""
     available_bytes: int
-    """The budget left for this split, after the splits planned before it."""
     budget: CacheBudget
     shuffle_buffer: int
-    """Training shuffle buffer, in examples: `shuffle_buffer` (at most the split) when cached (the
-    buffer holds references into the cache); when streamed, also at most what the budget has left
-    at STREAM_BUFFER_FACTOR times an example's decoded size (at least 1)."""
     requested_shuffle_buffer: int
 
     def describe(self, shards: int) -> str:
@@ -209,11 +194,7 @@ class SplitPlan:
 
 
 def plan_cache(
-    meta: DatasetMetadata,
-    budget: CacheBudget,
-    *,
-    num_workers: int = 1,
-    shuffle_buffer: int = 2048,
+    meta: DatasetMetadata, budget: CacheBudget, *, num_workers: int = 1, shuffle_buffer: int = 2048
 ) -> dict[str, SplitPlan]:
     """Cache or stream each split, in the order train, validation, test, sharing one budget: a
     split is cached when its decoded size fits what the splits before it left; a streamed training
@@ -260,7 +241,6 @@ def make_dataset(
     decides cached or streamed (`plan_cache`); `log` gets the line saying which (None: silent)."""
     info = meta.splits[split]
     files = [storage.resolve(storage.join(data_dir, shard)) for shard in info.shards]
-    size, encoding = meta.image_size, meta.encoding
     plans = plan_cache(meta, budget or cache_budget(), num_workers=num_workers, shuffle_buffer=shuffle_buffer)
     plan = plans[split]
     if log is not None:
@@ -268,15 +248,12 @@ def make_dataset(
 
     def parse(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         example = tf.io.parse_single_example(record, FEATURES)
-        image = images.decode_stored(example["image"], encoding, size)
+        image = images.decode_stored(example["image"], meta.encoding, meta.image_size)
         return image, tf.cast(example["label"], tf.int32)
 
-    # Cached: decoded once, then shuffled from the cache every epoch (in any order when training).
-    # Streamed: every epoch reads the shards again, in parallel, and decodes each example. Training
-    # then shuffles the shard order every epoch, reads each shard from a seeded offset then from its
-    # start (records are written round-robin, class by class for a folder: shards read from their
-    # starts in lockstep would fill the buffer with one class at a time), and shuffles the records
-    # before decoding them.
+    # Streamed training shuffles the shard order every epoch and reads each shard from a seeded
+    # offset (a folder's records are written class by class: shards read from their starts in
+    # lockstep would fill the shuffle buffer with one class at a time).
     deterministic = not training or not plan.cache
     ds = tf.data.Dataset.from_tensor_slices(files)
     read: Callable[[tf.Tensor], tf.data.Dataset] = tf.data.TFRecordDataset

@@ -99,7 +99,18 @@ class DatasetMetadata:
             raise DataError(f"{where} is not a JSON object: {reprepare('SOURCE', data_dir)}")
         version = data.get("format_version")
         if version != FORMAT_VERSION:
-            raise DataError(_version_problem(version, where, str(data.get("source", "SOURCE")), data_dir))
+            again = reprepare(str(data.get("source", "SOURCE")), data_dir)
+            if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+                why, again = "a newer trainer.prepare", f"use the trainer that prepared it, or {again}"
+            else:
+                why = (
+                    "an older trainer.prepare, whose metadata.json records no size, record count or "
+                    "SHA-256 per shard to check the shards against"
+                )
+            raise DataError(
+                f"{where} has format_version {version!r}, written by {why}; this trainer reads "
+                f"format_version {FORMAT_VERSION}: {again}"
+            )
         try:
             splits = {name: _split_info(name, s) for name, s in data["splits"].items()}
             meta = cls(
@@ -174,20 +185,6 @@ def reprepare(source: str, data_dir: str) -> str:
     return (
         f"prepare the dataset again (`python -m trainer.prepare --source {source} --output_dir "
         f"{data_dir} --overwrite`, with the other flags it was prepared with)"
-    )
-
-
-def _version_problem(version: Any, where: str, source: str, data_dir: str) -> str:
-    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
-        return (
-            f"{where} has format_version {version}, written by a newer trainer.prepare; this trainer "
-            f"reads format_version {FORMAT_VERSION}: use the trainer that prepared it, or "
-            f"{reprepare(source, data_dir)}"
-        )
-    return (
-        f"{where} has format_version {version!r}, written by an older trainer.prepare, whose "
-        "metadata.json records no size, record count or SHA-256 per shard to check the shards "
-        f"against; this trainer reads format_version {FORMAT_VERSION}: {reprepare(source, data_dir)}"
     )
 
 

@@ -65,7 +65,6 @@ def predict_split(
     meta: Any,
     split: str,
     *,
-    batch_size: int = MAX_INSTANCES,  # the most one call of a served signature takes
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Any, Any]:
     """(labels [N], probabilities [N, K]) of `predict` (uint8 image batch -> probabilities) over a
@@ -75,7 +74,7 @@ def predict_split(
     from trainer import data, datasetinfo
     from trainer._tf import tf
 
-    ds = data.make_dataset(data_dir, meta, split, batch_size=batch_size, training=False)
+    ds = data.make_dataset(data_dir, meta, split, batch_size=MAX_INSTANCES, training=False)
     labels, probs, done = [], [], 0
     total = meta.splits[split].count
     try:
@@ -111,16 +110,11 @@ def served_predictor(model_dir: str) -> Callable[[Any], Any]:
         out = served.signature(**{serve.SERVING_INPUT: encode(batch)})
         return out["probabilities"].numpy()
 
-    predict.served = served  # type: ignore[attr-defined]  # keeps the variables alive
     return predict
 
 
 def evaluate(
-    data_dir: str,
-    models: Mapping[str, str],
-    *,
-    split: str = "test",
-    log: Callable[[str], None] = print,
+    data_dir: str, models: Mapping[str, str], *, split: str = "test", log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """evaluation.json's content for `models` ({role: SavedModel folder}) on `split`."""
     import numpy as np

@@ -71,11 +71,7 @@ def serving_function(model: keras.Model, class_names: Sequence[str], image_size:
         )
         probabilities = model(pixels, training=False)
         index = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
-        return {
-            "probabilities": probabilities,
-            "class_index": index,
-            "class_name": tf.gather(names, index),
-        }
+        return {"probabilities": probabilities, "class_index": index, "class_name": tf.gather(names, index)}
 
     return serve
 

@@ -33,10 +33,7 @@ def encode(image: tf.Tensor, encoding: str) -> tf.Tensor:
 
 def decode_stored(data: tf.Tensor, encoding: str, size: int) -> tf.Tensor:
     """The inverse of `encode` for an image of known size."""
-    if encoding == "raw":
-        image = tf.io.parse_tensor(data, tf.uint8)
-    elif encoding in ("jpeg", "png"):
-        image = tf.io.decode_image(data, channels=3, expand_animations=False)
-    else:
+    if encoding not in ENCODINGS:
         raise ValueError(f"unknown encoding {encoding!r}; allowed: {', '.join(ENCODINGS)}")
+    image = tf.io.parse_tensor(data, tf.uint8) if encoding == "raw" else decode(data)
     return tf.ensure_shape(image, [size, size, 3])

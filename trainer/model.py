@@ -113,10 +113,8 @@ def tiny_backbone(input_shape: tuple[int, int, int], seed: int) -> keras.Model:
 
 
 def _weights_argument(weights: str, workdir: str) -> str | None:
-    if weights == "none":
-        return None
-    if weights == "imagenet":
-        return "imagenet"
+    if weights in ("none", "imagenet"):
+        return None if weights == "none" else weights
     if not tf.io.gfile.exists(storage.resolve(weights)):
         raise FileNotFoundError(f"--weights {weights}: no such weights file")
     return storage.local_copy(weights, workdir)  # h5py reads local files only

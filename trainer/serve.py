@@ -87,18 +87,12 @@ def answer(served: Served, blobs: Sequence[bytes]) -> list[Prediction]:
     tf = import_tf()
     try:
         out = served.signature(**{SERVING_INPUT: tf.constant(list(blobs), dtype=tf.string)})
-        names, indices, probabilities = (
-            out[name].numpy() for name in ("class_name", "class_index", "probabilities")
-        )
+        probabilities, indices, names = (out[name].numpy() for name in OUTPUTS)
     except (tf.errors.OpError, ValueError, TypeError) as err:
         raise ServingError(f"{served.model_dir}: {SIGNATURE} failed to answer: {err}") from None
     return [
-        {
-            "class_name": names[i].decode(),
-            "class_index": int(indices[i]),
-            "probabilities": [float(p) for p in probabilities[i]],
-        }
-        for i in range(len(blobs))
+        {"class_name": name.decode(), "class_index": int(index), "probabilities": [float(p) for p in ps]}
+        for name, index, ps in zip(names, indices, probabilities, strict=True)
     ]
 
 

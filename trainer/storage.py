@@ -78,8 +78,7 @@ def staged_output(final: str) -> Iterator[str]:
     A failed block leaves `final` as it was and removes the staging folder. Local folders are
     staged beside `final` and renamed into place (atomic); remote ones staged on local disk and
     copied, the COMPLETION_FILES last, so a crash mid-copy never looks finished. A staging folder
-    a SIGKILL left is removed by the next publish of `final` (`remove_leftovers`).
-    """
+    a SIGKILL left is removed by the next publish of `final` (`remove_leftovers`)."""
     final = resolve(final)
     staging = ""
     try:
@@ -114,12 +113,9 @@ def publish(staging: str, final: str) -> None:
         if old:
             _remove(old)
         return
-    if tf.io.gfile.isdir(final):
-        # Stale completion markers go first: from here until the copy ends, `final` is not
-        # a finished folder.
-        for name in COMPLETION_FILES:
-            if tf.io.gfile.exists(join(final, name)):
-                tf.io.gfile.remove(join(final, name))
+    for name in COMPLETION_FILES:  # stale ones first: until the copy ends, `final` is unfinished
+        with contextlib.suppress(tf.errors.NotFoundError):
+            tf.io.gfile.remove(join(final, name))
     files = [os.path.relpath(os.path.join(d, n), staging) for d, _, names in os.walk(staging) for n in names]
     for rel in sorted(files, key=lambda rel: os.path.basename(rel) in COMPLETION_FILES):
         target = join(final, rel)
