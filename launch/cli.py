@@ -45,17 +45,13 @@ def local_arguments(ns: argparse.Namespace, parameters: Sequence[Any]) -> dict[s
     }
 
 
-# --- the local run ----------------------------------------------------------------------------
-
-
-# The free space a local run needs: the defaults write about 20 MB, a ResNet50 run about 0.5 GB of
-# backups and exported model plus the prepared dataset (the source images' size); a full disk fails late.
+# A local run's free space: ResNet50 writes about 0.5 GB plus the prepared dataset; a full disk fails late.
 MIN_FREE_BYTES = 2**30
 
 
 def runs_dir_problem(runs_dir: Path) -> str:
-    """Why `runs_dir` cannot hold this run's folder and its `latest` link ("" when it can). The
-    link is replaced on every run: anything else named `latest` is the user's, never deleted."""
+    """Why `runs_dir` cannot hold this run's folder and its `latest` link ("" when it can); a
+    `latest` that is not a link is the user's, never deleted."""
     if runs_dir.exists() and not runs_dir.is_dir():
         return f"--runs_dir {runs_dir} exists and is not a folder: give a folder (default {RUNS_DIR})"
     latest = runs_dir / "latest"
@@ -84,8 +80,7 @@ def runs_dir_problem(runs_dir: Path) -> str:
 
 
 def _point_latest(runs_dir: Path, run_id: str, screen: TextIO) -> None:
-    """`latest` -> this run, replaced atomically (a new link renamed over the old one); something
-    that is not a link is left alone with a warning (it was checked before the run started)."""
+    """`latest` -> this run, a new link renamed over the old one; a non-link is left, with a warning."""
     latest = runs_dir / "latest"
     fresh = runs_dir / f".latest-{run_id}"
     try:
@@ -100,10 +95,9 @@ def _point_latest(runs_dir: Path, run_id: str, screen: TextIO) -> None:
 
 
 class _Stop:
-    """How a local run is asked to stop: SIGTERM (`kill PID`, an IDE's stop button, a CI cancel,
-    `timeout`) and SIGHUP (the terminal closed) unwind it as Ctrl-C does; a second request kills
-    what is left at once. A terminal's SIGINT reaches the whole foreground process group; the
-    others may reach this process only, so they are passed on to the step as SIGINT (its Ctrl-C)."""
+    """SIGTERM (`kill PID`, an IDE's stop button, a CI cancel) and SIGHUP unwind a local run as
+    Ctrl-C does; a second request kills what is left at once. A terminal's SIGINT reaches the whole
+    process group; the others may reach this process only, so they are passed on as SIGINT."""
 
     def __init__(self) -> None:
         self.signal = ""
@@ -145,7 +139,7 @@ def run_local(
     args: dict[str, Any], runs_dir: Path, screen: TextIO = sys.stdout, verbose: bool = False
 ) -> int:
     """Runs the local pipeline; writes summary.json, then report.html; returns the exit status.
-    However it stops (a signal, a second one included), summary.json says how; no process is left."""
+    However it stops, summary.json says how; no process is left."""
     stop = _Stop()  # outside the main thread, signal.signal raises ValueError: nothing has started
     with _handling(stop.handle):
         return _run_local(args, runs_dir, screen, verbose, stop)
@@ -168,8 +162,8 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
     pipeline_func = pipeline.create_pipeline("local")
     names = kfp_local.display_names(pipeline_func)
     workspace = run_dir / "workspace"
-    # The run's temporary files, removed at the end: each kfp.local step writes its source to
-    # `$(mktemp -d)/ephemeral_component.py` and never removes it (kfp/dsl/component_factory.py).
+    # Removed at the end: each kfp.local step writes `$(mktemp -d)/ephemeral_component.py` and
+    # never removes it (kfp/dsl/component_factory.py).
     scratch = run_dir / "tmp"
     scratch.mkdir()
     steps: list[kfp_local.Step] = []
@@ -217,7 +211,7 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
         for s in steps:
             if s.status == "RUNNING":  # interrupted: kfp.local never returned its status
                 s.status = "CANCELLED"
-        summary, metrics, trials = _summary(args, run_id, run_dir, status, error, steps, wall)
+        summary, metrics, trials = _summary(args, run_dir, status, error, steps, wall)
         summary["warnings"] = [{"step": step, "warning": text} for step, text in tee.warnings]
         if status == "CANCELLED":
             summary["stopped"] = {
@@ -275,8 +269,7 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
 
 
 def _write_json(path: Path, value: Any, screen: TextIO) -> bool:
-    """`report.write_json`; a folder that cannot be written (read-only or full mid-run): one
-    WARNING line on `screen`, and False; the run's end is still said on the screen and in the exit status."""
+    """`report.write_json`; a folder that cannot be written: one WARNING line, and False."""
     try:
         report.write_json(path, value)
         return True
@@ -288,16 +281,10 @@ def _write_json(path: Path, value: Any, screen: TextIO) -> bool:
 
 
 def _summary(
-    args: dict[str, Any],
-    run_id: str,
-    run_dir: Path,
-    status: str,
-    error: str,
-    steps: list[kfp_local.Step],
-    wall: float,
+    args: dict[str, Any], run_dir: Path, status: str, error: str, steps: list[kfp_local.Step], wall: float
 ) -> tuple[dict[str, Any], dict[str, Any] | None, list[Any] | None]:
-    """summary.json's content, with the metrics and trials the report draws. Reads only what the
-    steps that succeeded published; anything unreadable is named in the summary, never raised."""
+    """summary.json's content, with the metrics and trials the report draws; anything unreadable
+    is named in the summary, never raised."""
     import pipeline
 
     failed = [s for s in steps if s.status not in ("SUCCESS", "CANCELLED")]
@@ -326,7 +313,7 @@ def _summary(
         trials = read_json(Path(trials_path), list)
     summary: dict[str, Any] = {
         "pipeline": pipeline.PIPELINE_NAME,
-        "run_id": run_id,
+        "run_id": run_dir.name,
         "target": "local",
         "status": status,
         "error": error or step_failure,
@@ -377,8 +364,7 @@ def _summary(
 
 
 def _descendants(same_group: bool = False) -> list[Any]:
-    """Every living process below this one (`psutil.Process`es; a zombie is gone already); only
-    those of its own process group (what a terminal's Ctrl-C reached) when `same_group`."""
+    """Every living (not zombie) process below this one; `same_group`: of its process group only."""
     import psutil
 
     group = os.getpgid(0)
@@ -411,16 +397,13 @@ def _describe(process: Any) -> str:
 
 
 def _stop_children(stop: _Stop, screen: TextIO, timeout: float = 30.0) -> None:
-    """After the first stop request, waits for the running step (its replicas save their backup in
-    local.jobs' 10 s grace period) and kills what is left after `timeout`; a second request kills at
-    once. No process of the run is left (a killed step's replicas die with it: PR_SET_PDEATHSIG)."""
+    """Waits for the running step (its replicas save their backup in local.jobs' 10 s grace) and
+    kills what is left after `timeout`, or at once on a second request (replicas: PR_SET_PDEATHSIG)."""
     deadline = time.monotonic() + timeout
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         while _descendants() and time.monotonic() < deadline and not stop.again:
             _reap()
             time.sleep(0.1)
-    except KeyboardInterrupt:
-        pass
     with stop.deferred():
         if stop.again:
             screen.write("stopping again: killing the run's processes now\n")
@@ -442,11 +425,10 @@ def _reap() -> None:
 
 
 def stop_with_make(environ: Mapping[str, str] = os.environ, poll_s: float = 0.5) -> None:
-    """Makes this process get SIGTERM (so the run stops cleanly, writing its summary) when the
-    `make` that started it goes, however (an IDE's stop button or a CI runner signals only make):
-    its shell (the parent) dying sends it through PR_SET_PDEATHSIG (GNU make passes SIGTERM to its
-    recipes' shells, which die of it); a thread watches `make` itself (the shell's parent, under
-    MAKELEVEL), since SIGKILL to make leaves the shell running. Linux only."""
+    """SIGTERM to this process (a clean stop) when the `make` that started it goes (an IDE or a
+    CI runner signals only make): PR_SET_PDEATHSIG for its shell's death (GNU make passes SIGTERM
+    to it), and a thread watching make itself (under MAKELEVEL): SIGKILL to make leaves the shell
+    running. Linux only."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -476,9 +458,6 @@ def stop_with_make(environ: Mapping[str, str] = os.environ, poll_s: float = 0.5)
             return
 
     threading.Thread(target=watch, name="stop-with-make", daemon=True).start()
-
-
-# --- entry point ------------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

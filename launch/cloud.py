@@ -21,9 +21,8 @@ from launch.settings import Settings
 
 
 class GoogleRefused(RuntimeError):
-    """A 403 from Google Cloud: names the request, the role of
-    docs/vertex.md#the-iam-roles-a-first-run-needs that grants what was refused, and Google's own
-    words. Raised from the original error: its traceback is shown (exit code 1, README "Exit codes")."""
+    """A 403 from Google Cloud: the request, the role that grants it, and Google's own words.
+    Raised from the original error: its traceback is shown (exit code 1)."""
 
 
 # A permission named in Google's 403 (e.g. "Permission 'aiplatform.pipelineJobs.create' denied",
@@ -32,9 +31,8 @@ _PERMISSION = re.compile(r"\b(aiplatform|storage|iam|artifactregistry)\.(?!googl
 
 
 def missing_role(text: str, settings: Settings, default: str) -> str:
-    """The role (with where it is granted) that holds the permission Google's 403 `text` names,
-    as docs/vertex.md#the-iam-roles-a-first-run-needs lists it for the account running make;
-    `default` when it names none."""
+    """The role (and where) holding the permission Google's 403 `text` names, as
+    docs/vertex.md#the-iam-roles-a-first-run-needs lists it; `default` when it names none."""
     runs_as = settings.service_account or (
         "the Compute Engine default service account (<project number>-compute@developer.gserviceaccount.com), "
         "which the pipeline runs as when SERVICE_ACCOUNT is unset"
@@ -77,8 +75,8 @@ def refused_as(request: str, default_role: str, settings: Settings) -> Iterator[
 
 
 class GoogleUnreachable(RuntimeError):
-    """Google Cloud not reached, or no answer: one line naming the service, its host (and region),
-    what went wrong and the likely causes, printed without a traceback (exit code 1, README "Exit codes")."""
+    """Google Cloud not reached, or no answer: one line (service, host, why, likely causes),
+    printed without a traceback (exit code 1)."""
 
 
 # How long the first contact with a service may take: its connection, then its answer.
@@ -136,12 +134,10 @@ def _chain(err: BaseException | None) -> list[BaseException]:
 
 
 def network_failure(err: BaseException) -> bool:
-    """Whether `err` says Google Cloud was not reached or did not answer, as the client libraries
-    raise it: api_core's RetryError (a retried request ran out of time: storage retries a failed
-    connection for 120 s), ServiceUnavailable (gRPC's UNAVAILABLE, HTTP 503) and DeadlineExceeded,
-    google-auth's TransportError (a token could not be fetched; RefreshError when it comes from
-    one), requests' ConnectionError (DNS, refused, TLS, proxy) and Timeout, urllib's URLError
-    (not an HTTPError: that is an answer), and the OS's own connection errors."""
+    """Whether `err` says Google Cloud was not reached or did not answer: api_core's RetryError
+    (storage retries a failed connection for 120 s), ServiceUnavailable and DeadlineExceeded,
+    google-auth's TransportError (or a RefreshError from one), requests' ConnectionError and
+    Timeout, urllib's URLError (an HTTPError is an answer), and the OS's connection errors."""
     import requests
     from google.api_core import exceptions as api
     from google.auth import exceptions as auth
@@ -166,9 +162,8 @@ def network_failure(err: BaseException) -> bool:
 
 
 def network_reason(err: BaseException, url: str = "") -> str:
-    """What went wrong, in a few words: the name did not resolve, the connection was refused, no
-    answer came in time, TLS failed, the proxy failed, or Google's own words (a 503); the host when
-    it is another one than the service's at `url` (the token endpoint); how long it was retried."""
+    """What went wrong, in a few words (DNS, refused, no answer, TLS, proxy, or Google's words);
+    the host when not `url`'s (the token endpoint); how long it was retried."""
     import requests
     from google.api_core import exceptions as api
 
@@ -209,11 +204,10 @@ def network_reason(err: BaseException, url: str = "") -> str:
 
 
 def reach(service: tuple[str, str, str], seconds: float = PROBE_SECONDS, out: Any = None) -> None:
-    """Says on `out` (stdout) which service it contacts, then tries it once: one HEAD request to
-    its root (no credentials, nothing of the run), through the proxy requests would use. Any HTTP
-    answer will do; none within `seconds` to connect and `seconds` to answer raises
-    GoogleUnreachable naming it. At most 2 x `seconds` + 1, where the client libraries would retry
-    for minutes (storage: 120 s) before a RetryError."""
+    """Says on `out` (stdout) which service it contacts, then sends one HEAD request to its root
+    (no credentials, nothing of the run). Any HTTP answer will do; none within `seconds` to connect
+    and `seconds` to answer is GoogleUnreachable: at most 2 x `seconds` + 1, where the client
+    libraries would retry for minutes (storage: 120 s)."""
     import requests
 
     name, url, hint = service
@@ -241,8 +235,7 @@ def reach(service: tuple[str, str, str], seconds: float = PROBE_SECONDS, out: An
 
 
 def _at(service: str, url: str) -> str:
-    """`<service> at <host>`, and the proxy requests would send `url` through (host:port, without
-    credentials) if any."""
+    """`<service> at <host>`, and the proxy requests would use (host:port, no credentials)."""
     import requests.utils
 
     proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
@@ -253,8 +246,7 @@ def _at(service: str, url: str) -> str:
 
 @contextlib.contextmanager
 def reaching(request: str, service: tuple[str, str, str], after: str = "") -> Iterator[None]:
-    """Turns a network failure (`network_failure`) during `request` into GoogleUnreachable: one line
-    naming the request, the service, its host, the reason and likely causes; `after`: what was done."""
+    """A network failure (`network_failure`) during `request` as GoogleUnreachable; `after`: what was done."""
     name, url, hint = service
     try:
         yield
@@ -273,9 +265,8 @@ def reaching(request: str, service: tuple[str, str, str], after: str = "") -> It
 def calling_vertex(
     request: str, settings: Settings, after: str = "", refused: str = "", out: Any = None
 ) -> Iterator[None]:
-    """A request to Vertex AI: its service tried first (`reach`, said on `out`); a network failure
-    during `request` is `reaching`'s line (`after`: what was done), a 403 `refused_as`'s, naming
-    `refused` (default: `request`) and roles/aiplatform.user."""
+    """A request to Vertex AI: `reach` first (said on `out`), then `reaching` and `refused_as`
+    (naming `refused`, default `request`, and roles/aiplatform.user)."""
     vertex = vertex_service(settings)
     reach(vertex, out=out)
     role = f"roles/aiplatform.user in project {settings.project}"

@@ -7,6 +7,7 @@ Flags of list and dict parameters take JSON; `--search_space` also takes a file
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,7 +15,6 @@ from typing import Any
 
 RUNS_DIR = "local_runs"
 TARGETS = ("auto", "local", "vertex")
-DOCUMENT_SUFFIXES = (".json", ".yaml", ".yml")
 
 
 def parse_bool(text: str) -> bool:
@@ -28,13 +28,10 @@ def parse_bool(text: str) -> bool:
 
 def _json_of(kind: type) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
-        try:
-            value = json.loads(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(f"expected a JSON {kind.__name__}, got {text!r}") from err
-        if not isinstance(value, kind):
-            raise argparse.ArgumentTypeError(f"expected a JSON {kind.__name__}, got {text!r}")
-        return value
+        with contextlib.suppress(ValueError):
+            if isinstance(value := json.loads(text), kind):
+                return value
+        raise argparse.ArgumentTypeError(f"expected a JSON {kind.__name__}, got {text!r}")
 
     return parse
 
@@ -43,12 +40,11 @@ def read_document(text: str) -> Any:
     """A flag's value: inline JSON, `@FILE`, or the path of a .json, .yaml or .yml file (YAML
     for .yaml and .yml, JSON otherwise)."""
     stripped = text.strip()
-    path = None
     if stripped.startswith("@"):
         path = Path(stripped[1:])
-    elif not stripped.startswith(("[", "{")) and stripped.lower().endswith(DOCUMENT_SUFFIXES):
+    elif not stripped.startswith(("[", "{")) and stripped.lower().endswith((".json", ".yaml", ".yml")):
         path = Path(stripped)
-    if path is None:
+    else:
         try:
             return json.loads(text)
         except ValueError as err:
@@ -72,10 +68,9 @@ def read_document(text: str) -> Any:
 
 
 def parse_search_space(text: str) -> Any:
-    """`--search_space`: a list of parameter specs (Vertex's `StudySpec.ParameterSpec`, snake_case
-    or camelCase JSON), inline or from a file (`read_document`), in the proto JSON form Vertex's
-    launcher takes when it parses (`components.tuning.canonical_search_space`); else as given, for
-    `pipeline.options.check` to name what is wrong."""
+    """`--search_space`: a list of Vertex `StudySpec.ParameterSpec`s (`read_document`), in the
+    proto JSON form Vertex's launcher parses (`components.tuning.canonical_search_space`); else as
+    given, for `pipeline.options.check` to name what is wrong."""
     value = read_document(text)
     if not isinstance(value, list):
         raise argparse.ArgumentTypeError(

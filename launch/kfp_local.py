@@ -1,21 +1,14 @@
 """The one place this project reaches into kfp.local's internals: timing each step, sending
 its output to the step's log, and tying each step's process to the launcher's life.
 
-kfp.local (kfp 2.17) has no public hook around a task's execution: `watch_steps` wraps
-`task_dispatcher.run_single_task_implementation` (called for every task, with
-`PATCHED_PARAMETERS`) for the length of a run, and `StepTee` reads kfp's log lines (`logging_utils`:
-`HH:MM:SS.mmm - LEVEL - message`). `tests/launch/test_kfp_local.py` checks the function, its
-parameters and the log format against the installed kfp, so a kfp upgrade that changes them fails
-there, loudly, instead of silently losing the step lines.
-
-kfp.local starts each step as `sh -ec '<script>' <component source> <args>` through
-`subprocess_task_handler.run_local_subprocess(full_command, env_vars)`; the script
-(`kfp.dsl.component_factory`) writes the source to `$(mktemp -d)/ephemeral_component.py` and runs
-`_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main ...`. Debian's sh (dash) does not exec that
-last command, and neither process is told when the launcher dies: killing `launch.cli` alone (an
-IDE's stop button, `kill PID`) would leave the step and its replicas running. `tie_to_launcher`
-makes the script exec the executor, started with PR_SET_PDEATHSIG=SIGTERM (local/lifeline.py),
-which local.jobs turns into stopping its replicas (they die with the step anyway: own PDEATHSIG).
+kfp.local (kfp 2.17) has no public hook around a task: `watch_steps` wraps
+`task_dispatcher.run_single_task_implementation` for a run's length, and `StepTee` reads kfp's log
+lines (`logging_utils`: `HH:MM:SS.mmm - LEVEL - message`); tests/launch/test_kfp_local.py checks
+both against the installed kfp. kfp.local starts each step as `sh -ec '<script>' ...` through
+`subprocess_task_handler.run_local_subprocess`; the script (`kfp.dsl.component_factory`) ends in
+`_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main ...`, which dash does not exec, and neither
+process learns of the launcher's death. `tie_to_launcher` makes sh exec the executor with
+PR_SET_PDEATHSIG=SIGTERM (local/lifeline.py), which local.jobs turns into stopping its replicas.
 """
 
 from __future__ import annotations
@@ -37,14 +30,12 @@ from local import lifeline
 PATCHED = "kfp.local.task_dispatcher.run_single_task_implementation"
 PATCHED_SUBPROCESS = "kfp.local.subprocess_task_handler.run_local_subprocess"
 PATCHED_SUBPROCESS_PARAMETERS = ("full_command", "env_vars")
-# kfp.local warns on every step whose image is not a plain Python one
-# (`subprocess_task_handler.SubprocessTaskHandler.validate_image`): ours run on the GCPC image, by
-# design, in this checkout's environment (docs/facts.md, facts 5 and 6). Silenced for the length
-# of a run only; the test checks that the installed kfp still says it.
+# kfp.local's warning on every step whose image is not plain Python
+# (`subprocess_task_handler.SubprocessTaskHandler.validate_image`): ours run on the GCPC image by
+# design (docs/facts.md, facts 5 and 6). Silenced for a run's length; the test pins the text.
 KFP_IMAGE_WARNING = "You may be attemping to run a task that uses custom or non-Python base image"
-# ... and on every step with a display name (`orchestrator.task_executor._warn_local_only_noops`:
-# "Task 'x': settings ['display_name'] have no effect in the current local runner ..."): the
-# display names are Vertex's, and the local run shows them as its step names.
+# ... and on every step with a display name (`orchestrator.task_executor._warn_local_only_noops`):
+# the display names are Vertex's, and the local run shows them as its step names.
 KFP_NOOP_WARNING = "no effect in the current local runner"
 # The parameters of the patched function in the pinned kfp (checked by the test).
 PATCHED_PARAMETERS = (
@@ -74,9 +65,8 @@ _KFP_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} - (INFO|WARNING|ERROR) - ")
 
 
 class StepTee(io.TextIOBase):
-    """Stands in for sys.stdout during a local run: everything goes to the current step's log
-    file; the screen gets the steps' own output (replica lines, component messages) without
-    kfp.local's bookkeeping (executor input dumps, output listings)."""
+    """sys.stdout during a local run: everything to the current step's log; the screen gets the
+    steps' own output without kfp.local's bookkeeping (executor input dumps, output listings)."""
 
     def __init__(self, screen: TextIO, verbose: bool = True) -> None:
         self.screen = screen
@@ -87,8 +77,7 @@ class StepTee(io.TextIOBase):
         self._buffer = ""
         self._hiding_json = False
         self._hiding_outputs = False
-        # (step, text) of every "WARNING: " line a step's own code printed: shown on the screen,
-        # kept in summary.json and repeated at the run's end (launch.cli).
+        # (step, text) of every "WARNING: " line a step printed: summary.json's, repeated at the end.
         self.warnings: list[tuple[str, str]] = []
 
     def writable(self) -> bool:
@@ -98,9 +87,8 @@ class StepTee(io.TextIOBase):
         if self.log:
             self.log.write(text)
             self.log.flush()
-        self._buffer += text
-        while "\n" in self._buffer:
-            line, self._buffer = self._buffer.split("\n", 1)
+        *lines, self._buffer = (self._buffer + text).split("\n")
+        for line in lines:
             shown = self._filter(line)
             if shown is not None and shown.startswith(f"  {self.step}: WARNING: "):
                 self.warnings.append((self.step, shown.removeprefix(f"  {self.step}: WARNING: ")))
@@ -139,9 +127,8 @@ _EXECUTOR_LINE = re.compile(r"^([ \t]*)_KFP_RUNTIME=true (\S+ -m kfp\.dsl\.execu
 
 
 def tie_to_launcher(full_command: list[str]) -> list[str]:
-    """The step's command, changed so that sh execs its executor, which gets SIGTERM when the
-    launcher dies. RuntimeError when kfp's command is not the shape this was written for (a
-    component installing kfp at run time, a kfp upgrade): better no run than steps outliving it."""
+    """The step's command, sh exec'ing its executor, which gets SIGTERM when the launcher dies.
+    RuntimeError for a command of another shape: better no run than steps outliving it."""
     if full_command[:2] != ["sh", "-ec"] or len(full_command) < 3:
         raise RuntimeError(
             f"a step command of a shape launch/kfp_local.py does not know ({full_command[:2]}): the "
@@ -248,22 +235,16 @@ _EXCEPTION_LINE = re.compile(
 
 
 def step_error(path: str) -> str:
-    """Why a failed step failed: the first line of the last exception in its log, without the
-    module path (`JobFailed: prepare: replica chief-0 was killed by signal 9 (SIGKILL) after 3
-    restart(s) (log: ...)`); "" when there is none. The executor's traceback lands in the step's
-    log (kfp/local/subprocess_task_handler.py: its stderr goes to its stdout, printed line by
-    line), however long the log is after it."""
+    """Why a failed step failed: the last exception's first line in its log, without the module
+    path (`JobFailed: prepare: replica chief-0 was killed ...`); "" when none. The executor's
+    traceback is in the log (kfp/local/subprocess_task_handler.py sends its stderr to stdout)."""
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    # The step log indents what the executor printed (StepTee): compare without the indent.
-    lines = [line.strip() for line in lines]
+    lines = [line.strip() for line in lines]  # StepTee indents what the executor printed
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
-    if not starts:
-        return ""
-    for line in lines[starts[-1] + 1 :]:
-        match = _EXCEPTION_LINE.match(line)
-        if match:
+    for line in lines[starts[-1] + 1 :] if starts else []:
+        if match := _EXCEPTION_LINE.match(line):
             return f"{match.group(1)}: {match.group(2).strip()}"
     return ""

@@ -15,8 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# The keys of the trainer's metrics.json `write_report` reads; trainer/contract.py declares what
-# the trainer writes, and tests/test_contracts.py checks this list against it and the code.
+# The keys of the trainer's metrics.json `write_report` reads (tests/test_contracts.py pins them).
 METRICS_READ = (
     "test_accuracy",
     "macro_f1",
@@ -31,8 +30,7 @@ METRICS_READ = (
     "stopped_early",
 )
 
-# The keys of the trainer's metrics.json that both targets' summary.json shows under `metrics`
-# (launch.cli for a local run, launch.vertexrun for a Vertex run).
+# The keys of the trainer's metrics.json both targets' summary.json shows under `metrics`.
 SUMMARY_METRICS = (
     "test_accuracy",
     "macro_f1",
@@ -90,16 +88,14 @@ def curves_png(history: Mapping[str, Sequence[float]], exported_epoch: int | Non
     return _png(fig)
 
 
-# The most classes the confusion matrix is drawn for: its cost grows with the square of the class
-# count (a 1,000-class matrix grew past 10 GB and never finished) and past a few dozen rows its
-# labels cannot be read. Above it: the largest confusions; metrics.json keeps the whole matrix.
+# The most classes the confusion matrix is drawn for (its cost grows with their square, and past a
+# few dozen its labels cannot be read); above it, the largest confusions.
 MAX_DRAWN_CLASSES = 40
 TOP_CONFUSIONS = 25
 
 
 def confusion_png(labels: Sequence[str], matrix: Sequence[Sequence[int]]) -> str:
-    """The annotated matrix, for at most MAX_DRAWN_CLASSES classes. Class names are drawn as
-    plain text (`parse_math=False`): a folder named `a$^$b` is a name, not a formula."""
+    """The annotated matrix, for at most MAX_DRAWN_CLASSES classes; names as plain text (`a$^$b`)."""
     from matplotlib.figure import Figure
 
     if len(labels) > MAX_DRAWN_CLASSES:
@@ -139,8 +135,7 @@ def trials_png(trials: Sequence[Mapping[str, Any]], metric_id: str) -> str:
     return _png(fig)
 
 
-# A bar's colour by its state: kfp.local's (SUCCESS, FAILURE), Vertex tasks', trials' and jobs'
-# (SUCCEEDED, FAILED, SKIPPED: served from the cache; jobs' after JOB_STATE_).
+# A bar's colour by its state: kfp.local's, Vertex tasks', trials' and jobs' (after JOB_STATE_).
 STATE_COLOURS = {
     **dict.fromkeys(("SUCCESS", "SUCCEEDED"), "tab:green"),
     **dict.fromkeys(("FAILURE", "FAILED"), "tab:red"),
@@ -151,11 +146,9 @@ STATE_COLOURS = {
 
 
 def timeline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The bars of the step timeline, top to bottom: {label, level, start, queued, run, status,
-    running}, in seconds from the run's start; `queued` is the create -> start part (None when not
-    known); `level` 0 for a step, 1 for a job it launched, 2 for a tuning trial. A Vertex run's
-    entries carry their offsets (launch.vertexrun), the DAG's groups left out; a local run's steps
-    only their seconds, laid end to end (kfp.local runs one step at a time)."""
+    """The step timeline's bars, top to bottom, in seconds from the run's start; `queued`: create
+    -> start (None when not known); `level` 0 a step, 1 its job, 2 a tuning trial. A Vertex run's
+    entries carry their offsets (groups left out); a local run's steps are laid end to end."""
     steps = summary.get("steps") or []
     if not any("offset_seconds" in s for s in steps):
         starts = itertools.accumulate((float(s.get("seconds") or 0.0) for s in steps), initial=0.0)
@@ -246,8 +239,9 @@ TIMELINE_VERTEX = (
 )
 
 
-def _fmt(value: Any) -> str:
-    return "" if value is None else f"{value:.1f}"
+def _times(entry: Mapping[str, Any]) -> tuple[str, ...]:
+    """An entry's (waited, ran) seconds, "" when not known."""
+    return tuple("" if entry.get(k) is None else f"{entry[k]:.1f}" for k in ("queued_seconds", "run_seconds"))
 
 
 def top_confusions(
@@ -299,8 +293,8 @@ def write_report(
     metrics: Mapping[str, Any] | None,
     trials: Sequence[Mapping[str, Any]] | None,
 ) -> Path:
-    """Writes the page; returns its path. `metrics` is the trainer's metrics.json (or None when
-    training did not finish), `trials` the tuning trials table (or None)."""
+    """Writes the page; returns its path. `metrics`: the trainer's metrics.json, `trials`: the
+    tuning trials (each None when there is none)."""
     import jinja2
 
     intro: list[Block] = [
@@ -320,15 +314,7 @@ def write_report(
         sections.append(("Timeline", [{"p": caption}, {"img": timeline_png(bars), "alt": "step timeline"}]))
     if summary.get("jobs"):
         jobs = [
-            (
-                j["task"],
-                j["type"],
-                j["name"],
-                j["state"],
-                _fmt(j.get("queued_seconds")),
-                _fmt(j.get("run_seconds")),
-                j.get("error", ""),
-            )
+            (j["task"], j["type"], j["name"], j["state"], *_times(j), j.get("error", ""))
             for j in summary["jobs"]
         ]
         sections.append(
@@ -378,8 +364,7 @@ def _steps_table(steps: Sequence[Mapping[str, Any]]) -> Block:
             s["name"] + (" (group)" if s.get("group") else ""),
             s["status"],
             s.get("created") or "",
-            _fmt(s.get("queued_seconds")),
-            _fmt(s.get("run_seconds")),
+            *_times(s),
             s.get("error", ""),
         )
         for s in steps

@@ -1,8 +1,7 @@
 """Schedules of the compiled pipeline on Vertex AI: `make schedule`, `make schedules`,
 `make schedule-pause|resume|delete`, through aiplatform's `PipelineJobSchedule` and kfp's
 `RegistryClient` (the template is uploaded to Artifact Registry and the schedule runs that
-version). Submission itself (settings, options, the build context, the PipelineJob) is
-`launch.submit`'s.
+version).
 
     python -m launch.schedules schedule [--<parameter> VALUE ...]
         with CRON='0 6 * * 1' [TIMEZONE=Europe/Paris MAX_CONCURRENT=1 START=ISO END=ISO] in the
@@ -10,8 +9,7 @@ version). Submission itself (settings, options, the build context, the PipelineJ
     python -m launch.schedules schedules | pause [NAME] | resume [NAME] | delete [NAME]
         (NAME=projects/<p>/locations/<region>/schedules/<id> in the environment, or as argument)
 
-make hands its variables over in the environment and they are checked here, each error naming
-the variable, before any request. Exit status as `launch.submit`'s (README, "Exit codes").
+make's variables come in the environment, each checked before any request.
 """
 
 from __future__ import annotations
@@ -32,12 +30,9 @@ from launch import cloud, flags, submit
 from launch import settings as settings_mod
 from launch.settings import Settings, SettingsError
 
-# Vertex takes a cron expression with an optional `TZ=<IANA zone> ` prefix, "a valid string from
-# IANA time zone database" (aiplatform's PipelineJobSchedule.create docstring; "Schedule a pipeline
-# run with the scheduler API", https://cloud.google.com/vertex-ai/docs/pipelines/schedule-pipeline-run).
-# The five fields, their ranges and names, `*`, ranges, `/` steps and lists are the unix-cron
-# format of Google's schedulers ("Configure cron job schedules",
-# https://cloud.google.com/scheduler/docs/configuring/cron-job-schedules).
+# Vertex takes a cron with an optional `TZ=<IANA zone> ` prefix (aiplatform's PipelineJobSchedule.create;
+# https://cloud.google.com/vertex-ai/docs/pipelines/schedule-pipeline-run), in the unix-cron format of
+# https://cloud.google.com/scheduler/docs/configuring/cron-job-schedules.
 MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
 WEEKDAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
 CRON_FIELDS: tuple[tuple[str, int, int, tuple[str, ...]], ...] = (
@@ -206,12 +201,11 @@ def schedule_options(
 
 
 def template_yaml(template: Path, folder: Path) -> Path:
-    """The compiled template (`compiled/*.json`) as `folder/<name>.yaml`, written as kfp's compiler
-    writes a `.yaml` package (`kfp.compiler.pipeline_spec_builder.write_pipeline_spec_to_file`: the
-    `# PIPELINE DEFINITION` header of `extract_comments_from_pipeline_spec`, then
-    `yaml.dump_all([spec], sort_keys=True)`), the header from the JSON's sorted keys, not a protobuf
-    round trip (whose map order may vary): one template, the same bytes and digest. The JSON is
-    first parsed strictly into a `PipelineSpec`: a field kfp does not know fails before any upload."""
+    """The compiled template as `folder/<name>.yaml`, as kfp's compiler writes one
+    (`pipeline_spec_builder.write_pipeline_spec_to_file`: `extract_comments_from_pipeline_spec`'s
+    header, then `yaml.dump_all([spec], sort_keys=True)`), from the JSON, not a protobuf round trip
+    (its map order may vary): same template, same digest. Parsed strictly into a `PipelineSpec`
+    first: a field kfp does not know fails before any upload."""
     import yaml
     from google.protobuf import json_format
     from kfp.compiler import pipeline_spec_builder
@@ -231,17 +225,10 @@ def upload_template(
     settings: Settings, template: Path, commit: str = "", auth: Any = None, host: str = ""
 ) -> str:
     """Uploads the compiled template to Artifact Registry, tagged with the commit and `latest`;
-    returns the template version's URI (under TEMPLATE_REPOSITORY; `host`: elsewhere, for tests).
-
-    As Google's "Create, upload, and use a pipeline template" page documents
-    (https://cloud.google.com/vertex-ai/docs/pipelines/create-pipeline-template): a pipeline
-    compiled to a **YAML** file, posted by kfp's `RegistryClient.upload_pipeline` to
-    `https://<region>-kfp.pkg.dev/<project>/<repo>` as a multipart form (the page's curl example:
-    `-F tags=v1,latest -F content=@<file>.yaml`); the repository answers
-    `<package>/sha256:<digest>`, the package being the template's `pipelineInfo.name`. kfp
-    deprecates compiling to JSON ("Compiling to JSON is deprecated ... compile to a YAML file"), so
-    `make compile`'s JSON template is rewritten as YAML (`template_yaml`); the run reads it back
-    from the registry (`PipelineJob(template_path=<version URI>)`, which parses YAML)."""
+    returns the version's URI (under TEMPLATE_REPOSITORY; `host`: elsewhere, for tests). As
+    https://cloud.google.com/vertex-ai/docs/pipelines/create-pipeline-template documents: a YAML
+    file posted by kfp's `RegistryClient.upload_pipeline`, answered `<package>/sha256:<digest>`
+    (kfp: "Compiling to JSON is deprecated"), so the JSON is rewritten as YAML (`template_yaml`)."""
     import tempfile
 
     from kfp.registry import RegistryClient
@@ -251,8 +238,7 @@ def upload_template(
     import pipeline
 
     client = RegistryClient(host=host or settings.template_repository, auth=auth)
-    # Both templates are versions of one package (one pipeline name): the e-mailing one's tags
-    # carry a suffix, so `<commit>` and `latest` always name the template without the handler.
+    # Both templates are one package: `<commit>` and `latest` name the one without the e-mail handler.
     suffix = "-notify" if template.name == pipeline.COMPILED_NOTIFY.name else ""
     tags = [t + suffix for t in (commit[:40], "latest") if t]  # never -dirty: `submit.prepare` refuses it
     with tempfile.TemporaryDirectory() as folder:
@@ -365,14 +351,9 @@ def _schedule(rest: Sequence[str], environ: Mapping[str, str]) -> int:
 
     parser = flags.build_parser(pipeline.parameters_for("vertex"))
     parser.prog = "make schedule CRON=..."
-    # Each ScheduleOptions field's flag and make variable, in schedule_options' order.
-    variables = {
-        "cron": "CRON",
-        "timezone": "TIMEZONE",
-        "max_concurrent_runs": "MAX_CONCURRENT",
-        "start_time": "START",
-        "end_time": "END",
-    }
+    # Each ScheduleOptions field's flag and make variable.
+    fields = [f.name for f in dataclasses.fields(ScheduleOptions)]
+    variables = dict(zip(fields, ("CRON", "TIMEZONE", "MAX_CONCURRENT", "START", "END"), strict=True))
     for flag, variable in variables.items():
         default = environ.get(variable) or ("1" if variable == "MAX_CONCURRENT" else "")
         parser.add_argument(f"--{flag}", default=default, help=f"default: {variable}")

@@ -1,9 +1,7 @@
 """The Google Cloud settings of `make run` (Vertex target), `make schedule` and `make e2e`.
 
-Read from the environment, else from `env.sh` (KEY=VALUE lines; `env.sh.example` documents each
-one), and validated before any request is sent: every problem at once, naming the setting, what
-it got and what is allowed. An `env.sh` that is not a regular file of UTF-8 text is refused in one
-line (`read_user_text`), never read in part or waited on.
+Read from the environment, else from `env.sh` (`env.sh.example` documents each), and validated
+before any request: every problem at once, naming the setting, what it got and what is allowed.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from components.image import CLOUD_BUILD_REGIONS
 from pipeline.options import jobs as job_rules
 from pipeline.options.persistent_resource import persistent_resource_id_problem
 
@@ -98,12 +97,10 @@ class SettingsError(ValueError):
 
 
 def vertex_regions() -> frozenset[str]:
-    """The regions Vertex AI serves, as the installed google-cloud-aiplatform lists them
-    (`google.cloud.aiplatform.constants.base.SUPPORTED_REGIONS`, which `aiplatform.init()` checks
-    its location against: `utils.validate_region`), less `global`: "Vertex AI doesn't support a
-    global location" for training and pipelines ("Vertex AI locations",
-    https://cloud.google.com/vertex-ai/docs/general/locations; `global` is for generative AI
-    endpoints). Imported late: the SDK takes seconds to import; only the Vertex target needs it."""
+    """google-cloud-aiplatform's `constants.base.SUPPORTED_REGIONS` (what `aiplatform.init()`
+    checks its location against) less `global`: "Vertex AI doesn't support a global location" for
+    training and pipelines (https://cloud.google.com/vertex-ai/docs/general/locations). Imported
+    late: the SDK takes seconds to import."""
     from google.cloud.aiplatform.constants import base
 
     return frozenset(base.SUPPORTED_REGIONS) - {"global"}
@@ -145,8 +142,7 @@ class Settings:
         return self.pipeline_root.removeprefix("gs://").split("/", 1)[0]
 
 
-# env.sh is a few dozen short lines: a file far larger is not one (a log, a dataset, a disk image
-# saved under the wrong name), and is refused rather than read into memory.
+# env.sh is a few dozen short lines: a far larger file is not one, refused rather than read.
 ENV_FILE_MAX_BYTES = 1 << 20
 _UTF8_BOM = b"\xef\xbb\xbf"
 # Longest first: UTF-32's little-endian mark starts with UTF-16's.
@@ -158,18 +154,17 @@ _WIDE_BOMS = {
 }
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
 def _kind(mode: int) -> str:
-    """What a non-regular file is, in words."""
-    for test, name in (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def _line_of(data: bytes, offset: int) -> str:
@@ -180,9 +175,8 @@ def _line_of(data: bytes, offset: int) -> str:
 
 def read_user_text(path: Path, max_bytes: int, expected: str, remedy: str, too_large: str) -> str | None:
     """The text of a file the user names (env.sh, --training_config), or None when there is none.
-    Anything but a regular file of UTF-8 text of at most `max_bytes` is a SettingsError, one line
-    naming the file, what it is and what to do (`expected`, `remedy`, `too_large`). It is looked at
-    (stat) before it is opened, without blocking, so a FIFO or a device is never waited on."""
+    Anything but a regular UTF-8 text file of at most `max_bytes` is a one-line SettingsError. It is
+    looked at (stat) before it is opened, without blocking: a FIFO or a device is never waited on."""
     name = str(path)
     try:
         before = os.stat(path)
@@ -243,8 +237,7 @@ def read_user_text(path: Path, max_bytes: int, expected: str, remedy: str, too_l
 
 def read_env_file(path: Path) -> dict[str, str]:
     """KEY=VALUE lines, read by python-dotenv as `source env.sh` would (`export`, quotes, #
-    comments, a key given twice keeps its last value; no `${VAR}` expansion); other keys and lines
-    are ignored. No file: {}. Not a regular file of UTF-8 text: SettingsError (`read_user_text`)."""
+    comments, the last of a key given twice; no `${VAR}` expansion). No file: {}."""
     from dotenv.parser import parse_stream  # what dotenv_values parses with, minus its warnings
 
     text = read_user_text(
@@ -278,10 +271,8 @@ def load(
 
     def check(key: str, pattern: re.Pattern[str]) -> re.Match[str] | None:
         value = values.get(key, "")
-        if not value:
-            return None
-        match = pattern.match(value)
-        if not match:
+        match = pattern.match(value) if value else None
+        if value and not match:
             problems.append(f"{key}={value!r} is not valid: expected {SETTINGS[key]}")
         return match
 
@@ -290,16 +281,12 @@ def load(
         problems.append(problem)
     check("PIPELINE_ROOT", _BUCKET_URI)
     build_region = values.get("BUILD_REGION", "")
-    if build_region:
-        from components import image
-
-        if build_region not in image.CLOUD_BUILD_REGIONS:
-            problems.append(
-                f"BUILD_REGION={build_region!r} is not a Cloud Build location: global or one of "
-                f"{', '.join(image.CLOUD_BUILD_REGIONS[1:])} (https://cloud.google.com/build/docs/locations)"
-            )
-    # The forms of the pipeline parameters they fill (service_account, network, and the CMEK key's
-    # below, encryption_spec_key_name's): one home, pipeline/options/jobs.py.
+    if build_region and build_region not in CLOUD_BUILD_REGIONS:
+        problems.append(
+            f"BUILD_REGION={build_region!r} is not a Cloud Build location: global or one of "
+            f"{', '.join(CLOUD_BUILD_REGIONS[1:])} (https://cloud.google.com/build/docs/locations)"
+        )
+    # The forms of the pipeline parameters they fill: one home, pipeline/options/jobs.py.
     check("SERVICE_ACCOUNT", job_rules.SERVICE_ACCOUNT)
     check("NETWORK", job_rules.NETWORK)
     check("API_ENDPOINT", _ENDPOINT)

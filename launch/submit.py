@@ -1,10 +1,8 @@
 """Running the compiled pipeline on Vertex AI: submit (`make run` with a project) and wait.
 Schedules (`make schedule` and the schedule commands) are `launch.schedules`, built on this.
 
-Everything is sent by the real client libraries (google-cloud-storage, google-cloud-aiplatform's
-`PipelineJob`/`PipelineJobSchedule`, kfp's `RegistryClient`). Settings (`launch.settings`) and
-make's variables (handed over in the environment, never through a shell) are checked first, each
-error naming the variable, so a bad one costs no request. Exit status:
+Everything is sent by the real client libraries; settings and make's variables (in the
+environment, never through a shell) are checked first, so a bad one costs no request. Exit status:
 docs/running.md#exit-codes-and-make.
 """
 
@@ -41,9 +39,8 @@ TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE
 
 
 def source_commit(root: Path = ROOT, environ: Mapping[str, str] = os.environ) -> str:
-    """The checkout's commit, with `-dirty` when it has uncommitted changes. Where the source
-    has no `.git` (Cloud Build hands its steps the source without it), `SOURCE_COMMIT` from the
-    environment (cloudbuild.yaml sets it from the `$COMMIT_SHA` substitution); else ''."""
+    """The checkout's commit, `-dirty` with uncommitted changes; without `.git` (Cloud Build's
+    source), `SOURCE_COMMIT` (cloudbuild.yaml sets it from `$COMMIT_SHA`); else ''."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
@@ -98,20 +95,18 @@ def run_values(values: Mapping[str, Any], compiled: Mapping[str, Any]) -> dict[s
     }
 
 
-def check_options(values: Mapping[str, Any], compiled: Mapping[str, Any], region: str) -> list[str]:
-    """Every rule (`pipeline.options.check`, both targets' one entry) on `run_values` for `region`,
-    before any request: OptionsError names every bad parameter; prints and returns the warnings."""
+def check_options(values: Mapping[str, Any], compiled: Mapping[str, Any], region: str) -> None:
+    """`pipeline.options.check` on `run_values` for `region`, before any request (OptionsError);
+    prints the warnings."""
     from pipeline import options
 
-    warnings = options.check(run_values(values, compiled), "vertex", region)
-    for warning in warnings:
+    for warning in options.check(run_values(values, compiled), "vertex", region):
         print(f"WARNING: {warning}", flush=True)
-    return warnings
 
 
 def upload_context(settings: Settings, root: Path = ROOT, credentials: Any = None) -> str:
-    """Uploads the build context tarball to `<PIPELINE_ROOT>/contexts/<tag>.tar.gz` (once per
-    content); returns its gs:// URI. The tarball is made (a refused file named) before any contact."""
+    """Uploads the build context to `<PIPELINE_ROOT>/contexts/<tag>.tar.gz` once per content (made,
+    a refused file named, before any contact); returns its gs:// URI."""
     import google.cloud.storage as storage
 
     buf = io.BytesIO()
@@ -132,8 +127,7 @@ def upload_context(settings: Settings, root: Path = ROOT, credentials: Any = Non
 
 
 def init_aiplatform(settings: Settings, credentials: Any = None, transport: str | None = None) -> None:
-    """aiplatform's defaults for this machine's requests, and its credentials found (none: exit 2,
-    before any contact)."""
+    """aiplatform's defaults for this machine's requests; its credentials found, before any contact."""
     from google.cloud import aiplatform
     from google.cloud.aiplatform import initializer
 
@@ -151,20 +145,14 @@ def init_aiplatform(settings: Settings, credentials: Any = None, transport: str 
 
 
 class PersistentResourceRefused(ValueError):
-    """The run's persistent resource (`persistent_resource_id`) cannot run its jobs: one line,
-    naming the parameter, what is wrong and what to do. Nothing was created (exit code 2)."""
+    """The run's persistent resource cannot run its jobs: one line; nothing was created (exit 2)."""
 
 
 def check_persistent_resource(settings: Settings, values: Mapping[str, Any], client: Any = None) -> list[str]:
-    """Reads the run's persistent resource (`values["persistent_resource_id"]` of `run_values`;
-    none when empty) with aiplatform_v1 `PersistentResourceServiceClient.get_persistent_resource`
-    before anything of the run is uploaded or created; judges it by `persistent_resource_fit`
-    (`pipeline.options.persistent_resource`). Raises PersistentResourceRefused (one line) when
-    missing or unfit; prints and returns the warnings. `client`: for tests.
-
-    Not aiplatform's `PersistentResource`: its read retries a 429/500/503 for 120 s
-    (aiplatform/base.py `_get_gca_resource`, `retry.Retry()`), and an answer here is one line
-    within seconds (docs/guarantees.md)."""
+    """Reads the run's persistent resource (if any) before anything is uploaded or created, and
+    judges it by `persistent_resource_fit`: PersistentResourceRefused when missing or unfit; prints
+    and returns the warnings. Through aiplatform_v1's client, not aiplatform's `PersistentResource`,
+    whose read retries a 429/500/503 for 120 s (aiplatform/base.py `_get_gca_resource`)."""
     from google.api_core import exceptions
     from google.cloud import aiplatform_v1
     from google.cloud.aiplatform import initializer
@@ -214,15 +202,10 @@ def check_persistent_resource(settings: Settings, values: Mapping[str, Any], cli
 
 
 def build_pipeline_job(settings: Settings, values: Mapping[str, Any], template_path: str) -> Any:
-    """The `aiplatform.PipelineJob` for a compiled template, or for its version in Artifact
-    Registry (`template_path` takes `https://<region>-kfp.pkg.dev/...` URIs). Unknown parameters
-    are rejected here, before any request to Vertex.
-
-    Always the v1 class, never the preview one that sends the v1beta1
-    `RuntimeConfig.default_runtime` (google/cloud/aiplatform/preview/pipelinejob/pipeline_jobs.py;
-    aiplatform_v1 `PipelineJob.RuntimeConfig` has no such field): why, in
-    docs/architecture.md#the-pipelines-own-steps-not-on-the-resource. The jobs reach a persistent
-    resource through the `persistent_resource_id` parameter."""
+    """The `aiplatform.PipelineJob` of a compiled template or its Artifact Registry version
+    (`https://<region>-kfp.pkg.dev/...`); unknown parameters are rejected here, before any request.
+    The v1 class, never the preview one sending v1beta1 `RuntimeConfig.default_runtime`
+    (aiplatform/preview/pipelinejob/pipeline_jobs.py): docs/architecture.md#the-pipelines-own-steps-not-on-the-resource."""
     from google.cloud import aiplatform
 
     return aiplatform.PipelineJob(
@@ -270,10 +253,9 @@ def prepare(
     transport: str | None,
     pinned: bool = False,
 ) -> tuple[Path, dict[str, Any], str]:
-    """What a run or a schedule (`pinned`: refused for a checkout with uncommitted changes) needs
-    before it is sent: every option checked, the persistent resource read, the build context
-    uploaded. Returns the template (the one with the e-mail exit handler only for a run with
-    `notification_emails`), the run's parameter values and the commit."""
+    """Before a run or a schedule (`pinned`: no uncommitted changes) is sent: every option checked,
+    the persistent resource read, the build context uploaded. Returns the template (with the e-mail
+    exit handler only given `notification_emails`), the run's parameter values and the commit."""
     import pipeline
     from pipeline.options import notification
 
@@ -292,8 +274,7 @@ def prepare(
             "the checkout has uncommitted changes: a schedule must be pinned to a commit; commit first"
         )
     init_aiplatform(settings, credentials, transport)
-    # For a schedule, as it is today: each run it starts finds it as it is then
-    # (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).
+    # For a schedule, as it is today (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).
     check_persistent_resource(settings, run_values(checked, compiled))
     with refused_as(
         f"the build context's upload to gs://{settings.bucket}",
@@ -327,9 +308,8 @@ def submit(
                 service_account=settings.service_account or None,
                 network=settings.network or None,
                 experiment=settings.experiment or None,
-                # Vertex checks the run's components before creating it (aiplatform_v1
-                # `PipelineJob.preflight_validations`: "Whether to do component level validations
-                # before job creation"); PREFLIGHT_VALIDATIONS=false turns it off.
+                # aiplatform_v1 `PipelineJob.preflight_validations`: "Whether to do component level
+                # validations before job creation".
                 enable_preflight_validations=settings.preflight_validations,
             )
         except Exception as err:  # the SDK raises a bare Exception for these only
@@ -351,9 +331,8 @@ def submit(
 
 
 def write_run_report(job: Any, settings: Settings, runs_dir: Path, credentials: Any = None) -> None:
-    """`make run WAIT=1` at the run's end: its summary.json and report.html, as `make report`
-    writes them (launch.vertexrun), from the PipelineJob the wait last read. A report that cannot
-    be written is a warning: it never changes how the run ended, and `make report` writes it later."""
+    """`make run WAIT=1` at the run's end: summary.json and report.html as `make report` writes
+    them; one that cannot be written is a warning, never a change to how the run ended."""
     from launch import vertexreader, vertexrun
 
     reader = vertexreader.Reader(settings, credentials)
@@ -372,9 +351,8 @@ def write_run_report(job: Any, settings: Settings, runs_dir: Path, credentials: 
         )
 
 
-# aiplatform's PipelineJob.submit, when Vertex's preflight validations refuse the run, raises
-# `Exception("PipelineJob Preflight validations failed with the following errors:\n1. ...")`
-# (google/cloud/aiplatform/pipeline_jobs.py, `submit`: its CreatePipelineJobApiErrorDetail messages).
+# How aiplatform's PipelineJob.submit raises Vertex's preflight refusal: `Exception("<this> with the
+# following errors:\n1. ...")` (google/cloud/aiplatform/pipeline_jobs.py, `submit`).
 PREFLIGHT_FAILED = "PipelineJob Preflight validations failed"
 
 
@@ -390,19 +368,9 @@ class PreflightRefused(ValueError):
         )
 
 
-def credential_errors() -> tuple[type[Exception], ...]:
-    """What google-auth raises, before the request that needed them is sent, when there are no
-    credentials (DefaultCredentialsError, `google.auth.default()`) or they are refused (RefreshError)."""
-    from google.auth import exceptions
-
-    return (exceptions.DefaultCredentialsError, exceptions.RefreshError)
-
-
 def no_credentials(prog: str, err: Exception) -> str:
-    """One line saying what is missing and the three ways Application Default Credentials finds
-    credentials, in its search order: GOOGLE_APPLICATION_CREDENTIALS, the gcloud CLI's ADC file,
-    the attached service account ("How Application Default Credentials works",
-    https://cloud.google.com/docs/authentication/application-default-credentials)."""
+    """One line: what is missing, and ADC's three sources in its search order ("How Application
+    Default Credentials works", https://cloud.google.com/docs/authentication/application-default-credentials)."""
     from google.auth import exceptions
 
     what = (
@@ -420,13 +388,12 @@ def no_credentials(prog: str, err: Exception) -> str:
 
 def check_wait(text: str) -> bool:
     """WAIT (`make run WAIT=1`): follow the Vertex run to its end."""
-    values = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
-    if text.lower() not in values:
+    if text.lower() not in ("", "0", "false", "no", "1", "true", "yes"):
         raise ValueError(
             f"WAIT={text!r} is not valid: expected 1, true or yes (follow the run to its end), "
             "or 0, false, no or empty (submit and return)"
         )
-    return values[text.lower()]
+    return text.lower() in ("1", "true", "yes")
 
 
 def load_settings(prog: str, load: Callable[[], Settings], doing: str = "reach") -> Settings | None:
@@ -442,13 +409,15 @@ def load_settings(prog: str, load: Callable[[], Settings], doing: str = "reach")
 
 def exit_status(prog: str, request: Callable[[], int]) -> int:
     """`request`'s exit status; what stops it is one line on stderr: Google Cloud out of reach (1),
-    no credentials or a refused input (2) (docs/running.md#exit-codes-and-make)."""
+    no credentials (google-auth raises these before the request is sent) or a refused input (2)."""
+    from google.auth import exceptions as auth
+
     try:
         return request()
     except GoogleUnreachable as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
-    except credential_errors() as err:
+    except (auth.DefaultCredentialsError, auth.RefreshError) as err:
         print(no_credentials(prog, err), file=sys.stderr)
         return 2
     except ValueError as err:
@@ -460,8 +429,7 @@ def exit_status(prog: str, request: Callable[[], int]) -> int:
 
 
 def with_flags(prog: str, ns: argparse.Namespace, request: Callable[[dict[str, Any]], int]) -> int:
-    """`exit_status` of `request` given the pipeline parameters set by flags (`--training_config`
-    applied: `make run` and `make schedule`)."""
+    """`exit_status` of `request` given the parameters set by flags (`--training_config` applied)."""
     import pipeline
 
     try:
