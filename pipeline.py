@@ -1,9 +1,7 @@
 """`make compile`: writes the two Vertex templates, `compiled/pipeline.json` and
 `compiled/pipeline-notify.json` (the same DAG with the failure e-mail exit handler), or both into
-the folder given as the first argument. Byte-identical on every run.
-
-The pipeline itself is the `pipeline/` package beside this script (`import pipeline` finds the
-package, never this file).
+the folder given as the first argument. Byte-identical on every run. The pipeline is the
+`pipeline/` package beside this script (`import pipeline` finds the package, never this file).
 """
 
 from __future__ import annotations

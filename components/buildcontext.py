@@ -67,33 +67,29 @@ def context_members(root: str | os.PathLike[str]) -> list[tuple[str, bytes]]:
             f"build context {base} lacks {', '.join(missing)}; it needs {', '.join(CONTEXT_FILES)} "
             f"and the folders {', '.join(CONTEXT_DIRS)}/"
         )
-    problems: list[str] = []
-    for folder in CONTEXT_DIRS:
-        if os.path.islink(base / folder) or not (base / folder).is_dir():
-            problems.append(f"{folder}: must be a folder in the checkout (not a file, not a symlink)")
+    problems = [
+        f"{folder}: must be a folder in the checkout (not a file, not a symlink)"
+        for folder in CONTEXT_DIRS
+        if os.path.islink(base / folder) or not (base / folder).is_dir()
+    ]
     if problems:
         raise _refusal(base, problems)
 
     tracked = _git_files(base, "--cached")
-    names: Iterable[str]
-    if tracked is None:
-        names = _walk(base)
-    else:
+    names = _walk(base) if tracked is None else tracked
+    if tracked is not None:
         untracked_files = [n for n in CONTEXT_FILES if n not in tracked]
         if untracked_files:
             raise ValueError(
                 f"build context {base}: {', '.join(untracked_files)} not tracked by git; the context "
                 f"is what git tracks, so `git add` {'it' if len(untracked_files) == 1 else 'them'}"
             )
-        names = tracked
         untracked = sorted(n for n in _git_files(base, "--others", "--exclude-standard") or () if _kept(n))
         if untracked:
-            shown = ", ".join(untracked[:10]) + (
-                f" and {len(untracked) - 10} more" if len(untracked) > 10 else ""
-            )
+            more = f" and {len(untracked) - 10} more" if len(untracked) > 10 else ""
             print(
-                f"build context {base}: left out {len(untracked)} file(s) git does not track: {shown}"
-                " (`git add` what the image needs)",
+                f"build context {base}: left out {len(untracked)} file(s) git does not track: "
+                f"{', '.join(untracked[:10])}{more} (`git add` what the image needs)",
                 file=sys.stderr,
             )
 
@@ -191,14 +187,8 @@ def _walk(base: Path) -> list[str]:
 
 
 def _kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((kind for test, kind in kinds if test(mode)), "not a file")
+    kinds = dict(d="a folder", p="a FIFO", s="a socket", c="a character device", b="a block device")
+    return kinds.get(stat.filemode(mode)[0], "not a file")
 
 
 def dockerignore_secret_rules() -> list[str]:
@@ -219,7 +209,7 @@ def _refusal(base: Path, problems: list[str]) -> ValueError:
     return ValueError(f"build context {base}: refusing to pack it, nothing was uploaded:\n{lines}")
 
 
-def write_context_tarball(root: str | os.PathLike[str], out: io.BufferedIOBase | str) -> str:
+def write_context_tarball(root: str | os.PathLike[str], out: io.BufferedIOBase) -> str:
     """Packs the build context into a reproducible .tar.gz; returns its `context_tag`."""
     members = context_members(root)
     buf = io.BytesIO()
@@ -229,11 +219,7 @@ def write_context_tarball(root: str | os.PathLike[str], out: io.BufferedIOBase |
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
 
-    payload = gzip.compress(buf.getvalue(), mtime=0)
-    if isinstance(out, str):
-        Path(out).write_bytes(payload)
-    else:
-        out.write(payload)
+    out.write(gzip.compress(buf.getvalue(), mtime=0))
     return context_tag(members)
 
 

@@ -104,19 +104,21 @@ _FIELDS_RE = "|".join(sorted(_SECRET_FIELDS)).replace("_", "[_-]")
 # A quoted value that stands for a secret rather than being one: `$VAR`, `${VAR}`, `{name}`,
 # `<...>`, `%(name)s`, or nothing.
 _PLACEHOLDER = r"""["'](?:\$|\{|<|%\(|["']|\s)"""
+_PLACEHOLDER_VALUE = re.compile(r"\s*(?:$|[${<]|%\()")  # the same of a JSON value: blank, or so begun
 _PRIVATE_KEY = re.compile(rb"-----BEGIN ([A-Z0-9 ]{0,64})PRIVATE KEY( BLOCK)?-----")
 _PRIVATE_KEY_TEXT = re.compile(_PRIVATE_KEY.pattern.decode())
 _PUTTY_KEY = re.compile(rb"(?m)^PuTTY-User-Key-File-\d+:")
-# (what it is, rule, pattern); those of _CONFIG_ONLY apply to config files only: not _CODE_OR_PROSE.
+# (what it is, rule: filled with the match's groups, pattern); those of _CONFIG_ONLY apply to config
+# files only: not _CODE_OR_PROSE.
 _TEXT_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     (
         "a Google credentials file",
-        '"type": a Google credential type',
+        '"type": "{0}"',
         re.compile(rf"""["']type["'][ \t\r\n]{{0,64}}:[ \t\r\n]{{0,64}}["']({_TYPES_RE})["']"""),
     ),
     (
         "a secret field",
-        "a JSON field holding a secret",
+        'JSON field "{0}"',
         re.compile(rf"""["']({_FIELDS_RE})["']\s{{0,64}}:\s{{0,64}}(?!{_PLACEHOLDER})["']""", re.IGNORECASE),
     ),
     (
@@ -155,7 +157,7 @@ _TEXT_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     ),
     (
         "a password or token setting",
-        "a setting named like a password, secret, key or token",
+        'a setting named "{0}"',
         re.compile(
             r"""(?im)^[ \t-]*(?:export\s+)?["']?((?:[\w.-]*[_.-])?(?:password|passwd|secret|"""
             r"""secret[_-]?key|private[_-]?key|api[_-]?key|access[_-]?key|auth[_-]?token|"""
@@ -223,16 +225,13 @@ def _secret_content_as_is(base: str, data: bytes) -> str:
 
 def _text(data: bytes) -> str | None:
     """The file as text (UTF-8, or UTF-16/32 where it says so), or None where it is binary."""
-    head = data[:8192]
-    if b"\0" in head:
-        encoding = json.detect_encoding(head)  # UTF-16/32, with or without a BOM
-        if not encoding.startswith("utf-16") and not encoding.startswith("utf-32"):
-            return None
-        try:
-            return data.decode(encoding)
-        except UnicodeDecodeError:
-            return None
-    return data.decode("utf-8-sig", errors="replace")
+    if b"\0" not in data[:8192]:
+        return data.decode("utf-8-sig", errors="replace")
+    encoding = json.detect_encoding(data[:8192])  # UTF-16/32, with or without a BOM
+    try:
+        return None if encoding.startswith("utf-8") else data.decode(encoding)
+    except UnicodeDecodeError:
+        return None
 
 
 class _Pairs(list[tuple[str, object]]):
@@ -246,10 +245,8 @@ def _json_secret(text: str) -> str:
         doc = json.loads(text, object_pairs_hook=_Pairs)
     except (ValueError, RecursionError):
         return ""
-    if isinstance(doc, _Pairs):
-        keys = {k for k, _ in doc}
-        if {"terraform_version", "resources"} <= keys:
-            return 'a Terraform state (rule: JSON fields "terraform_version" and "resources")'
+    if isinstance(doc, _Pairs) and {"terraform_version", "resources"} <= {k for k, _ in doc}:
+        return 'a Terraform state (rule: JSON fields "terraform_version" and "resources")'
     stack: list[tuple[object, str]] = [(doc, "")]
     while stack:
         node, parent = stack.pop()
@@ -270,7 +267,7 @@ def _json_secret(text: str) -> str:
                 return f'{_GOOGLE_TYPES[value.lower()]} (rule: "type": "{value}")'
         for raw_key, value in node:
             key = raw_key.lower().replace("-", "_")
-            if key in _SECRET_FIELDS and isinstance(value, str) and not _placeholder(value):
+            if key in _SECRET_FIELDS and isinstance(value, str) and not _PLACEHOLDER_VALUE.match(value):
                 return f'a secret field (rule: JSON field "{raw_key}")'
             if key == "auths" and isinstance(value, _Pairs) and value:
                 return 'a Docker registry config with credentials (rule: JSON field "auths")'
@@ -278,11 +275,6 @@ def _json_secret(text: str) -> str:
                 return f'a Docker registry login (rule: JSON field "auth" under "{parent}")'
             stack.append((value, raw_key))
     return ""
-
-
-def _placeholder(value: str) -> bool:
-    value = value.strip()
-    return not value or value.startswith(("$", "{", "<", "%("))
 
 
 def _basic_auth(value: str) -> bool:
@@ -310,13 +302,9 @@ def _text_secret(text: str, config: bool) -> str:
         match = pattern.search(text)
         if match:
             if what == "a Google credentials file":
-                what, rule = _GOOGLE_TYPES[match[1].lower()], f'"type": "{match[1]}"'
-            if what == "a secret field":
-                rule = f'JSON field "{match[1]}"'
-            elif what == "a password or token setting":
-                rule = f'a setting named "{match[1]}"'
+                what = _GOOGLE_TYPES[match[1].lower()]
             line = text.count("\n", 0, match.start()) + 1
-            return f"its content looks like {what} (rule: {rule}; line {line})"
+            return f"its content looks like {what} (rule: {rule.format(*match.groups())}; line {line})"
     return ""
 
 

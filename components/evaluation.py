@@ -3,12 +3,11 @@
     evaluation job (`python -m trainer.evaluate`, one CPU replica on the trainer image, its flags
         from `build_evaluation_args` in the planning step) -> evaluate_model (the gate)
 
-The champion's recorded figures come from its own run's test split, maybe other data. So the
-evaluation job runs the challenger and the champion, each through its serving signature, on
-*this* run's test split and writes `evaluation.json`; `evaluate_model` logs the challenger's
-metrics (the confusion matrix as `dsl.ClassificationMetrics`, which the Vertex console draws) and
-applies the gate (`gate_decision`; docs/training.md#the-gate-gate_metric-min_score). The decision
-and the figures make the version's `description` (Vertex) or its `version.json` (local).
+The champion's recorded figures may come from other data, so the evaluation job runs both models
+through their serving signature on *this* run's test split (`evaluation.json`); `evaluate_model`
+logs the challenger's metrics (the confusion matrix as `dsl.ClassificationMetrics`, drawn by the
+Vertex console) and applies the gate (`gate_decision`; docs/training.md#the-gate-gate_metric-min_score),
+whose decision and figures make the version's `description` (Vertex) or `version.json` (local).
 """
 
 from typing import NamedTuple
@@ -18,7 +17,6 @@ from kfp import dsl
 from components import stepimage
 from components.prepare import dataset_record
 from components.registry import (
-    classification_metrics_schema,
     evaluation_record,
     label_value,
     record_on_version,
@@ -119,18 +117,13 @@ def gate_decision(
         return True, f"{name} {score:.4f} >= min_score {min_score:.4f}; no champion yet"
     if rule != "not_worse":
         if comparison is None:
-            raise RuntimeError(
-                f"gate_rule={rule} needs evaluation.json's paired comparison, which is missing"
-            )
+            raise RuntimeError(f"gate_rule={rule} needs evaluation.json's paired comparison: it has none")
         passes, said = paired_verdict(gate_metric, rule, margin, comparison)
         versus = f"{name} {score:.4f} against the champion's {champion_score:.4f} on this test split{own}"
         return passes, f"{versus}: {said} (gate_rule={rule})"
-    if score < champion_score:
-        return (
-            False,
-            f"{name} {score:.4f} is below the champion's {champion_score:.4f} on this test split{own}",
-        )
-    return True, f"{name} {score:.4f} >= the champion's {champion_score:.4f} on this test split{own}"
+    passes = score >= champion_score
+    how = ">=" if passes else "is below"
+    return passes, f"{name} {score:.4f} {how} the champion's {champion_score:.4f} on this test split{own}"
 
 
 def build_evaluation_args(data_dir: str, model_dir: str, champion_uri: str) -> list:
@@ -152,7 +145,6 @@ def build_evaluation_args(data_dir: str, model_dir: str, champion_uri: str) -> l
         gate_decision,
         dataset_record,
         label_value,
-        classification_metrics_schema,
         evaluation_record,
         record_on_version,
     ],
@@ -201,11 +193,9 @@ def evaluate_model(
     with open(os.path.join(folder, "metrics.json")) as f:
         m = json.load(f)
     model.uri = model_uri
+    model.metadata["framework"] = "tensorflow"
     model.metadata.update(
-        {
-            "framework": "tensorflow",
-            **{k: m[k] for k in ("test_accuracy", "val_accuracy", "epochs_completed", "num_workers")},
-        }
+        {k: m[k] for k in ("test_accuracy", "val_accuracy", "epochs_completed", "num_workers")}
     )
     with open(os.path.join(fuse_path(evaluation_dir.rstrip("/")), "model", "evaluation.json")) as f:
         evaluated = json.load(f)
@@ -217,7 +207,7 @@ def evaluate_model(
             f"champion {champion_version} exists but evaluation.json has no figures for it: "
             "the evaluation job did not evaluate it"
         )
-    split = evaluated["split"]
+    split, comparison = evaluated["split"], evaluated.get("comparison")
     for key in ("accuracy", "loss", "macro_f1"):
         if new.get(key) is not None:
             metrics.log_metric(f"{split}_{key}", float(new[key]))
@@ -247,7 +237,7 @@ def evaluate_model(
         task_mismatch(m["class_names"], champion_class_names),
         gate_rule,
         gate_margin,
-        evaluated.get("comparison"),
+        comparison,
     )
     print(("PROMOTE: " if promote else "HOLD: ") + reason)
     figures = f"accuracy {float(new['accuracy']):.4f}, macro F1 {float(new['macro_f1']):.4f}"
@@ -291,13 +281,4 @@ def evaluate_model(
     Outputs = collections.namedtuple(
         "Outputs", "promote champion score champion_score reason description comparison evaluation_import"
     )
-    return Outputs(
-        promote,
-        champion,
-        score,
-        champion_score,
-        reason,
-        description,
-        evaluated.get("comparison") or {},
-        imported,
-    )
+    return Outputs(promote, champion, score, champion_score, reason, description, comparison or {}, imported)

@@ -182,28 +182,26 @@ def validate_machine(
             f"{gpu}: TensorFlow 2.21 has no native kernels for it and runs through its compute_90 PTX, "
             "compiled by the driver on first use (slow start; unverified on this GPU)"
         )
-    if region:
-        problem = ""
+    if region and (region not in regions or gpu not in regions[region]):
         if region not in regions:
             problem = (
                 f"region {region!r} is not in this project's GPU table (known regions: "
                 f"{', '.join(sorted(regions))})"
             )
-        elif gpu not in regions[region]:
+        else:
             offering = sorted(r for r, gpus in regions.items() if gpu in gpus)
             problem = (
                 f"{gpu} is not offered in {region} (it offers {', '.join(sorted(regions[region]))}); "
                 f"regions with {gpu}: {', '.join(offering) or 'none known'}"
             )
-        if problem:
-            note = (
-                "the table is a snapshot of Vertex AI's accelerators-by-region page "
-                "(https://cloud.google.com/vertex-ai/docs/general/locations#accelerators)"
+        note = (
+            "the table is a snapshot of Vertex AI's accelerators-by-region page "
+            "(https://cloud.google.com/vertex-ai/docs/general/locations#accelerators)"
+        )
+        if region_strict:
+            raise ValueError(
+                f"{problem}; {note}: if Google now offers it there, set check_gpu_region=false "
+                "to proceed with a warning"
             )
-            if region_strict:
-                raise ValueError(
-                    f"{problem}; {note}: if Google now offers it there, set check_gpu_region=false "
-                    "to proceed with a warning"
-                )
-            warnings.append(f"{problem}; proceeding (check_gpu_region=false); {note}")
+        warnings.append(f"{problem}; proceeding (check_gpu_region=false); {note}")
     return warnings

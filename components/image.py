@@ -23,26 +23,19 @@ from components.servingimage import (
 
 
 def registry_digest(session: Any, image: str, tag: str) -> str:
-    """The digest of `image:tag` from a HEAD of its manifest, "" when absent (404 only).
-
-    401/403 raise PermissionError: the pipeline's service account needs
-    `roles/artifactregistry.reader` ("Access to read repository items"; the build pushes with
-    Cloud Build's account, which needs `roles/artifactregistry.writer`;
-    https://cloud.google.com/iam/docs/roles-permissions/artifactregistry). Any other answer
-    raises RuntimeError with the status and the start of the error body."""
+    """The digest of `image:tag` from a HEAD of its manifest, "" when absent (404 only). 401/403
+    raise PermissionError naming the roles needed (reader to read, writer for the build's push:
+    https://cloud.google.com/iam/docs/roles-permissions/artifactregistry); any other answer
+    RuntimeError with the status and the start of the error body."""
     import requests
 
     # The Docker Registry v2 manifest URL (plain HTTP on loopback, as docker does).
     host, _, path = image.partition("/")
     scheme = "http" if host.split(":")[0] in ("127.0.0.1", "localhost") else "https"
     url = f"{scheme}://{host}/v2/{path}/manifests/{tag}"
-    accept = ", ".join(
-        [
-            "application/vnd.oci.image.index.v1+json",
-            "application/vnd.docker.distribution.manifest.list.v2+json",
-            "application/vnd.oci.image.manifest.v1+json",
-            "application/vnd.docker.distribution.manifest.v2+json",
-        ]
+    accept = (
+        "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, "
+        "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
     )
     head = session.head(url, headers={"Accept": accept}, timeout=60)
     digest = head.headers.get("Docker-Content-Digest", "")
@@ -60,20 +53,18 @@ def registry_digest(session: Any, image: str, tag: str) -> str:
         repository = image.rsplit("/", 1)[0]
         raise PermissionError(
             f"the pipeline's service account{account} cannot read the Artifact Registry repository "
-            f"{repository}: the registry answered {head.status_code} to HEAD {url}: {body!r}. "
-            "Grant it roles/artifactregistry.reader on the repository (the build itself pushes "
-            "with Cloud Build's service account, which needs roles/artifactregistry.writer there); "
-            "docs/vertex.md#the-iam-roles-a-first-run-needs lists every role a first run needs."
+            f"{repository}: the registry answered {head.status_code} to HEAD {url}: {body!r}. Grant it "
+            "roles/artifactregistry.reader there (the build pushes as Cloud Build's service account, "
+            "which needs roles/artifactregistry.writer); docs/vertex.md#the-iam-roles-a-first-run-needs"
         )
     if head.status_code == 200:
         raise RuntimeError(f"the registry answered 200 without a Docker-Content-Digest for {image}:{tag}")
     raise RuntimeError(f"the registry answered {head.status_code} for {image}:{tag} ({url}): {body!r}")
 
 
-# Where Cloud Build runs builds (Cloud Build locations, https://cloud.google.com/build/docs/locations,
-# 2026-11), plus `global`. The same page: "Depending on usage, certain projects may be restricted to
-# only use Cloud Build in the following regions" (RESTRICTED_BUILD_REGIONS; elsewhere FAILED_PRECONDITION,
-# docs/facts.md, fact 29). `build_location` (BUILD_REGION) picks the build's region apart from Vertex's.
+# Where Cloud Build runs builds (https://cloud.google.com/build/docs/locations, 2026-11), plus
+# `global`. The same page: "Depending on usage, certain projects may be restricted to only use Cloud
+# Build in the following regions" (the second tuple; elsewhere FAILED_PRECONDITION: docs/facts.md, fact 29).
 def cloud_build_regions() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(every Cloud Build location, the six a restricted project may use)."""
     regions = (  # noqa: SIM905 (one string reads as the doc's list)
@@ -97,22 +88,13 @@ def restricted_build_fallback(location: str) -> str:
     chosen: the one on the region's continent (Middle East and Africa, which have none: EMEA's
     europe-west1); "" when there is none to try (`global`, already one of the six, unknown)."""
     _, restricted = cloud_build_regions()
-    if location in restricted:
+    area, dash, _ = location.partition("-")
+    if location in restricted or not dash:
         return ""
-    for prefix, region in (
-        ("us-west", "us-west2"),
-        ("us-", "us-central1"),
-        ("northamerica-", "us-central1"),
-        ("southamerica-", "southamerica-east1"),
-        ("europe-", "europe-west1"),
-        ("me-", "europe-west1"),
-        ("africa-", "europe-west1"),
-        ("asia-", "asia-east1"),
-        ("australia-", "australia-southeast1"),
-    ):
-        if location.startswith(prefix):
-            return region
-    return ""
+    if location.startswith("us-west"):
+        return "us-west2"
+    area = {"northamerica": "us", "me": "europe", "africa": "europe"}.get(area, area)
+    return next((region for region in restricted if region.startswith(f"{area}-")), "")
 
 
 def build_settings(
@@ -123,24 +105,19 @@ def build_settings(
     service_account: str,
     worker_pool: str,
 ) -> tuple:
-    """(the Build's `options` and `serviceAccount` as REST JSON, the region to build in) for the
-    parameters build_machine_type, build_service_account and build_worker_pool; raises ValueError
-    naming the parameter and what it allows.
+    """(the Build's `options` and `serviceAccount` as REST JSON, the region to build in) for
+    build_machine_type, build_service_account and build_worker_pool; ValueError naming the
+    parameter and what it allows.
 
-    - `machineType`: Cloud Build's `BuildOptions.MachineType` names (google-cloud-build's
-      cloudbuild_v1/types/cloudbuild.py; tests check this list against it), UNSPECIFIED being the
-      default pool's standard worker ("Increase vCPU for builds",
-      https://cloud.google.com/build/docs/optimize-builds/increase-vcpu-for-builds). Not sent with
-      a private pool, whose workers are of the pool's own `workerConfig.machineType`
+    - `machineType`: google-cloud-build's `BuildOptions.MachineType` names (a test compares),
+      UNSPECIFIED the default worker (https://cloud.google.com/build/docs/optimize-builds/increase-vcpu-for-builds);
+      not sent with a private pool, whose workers are its `workerConfig.machineType`
       (https://cloud.google.com/build/docs/private-pools/private-pool-config-file-schema).
-    - `pool.name`: `projects/{project}/locations/{location}/workerPools/{pool}` (BuildOptions.
-      PoolOption); the build is created in the pool's region ("Run builds in a private pool",
-      https://cloud.google.com/build/docs/private-pools/run-builds-in-private-pool).
-    - `serviceAccount`: `projects/{PROJECT_ID}/serviceAccounts/{ACCOUNT}` (Build.service_account);
-      an e-mail is taken as an account of `project`. With a user's service account the logs must
-      go to Cloud Logging or a user's bucket, not the default one ("Configure user-specified
-      service accounts", https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts):
-      CLOUD_LOGGING_ONLY."""
+    - `pool.name` (BuildOptions.PoolOption): the build is created in the pool's region
+      (https://cloud.google.com/build/docs/private-pools/run-builds-in-private-pool).
+    - `serviceAccount` (Build.service_account; an e-mail is taken as an account of `project`): its
+      logs must then avoid the default bucket, so CLOUD_LOGGING_ONLY
+      (https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts)."""
     import re
 
     machine_types = (
@@ -175,18 +152,14 @@ def build_settings(
             f"build_service_account {service_account!r} is neither a service account's e-mail nor "
             "projects/PROJECT/serviceAccounts/EMAIL ('': Cloud Build's default service account)"
         )
-    options: dict = {}
-    if pool:
-        options["pool"] = {"name": worker_pool}
-    elif machine_type != "UNSPECIFIED":
-        options["machineType"] = machine_type
-    if service_account:
-        options["logging"] = "CLOUD_LOGGING_ONLY"
-    fields = {
-        **({"options": options} if options else {}),
-        **({"serviceAccount": service_account} if service_account else {}),
+    options = {
+        "pool": {"name": worker_pool} if pool else None,
+        "machineType": machine_type if not pool and machine_type != "UNSPECIFIED" else None,
+        "logging": "CLOUD_LOGGING_ONLY" if service_account else None,
     }
-    return fields, (pool.group(1) if pool else "") or build_location or location
+    fields = {"options": {k: v for k, v in options.items() if v}, "serviceAccount": service_account}
+    region = (pool.group(1) if pool else "") or build_location or location
+    return {k: v for k, v in fields.items() if v}, region
 
 
 # The poll below is ours, not google-cloud-build's Operation.result(): that says no status
@@ -205,21 +178,18 @@ def run_cloud_build(
     finished Build; RuntimeError (naming id, status, log URL) unless it succeeds, TimeoutError
     after `wait_seconds`.
 
-    REST shapes (Cloud Build v1; also in google-cloud-build's
-    `cloudbuild_v1/services/cloud_build/transports/rest_base.py` and `rest.py`):
-    - `POST {api_root}/v1/{parent=projects/*/locations/*}/builds?projectId=...`, body a Build,
-      answers a long-running Operation whose `metadata` is a BuildOperationMetadata
-      (`build.id`, `build.logUrl`, `build.status`):
+    REST (Cloud Build v1; google-cloud-build's `cloudbuild_v1/services/cloud_build/transports/rest_base.py`):
+    - `POST {api_root}/v1/{parent=projects/*/locations/*}/builds?projectId=...` answers an
+      Operation whose `metadata.build` has `id`, `logUrl`, `status`:
       https://cloud.google.com/build/docs/api/reference/rest/v1/projects.locations.builds/create
-    - `GET {api_root}/v1/{name=projects/*/locations/*/operations/*}` answers the Operation;
-      once `done`, `response` is the Build (`status`, `statusDetail`, `logUrl`,
-      `results.images[].name/.digest`) or `error` is set (the failed Build stays in `metadata`):
+    - `GET {api_root}/v1/{name=projects/*/locations/*/operations/*}`: once `done`, `response` is the
+      Build (`status`, `statusDetail`, `logUrl`, `results.images[].name/.digest`) or `error` is set
+      (the failed Build stays in `metadata`):
       https://cloud.google.com/build/docs/api/reference/rest/v1/projects.locations.operations/get
 
-    A project restricted to six build regions has a build elsewhere refused with
-    FAILED_PRECONDITION ("due to quota restrictions, Cloud Build cannot run builds in this region";
-    https://cloud.google.com/build/docs/locations, "Restricted regions for some projects"). With
-    `fall_back` (the region defaulted to the Vertex region) the build is asked for once more in
+    A project restricted to six build regions is refused elsewhere with FAILED_PRECONDITION
+    (https://cloud.google.com/build/docs/locations, "Restricted regions for some projects"): with
+    `fall_back` (no region chosen) the build is asked for once more in
     `restricted_build_fallback(location)`; otherwise, or when refused again, the error names
     BUILD_REGION."""
     import time
@@ -254,15 +224,13 @@ def run_cloud_build(
     if created.status_code != 200:
         hint = ""
         if created.status_code in (401, 403) and "act as" in created.text.lower():
-            # Cloud Build's default service account change (May-June 2024): builds of a project
-            # that first built since run as the Compute Engine default service account, and "the
-            # users submitting the build must have the iam.serviceAccounts.actAs permission on the
-            # service account" (https://cloud.google.com/build/docs/cloud-build-service-account-updates).
+            # Since Cloud Build's default service account change (May 2024) "the users submitting the
+            # build must have the iam.serviceAccounts.actAs permission on the service account"
+            # (https://cloud.google.com/build/docs/cloud-build-service-account-updates).
             hint = (
-                " (the pipeline's service account submits the build and must be allowed to act as "
-                "Cloud Build's service account: grant it roles/iam.serviceAccountUser on that account, "
-                f"which in projects that first built after May 2024 is the Compute Engine default one, "
-                f"<project number>-compute@developer.gserviceaccount.com of {project}; see docs/vertex.md#the-iam-roles-a-first-run-needs)"
+                " (grant the pipeline's service account roles/iam.serviceAccountUser on Cloud Build's "
+                "service account, since May 2024 the Compute Engine default one, <project number>-compute"
+                f"@developer.gserviceaccount.com of {project}; docs/vertex.md#the-iam-roles-a-first-run-needs)"
             )
         elif created.status_code in (401, 403):
             hint = (
@@ -271,10 +239,9 @@ def run_cloud_build(
             )
         elif region_refused(created):
             hint = (
-                f" (Cloud Build cannot build in {' or '.join(tried)} for this project: some projects are "
-                f"restricted to {', '.join(restricted)} (https://cloud.google.com/build/docs/locations). "
-                "Set BUILD_REGION (the pipeline parameter build_location) to one of them or to global; "
-                "it is independent of the Vertex region)"
+                f" (Cloud Build cannot build in {' or '.join(tried)} for this project, restricted to "
+                f"{', '.join(restricted)} (https://cloud.google.com/build/docs/locations). Set "
+                "BUILD_REGION (the pipeline parameter build_location) to one of them or to global)"
             )
         raise RuntimeError(
             f"Cloud Build refused the build of {images} in {tried[-1]}: {created.status_code} "
@@ -308,9 +275,8 @@ def run_cloud_build(
                 status = now
                 print(f"Cloud Build {build_id}: {status}")
             continue
-        transient = polled is None or polled.status_code in (429, 500, 502, 503, 504)
         failures += 1
-        if not transient or failures >= 5:
+        if (polled is not None and polled.status_code not in (429, 500, 502, 503, 504)) or failures >= 5:
             raise RuntimeError(f"polling Cloud Build {build_id} ({name}) failed: {problem}; log: {log_url}")
         print(f"polling Cloud Build {build_id}: {problem}; trying again")
 
@@ -421,7 +387,6 @@ def build_trainer_image(
             + ("the custom serving image" if build_serving_image else "Vertex's prebuilt one")
             + f" (prebuilt TensorFlow {serving_tf_version} ends on {prebuilt_days_left(serving_tf_version)[0]})"
         )
-    with_reducers = reduction_server_count > 0
     # An uploaded context is named by its tag (`<PIPELINE_ROOT>/contexts/<tag>.tar.gz`): once a
     # schedule's images exist, a pruned `contexts/` costs its runs nothing.
     context = storage.Client(project=project).bucket(bucket).blob(blob_name)
@@ -430,7 +395,7 @@ def build_trainer_image(
     # (image, Dockerfile, stage) of each image asked for.
     wanted = [(f"{repository}/{image_name}", "Dockerfile", "trainer")]
     wanted.append((f"{repository}/{image_name}-cpu", "Dockerfile", "cpu"))
-    if with_reducers:
+    if reduction_server_count > 0:
         wanted.append((f"{repository}/{image_name}-reduction-server", "Dockerfile", "reduction-server"))
     if prepare_engine == "beam":
         wanted.append((f"{repository}/{image_name}-dataflow", "Dockerfile", "dataflow"))
@@ -448,9 +413,8 @@ def build_trainer_image(
     if missing and named and not context.exists():
         raise FileNotFoundError(
             f"the build context {context_uri} is gone (contexts/ pruned?) and "
-            f"{', '.join(f'{i}:{tag}' for i, _, _ in missing)} must be built from it: run `make run` "
-            "again, or re-create the schedule (`make schedule`), to upload it (docs/training.md, "
-            "'What may be deleted')"
+            f"{', '.join(f'{i}:{tag}' for i, _, _ in missing)} must be built from it: upload it again "
+            "with `make run` or `make schedule` (docs/training.md, 'What may be deleted')"
         )
     if missing:
         queue_ttl = 3600

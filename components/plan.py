@@ -9,14 +9,12 @@ docs/architecture.md#the-critical-path-machine-starts-on-vertex).
     training  python -m trainer.task      the trainer pools (on the training image)
     evaluate  python -m trainer.evaluate  one CPU replica (`prepare_machine_type`), cpu image
 
-Each job's folder is an output artifact used only for its URI: the job's `base_output_directory`,
-whence Vertex's AIP_* folders (docs/contracts.md#2-the-environment-of-a-replica). Never cached
-(`pipeline.step`): a cached plan would hand a new run an older run's folders.
-
-The trainer's command line is spelled once, in `build_trainer_args`
-(docs/contracts.md#1-the-trainers-command-line-python--m-trainertask), which the pre-flight
-(`pipeline.options.trainer_flags`) calls too, so the trainer's parsers check the very command line
-the jobs get. A tunable hyperparameter is one row of `hyperparameters()` and one input of `plan_jobs`.
+Each job's folder is an output artifact used only for its URI, the job's `base_output_directory`
+(docs/contracts.md#2-the-environment-of-a-replica); never cached (`pipeline.step`): a cached plan
+would hand a new run an older run's folders. The trainer's command line is spelled once, in
+`build_trainer_args` (docs/contracts.md#1-the-trainers-command-line-python--m-trainertask), which
+the pre-flight (`pipeline.options.trainer_flags`) calls too. A tunable hyperparameter is one row of
+`hyperparameters()` and one input of `plan_jobs`.
 """
 
 from typing import Any, NamedTuple
@@ -164,19 +162,17 @@ def apply_hyperparameters(pools: list, best: dict, kinds: dict) -> tuple:
     typed = {name: typed_hyperparameter(name, value, kinds) for name, value in best.items()}
     out = copy.deepcopy(pools)
     carried: dict = {}
+
+    def rewrite(arg: Any) -> Any:
+        name, sep, value = str(arg).removeprefix("--").partition("=")
+        if sep and name in kinds:
+            carried[name] = typed.get(name, typed_hyperparameter(name, value, kinds))
+        return f"--{name}={typed[name]}" if sep and name in typed else arg
+
     for pool in out:
         container = pool.get("container_spec", {})
-        if not container.get("args"):
-            continue
-        args = []
-        for arg in container["args"]:
-            name, sep, value = str(arg).removeprefix("--").partition("=")
-            if sep and name in typed:
-                arg = f"--{name}={typed[name]}"
-            if sep and name in kinds:
-                carried[name] = typed.get(name, typed_hyperparameter(name, value, kinds))
-            args.append(arg)
-        container["args"] = args
+        if container.get("args"):
+            container["args"] = [rewrite(arg) for arg in container["args"]]
     missing = sorted(set(typed) - set(carried))
     if missing:
         raise ValueError(f"the training job's flags carry no {missing} to set from the best trial")

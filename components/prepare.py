@@ -1,11 +1,7 @@
 """Step 3, dataset preparation: a one-replica CustomJob on a CPU machine running
 `python -m trainer.prepare` from the trainer image.
 
-Command-line contract handed to the trainer image (`build_prepare_args`;
-docs/contracts.md#5-the-preparation-job-python--m-trainerprepare):
-    python -m trainer.prepare --source SOURCE --image_size N --shards N --seed N
-        [--validation_fraction F --test_fraction F --synthetic_per_class N]
-        [--champion_class_names JSON] [--engine beam] --overwrite
+Its flags: `build_prepare_args` (docs/contracts.md#5-the-preparation-job-python--m-trainerprepare);
 `--output_dir` keeps its default, `$AIP_MODEL_DIR` (`<base_output_directory>/model`): the
 dataset's URI, known when the job is planned.
 """

@@ -1,10 +1,9 @@
 """Step 7, the Model Registry: one model, a new version per run, and a `champion` alias that
 moves only when the gate passes.
 
-Vertex form: `find_champion` looks the model and its champion up by display name; the pipeline
-uploads a new version with GCPC's `ModelUploadOp`; the gate (`evaluation.evaluate_model`) writes its
-figures on the version and moves the alias (`record_on_version`). Local form: `local_find_champion`
-and `local_upload_model` keep the same shape in a folder. Every step: docs/architecture.md#the-dag.
+Vertex: `find_champion` by display name, GCPC's `ModelUploadOp`, then the gate
+(`evaluation.evaluate_model`) writes its figures on the version and moves the alias
+(`record_on_version`); local: `local.steps`, in a folder (docs/architecture.md#the-dag).
 
 A model is only ever compared with, and may only replace, a champion trained for the same task:
 the same class names in the same order (`task_mismatch`). Otherwise a one-class folder, whose
@@ -184,9 +183,7 @@ def upload_settings(
         saved_model_folder,
     ],
 )
-def find_champion(
-    project: str, location: str, model_display_name: str, alias: str = "champion"
-) -> NamedTuple(
+def find_champion(project: str, location: str, model_display_name: str) -> NamedTuple(
     "Outputs",
     exists=bool,
     resource_name=str,
@@ -195,9 +192,9 @@ def find_champion(
     champion_uri=str,
     class_names=list,
 ):
-    """The model named `model_display_name` (the new version's parent) and its `alias` version:
+    """The model named `model_display_name` (the new version's parent) and its `champion` version:
     versioned name, SavedModel folder and class names (from its metrics.json; "", "" and [] when
-    the model or alias does not exist yet). Fails when two models share the name."""
+    the model or champion does not exist yet). Fails when two models share the name."""
     import collections
     import json
     import re
@@ -212,22 +209,15 @@ def find_champion(
     check_model_display_name(model_display_name)
     endpoint = f"{location}-aiplatform.googleapis.com"
     client = aiplatform_v1.ModelServiceClient(client_options={"api_endpoint": endpoint})
-    found = list(
-        client.list_models(
-            request={
-                "parent": f"projects/{project}/locations/{location}",
-                "filter": f'display_name="{model_display_name}"',
-            }
-        )
-    )
+    collection = f"projects/{project}/locations/{location}"
+    query = {"parent": collection, "filter": f'display_name="{model_display_name}"'}
+    found = list(client.list_models(request=query))
     if not found:
         print(f"no model named {model_display_name!r} yet: the upload creates it")
         # The upload's parent-model importer needs a URI, and GCPC's upload launcher leaves the
         # parent out when its resourceName is empty (container/v1/model/upload_model/
         # remote_runner.py: `if parent_model_name:`): the models collection, with no name.
-        return Outputs(
-            False, "", f"https://{endpoint}/v1/projects/{project}/locations/{location}/models", "", "", []
-        )
+        return Outputs(False, "", f"https://{endpoint}/v1/{collection}/models", "", "", [])
     if len(found) > 1:
         names = ", ".join(m.name for m in found)
         raise RuntimeError(
@@ -236,9 +226,9 @@ def find_champion(
     parent = found[0].name
     uri = f"https://{endpoint}/v1/{parent}"
     try:
-        champion = client.get_model(name=f"{parent}@{alias}")
+        champion = client.get_model(name=f"{parent}@champion")
     except exceptions.NotFound:
-        print(f"{parent} has no {alias!r} version yet")
+        print(f"{parent} has no 'champion' version yet")
         return Outputs(True, parent, uri, "", "", [])
     folder = saved_model_folder(champion.artifact_uri, champion.container_spec.predict_route)
     match = re.match(r"^gs://([^/]+)/(.*?)/?$", folder)
@@ -248,8 +238,8 @@ def find_champion(
     why = undeployable(champion.container_spec.image_uri)
     if why:
         print(
-            f"WARNING: {alias} {version} cannot be deployed: {why}. This run compares the new model with "
-            f"no {alias}, and the new model takes the alias if it passes the gate."
+            f"WARNING: champion {version} cannot be deployed: {why}. This run compares the new model with "
+            "no champion, and the new model takes the alias if it passes the gate."
         )
         return Outputs(True, parent, uri, version, "", [])
     blob = storage.Client(project=project).bucket(match.group(1)).blob(f"{match.group(2)}/metrics.json")
@@ -258,30 +248,22 @@ def find_champion(
     except exceptions.NotFound:
         # As the local registry does with a damaged champion (`local.steps.champion_record`).
         print(
-            f"WARNING: {alias} {version}'s files are gone: {folder}/metrics.json "
-            "does not exist (deleted, e.g. by a lifecycle rule on the bucket or a clean-up of old runs). "
-            f"That version can no longer be served or redeployed, nor compared with: this run compares "
-            f"the new model with no {alias}, and the new model takes the alias if it passes the gate. "
-            "Keep model_root's folder (docs/training.md, 'What may be deleted')."
+            f"WARNING: champion {version}'s files are gone: {folder}/metrics.json does not exist "
+            "(deleted, e.g. by a lifecycle rule): this run compares the new model with no champion, and "
+            "it takes the alias if it passes the gate. Keep model_root's folder (docs/training.md, "
+            "'What may be deleted')."
         )
         return Outputs(True, parent, uri, version, "", [])
     class_names = [str(c) for c in champion_metrics["class_names"]]
     recorded = float(champion_metrics["test_accuracy"])
     print(
-        f"{parent}: {alias} is version {champion.version_id} ({folder}), "
+        f"{parent}: champion is version {champion.version_id} ({folder}), "
         f"recorded test_accuracy {recorded:.4f} on its own test split, classes {class_names}"
     )
     return Outputs(True, parent, uri, version, f"gs://{match.group(1)}/{match.group(2)}", class_names)
 
 
-def classification_metrics_schema() -> str:
-    """The schema of a classification ModelEvaluation's metrics, as GCPC's own import uses
-    (container/_implementation/model_evaluation/import_model_evaluation.py,
-    `PROBLEM_TYPE_TO_SCHEMA_URI`); the console draws its confusion matrix."""
-    return "gs://google-cloud-aiplatform/schema/modelevaluation/classification_metrics_1.0.0.yaml"
-
-
-def evaluation_record(evaluated: dict, description: str, pipeline_run: str = "") -> dict:
+def evaluation_record(evaluated: dict, description: str) -> dict:
     """The new version's aiplatform_v1 `ModelEvaluation` (JSON) from evaluation.json: the
     schema's confusion matrix and log loss, the rest in `metadata`."""
     new = evaluated["models"]["challenger"]
@@ -305,11 +287,11 @@ def evaluation_record(evaluated: dict, description: str, pipeline_run: str = "")
         "gate": description,
         "comparison": evaluated.get("comparison"),
     }
-    if pipeline_run:
-        metadata["pipeline_job_id"] = pipeline_run
     return {
         "display_name": f"{evaluated['split']} split, dataset {evaluated['dataset_fingerprint'][:19]}",
-        "metrics_schema_uri": classification_metrics_schema(),
+        # The classification schema GCPC's own import uses (container/_implementation/model_evaluation/
+        # import_model_evaluation.py, `PROBLEM_TYPE_TO_SCHEMA_URI`): the console draws its matrix.
+        "metrics_schema_uri": "gs://google-cloud-aiplatform/schema/modelevaluation/classification_metrics_1.0.0.yaml",
         "metrics": metrics,
         "metadata": metadata,
     }
@@ -322,22 +304,17 @@ def record_on_version(
     labels: dict,
     promote: bool,
     evaluated_champion: str,
-    alias: str = "champion",
     evaluation: dict | None = None,
 ) -> tuple:
     """(holds the alias, what was done, the evaluation import's outcome): writes `description` and
     `labels` on the uploaded version `name` (`projects/.../models/ID@VERSION`) and, when `promote`,
-    moves `alias` and `default` to it if the alias is still on `evaluated_champion` (the version
-    the gate compared with; "": none; compared by ID, as the project may be spelled as ID or
-    number). Otherwise the alias stays and the reason says to run again.
+    moves `champion` and `default` to it if the alias is still on `evaluated_champion` (the version
+    the gate compared with, by ID; "": none); otherwise the reason says to run again.
 
-    `default` is what a versionless reference gets (console deploy, batch prediction; Google's
-    model-alias page); GCPC's ModelUploadOp sends no aliases, so Vertex would keep it on version 1
-    (aiplatform `Model.upload` moves it only when asked: `_get_true_alias_list`).
-
-    Version fields: `version_description` and labels (aiplatform_v1 `UpdateModelRequest`: "model.name
-    with the @ value ... refers to a version specific update ... supported version-specific fields:
-    version_description. Labels are supported"); labels are replaced, so the uploaded ones are kept.
+    `default` is what a versionless reference gets (Google's model-alias page); GCPC's ModelUploadOp
+    sends no aliases, so Vertex would keep it on version 1 (aiplatform `Model.upload`:
+    `_get_true_alias_list`). aiplatform_v1 `UpdateModelRequest`: "supported version-specific fields:
+    version_description. Labels are supported"; labels are replaced, so the uploaded ones are kept.
     `evaluation` is imported last (ModelService.ImportModelEvaluation, parent the versioned name, as
     GCPC's own import passes the VertexModel's resourceName); a refusal there only warns."""
     from google.api_core import exceptions
@@ -352,27 +329,26 @@ def record_on_version(
         client_options={"api_endpoint": f"{region}-aiplatform.googleapis.com"}
     )
     version = client.get_model(name=name)
-    client.update_model(
-        model=aiplatform_v1.Model(
-            name=name, version_description=description, labels={**dict(version.labels), **labels}
-        ),
-        update_mask=field_mask_pb2.FieldMask(paths=["version_description", "labels"]),
+    fields = field_mask_pb2.FieldMask(paths=["version_description", "labels"])
+    changes = aiplatform_v1.Model(
+        name=name, version_description=description, labels={**version.labels, **labels}
     )
-    held, done = False, f"{alias} stays where it is: the gate held this version back"
+    client.update_model(model=changes, update_mask=fields)
+    held, done = False, "champion stays where it is: the gate held this version back"
     if promote:
         try:
-            now = client.get_model(name=f"{parent}@{alias}").version_id
+            now = client.get_model(name=f"{parent}@champion").version_id
         except exceptions.NotFound:
             now = ""
         compared = evaluated_champion.rpartition("@")[2] if evaluated_champion else ""
         if now in (compared, version_id):
-            updated = client.merge_version_aliases(name=name, version_aliases=[alias, "default"])
-            held, done = True, f"{alias} -> {name} (aliases now {sorted(updated.version_aliases)})"
+            updated = client.merge_version_aliases(name=name, version_aliases=["champion", "default"])
+            held, done = True, f"champion -> {name} (aliases now {sorted(updated.version_aliases)})"
         else:
             done = (
-                f"{alias} stays on {f'version {now}' if now else 'no version'}: it was on "
+                f"champion stays on {f'version {now}' if now else 'no version'}: it was on "
                 f"{f'version {compared}' if compared else 'no version'} when this run's evaluation read "
-                f"it, and this version was never compared with the {alias} now; run the pipeline again "
+                "it, and this version was never compared with the champion now; run the pipeline again "
                 "to compare them on like-for-like data"
             )
     imported = ""

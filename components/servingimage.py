@@ -17,14 +17,12 @@ from components.stepimage import multi_region
 # never derived from the trainer's TensorFlow: `tf2-cpu.2-21` does not exist.
 def prebuilt_tf_serving_table() -> dict[str, str]:
     """{TF version: end of availability (ISO date)}, newest first."""
-    older = dict.fromkeys(("2.9", "2.8", "2.7", "2.6", "2.5", "2.4", "2.3", "2.2", "2.1"), "2024-11-15")
+    older = dict.fromkeys((f"2.{minor}" for minor in range(11, 0, -1)), "2024-11-15")  # 2.11 to 2.1
     return {
         "2.15": "2027-01-14",
         "2.14": "2027-01-14",
         "2.13": "2025-11-28",
         "2.12": "2025-06-30",
-        "2.11": "2024-11-15",
-        "2.10": "2024-11-15",
         **older,
     }
 
@@ -119,31 +117,28 @@ def serving_image_warnings(serving_image: str, tf_version: str, today: str = "")
         return []  # far off, or past: then `prebuilt` is refused and `auto` already builds its own
     page = "https://cloud.google.com/vertex-ai/docs/predictions/pre-built-containers"
     head = f"Vertex's prebuilt TensorFlow {tf_version} serving images end on {end} ({days} days from now; {page})"
-    if serving_image == "prebuilt":
-        return [
-            (
-                f"{head}: a model version registered with one cannot be deployed after that date, and "
-                "runs with serving_image=prebuilt are refused from then on; serving_image=auto (the "
-                "default) switches to the custom serving image (Dockerfile.serving) in time"
-            )
-        ]
     switch = datetime.date.fromisoformat(end) - datetime.timedelta(days=policy["safe_days"])
-    if days > policy["safe_days"]:
-        return [
-            (
-                f"{head}: serving_image=auto registers with it until {switch.isoformat()}, then with the "
-                "custom serving image built from Dockerfile.serving (scheduled runs switch by themselves)"
-            )
-        ]
-    return [
-        f"{head}: serving_image=auto registers with the custom serving image built from Dockerfile.serving"
-    ]
+    if serving_image == "prebuilt":
+        tail = (
+            "a model version registered with one cannot be deployed after that date, and runs with "
+            "serving_image=prebuilt are refused from then on; serving_image=auto (the default) "
+            "switches to the custom serving image (Dockerfile.serving) in time"
+        )
+    elif days > policy["safe_days"]:
+        tail = (
+            f"serving_image=auto registers with it until {switch.isoformat()}, then with the custom "
+            "serving image built from Dockerfile.serving (scheduled runs switch by themselves)"
+        )
+    else:
+        tail = "serving_image=auto registers with the custom serving image built from Dockerfile.serving"
+    return [f"{head}: {tail}"]
 
 
 def serving_container_uri(tf_version: str, accelerator: str, location: str, today: str = "") -> str:
     """Vertex's prebuilt TensorFlow serving image of `tf_version`, `accelerator` cpu or gpu, from
     the multi-region nearest `location` (aiplatform's `get_prebuilt_prediction_container_uri`
-    takes the region's first word the same way). Refused once its end of availability has come."""
+    takes the region's first word the same way). Refused once its end of availability has come;
+    `accelerator` is checked by `choose_serving_image`."""
     end, days = prebuilt_days_left(tf_version, today)
     if days <= 0:
         newest = next(iter(prebuilt_tf_serving_table()))
@@ -153,8 +148,6 @@ def serving_container_uri(tf_version: str, accelerator: str, location: str, toda
             "a model registered with one cannot be deployed. Use serving_image=auto or custom (the "
             f"serving image built from Dockerfile.serving), or a newer prebuilt version (newest: {newest})"
         )
-    if accelerator not in ("cpu", "gpu"):
-        raise ValueError(f"serving accelerator must be cpu or gpu, got {accelerator!r}")
     minor = tf_version.split(".")[1]
     return f"{multi_region(location)}-docker.pkg.dev/vertex-ai/prediction/tf2-{accelerator}.2-{minor}:latest"
 
@@ -243,12 +236,7 @@ def check_serving_parameters(
 ) -> list[str]:
     """The serving parameters checked before any work, as the upload step will on `today`:
     ValueError naming what is wrong and what is allowed; returns `serving_image_warnings`."""
-    if serving_image in ("auto", "prebuilt"):
-        prebuilt_days_left(tf_version, today)  # a version with no prebuilt image: named here
-    built = (
-        "<built by the pipeline>"
-        if resolve_serving_image(serving_image, tf_version, today) == "custom"
-        else ""
-    )
+    custom = resolve_serving_image(serving_image, tf_version, today) == "custom"
+    built = "<built by the pipeline>" if custom else ""
     choose_serving_image(serving_image, tf_version, accelerator, location, built, today)
     return serving_image_warnings(serving_image, tf_version, today)

@@ -13,8 +13,6 @@ from __future__ import annotations
 GCPC_VERSION = "2.22.0"
 BASE_IMAGE = f"gcr.io/ml-pipeline/google-cloud-pipeline-components:{GCPC_VERSION}"
 
-PINNED = (f"google-cloud-pipeline-components=={GCPC_VERSION}",)
-
 
 def fuse_path(uri: str) -> str:
     """A gs:// URI as the Cloud Storage FUSE path Vertex mounts in every container (/gcs/...);

@@ -69,22 +69,6 @@ LOCAL_SEARCH_SPACE: list[dict[str, Any]] = [
 ]
 
 
-def study_parameters() -> list[dict[str, Any]]:
-    """`VERTEX_SEARCH_SPACE` written with aiplatform's `hpt` specs and GCPC's own
-    `serialize_parameters`, as GCPC documents the op's input."""
-    from google.cloud.aiplatform import hyperparameter_tuning as hpt
-    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import serialize_parameters
-
-    return serialize_parameters(
-        {
-            "learning_rate": hpt.DoubleParameterSpec(min=1e-4, max=1e-2, scale="log"),
-            "dense_units": hpt.IntegerParameterSpec(min=32, max=1024, scale="log"),
-            "dropout": hpt.DoubleParameterSpec(min=0.0, max=0.5, scale="linear"),
-            "per_replica_batch_size": hpt.DiscreteParameterSpec(values=[16, 32, 64], scale="linear"),
-        }
-    )
-
-
 def study_metrics() -> list[dict[str, Any]]:
     """The study's metric for the Vertex template, written by GCPC's own `serialize_metrics`."""
     from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import serialize_metrics
@@ -176,25 +160,16 @@ def canonical_search_space(space: Any) -> list[dict[str, Any]]:
 
     out = []
     for spec in parse_search_space(space):
+        as_json = json_format.MessageToDict(type(spec).pb(spec), preserving_proto_field_name=True)
+        entry = {"parameter_id": spec.parameter_id, **as_json}
         kind = value_spec_kind(spec)
-        entry: dict[str, Any] = {"parameter_id": spec.parameter_id}
-        if kind == "double_value_spec":
-            v = spec.double_value_spec
-            entry[kind] = {"min_value": float(v.min_value), "max_value": float(v.max_value)}
-        elif kind == "integer_value_spec":
-            w = spec.integer_value_spec
-            entry[kind] = {"min_value": str(w.min_value), "max_value": str(w.max_value)}
-        elif kind == "discrete_value_spec":
-            entry[kind] = {"values": [float(x) for x in spec.discrete_value_spec.values]}
-        elif kind == "categorical_value_spec":
-            entry[kind] = {"values": [str(x) for x in spec.categorical_value_spec.values]}
-        if spec.scale_type:
-            entry["scale_type"] = type(spec).ScaleType(spec.scale_type).name
-        if spec.conditional_parameter_specs:
-            entry["conditional_parameter_specs"] = [
-                json_format.MessageToDict(type(c).pb(c), preserving_proto_field_name=True)
-                for c in spec.conditional_parameter_specs
-            ]
+        v: Any = getattr(spec, kind) if kind else None
+        if kind in ("double_value_spec", "integer_value_spec"):  # both ends (MessageToDict leaves out 0)
+            cast = float if kind == "double_value_spec" else str
+            entry[kind] = {"min_value": cast(v.min_value), "max_value": cast(v.max_value)}
+        elif kind:  # the values alone
+            cast = float if kind == "discrete_value_spec" else str
+            entry[kind] = {"values": [cast(x) for x in v.values]}
         out.append(entry)
     return out
 
@@ -204,19 +179,16 @@ def trial_values(spec: Any) -> list[float | str]:
     both ends of a range, plus for a DOUBLE one a fractional value inside it (a flag that takes
     whole numbers must refuse it); every DISCRETE and CATEGORICAL value."""
     kind = value_spec_kind(spec)
-    if kind == "double_value_spec":
-        low, high = float(spec.double_value_spec.min_value), float(spec.double_value_spec.max_value)
-        inside = (low + high) / 2
-        if inside.is_integer():
-            inside = math.nextafter(inside, high)
-        return [low, high, inside]
-    if kind == "integer_value_spec":
-        return [float(spec.integer_value_spec.min_value), float(spec.integer_value_spec.max_value)]
-    if kind == "discrete_value_spec":
-        return [float(x) for x in spec.discrete_value_spec.values]
-    if kind == "categorical_value_spec":
-        return [str(x) for x in spec.categorical_value_spec.values]
-    return []
+    if kind in ("discrete_value_spec", "categorical_value_spec"):
+        cast = float if kind == "discrete_value_spec" else str
+        return [cast(x) for x in getattr(spec, kind).values]
+    if not kind:
+        return []
+    low, high = float(getattr(spec, kind).min_value), float(getattr(spec, kind).max_value)
+    inside = (low + high) / 2
+    if inside.is_integer():
+        inside = math.nextafter(inside, high)
+    return [low, high, inside] if kind == "double_value_spec" else [low, high]
 
 
 def pick_best_trial(trials: list[dict[str, Any]], metric_id: str, goal: str) -> dict[str, Any]:
@@ -231,16 +203,10 @@ def pick_best_trial(trials: list[dict[str, Any]], metric_id: str, goal: str) -> 
         raise ValueError(f"goal must be MAXIMIZE or MINIMIZE, got {goal!r}")
     candidates = []
     for trial in trials:
-        state = str(trial.get("state", ""))
-        if state != "SUCCEEDED":
-            continue
         measurement = get(trial, "finalMeasurement", "final_measurement") or {}
-        values = [
-            m.get("value")
-            for m in measurement.get("metrics", [])
-            if get(m, "metricId", "metric_id") == metric_id
-        ]
-        if values and values[0] is not None:
+        metrics = measurement.get("metrics", [])
+        values = [m.get("value") for m in metrics if get(m, "metricId", "metric_id") == metric_id]
+        if trial.get("state") == "SUCCEEDED" and values and values[0] is not None:
             candidates.append((float(values[0]), trial))
     if not candidates:
         reasons = [get(t, "infeasibleReason", "infeasible_reason") for t in trials]

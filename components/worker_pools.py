@@ -2,15 +2,15 @@
 pipeline parameters.
 
 Not a literal: parameters inside one would reach the GCPC launcher as strings, refused for int32
-fields (docs/facts.md, fact 11). Layout (Vertex's TF_CONFIG/CLUSTER_SPEC): pool 0 the chief, one
-replica; pool 1 `worker_count` workers (0: one machine); pool 2 optional Reduction Server replicas.
-The same specs feed `CustomTrainingJobOp`, `HyperparameterTuningJobRunOp` and `local.jobs`.
+fields (docs/facts.md, fact 11). Pool 0 the chief (one replica), pool 1 `worker_count` workers,
+pool 2 optional Reduction Server replicas; the same specs feed `CustomTrainingJobOp`,
+`HyperparameterTuningJobRunOp` and `local.jobs`.
 
-Each trainer pool's aiplatform_v1 `ContainerSpec.env` carries its own request (`pool_env`), so
-every replica checks at start that it sees its GPUs (docs/vertex.md#no-silent-cpu-training); env
-is per pool ("you can use different settings for each worker pool",
+Each trainer pool's aiplatform_v1 `ContainerSpec.env` carries its own GPU request (`pool_env`),
+checked by every replica at start (docs/vertex.md#no-silent-cpu-training); env is per pool ("you
+can use different settings for each worker pool",
 https://cloud.google.com/vertex-ai/docs/training/configure-container-settings), and GCPC's
-`HyperparameterTuningJobRunOp` puts `worker_pool_specs` as they are into `trial_job_spec`
+`HyperparameterTuningJobRunOp` copies `worker_pool_specs` into `trial_job_spec`
 (v1/hyperparameter_tuning_job/component.py), so trials get them too.
 """
 
@@ -90,27 +90,22 @@ def build_worker_pool_specs(
         worker_machine_type = chief_machine_type
         worker_accelerator_type = worker_accelerator_type or chief_accelerator_type
         worker_accelerator_count = worker_accelerator_count or chief_accelerator_count
+    pools = [("chief", chief_machine_type, chief_accelerator_type, chief_accelerator_count, 1)]
+    if worker_count:
+        pools.append(
+            ("worker", worker_machine_type, worker_accelerator_type, worker_accelerator_count, worker_count)
+        )
     notes: list[str] = []
-    for role, machine, gpu, count in (
-        ("chief", chief_machine_type, chief_accelerator_type, chief_accelerator_count),
-        *(
-            [("worker", worker_machine_type, worker_accelerator_type, worker_accelerator_count)]
-            if worker_count
-            else []
-        ),
-    ):
+    for role, machine, gpu, count, _ in pools:
         try:
             notes += validate_machine(machine, gpu, count, region or None, region_strict=check_gpu_region)
         except ValueError as err:
             # The parameter most likely wrong: the machine when its name is malformed, else the GPU.
             text = str(err)
-            name = "machine_type" if text.startswith("machine type") else "accelerator_type"
-            if (
-                text.startswith("accelerator count")
-                or "needs an accelerator count" in text
-                or re.search(r" takes .* x \S+, not \d+$", text)
-            ):
-                name = "accelerator_count"
+            count_error = r"^accelerator count|needs an accelerator count| takes .* x \S+, not \d+$"
+            name = "accelerator_count" if re.search(count_error, text) else "accelerator_type"
+            if text.startswith("machine type"):
+                name = "machine_type"
             problems.append(f"{role}_{name}: {role} pool: {text}")
     if reduction_server_count:
         problems += reduction_server_problems(
@@ -140,11 +135,7 @@ def build_worker_pool_specs(
             },
         }
 
-    specs = [pool(chief_machine_type, chief_accelerator_type, chief_accelerator_count, 1)]
-    if worker_count:
-        specs.append(
-            pool(worker_machine_type, worker_accelerator_type, worker_accelerator_count, worker_count)
-        )
+    specs = [pool(machine, gpu, count, n) for _, machine, gpu, count, n in pools]
     if reduction_server_count:
         specs.append(reduction_server_pool(reduction_server_count, reduction_server_machine_type, region))
     return specs

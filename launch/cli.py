@@ -114,12 +114,9 @@ class _Stop:
         raise KeyboardInterrupt(name)
 
     def remember(self, signum: int, frame: Any) -> None:
+        """The handler around a few lines that must complete (summary.json): a signal is remembered only."""
         self.again = self.again or bool(self.signal)
         self.signal = self.signal or signal.Signals(signum).name
-
-    def deferred(self) -> contextlib.AbstractContextManager[None]:
-        """A few lines that must complete (summary.json): a signal meanwhile is remembered only."""
-        return _handling(self.remember)
 
 
 @contextlib.contextmanager
@@ -203,7 +200,7 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
         else:
             os.environ["TMPDIR"] = saved_tmpdir
     wall = time.monotonic() - start
-    with stop.deferred():
+    with _handling(stop.remember):
         left = _descendants()
         shutil.rmtree(scratch, ignore_errors=True)
         with contextlib.suppress(OSError):
@@ -228,7 +225,7 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
             raise OSError(f"{run_dir} cannot be written")
         report.write_report(run_dir / "report.html", summary, metrics, trials)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 (recorded in summary.json, shown below)
-        with stop.deferred():
+        with _handling(stop.remember):
             summary["report_error"] = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
             summary["report"] = None
             if written:
@@ -404,7 +401,7 @@ def _stop_children(stop: _Stop, screen: TextIO, timeout: float = 30.0) -> None:
         while _descendants() and time.monotonic() < deadline and not stop.again:
             _reap()
             time.sleep(0.1)
-    with stop.deferred():
+    with _handling(stop.remember):
         if stop.again:
             screen.write("stopping again: killing the run's processes now\n")
         for _ in range(50):  # a process forking while it is killed leaves a child: a few rounds

@@ -40,31 +40,24 @@ def read_document(text: str) -> Any:
     """A flag's value: inline JSON, `@FILE`, or the path of a .json, .yaml or .yml file (YAML
     for .yaml and .yml, JSON otherwise)."""
     stripped = text.strip()
-    if stripped.startswith("@"):
-        path = Path(stripped[1:])
-    elif not stripped.startswith(("[", "{")) and stripped.lower().endswith((".json", ".yaml", ".yml")):
-        path = Path(stripped)
-    else:
+    named = stripped.lower().endswith((".json", ".yaml", ".yml")) and not stripped.startswith(("[", "{"))
+    if not (stripped.startswith("@") or named):
         try:
             return json.loads(text)
         except ValueError as err:
             raise argparse.ArgumentTypeError(
                 f"expected inline JSON, @FILE or a .json/.yaml/.yml file, got {text!r} ({err})"
             ) from err
+    path = Path(stripped.removeprefix("@"))
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"no such file: {path}")
-    content = path.read_text()
-    if path.suffix.lower() in (".yaml", ".yml"):
-        import yaml
+    import yaml
 
-        try:
-            return yaml.safe_load(content)
-        except yaml.YAMLError as err:
-            raise argparse.ArgumentTypeError(f"{path} is not valid YAML: {err}") from err
+    kind = "YAML" if path.suffix.lower() in (".yaml", ".yml") else "JSON"
     try:
-        return json.loads(content)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"{path} is not valid JSON: {err}") from err
+        return yaml.safe_load(path.read_text()) if kind == "YAML" else json.loads(path.read_text())
+    except (yaml.YAMLError, ValueError) as err:
+        raise argparse.ArgumentTypeError(f"{path} is not valid {kind}: {err}") from err
 
 
 def parse_search_space(text: str) -> Any:

@@ -120,32 +120,10 @@ def build_parser(defaults: Mapping[str, Any]) -> argparse.ArgumentParser:
 
 def checkout_image(settings: Settings, root: Path = ROOT) -> tuple[str, str]:
     """(`<ARTIFACT_REPOSITORY>/trainer`, the content tag of this checkout's build context): the
-    image the pipeline's build step makes from the same context (`components.image`)."""
+    image the pipeline's build step makes from the same context (`components.image.build_trainer_image`)."""
     from components.buildcontext import context_members, context_tag
 
-    # "trainer": components.image.build_trainer_image's image_name
     return f"{settings.artifact_repository}/trainer", context_tag(context_members(root))
-
-
-def worker_pool(
-    image_uri: str, hardware: Mapping[str, Any], region: str, check_gpu_region: bool
-) -> tuple[dict[str, Any], list[str]]:
-    """The job's one worker pool, by the pipeline's own builder (its rules, its `TRAINER_POOL_*`
-    env); raises ValueError naming each bad flag. Returns the pool and warnings."""
-    from components.worker_pools import build_worker_pool_specs
-
-    warnings: list[str] = []
-    [pool] = build_worker_pool_specs(
-        image_uri=image_uri,
-        command=COMMAND,
-        args=[],
-        **hardware,
-        worker_count=0,
-        region=region,
-        check_gpu_region=check_gpu_region,
-        warnings=warnings,
-    )
-    return pool, warnings
 
 
 def build_custom_job(
@@ -155,15 +133,12 @@ def build_custom_job(
     declare fails here, not at Google), not retried (`Scheduling.disable_retries`: "Indicates if
     the job should retry for internal errors after the job starts running")."""
     from google.cloud import aiplatform_v1
-    from google.protobuf import duration_pb2, json_format
 
-    raw = aiplatform_v1.WorkerPoolSpec.pb(aiplatform_v1.WorkerPoolSpec())
-    json_format.ParseDict(dict(pool), raw, ignore_unknown_fields=False)
     spec = aiplatform_v1.CustomJobSpec(
-        worker_pool_specs=[aiplatform_v1.WorkerPoolSpec.wrap(raw)],
+        worker_pool_specs=[aiplatform_v1.WorkerPoolSpec.from_json(json.dumps(pool))],
         base_output_directory=aiplatform_v1.GcsDestination(output_uri_prefix=output_dir),
         scheduling=aiplatform_v1.Scheduling(
-            timeout=duration_pb2.Duration(seconds=timeout_seconds), disable_retries=True
+            timeout=datetime.timedelta(seconds=timeout_seconds), disable_retries=True
         ),
         service_account=settings.service_account,
         network=settings.network,
@@ -188,11 +163,9 @@ def read_result(storage_client: Any, output_dir: str) -> dict[str, Any] | None:
     """The check's summary from `<base_output_directory>/model/gpu_check.json` (Vertex's
     AIP_MODEL_DIR of a CustomJob: aiplatform_v1 `CustomJobSpec.base_output_directory`), or None."""
     from google.api_core import exceptions
+    from google.cloud.storage import Blob
 
-    bucket, _, prefix = output_dir.removeprefix("gs://").partition("/")
-    blob = storage_client.bucket(bucket).blob(
-        "/".join(p for p in (prefix.strip("/"), "model", RESULT_FILE) if p)
-    )
+    blob = Blob.from_uri(f"{output_dir}/model/{RESULT_FILE}", client=storage_client)
     try:
         result = json.loads(blob.download_as_text())
     except exceptions.NotFound:
@@ -209,13 +182,11 @@ def describe(result: Mapping[str, Any]) -> list[str]:
     ]
     lines += [f"  nvidia-smi: {line}" for line in result.get("nvidia_smi") or ["not in the image"]]
     lines.append(f"  {result.get('driver') or 'no NVIDIA driver seen'}")
-    xla = result.get("xla")
-    if xla:
+    if xla := result.get("xla"):
         lines.append(
             f"  XLA on GPU:0: {'ran' if xla.get('correct') else 'FAILED'} {xla.get('error', '')}".rstrip()
         )
-    reduced = result.get("all_reduce")
-    if reduced:
+    if reduced := result.get("all_reduce"):
         bandwidth = reduced.get("bus_gb_per_second")
         lines.append(
             f"  NCCL all-reduce of {reduced.get('megabytes'):g} MiB over {reduced.get('gpus')} GPU(s): "
@@ -249,6 +220,7 @@ def run(
     settings: Settings,
     ns: argparse.Namespace,
     hardware: Mapping[str, Any],
+    pool: dict[str, Any],
     *,
     credentials: Any,
     job_client: Any = None,
@@ -258,8 +230,8 @@ def run(
     root: Path = ROOT,
     poll_seconds: float = 15.0,
 ) -> int:
-    """Finds the image, submits the job and (unless `--no_wait`) reads its result; the flags
-    were checked (`worker_pool`). `registry_host` sends the image lookup elsewhere (tests)."""
+    """Finds the image, submits the job with `pool` on it and (unless `--no_wait`) reads its result;
+    `registry_host` sends the image lookup elsewhere (tests)."""
     from google.cloud import aiplatform_v1
 
     if job_client is None:  # Vertex tried once first: out of reach is one line (launch.cloud.reach)
@@ -299,7 +271,7 @@ def run(
             return 2
         image_uri = f"{image}@{digest}"
         print(f"{PROG}: image {image}:{tag} ({digest})")
-    pool, _ = worker_pool(image_uri, hardware, settings.region, ns.check_gpu_region)
+    pool["container_spec"]["image_uri"] = image_uri
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
     output_dir = f"{settings.pipeline_root}/gpu-check/{stamp}"
     machine, gpu, gpus = (hardware[name] for name in HARDWARE)
@@ -327,8 +299,7 @@ def run(
         import google.cloud.storage as storage
 
         storage_client = storage.Client(project=settings.project, credentials=credentials)
-    result = read_result(storage_client, output_dir)
-    if result:
+    if result := read_result(storage_client, output_dir):
         print("\n".join(describe(result)))
     state = final.state.name
     if state == "JOB_STATE_SUCCEEDED" and result and result.get("ok"):
@@ -366,14 +337,25 @@ def main(
     config = load_settings(PROG, lambda: settings_mod.load(environ, env_file))  # REQUIRED, as `make run`
     if config is None:
         return 2
+    from components.worker_pools import build_worker_pool_specs
+
     hardware = {name: getattr(ns, name) for name in HARDWARE}
-    try:  # the flags, before any request
-        _, warnings = worker_pool("check", hardware, config.region, ns.check_gpu_region)
+    warnings: list[str] = []
+    try:  # the flags, before any request: the job's one pool by the pipeline's own builder
+        [pool] = build_worker_pool_specs(
+            image_uri="check",
+            command=COMMAND,
+            args=[],
+            **hardware,
+            worker_count=0,
+            region=config.region,
+            check_gpu_region=ns.check_gpu_region,
+            warnings=warnings,
+        )
     except ValueError as problem:
         sys.stderr.write(f"{PROG}: bad flags (nothing was sent):\n{problem}\n")
         return 2
-    for warning in warnings:
-        sys.stdout.write(f"WARNING: {warning}\n")
+    sys.stdout.write("".join(f"WARNING: {warning}\n" for warning in warnings))
 
     def request() -> int:
         credentials = injected.pop("credentials", None)
@@ -381,7 +363,7 @@ def main(
             import google.auth
 
             credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-        return run(config, ns, hardware, credentials=credentials, **injected)
+        return run(config, ns, hardware, pool, credentials=credentials, **injected)
 
     return exit_status(PROG, request)
 

@@ -313,9 +313,8 @@ def load(
         # aiplatform's PipelineJob(enable_caching=True) rewrites every task's cachingOptions
         # (pipeline_jobs._set_enable_caching_value), the registry lookups included.
         problems.append(
-            "ENABLE_CACHING='true' is not allowed: it would force caching on every step, including "
-            "the Model Registry lookups whose cached answers are stale; leave it unset (each step's "
-            "compiled option: only pure steps are cached) or set false"
+            "ENABLE_CACHING='true' is not allowed: it would cache every step, the Model Registry lookups "
+            "included (stale answers); leave it unset (each step's compiled option) or set false"
         )
     elif caching not in ("", "false"):
         problems.append(f"ENABLE_CACHING={caching!r} is not valid: expected false, or unset")

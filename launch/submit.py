@@ -1,9 +1,6 @@
 """Running the compiled pipeline on Vertex AI: submit (`make run` with a project) and wait.
-Schedules (`make schedule` and the schedule commands) are `launch.schedules`, built on this.
-
-Everything is sent by the real client libraries; settings and make's variables (in the
-environment, never through a shell) are checked first, so a bad one costs no request. Exit status:
-docs/running.md#exit-codes-and-make.
+Schedules are `launch.schedules`, built on this. Settings and make's variables (in the environment,
+never through a shell) are checked before any request. Exit status: docs/running.md#exit-codes-and-make.
 """
 
 from __future__ import annotations
@@ -178,11 +175,9 @@ def check_persistent_resource(settings: Settings, values: Mapping[str, Any], cli
     except exceptions.NotFound:
         raise PersistentResourceRefused(
             f"persistent_resource_id: there is no persistent resource {resource_id!r} in project "
-            f"{settings.project}, region {settings.region} (the run's; a job runs only on a resource of its "
-            f"own project and region): `gcloud ai persistent-resources list --region {settings.region}` "
-            "lists them; create it "
-            "(docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource), or leave "
-            "persistent_resource_id empty (PERSISTENT_RESOURCE_ID unset) to run on demand"
+            f"{settings.project}, region {settings.region} (the run's): `gcloud ai persistent-resources "
+            f"list --region {settings.region}` lists them; create it ({persistent_resource.PERSISTENT_RESOURCE_DOC}) "
+            "or leave PERSISTENT_RESOURCE_ID unset to run on demand"
         ) from None
     problems, warnings = persistent_resource.persistent_resource_fit(resource, values, settings.region)
     if problems:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,11 +28,6 @@ TRAINING_CONFIG_MAX_BYTES = 1 << 20  # a config of a few dozen lines; anything l
 class TrainingConfigError(ValueError):
     """A --training_config file that cannot be read or mapped; the message lists every problem,
     one per line, each starting with the YAML field it is about (`line N` for a key given twice)."""
-
-    @property
-    def fields(self) -> list[str]:
-        """The field each listed problem names, in order (empty for a one-line error)."""
-        return re.findall(r"^  - (line \d+|[^\s:(]+)", str(self), re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,14 +120,13 @@ class _Reader:
         tier = self.tier(body)
         if tier is None:
             return
-        if tier != "CUSTOM":
+        if tier == "BASIC":
             for key in aip.MAPPED_FIELDS:
                 if key in body and key != "scaleTier" and not key.endswith("Config"):
                     self.problems.append(
                         f"{self.field(key)}: only read with scaleTier CUSTOM (AI Platform's rule); "
                         f"set {self.field('scaleTier')} to CUSTOM or drop it"
                     )
-        if tier == "BASIC":
             self.notes.append(
                 f"{self.field('scaleTier')} BASIC -> one {aip.BASIC_MACHINE}, no GPU, no workers"
             )
@@ -145,7 +138,7 @@ class _Reader:
             self.role_values("chief", (aip.BASIC_MACHINE, "", 0), (field,) * 3, shown)
             self.set("worker_count", 0, field, "BASIC -> no workers")
             self.no_workers()
-        elif tier == "CUSTOM":
+        else:
             self.custom(body)
         for name, (field, value) in self.disks.items():
             self.set(name, value, field, str(value))
@@ -168,16 +161,13 @@ class _Reader:
             )
             return None
         tier = raw.upper()
-        custom = f"set {field} to CUSTOM with masterType, workerType and workerCount"
         if tier in ("STANDARD_1", "PREMIUM_1"):
-            what = {
-                "STANDARD_1": "many workers and a few parameter servers",
-                "PREMIUM_1": "a large number of workers with many parameter servers",
-            }[tier]
+            what = "many workers and a few" if tier == "STANDARD_1" else "a large number of workers with many"
             self.problems.append(
-                f"{field}: {tier} is AI Platform's fixed cluster of {what}: parameter servers have no role "
-                "under MultiWorkerMirroredStrategy, which this trainer uses (the workers all-reduce the "
-                f"gradients among themselves), and Vertex AI has no scale tiers; nearest: {custom}"
+                f"{field}: {tier} is AI Platform's fixed cluster of {what} parameter servers: parameter servers "
+                "have no role under MultiWorkerMirroredStrategy, which this trainer uses (the workers all-reduce "
+                "the gradients among themselves), and Vertex AI has no scale tiers; nearest: set "
+                f"{field} to CUSTOM with masterType, workerType and workerCount"
             )
         elif tier == "BASIC_GPU":
             self.problems.append(
@@ -209,8 +199,7 @@ class _Reader:
             self.no_workers()
         for role, why in (("parameterServer", aip.PARAMETER_SERVERS_WHY), ("evaluator", aip.EVALUATORS_WHY)):
             key = role + "Count"
-            n = self.count(body.get(key, 0), self.field(key))
-            if n:
+            if n := self.count(body.get(key, 0), self.field(key)):
                 self.problems.append(f"{self.field(key)} is {n}: {why}")
             elif n == 0:
                 for other in (role + "Type", role + "Config"):
@@ -263,8 +252,7 @@ class _Reader:
             choices = aip.k80_nearest(machine, count, type_key, config_key, legacy=legacy)
             self.problems.append(f"{what}; {aip.K80_WHY}; nearest: {choices}")
             return
-        nearest = aip.n1_nearest(machine)
-        if nearest:
+        if nearest := aip.n1_nearest(machine):
             what = f"{raw} is {machine}, which" if legacy else machine
             self.problems.append(
                 f"{field}: {what} is not one of the N1 machine types AI Platform and Vertex AI list for "
@@ -490,8 +478,7 @@ def apply_to_namespace(ns: argparse.Namespace, target: str, out: TextIO | None =
     out = out or sys.stdout
     values, lines = apply_training_config(ns.training_config, vars(ns))  # flags given: not None
     out.write(f"training config {ns.training_config}:\n")
-    for line in [*lines, *describe_pools(values)]:
-        out.write(f"  {line}\n")
+    out.write("".join(f"  {line}\n" for line in [*lines, *describe_pools(values)]))
     if target == "local":
         dropped = {
             k: values[k] for k in ("chief_accelerator_count", "worker_accelerator_count") if values.get(k)

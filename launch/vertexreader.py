@@ -32,13 +32,7 @@ class Reader:
         self.dataflow_endpoint = dataflow_endpoint
         self.unreadable: list[str] = []
         self._storage: Any = None
-        self._reached: set[str] = set()
-
-    def ensure(self, service: Service) -> None:
-        """Probes `service` once per reader (`reach`): out of reach is one line, not minutes of retries."""
-        if service[1] not in self._reached:
-            reach(service)
-            self._reached.add(service[1])
+        self.reached: set[str] = set()  # the URLs probed (`reach`): each once per reader
 
     def job(self, name: str) -> Any:
         """The CustomJob or HyperparameterTuningJob `name` (aiplatform_v1 types), or None."""
@@ -115,7 +109,9 @@ class Reader:
         (`reaching`); Google refusing or missing it is recorded under `name`: None."""
         from google.api_core import exceptions
 
-        self.ensure(service)
+        if service[1] not in self.reached:  # out of reach is one line, not minutes of retries
+            reach(service)
+            self.reached.add(service[1])
         try:
             with reaching(f"reading {what}", service):
                 return fetch()

@@ -19,7 +19,7 @@ from typing import Any
 
 from launch import settings as settings_mod
 from launch import submit, vertexreader, vertexrun
-from launch.cloud import reaching, refused_as, said
+from launch.cloud import calling_vertex, said
 from launch.flags import RUNS_DIR
 from launch.settings import Settings
 
@@ -47,8 +47,7 @@ class Run:
 
 
 def parse_run(text: str) -> Run:
-    """RUN checked for its form, before any setting is read or request sent; ValueError (one
-    line, naming both forms) when it is neither."""
+    """RUN checked for its form, before any setting is read or request sent; ValueError naming both forms."""
     value = text.strip()
     if not value:
         raise ValueError(f"RUN is not set: give {RUN_FORMS}")
@@ -70,10 +69,6 @@ def run_settings(run: Run, environ: Mapping[str, str], env_file: Path = Path("en
         loaded = settings_mod.load(environ, env_file, required=())
         return dataclasses.replace(loaded, project=run.project, region=run.location)
     return settings_mod.load(environ, env_file, required=("PROJECT_ID", "REGION"))
-
-
-def resource_name(run: Run, settings: Settings) -> str:
-    return f"projects/{settings.project}/locations/{settings.region}/pipelineJobs/{run.job_id}"
 
 
 def main(
@@ -104,28 +99,21 @@ def main(
     settings = submit.load_settings(PROG, lambda: run_settings(run, environ, env_file), "read the run from")
     if settings is None:
         return 2
-    name = resource_name(run, settings)
+    name = f"projects/{settings.project}/locations/{settings.region}/pipelineJobs/{run.job_id}"
 
     def request() -> int:
         from google.api_core import exceptions
         from google.cloud import aiplatform
 
         submit.init_aiplatform(settings, credentials, transport)
-        reader = vertexreader.Reader(settings, credentials, dataflow_endpoint)
-        reader.ensure(reader.vertex)
         try:
-            with (
-                reaching("reading the pipeline run", reader.vertex),
-                refused_as(
-                    f"reading the pipeline run {name}",
-                    f"roles/aiplatform.user in project {settings.project}",
-                    settings,
-                ),
-            ):
+            with calling_vertex(f"reading the pipeline run {name}", settings):
                 job = aiplatform.PipelineJob.get(resource_name=name).gca_resource
         except exceptions.NotFound as err:
             print(f"{PROG}: Vertex AI has no pipeline run {name} (404: {said(err)})", file=sys.stderr)
             return 1
+        reader = vertexreader.Reader(settings, credentials, dataflow_endpoint)
+        reader.reached.add(reader.vertex[1])  # calling_vertex probed it
         vertexrun.write(job, reader, runs_dir, now, submit.console_url(name))
         return 0
 

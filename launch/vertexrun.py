@@ -142,19 +142,6 @@ def _dataflow_entry(
     }
 
 
-def _artifacts(task: Any) -> list[dict[str, Any]]:
-    return [
-        {
-            "output": output,
-            "schema_title": artifact.schema_title,
-            "uri": artifact.uri,
-            "metadata": _plain(artifact, "metadata"),
-        }
-        for output, listed in task.outputs.items()
-        for artifact in listed.artifacts
-    ]
-
-
 def collect(
     job: Any, reader: Reader, now: datetime.datetime | None = None, console: str = ""
 ) -> tuple[dict[str, Any], dict[str, Any] | None, list[Any] | None]:
@@ -167,7 +154,6 @@ def collect(
     job_id = job.name.rsplit("/", 1)[-1]
     tasks = list(job.job_detail.task_details)
     parents = {t.parent_task_id for t in tasks if t.parent_task_id}
-    spec = _plain(job, "pipeline_spec")
     parameters = _plain(job, "runtime_config").get("parameterValues", {})
     steps: list[dict[str, Any]] = []
     jobs: list[dict[str, Any]] = []
@@ -179,17 +165,25 @@ def collect(
         metadata = _plain(task.execution, "metadata") if task.execution else {}
         outputs = {k.removeprefix("output:"): v for k, v in metadata.items() if k.startswith("output:")}
         outputs_of[task.task_id] = outputs
-        artifacts_of[task.task_id] = _artifacts(task)
-        # The run's own task (its name is the job id) and the DAG's groups (conditions, loops:
-        # the parents of other tasks) hold steps; they are listed, not drawn.
-        group = task.task_id in parents or task.task_name == job_id
+        artifacts_of[task.task_id] = [
+            {
+                "output": output,
+                "schema_title": a.schema_title,
+                "uri": a.uri,
+                "metadata": _plain(a, "metadata"),
+            }
+            for output, listed in task.outputs.items()
+            for a in listed.artifacts
+        ]
         step: dict[str, Any] = {
             "name": task.task_name,
             "status": PipelineTaskDetail.State(task.state).name,
             **_timing(task.create_time, task.start_time, task.end_time, origin, now),
             "task_id": task.task_id,
             "parent_task_id": task.parent_task_id,
-            "group": group,
+            # The run's own task (its name is the job id) and the DAG's groups (conditions, loops:
+            # the parents of other tasks) hold steps; they are listed, not drawn.
+            "group": task.task_id in parents or task.task_name == job_id,
         }
         if task.task_unique_name and task.task_unique_name != task.task_name:
             step["unique_name"] = task.task_unique_name
@@ -219,8 +213,7 @@ def collect(
             if found.error and found.error.message:
                 entry["error"] = found.error.message
             if kind == "HyperparameterTuningJob":
-                trials, entry["trials"] = _trials(found, origin, now)
-                tuning = _tuning(found, trials)
+                trials, entry["trials"], tuning = _tuning(found, origin, now)
             jobs.append(entry)
     state = job.state.name if job.state is not None else "PIPELINE_STATE_UNSPECIFIED"
     status = state.removeprefix("PIPELINE_STATE_")
@@ -231,7 +224,7 @@ def collect(
     metrics = _metrics(tasks, artifacts_of, reader)
     gate = _gate(outputs_of, parameters)
     summary: dict[str, Any] = {
-        "pipeline": spec.get("pipelineInfo", {}).get("name") or job.display_name,
+        "pipeline": _plain(job, "pipeline_spec").get("pipelineInfo", {}).get("name") or job.display_name,
         "run_id": job_id,
         "target": "vertex",
         "status": status,
@@ -245,7 +238,7 @@ def collect(
         "steps": sorted(steps, key=_order),
         "jobs": sorted(jobs, key=_order),
         "metrics": {k: metrics[k] for k in report.SUMMARY_METRICS if k in metrics} if metrics else {},
-        "model": _model(tasks, outputs_of, artifacts_of, parameters, gate, status, reader),
+        "model": _model(outputs_of, artifacts_of, parameters, gate, status, reader),
         "report": None,
         "parameters": parameters,
         # Vertex's preflight validations were asked for at submission (the run exists: they passed).
@@ -266,10 +259,15 @@ def _order(entry: Mapping[str, Any]) -> tuple[bool, float, str]:
     return (offset is None, offset or 0.0, str(entry.get("name", "")))
 
 
-def _trials(job: Any, origin: Any, now: datetime.datetime) -> tuple[list[Any], list[dict[str, Any]]]:
-    """The trials table (aiplatform_v1 Trial JSON, as the pipeline's best-trial step writes it)
-    and each trial's times (a trial has a start and an end, no creation time)."""
-    from google.cloud.aiplatform_v1.types import Trial
+def _tuning(
+    job: Any, origin: Any, now: datetime.datetime
+) -> tuple[list[Any], list[dict[str, Any]], dict[str, Any]]:
+    """The trials table (aiplatform_v1 Trial JSON, as the pipeline's best-trial step writes it),
+    each trial's times (a trial has a start and an end, no creation time), and the study's metric
+    and goal with the table and its best trial (components.tuning's pick)."""
+    from google.cloud.aiplatform_v1.types import StudySpec, Trial
+
+    from components.tuning import pick_best_trial
 
     table = [json.loads(Trial.to_json(t, use_integers_for_enums=False)) for t in job.trials]
     times = [
@@ -280,15 +278,6 @@ def _trials(job: Any, origin: Any, now: datetime.datetime) -> tuple[list[Any], l
         }
         for t in job.trials
     ]
-    return table, times
-
-
-def _tuning(job: Any, table: list[Any]) -> dict[str, Any]:
-    """The study's metric and goal, the trials table and its best trial (components.tuning's pick)."""
-    from google.cloud.aiplatform_v1.types import StudySpec
-
-    from components.tuning import pick_best_trial
-
     metric = next(iter(job.study_spec.metrics), None)
     metric_id = metric.metric_id if metric else ""
     goal = StudySpec.MetricSpec.GoalType(metric.goal).name if metric else ""
@@ -296,7 +285,7 @@ def _tuning(job: Any, table: list[Any]) -> dict[str, Any]:
         best = pick_best_trial(table, metric_id, goal)
     except (RuntimeError, ValueError):
         best = None
-    return {"metric_id": metric_id, "goal": goal, "trials": table, "best": best}
+    return table, times, {"metric_id": metric_id, "goal": goal, "trials": table, "best": best}
 
 
 def _metrics(
@@ -344,7 +333,6 @@ def _gate(
 
 
 def _model(
-    tasks: Sequence[Any],
     outputs_of: Mapping[int, Mapping[str, Any]],
     artifacts_of: Mapping[int, list[dict[str, Any]]],
     parameters: Mapping[str, Any],
@@ -355,10 +343,10 @@ def _model(
     """The model version the run made (`...models/<id>@<version>`): the `resourceName` of a
     `google.VertexModel` output of a launcher task (one with `gcp_resources`: an importer's is an
     input, not a version made), with the registry's aliases and serving image for it now."""
-    for task in tasks:
-        if "gcp_resources" not in outputs_of[task.task_id]:
+    for task_id, outputs in outputs_of.items():
+        if "gcp_resources" not in outputs:
             continue
-        for artifact in artifacts_of[task.task_id]:
+        for artifact in artifacts_of[task_id]:
             name = str(artifact["metadata"].get("resourceName", ""))
             if artifact["schema_title"] == "google.VertexModel" and "@" in name:
                 model, _, version = name.partition("@")
@@ -436,8 +424,7 @@ def show(summary: Mapping[str, Any], run_dir: Path) -> None:
     if gate.get("evaluation_import"):
         lines.append(f"  evaluation on the version: {gate['evaluation_import']}")
     lines.append(f"  preflight validations: {'passed' if summary.get('preflight_validations') else 'off'}")
-    for warning in summary.get("unreadable", []):
-        lines.append(f"WARNING: not read: {warning}")
+    lines += [f"WARNING: not read: {warning}" for warning in summary.get("unreadable", [])]
     if summary.get("report_error"):
         lines.append(f"WARNING: report.html was not written ({summary['report_error']}); see summary.json")
     lines.append(f"summary: {run_dir / 'summary.json'}")

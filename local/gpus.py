@@ -14,17 +14,16 @@ from pathlib import Path
 
 
 class GpusMissing(ValueError):
-    """A pool asks for more GPUs than this machine has; the message is the trainer's one line."""
+    """A pool asks for more GPUs than this machine has."""
 
 
 GPU_DRIVER_DIR = "/proc/driver/nvidia/gpus"
 
 
 def local_gpus(driver_dir: str = GPU_DRIVER_DIR, environ: Mapping[str, str] | None = None) -> list[str]:
-    """The GPUs a process started here would see, without TensorFlow: the NVIDIA driver's
-    `/proc/driver/nvidia/gpus/<PCI bus id>/` entries (their `information` file's `Model:`, else the
-    bus id), in bus order, narrowed by `CUDA_VISIBLE_DEVICES` when it is set (its indices, up to
-    the first that is not a non-negative number, as CUDA reads it). Empty without the driver."""
+    """The GPUs a process started here would see: the driver's `<PCI bus id>/` entries (their
+    `information` file's `Model:`, else the bus id) in bus order, narrowed by `CUDA_VISIBLE_DEVICES`
+    (its indices up to the first that is not a non-negative number, as CUDA reads it)."""
     env = os.environ if environ is None else environ
     try:
         buses = sorted(os.listdir(driver_dir))

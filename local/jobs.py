@@ -1,21 +1,18 @@
 """The local stand-in for a Vertex CustomJob: one process per replica of each worker pool.
 
-Given the same `worker_pool_specs` Vertex receives, it runs every replica of pools 0 and 1 as a
-process of the spec's command and args (`python` becomes this interpreter: the checkout's trainer
-stands in for the image) with the environment Vertex gives a container (`replica_env`), on free
-loopback ports, and `TMPDIR=<log_dir>/.tmp/<replica>`, deleted after every attempt as a Vertex
-container's files die with it (TensorFlow's autograph writes there; /tmp would keep them).
-
-Each replica's output is prefixed on screen and saved to `<log_dir>/<role>-<index>.log`. No
-replica outlives the job, whatever ends it (failure, timeout, Ctrl-C, SIGTERM, `cancel`; SIGKILL
-of the runner through PR_SET_PDEATHSIG on Linux): SIGTERM, `grace_seconds` to save the backup,
-then SIGKILL.
+Each replica of pools 0 and 1 of the `worker_pool_specs` Vertex receives runs as a process of its
+command and args (`python`: this interpreter, the checkout's trainer standing in for the image)
+with the environment Vertex gives a container (`replica_env`), on free loopback ports, and
+`TMPDIR=<log_dir>/.tmp/<replica>`, deleted after every attempt as a container's files die with it
+(TensorFlow's autograph writes there). Output is prefixed on screen and saved to
+`<log_dir>/<role>-<index>.log`. No replica outlives the job, whatever ends it (SIGKILL of the
+runner too, through PR_SET_PDEATHSIG on Linux): SIGTERM, `grace_seconds` to save the backup, then
+SIGKILL.
 
 Restarts, as on Vertex (docs/contracts.md, section 7): a replica killed by a signal, or exiting
 143 (`TERMINATED`), is a VM restart: the whole job restarts with `restart_job_on_worker_restart`
-(the trainer resumes from AIP_CHECKPOINT_DIR), else that replica alone, as Vertex restarts a
-replica on a new VM whatever that setting; at most `max_restarts` times. Any other non-zero exit
-fails the job.
+(the trainer resumes from AIP_CHECKPOINT_DIR), else that replica alone (Vertex restarts its VM
+whatever that setting); at most `max_restarts` times. Any other non-zero exit fails the job.
 """
 
 from __future__ import annotations
@@ -56,8 +53,7 @@ class JobCancelled(JobFailed):
 
 
 class ReplicaOutOfMemoryError(JobFailed):
-    """A replica ran out of memory (the kernel's OOM killer ended it); the job was not restarted.
-    The message's first line names the replica, its peak memory, the limit and what to lower."""
+    """A replica ran out of memory; the job was not restarted (`local.memory`)."""
 
 
 # A trainer replica's exit after saving its backup on SIGTERM: trainer.callbacks.TERMINATED_EXIT_CODE
@@ -121,13 +117,12 @@ def refuse_missing_gpus(specs: Sequence[Mapping[str, Any]], gpus: Sequence[str])
     """Raises GpusMissing when pool 0 or 1 asks for more GPUs per replica than `gpus`."""
     for pool, spec in enumerate(specs[: len(ROLES)]):
         machine = (spec or {}).get("machine_spec", {})
-        asked = int(machine.get("accelerator_count", 0) or 0)
         problem = gpu_shortfall(
             f"workerpool{pool}",
             ROLES[pool],
             str(machine.get("machine_type", "")),
             str(machine.get("accelerator_type", "")),
-            asked,
+            int(machine.get("accelerator_count", 0) or 0),
             gpus,
             f"this machine ({GPU_DRIVER_DIR})",
         )
@@ -146,9 +141,8 @@ def replicas(specs: Sequence[Mapping[str, Any]], log: Callable[[str], object] = 
             continue
         count = int(spec.get("replica_count", 1))
         if pool >= len(ROLES):
-            # Vertex starts them (pool 2: Reduction Server or parameter servers, pool 3: an
-            # evaluator); their images (Google's reducer) cannot run here, and TF_CONFIG/
-            # CLUSTER_SPEC then name pools 0 and 1 only.
+            # Pool 2 (Reduction Server or parameter servers), pool 3 (an evaluator): their images
+            # cannot run here, and TF_CONFIG/CLUSTER_SPEC then name pools 0 and 1 only.
             log(f"pool {pool} ({count} replica(s), {spec['container_spec']['image_uri']}) is not run locally")
             continue
         if pool == 0 and count != 1:
@@ -246,9 +240,8 @@ class _Running:
 
     @property
     def code(self) -> int | None:
-        """Its exit status (negative: the killing signal), None while it runs. On Linux each call
-        also follows its peak memory (`local.memory`'s docstring): `VmHWM` while it runs, then
-        `os.wait4`'s `ru_maxrss` where it exceeds the runner's own peak."""
+        """Its exit status (negative: the killing signal), None while it runs; on Linux each call
+        also follows its peak memory (`local.memory`'s docstring)."""
         assert self.process is not None
         if self.process.returncode is None and sys.platform.startswith("linux"):
             try:
@@ -274,8 +267,8 @@ class _Running:
                     return
 
     def oom_cause(self) -> tuple[str, int, str] | None:
-        """(how it was recognised, the memory limit, where the limit comes from) when it ran out
-        of memory, else None; decided once it has ended (also kept in `oom`)."""
+        """(how it was recognised, the memory limit, its source) when it ran out of memory, else
+        None; decided once it has ended (kept in `oom`)."""
         code = self.code
         if code != -signal.SIGKILL:
             return None
@@ -336,9 +329,9 @@ _SIGTERM = threading.Event()
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (kfp.local or a CI runner stopping us) unwinds like Ctrl-C, so replicas stop too.
-    Python can drop a handler's exception (trainer.prepare.sigterm_unwinds), so both signals are
-    also recorded for the supervising loop; a second one does not cut the clean-up short."""
+    """SIGTERM unwinds like Ctrl-C, so replicas stop too. Python can drop a handler's exception
+    (trainer.prepare.sigterm_unwinds), so both signals are also recorded for the supervising
+    loop; a second one does not cut the clean-up short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -376,9 +369,8 @@ def run_job(
     memory: MemoryProbe | None = None,
 ) -> JobResult:
     """Runs the job to completion; raises JobFailed naming the replica and its log tail
-    (JobCancelled when `cancel` is set, never restarted; ReplicaOutOfMemoryError at once, judged
-    from the files `memory` names), or ValueError (specs Vertex would refuse) or GpusMissing
-    before any start."""
+    (JobCancelled, ReplicaOutOfMemoryError: never restarted; `memory` names the files read), or
+    ValueError (specs Vertex would refuse) or GpusMissing before any start."""
     stream = out or sys.stdout
 
     def say(message: str) -> None:

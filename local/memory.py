@@ -2,12 +2,11 @@
 killer ended is not restarted, the job fails at once with Vertex's words (`ran out-of-memory`), the replica's peak
 memory, the memory this machine allows and what to lower. It is told apart from a preemption-like
 SIGKILL by the `oom_kill` counter of the runner's memory cgroup, which its replicas inherit
-(`MemoryProbe`), read when the replica starts and after it died; where none can be read, by a
-peak of at least `OOM_PEAK_FRACTION` of the memory limit, and the message says it was judged so.
-The peak is the replica's `VmHWM` (`/proc/<pid>/status`), read while it runs (`local.jobs`'s exec
-shim keeps the pid, and exec gives the replica a memory map of its own), and `os.wait4`'s
-`ru_maxrss` when it is reaped, which also covers its last moments but starts from the runner's
-own peak (fork and exec carry the parent's high-water mark into it), so counts only above that.
+(`MemoryProbe`), read at the replica's start and death; where none can be read, by a peak of at
+least `OOM_PEAK_FRACTION` of the limit, and the message says so. The peak is the replica's `VmHWM`
+(`/proc/<pid>/status`) while it runs (the exec shim keeps the pid), and `os.wait4`'s `ru_maxrss`
+when reaped, counted only above the runner's own peak (fork and exec carry the parent's
+high-water mark into it).
 """
 
 from __future__ import annotations
@@ -45,8 +44,7 @@ def _size(n: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class MemoryProbe:
-    """Where the runner reads what tells an out-of-memory kill apart from a preemption: its
-    cgroups (`proc_cgroup`), the cgroup mount and `/proc/meminfo`; tests point them at fakes."""
+    """Where the runner reads its cgroups, the cgroup mount and `/proc/meminfo` (tests: fakes)."""
 
     proc_cgroup: str = "/proc/self/cgroup"
     cgroup_root: str = "/sys/fs/cgroup"
@@ -54,7 +52,7 @@ class MemoryProbe:
 
     def _paths(self) -> tuple[list[str], list[str]]:
         """The parts of this process's cgroup v2 and v1 memory-controller paths ([]: the root), as
-        `trainer.data.cgroup_memory_limit` parses them (neither layer imports the other)."""
+        `trainer.data.cgroup_memory_limit` parses them (the layers cannot share it)."""
         v2, v1 = "/", "/"
         with contextlib.suppress(OSError):
             for line in Path(self.proc_cgroup).read_text(encoding="utf-8").splitlines():
@@ -130,9 +128,9 @@ def out_of_memory(
     peak: int | None,
     limit: int,
 ) -> str | None:
-    """How a replica's death was recognised as out of memory, or None: SIGKILL (what the OOM
-    killer sends) while the `oom_kill` counter (`kills`: before, after, file) went up; where no
-    counter was read, SIGKILL with a peak of at least OOM_PEAK_FRACTION of `limit`."""
+    """How a replica's death was recognised as out of memory, or None: SIGKILL while the
+    `oom_kill` counter (`kills`: before, after, file) went up, else with a peak of at least
+    OOM_PEAK_FRACTION of `limit`."""
     if code != -signal.SIGKILL:
         return None
     if kills is not None:
@@ -146,8 +144,7 @@ def out_of_memory(
 
 def memory_hint(command: Sequence[str]) -> str:
     """What to lower when a replica running `command` ran out of memory: its flags (pipeline
-    parameters of the same names), else pipeline parameters. A training replica holds a batch of
-    images and its activations; a preparation or evaluation replica, decoded images."""
+    parameters of the same names), else pipeline parameters."""
     if "trainer.prepare" in command:
         return (
             "--image_size, or prepare_engine=beam (--engine beam), whose worker processes each hold "
@@ -159,8 +156,7 @@ def memory_hint(command: Sequence[str]) -> str:
 
 
 def out_of_memory_message(display_name: str, culprit: Any, restarts: int) -> str:
-    """One line: `culprit` (a `local.jobs` replica) ran out of memory (Vertex's words), its peak,
-    the limit, how that was known and what to lower; then its log tail."""
+    """One line (`culprit`, a `local.jobs` replica, ran out of memory), then its log tail."""
     assert culprit.oom is not None
     how, limit, where = culprit.oom
     rep = culprit.replica

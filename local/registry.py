@@ -10,7 +10,7 @@ turn the next user's run against that user's files (docs/guarantees.md, the regi
   opened read-only, never truncated;
 - everything read goes through one validator, `load`, naming the damaged file and its repair; an
   alias is accepted only as the registry writes it (a version number: "1", "2"...);
-- a damaged champion (`Unusable`) is "no usable champion": the caller goes on without it.
+- a damaged champion (`read_version`) is "no usable champion": the caller goes on without it.
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ import stat
 from collections.abc import Callable, Iterator
 from typing import Any
 
-# A version as the registry writes it (str(n), n >= 1) and an alias name (Vertex's alias rule,
-# lowercase).
+# A version as the registry writes it (str(n), n >= 1); an alias name (Vertex's rule, lowercase).
 VERSION = re.compile(r"[1-9][0-9]{0,8}")
 ALIAS = re.compile(r"[a-z][a-z0-9_-]{0,62}")
-# The metrics.json keys checked here, `local.steps.METRICS_READ`'s (tests/local/test_registry_hardening.py
-# checks they agree).
+# The metrics.json keys checked here: `local.steps.METRICS_READ` (tests/local/test_registry_hardening.py).
 METRICS_KEYS = ("test_accuracy", "class_names")
 MAX_JSON_BYTES = 16 * 1024 * 1024
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -54,16 +52,7 @@ class Damaged(RegistryError):
         super().__init__(f"local registry: {path} {problem}; {fix}")
 
 
-def check_alias(alias: str) -> str:
-    if not isinstance(alias, str) or not ALIAS.fullmatch(alias):
-        raise RegistryError(
-            f"local registry: alias {alias!r} is not allowed: an alias is a lowercase letter, then "
-            "up to 62 lowercase letters, digits, _ or -"
-        )
-    return alias
-
-
-def _what(dir_fd: int, name: str, err: OSError | None = None) -> str:
+def _what(dir_fd: int | None, name: str, err: OSError | None = None) -> str:
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -94,14 +83,7 @@ def open_folder(dir_fd: int | None, name: str, path: str, fix: str, create: bool
     except FileNotFoundError:
         return None
     except OSError as err:
-        if dir_fd is None:
-            parent = os.open(os.path.dirname(path) or ".", _DIR & ~os.O_NOFOLLOW)
-            try:
-                problem = _what(parent, os.path.basename(path), err)
-            finally:
-                os.close(parent)
-        else:
-            problem = _what(dir_fd, name, err)
+        problem = _what(dir_fd, name, err)  # dir_fd None: `name` is the absolute path
         if err.errno == errno.ENOTDIR and not problem.startswith("is a symbolic link"):
             problem = "is not a folder"
         raise Damaged(path, problem, fix) from None
@@ -146,18 +128,10 @@ def locked(model_fd: int, model_path: str) -> Iterator[None]:
     """The model's lock (`fcntl.flock` on `.lock`, a plain empty file), never written."""
     path = os.path.join(model_path, ".lock")
     fix = f"the lock must be a plain file, which the registry creates: remove {path} and run again"
+    fd = _open_plain(model_fd, ".lock", path, fix, os.O_CREAT)
+    if fd is None:  # the model's folder went away
+        raise Damaged(path, "is missing", fix)
     try:
-        fd = os.open(
-            ".lock",
-            os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-            0o666,
-            dir_fd=model_fd,
-        )
-    except OSError as err:
-        raise Damaged(path, _what(model_fd, ".lock", err), fix) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Damaged(path, _what(model_fd, ".lock"), fix)
         fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes
         yield
     finally:
@@ -208,11 +182,11 @@ ALIASES_FIX = (
 CHECKS = {"aliases": _check_aliases, "metrics": _check_metrics, "version": _check_version}
 
 
-def _open_plain(dir_fd: int, name: str, path: str, fix: str) -> int | None:
-    """The plain file `name` of `dir_fd` (at `path`), opened without following a link; None
-    when it is missing."""
+def _open_plain(dir_fd: int, name: str, path: str, fix: str, flags: int = 0) -> int | None:
+    """The plain file `name` of `dir_fd` (at `path`), opened without following a link (`flags`
+    added: os.O_CREAT creates it); None when it is missing."""
     try:
-        fd = os.open(name, _READ, dir_fd=dir_fd)
+        fd = os.open(name, _READ | flags, 0o666, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as err:
@@ -253,43 +227,31 @@ def read_aliases(model_fd: int, model_path: str) -> dict[str, str] | None:
     return load(model_fd, "aliases.json", model_path, "aliases", ALIASES_FIX, missing_ok=True)
 
 
-class Unusable(Exception):
-    """The alias's version cannot be used as a champion: its message says why, naming the path."""
-
-    def __init__(self, version: str, path: str, problem: str, fix: str) -> None:
-        self.version, self.path, self.problem, self.fix = version, path, problem, fix
-        super().__init__(f"{path} {problem}")
-
-
-def read_version(
-    model_fd: int, model_path: str, version: str, alias: str
-) -> tuple[str, dict[str, Any], dict[str, Any]]:
+def read_version(model_fd: int, model_path: str, version: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """(SavedModel folder, metrics.json, version.json) of `version`, every file checked: the
     SavedModel's files against the sizes and sha256 recorded (a non-empty saved_model.pb where
-    none were), metrics.json's keys. Raises `Unusable` naming what is damaged."""
+    none were), metrics.json's keys. Raises `Damaged` naming what is damaged."""
     root = os.path.join(model_path, version)
     fix = (
-        f"restore {root} from a copy, or put {alias} on a sound version (edit "
-        f"{os.path.join(model_path, 'aliases.json')}, or remove its {alias!r} entry)"
+        f"restore {root} from a copy, or put champion on a sound version (edit "
+        f"{os.path.join(model_path, 'aliases.json')}, or remove its 'champion' entry)"
     )
 
     vfd = mfd = None
     try:
         vfd = open_folder(model_fd, version, root, fix)
         if vfd is None:
-            raise Unusable(version, root, "is missing", fix)
+            raise Damaged(root, "is missing", fix)
         record = load(vfd, "version.json", root, "version", fix)
         model = os.path.join(root, "model")
         mfd = open_folder(vfd, "model", model, fix)
         if mfd is None:
-            raise Unusable(version, model, "is missing", fix)
+            raise Damaged(model, "is missing", fix)
         metrics = load(mfd, "metrics.json", model, "metrics", fix)
         files = record.get("files") or {"saved_model.pb": None}
         for relative, expected in sorted(files.items()):
             _check_file(mfd, model, relative, expected, fix)
         return model, metrics, record
-    except Damaged as err:
-        raise Unusable(version, err.path, err.problem, fix) from None
     finally:
         for fd in (mfd, vfd):
             if fd is not None:
@@ -335,13 +297,6 @@ def _check_file(model_fd: int, model: str, relative: str, expected: dict[str, An
 
 
 # --- writing ----------------------------------------------------------------------------------
-
-
-def next_version(model_fd: int, taken: list[str]) -> str:
-    """One more than every version folder and every version in `taken` (the aliases): a number
-    is never given twice, even when its folder was lost."""
-    numbers = [int(v) for v in [*os.listdir(model_fd), *taken] if VERSION.fullmatch(v)]
-    return str(max(numbers, default=0) + 1)
 
 
 def _copy_tree(source: str, dst_fd: int, prefix: str, files: dict[str, dict[str, Any]]) -> None:
@@ -405,7 +360,9 @@ def publish(
     """Copies the SavedModel folder `source` as the next version, with `record` (and its files'
     sizes and sha256) as version.json, through a staging folder renamed into place once
     complete. Call it under the lock. Returns (version, its folder)."""
-    version = next_version(model_fd, list(aliases.values()))
+    # One more than every version folder and aliased version: never given twice, even when lost.
+    numbers = [int(v) for v in [*os.listdir(model_fd), *aliases.values()] if VERSION.fullmatch(v)]
+    version = str(max(numbers, default=0) + 1)
     # A staging folder still here was left by a registration killed mid-copy (the lock says none
     # runs). Real folders only; the fd-based rmtree follows no link inside.
     for name in os.listdir(model_fd):
@@ -445,10 +402,7 @@ def publish(
 
 def write_aliases(model_fd: int, aliases: dict[str, str]) -> None:
     """aliases.json replaced atomically by a new file; the rename replaces the entry, never what
-    a link there points to."""
-    problem = _check_aliases(aliases)
-    if problem:
-        raise RegistryError(f"local registry: refusing to write aliases that {problem}")
+    a link there points to. `aliases` were read through `load` or are versions `publish` made."""
     data = json.dumps(aliases, indent=1).encode()
     tmp = _fresh(".aliases.json.{}.tmp", lambda name: _write_new(model_fd, name, data))
     try:

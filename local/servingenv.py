@@ -1,11 +1,10 @@
 """Python environments with the TensorFlow of a serving image, for checks that must run under it.
 
 Vertex AI's prebuilt TensorFlow prediction images stop at TensorFlow 2.15, older than the
-trainer's (docs/facts.md, fact 22). `python_for("2.15")` returns the interpreter of a virtual
-environment with that TensorFlow (CPU build) and what `python -m trainer.serve` needs, made with
-uv on first use under `<checkout>/.cache/serving-tf-<version>/` (gitignored): built in a
-temporary folder and renamed into place under a lock (concurrent callers build it once); a stamp
-of the exact pins makes later calls instant, and a change of pins rebuilds it.
+trainer's (docs/facts.md, fact 22). `python_for("2.15")` returns the interpreter of a venv with that
+TensorFlow (CPU build), made with uv on first use under `<checkout>/.cache/serving-tf-<version>/`:
+built aside and renamed into place under a lock; a stamp of the pins makes later calls instant,
+and a change of pins rebuilds it.
 
     python -m local.servingenv 2.15     # makes it if needed; prints the interpreter
 """
@@ -42,20 +41,9 @@ class ServingEnvError(RuntimeError):
     """uv is missing, or the install failed."""
 
 
-def requirements(tf_version: str) -> tuple[str, ...]:
-    try:
-        return PINS[tf_version]
-    except KeyError:
-        raise ValueError(
-            f"no serving environment is defined for TensorFlow {tf_version!r}; known: {', '.join(sorted(PINS))} "
-            "(add it to local.servingenv.PINS)"
-        ) from None
-
-
 def find_uv() -> Path:
     """uv as the Makefile finds it: on PATH, else ~/.local/bin/uv."""
-    on_path = shutil.which("uv")
-    if on_path:
+    if on_path := shutil.which("uv"):
         return Path(on_path)
     user = Path.home() / ".local" / "bin" / "uv"
     if user.is_file() and os.access(user, os.X_OK):
@@ -86,7 +74,12 @@ def _run(uv: Path, args: list[str], what: str) -> None:
 def python_for(tf_version: str, out: TextIO = sys.stdout, *, cache_dir: Path | None = None) -> Path:
     """The serving environment's interpreter for TensorFlow `tf_version` (a PINS key), made
     under `cache_dir` the first time."""
-    pins = requirements(tf_version)
+    if tf_version not in PINS:
+        raise ValueError(
+            f"no serving environment is defined for TensorFlow {tf_version!r}; known: {', '.join(sorted(PINS))} "
+            "(add it to local.servingenv.PINS)"
+        )
+    pins = PINS[tf_version]
     cache = Path(cache_dir) if cache_dir is not None else CACHE_DIR
     folder = cache / f"serving-tf-{tf_version}"
     python = folder / "bin" / "python"
@@ -135,16 +128,13 @@ def python_for(tf_version: str, out: TextIO = sys.stdout, *, cache_dir: Path | N
                     f"installing {' '.join(pins)} with {uv}",
                 )
             (staging / STAMP).write_text(stamp)
-            old = None
+            old = cache / f".serving-tf-{tf_version}.tmp-old-{os.getpid()}"
             if folder.exists():  # made with other pins: replaced
-                old = cache / f".serving-tf-{tf_version}.tmp-old-{os.getpid()}"
                 folder.rename(old)
             staging.rename(folder)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
         finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
     return python
 
 

@@ -15,9 +15,8 @@ from typing import Any
 
 def check_worker_pool_specs(specs: Sequence[Mapping[str, Any]]) -> None:
     """Each pool must parse into the real `aiplatform_v1.WorkerPoolSpec`, unknown fields refused,
-    as the GCPC launcher's `CustomJob` would have to (a misspelt field, an accelerator name
-    that is not in `AcceleratorType`, a fractional count): the local job runs only what Vertex
-    would accept. An empty pool is allowed between pools (Vertex: "{}" keeps a pool's place)."""
+    as the GCPC launcher's `CustomJob` would have to (a misspelt field, an unknown accelerator, a
+    fractional count). An empty pool is allowed (Vertex: "{}" keeps a pool's place)."""
     from google.cloud import aiplatform_v1
     from google.protobuf import json_format
 

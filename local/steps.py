@@ -30,9 +30,8 @@ from components.servingimage import (
 )
 from components.tuning import pick_best_trial
 
-# The keys of the trainer's metrics.json (`champion_record`, `register_version`) and of the
-# evaluation job's evaluation.json (`local_upload_model`) read here: tests/test_contracts.py checks
-# them against trainer/contract.py (not imported by this layer) and against the code below.
+# The metrics.json and evaluation.json keys read here (tests/test_contracts.py checks them against
+# trainer/contract.py and the code below).
 METRICS_READ = ("test_accuracy", "class_names")
 EVALUATION_READ = (
     "split",
@@ -205,23 +204,24 @@ def local_best_trial(
 # <registry_dir>/<model folder>/.lock  held (fcntl) while a version is added and the alias moved
 
 
-def champion_record(model_fd: int, model_dir: str, alias: str = "champion") -> dict:
-    """The `alias` version of the model folder `model_dir` (open as `model_fd`): `version`,
+def champion_record(model_fd: int, model_dir: str) -> dict:
+    """The `champion` version of the model folder `model_dir` (open as `model_fd`): `version`,
     `path` (its SavedModel), and its metrics.json's `test_accuracy` and `class_names`; {} when
     there is no aliases.json or no such alias; {"version", "unusable", "fix", "state"} when that
     version cannot be used. A damaged aliases.json raises `local.registry.Damaged`."""
     from local import registry
 
-    version = (registry.read_aliases(model_fd, model_dir) or {}).get(alias)
+    version = (registry.read_aliases(model_fd, model_dir) or {}).get("champion")
     if version is None:
         return {}
     try:
-        path, metrics, record = registry.read_version(model_fd, model_dir, version, alias)
-    except registry.Unusable as err:
-        return {"version": version, "unusable": str(err), "fix": err.fix, "state": "is damaged"}
+        path, metrics, record = registry.read_version(model_fd, model_dir, version)
+    except registry.Damaged as err:  # of the champion's files: no usable champion
+        unusable = f"{err.path} {err.problem}"
+        return {"version": version, "unusable": unusable, "fix": err.fix, "state": "is damaged"}
     why = undeployable(str(record.get("serving_image", "")))
     if why:  # as on Vertex (`components.registry.find_champion`)
-        fix = f"put {alias} on a version registered with a serving image that is still available"
+        fix = "put champion on a version registered with a serving image that is still available"
         return {"version": version, "unusable": why, "fix": fix, "state": "cannot be deployed"}
     return {
         "version": version,
@@ -239,15 +239,13 @@ def register_version(
     gate_reason: str,
     details: dict,
     evaluated_champion: str = "",
-    alias: str = "champion",
 ) -> tuple:
-    """Adds the SavedModel folder `model_path` as the next version of `model_display_name` and
-    moves `alias` to it when it still deserves it; returns (version, its folder, whether it took
-    the alias, why). Under the model's lock: no two runs get one version, and the alias moves only
-    if the gate (`promote`) passed, the alias is still on `evaluated_champion` (the version the
-    gate compared with; "": none usable; Vertex's rule: `components.registry.record_on_version`)
-    and the model is of the same task. A damaged champion counts as none. The decision and
-    `details` go into version.json; a damaged aliases.json, lock or model folder is refused first."""
+    """Adds the SavedModel folder `model_path` as the next version of `model_display_name`; returns
+    (version, its folder, whether it took the alias, why). Under the model's lock (one version per
+    run), the alias moves only if the gate (`promote`) passed, it is still on `evaluated_champion`
+    (the version the gate compared with; "": none usable; Vertex's rule:
+    `components.registry.record_on_version`) and the task is the same; a damaged champion counts
+    as none. `details` go into version.json."""
     import json
     import os
     import time
@@ -258,24 +256,21 @@ def register_version(
         metrics = json.load(f)
     accuracy = float(metrics["test_accuracy"])
     class_names = [str(c) for c in metrics["class_names"]]
-    registry.check_alias(alias)
     root = os.path.join(os.path.abspath(registry_dir), registry_folder(model_display_name))
     model_fd = registry.make_model(registry_dir, registry_folder(model_display_name))
     try:
         with registry.locked(model_fd, root):
             aliases = registry.read_aliases(model_fd, root) or {}
-            current = champion_record(model_fd, root, alias)
+            current = champion_record(model_fd, root)
             damaged = current.pop("unusable", "")
             before: dict | None = current or None
-            none = f"no {alias}"
+            none = "no champion"
             if damaged:
                 before = {"version": current["version"], "unusable": damaged}
-                none = (
-                    f"no usable {alias} ({alias} version {current['version']} {current['state']}: {damaged})"
-                )
+                none = f"no usable champion (champion version {current['version']} {current['state']}: {damaged})"
                 current = {}
             other_task = task_mismatch(class_names, current.get("class_names", []), model_display_name)
-            was = f"{alias} version {current.get('version')}"
+            was = f"champion version {current.get('version')}"
             moved_since = current.get("version", "") != evaluated_champion
             champion = promote and not other_task and not moved_since
             if not promote:
@@ -286,8 +281,8 @@ def register_version(
                 compared = f"version {evaluated_champion}" if evaluated_champion else "no version"
                 now = f"version {current['version']}" if current else none
                 reason = (
-                    f"{alias} is now on {now}, but was on {compared} when this run's gate compared: this "
-                    f"model was never compared with the {alias} now; run again to compare them on "
+                    f"champion is now on {now}, but was on {compared} when this run's gate compared: this "
+                    "model was never compared with the champion now; run again to compare them on "
                     "like-for-like data"
                 )
             elif not current:
@@ -301,12 +296,12 @@ def register_version(
                 "test_accuracy": accuracy,
                 "class_names": class_names,
                 "gate": {"promote": promote, "reason": gate_reason},
-                "alias": {"name": alias, "moved": champion, "reason": reason, "before": before},
+                "alias": {"name": "champion", "moved": champion, "reason": reason, "before": before},
             }
             version, where = registry.publish(model_fd, root, model_path, record, aliases)
             aliases.setdefault("default", version)
             if champion:  # `default` moves with it, as on Vertex (`record_on_version`)
-                aliases[alias] = aliases["default"] = version
+                aliases["champion"] = aliases["default"] = version
             registry.write_aliases(model_fd, aliases)
     finally:
         os.close(model_fd)
@@ -323,7 +318,7 @@ def register_version(
         champion_record,
     ],
 )
-def local_find_champion(registry_dir: str, model_display_name: str, alias: str = "champion") -> NamedTuple(
+def local_find_champion(registry_dir: str, model_display_name: str) -> NamedTuple(
     "Outputs",
     exists=bool,
     resource_name=str,
@@ -342,7 +337,6 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
     Outputs = collections.namedtuple(
         "Outputs", "exists resource_name resource_uri champion_version champion_uri class_names"
     )
-    registry.check_alias(alias)
     folder = registry_folder(model_display_name)
     model_dir = os.path.join(os.path.abspath(registry_dir), folder)
     registry_fd = registry.open_registry(registry_dir, create=False)
@@ -355,25 +349,25 @@ def local_find_champion(registry_dir: str, model_display_name: str, alias: str =
     if model_fd is not None:
         try:
             if registry.read_aliases(model_fd, model_dir) is not None:
-                current = champion_record(model_fd, model_dir, alias)
+                current = champion_record(model_fd, model_dir)
         finally:
             os.close(model_fd)
     if current is None:
         print(f"no model {model_display_name!r} in {registry_dir} yet: the upload creates it")
         return Outputs(False, "", "", "", "", [])
     if not current:
-        print(f"{model_display_name} has no {alias!r} version yet")
+        print(f"{model_display_name} has no 'champion' version yet")
         return Outputs(True, model_dir, model_dir, "", "", [])
     if "unusable" in current:
         print(
-            f"WARNING: {model_display_name}: {alias} version {current['version']} {current['state']}, so this run has no "
-            f"usable {alias} and compares with none: {current['unusable']}; if the gate passes, the new "
-            f"model takes {alias} and version {current['version']} stays in the registry; to keep it as "
-            f"{alias} instead, {current['fix']}"
+            f"WARNING: {model_display_name}: champion version {current['version']} {current['state']}, so this run has no "
+            f"usable champion and compares with none: {current['unusable']}; if the gate passes, the new "
+            f"model takes champion and version {current['version']} stays in the registry; to keep it as "
+            f"champion instead, {current['fix']}"
         )
         return Outputs(True, model_dir, model_dir, "", "", [])
     print(
-        f"{model_display_name}: {alias} is version {current['version']} ({current['path']}), recorded "
+        f"{model_display_name}: champion is version {current['version']} ({current['path']}), recorded "
         f"test_accuracy {current['test_accuracy']:.4f} on its own test split, classes {current['class_names']}"
     )
     return Outputs(True, model_dir, model_dir, current["version"], current["path"], current["class_names"])
@@ -417,9 +411,8 @@ def local_upload_model(
     from components import servingimage
     from local import jobs, servingenv
 
-    # Under the serving image's TensorFlow (2.15 by default, not the trainer's 2.21: a model that
-    # loads only under a newer TF would upload to Vertex and then fail to deploy), in an
-    # environment of its own; a user's image, under the trainer's TensorFlow.
+    # Under the serving image's TensorFlow (a model that loads only under a newer TF would upload to
+    # Vertex and then fail to deploy), in an environment of its own; a user's image, the trainer's.
     tf_serving = predict_route == servingimage.tf_serving_routes()["predict_route"]
     tf_version = servingimage.CUSTOM_SERVING_TF_VERSION if tf_serving else prebuilt_tf_version(serving_image)
     if tf_serving:
@@ -436,10 +429,7 @@ def local_upload_model(
     python = str(servingenv.python_for(tf_version)) if tf_version else sys.executable
     under = f"TensorFlow {tf_version} (its serving image's)" if tf_version else "the trainer's TensorFlow"
     check = subprocess.run(
-        [python, "-m", "trainer.serve", "--model_dir", model.path],
-        capture_output=True,
-        text=True,
-        check=False,
+        [python, "-m", "trainer.serve", "--model_dir", model.path], capture_output=True, text=True
     )
     if check.returncode < 0:  # killed: no verdict on the model
         raise RuntimeError(

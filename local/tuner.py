@@ -1,8 +1,7 @@
 """The local stand-in for a Vertex HyperparameterTuningJob: real trials chosen by Optuna.
 
-It takes the same study spec the Vertex job gets (GCPC's `serialize_parameters` and
-`serialize_metrics` output, parsed with the real `aiplatform_v1.StudySpec` types) and honours
-parameter types, ranges and scales, the goal, the trial counts and the algorithm
+It takes the study spec the Vertex job gets, parsed as the real `aiplatform_v1.StudySpec`, and
+honours parameter types, ranges and scales, the goal, the trial counts and the algorithm
 (ALGORITHM_UNSPECIFIED: TPE, Optuna's Bayesian optimiser; RANDOM_SEARCH; GRID_SEARCH). Each trial
 is a local custom job (`local.jobs`) with `--<parameter_id>=<value>` flags appended, its own AIP
 directories under `<base>/<trial_id>/` and its measurements from its cloudml-hypertune file. The
@@ -25,35 +24,23 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, TextIO
 
+from components import tuning
 from local import jobs
 
 
 def parse_study(metrics: Sequence[Mapping[str, Any]], parameters: Sequence[Mapping[str, Any]]) -> Any:
-    """The study as the real API type, parsed as strictly as the API (unknown fields refused):
-    snake_case (GCPC's `serialize_parameters`, `make run`'s `search_space`) or camelCase keys."""
+    """The study as the real API type, parsed as strictly as the API (unknown fields refused),
+    either key case; the parameters by `components.tuning.parse_search_space`. kfp.local hands JSON
+    numbers over as doubles (2.0 for an enum): protobuf's `json_format` reads whole ones as ints."""
     from google.cloud import aiplatform_v1
     from google.protobuf import json_format
 
-    def parse(kind: Any, entry: Any, what: str) -> Any:
-        message = kind.pb(kind())
-        try:
-            # kfp.local hands JSON numbers over as floats (2.0 for an enum): whole ones become ints.
-            plain = json.loads(
-                json.dumps(dict(entry)),
-                parse_float=lambda x: int(float(x)) if float(x).is_integer() else float(x),
-            )
-            json_format.ParseDict(plain, message, ignore_unknown_fields=False)
-        except (json_format.ParseError, TypeError, ValueError) as err:
-            raise ValueError(f"{what}: {str(err).splitlines()[0]}") from None
-        return kind.wrap(message)
-
-    spec = aiplatform_v1.StudySpec(
-        metrics=[parse(aiplatform_v1.StudySpec.MetricSpec, m, "metric") for m in metrics],
-        parameters=[
-            parse(aiplatform_v1.StudySpec.ParameterSpec, q, f"parameter {n}")
-            for n, q in enumerate(parameters, 1)
-        ],
-    )
+    kind = aiplatform_v1.StudySpec.MetricSpec
+    try:
+        parsed = [kind.wrap(json_format.ParseDict(dict(m), kind.pb(kind()))) for m in metrics]
+    except (json_format.ParseError, TypeError, ValueError) as err:
+        raise ValueError(f"metric: {str(err).splitlines()[0]}") from None
+    spec = aiplatform_v1.StudySpec(metrics=parsed, parameters=tuning.parse_search_space(parameters))
     if len(spec.metrics) != 1:
         raise ValueError(f"the study needs exactly one metric, got {len(spec.metrics)}")
     if not spec.parameters:
@@ -64,20 +51,16 @@ def parse_study(metrics: Sequence[Mapping[str, Any]], parameters: Sequence[Mappi
 def grid(spec: Any) -> dict[str, list[Any]]:
     """GRID_SEARCH's feasible points per parameter (every parameter INTEGER, DISCRETE or
     CATEGORICAL: aiplatform_v1 `StudySpec.Algorithm`)."""
-    from google.cloud import aiplatform_v1
-
     points: dict[str, list[Any]] = {}
     for p in spec.parameters:
-        kind = aiplatform_v1.StudySpec.ParameterSpec.pb(p).WhichOneof("parameter_value_spec")
-        if kind not in ("integer_value_spec", "discrete_value_spec", "categorical_value_spec"):
+        kind = tuning.value_spec_kind(p)
+        if kind not in tuning.GRID_VALUE_SPECS:
             raise ValueError(
                 f"GRID_SEARCH needs integer, discrete or categorical parameters; {p.parameter_id} is a double"
             )
-        values = getattr(p, kind)
+        v = getattr(p, kind)
         ints = kind == "integer_value_spec"
-        points[p.parameter_id] = list(
-            range(values.min_value, values.max_value + 1) if ints else values.values
-        )
+        points[p.parameter_id] = list(range(v.min_value, v.max_value + 1) if ints else v.values)
     return points
 
 
@@ -112,8 +95,8 @@ def suggest(trial: Any, spec: Any) -> dict[str, Any]:
     log_scale = aiplatform_v1.StudySpec.ParameterSpec.ScaleType.UNIT_LOG_SCALE
     values: dict[str, Any] = {}
     for p in spec.parameters:
-        kind = aiplatform_v1.StudySpec.ParameterSpec.pb(p).WhichOneof("parameter_value_spec")
-        if kind is None:
+        kind = tuning.value_spec_kind(p)
+        if not kind:
             raise ValueError(f"parameter {p.parameter_id} has no value spec")
         pid = p.parameter_id
         v = getattr(p, kind)
@@ -180,6 +163,7 @@ def run_tuning(
     rule: locally 0 fails the job only when every trial failed."""
     import optuna
     from google.cloud import aiplatform_v1
+    from google.protobuf import json_format
 
     stream = out or sys.stdout
     if max_trial_count < 1 or parallel_trial_count < 1:
@@ -195,23 +179,21 @@ def run_tuning(
     )
     if algorithm == "GRID_SEARCH":  # the study ends when the grid is exhausted
         max_trial_count = min(max_trial_count, math.prod(len(v) for v in grid(spec).values()))
-    base = base_output_directory.rstrip("/")
     table: list[dict[str, Any]] = []
     failed = 0
 
     def run_trial(number: int, params: dict[str, Any]) -> dict[str, Any]:
         trial_id = str(number)
-        trial_dir = Path(base) / trial_id
+        trial_dir = Path(base_output_directory) / trial_id
         metric_file = trial_dir / "hypertune" / "output.metrics"
         flags = [trial_flag(k, v) for k, v in params.items()]
         specs = copy.deepcopy(list(worker_pool_specs))
         for s in filter(None, specs):  # an empty pool keeps its place
             s["container_spec"]["args"] = [*s["container_spec"].get("args", []), *flags]
-        started = time.time()
         row: dict[str, Any] = {
             "id": trial_id,
             "parameters": [{"parameterId": k, "value": trial_value(v)} for k, v in params.items()],
-            "startTime": _timestamp(started),
+            "startTime": _timestamp(time.time()),
         }
         stream.write(f"[tune] trial {trial_id} started: {' '.join(flags)}\n")
         reason = ""
@@ -236,12 +218,8 @@ def run_tuning(
             reason = reason or f"the trial reported no {metric.metric_id} (cloudml-hypertune)"
             row.update(state="INFEASIBLE", infeasibleReason=reason, endTime=_timestamp(time.time()))
             return row
-        pick = max if maximize else min
-        step, value = (
-            pick(measurements, key=lambda m: m[1])
-            if measurement_selection == "BEST_MEASUREMENT"
-            else measurements[-1]
-        )
+        best = (max if maximize else min)(measurements, key=lambda m: m[1])  # the first of equals
+        final = best if measurement_selection == "BEST_MEASUREMENT" else measurements[-1]
         as_api = [
             {"stepCount": str(s), "metrics": [{"metricId": metric.metric_id, "value": v}]}
             for s, v in measurements
@@ -249,10 +227,10 @@ def run_tuning(
         row.update(
             state="SUCCEEDED",
             measurements=as_api,
-            finalMeasurement=as_api[measurements.index((step, value))],
+            finalMeasurement=as_api[measurements.index(final)],
             endTime=_timestamp(time.time()),
         )
-        stream.write(f"[tune] trial {trial_id} {metric.metric_id}={value:.4f}\n")
+        stream.write(f"[tune] trial {trial_id} {metric.metric_id}={final[1]:.4f}\n")
         return row
 
     with ThreadPoolExecutor(max_workers=parallel_trial_count) as pool:
@@ -281,7 +259,7 @@ def run_tuning(
                         )
     table.sort(key=lambda r: int(r["id"]))
     for row in table:  # the table must be what the API would return
-        _check_trial(row)
+        json_format.ParseDict(row, aiplatform_v1.Trial.pb(aiplatform_v1.Trial()))
     if not any(r["state"] == "SUCCEEDED" for r in table):
         raise RuntimeError(
             "every trial failed: " + "; ".join(f"{r['id']}: {r['infeasibleReason']}" for r in table)
@@ -291,10 +269,3 @@ def run_tuning(
 
 def _timestamp(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(math.modf(t)[0] * 1000):03d}Z"
-
-
-def _check_trial(row: Mapping[str, Any]) -> None:
-    from google.cloud import aiplatform_v1
-    from google.protobuf import json_format
-
-    json_format.ParseDict(row, aiplatform_v1.Trial.pb(aiplatform_v1.Trial()), ignore_unknown_fields=False)

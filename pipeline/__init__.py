@@ -15,7 +15,7 @@ from pipeline.dag import (
     create_pipeline,
     template_for,
 )
-from pipeline.options import PARAMETERS, REQUIRED, TARGETS, Parameter, parameters_for
+from pipeline.options import PARAMETERS, parameters_for
 from pipeline.step import NEVER_CACHED
 
 __all__ = [
@@ -25,11 +25,8 @@ __all__ = [
     "NEVER_CACHED",
     "PARAMETERS",
     "PIPELINE_NAME",
-    "REQUIRED",
     "ROOT",
-    "TARGETS",
     "Backend",
-    "Parameter",
     "compile_pipeline",
     "create_pipeline",
     "parameters_for",

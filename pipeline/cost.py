@@ -1,20 +1,16 @@
 """What a compiled pipeline costs in machine starts on Vertex, counted from its template.
 
-On Vertex AI Pipelines every container step runs as a Vertex `CustomJob` of its own, by default
-on a fresh e2-standard-4 VM (Google's "Specify the machine configuration for a pipeline step");
-docs/architecture.md#the-critical-path-machine-starts-on-vertex. The counting rule:
-
-- an importer, and a condition or a sub-DAG itself, start nothing (0);
-- a container step starts one VM (1);
-- a GCPC `CustomJob` or hyperparameter tuning launcher starts its own VM and then the job's (2);
-- GCPC's Dataflow Flex Template launcher starts its own VM, then Dataflow the template's launcher
-  VM, then the job's workers (3: "Flex Templates" run the launcher image on a VM of their own
-  before the job, https://cloud.google.com/dataflow/docs/guides/templates/using-flex-templates).
+Every container step runs as a Vertex `CustomJob` of its own, on a fresh VM (Google's "Specify
+the machine configuration for a pipeline step";
+docs/architecture.md#the-critical-path-machine-starts-on-vertex): an importer, a condition or a
+sub-DAG starts nothing (0); a container step one VM (1); a GCPC `CustomJob` or tuning launcher its
+own VM, then the job's (2); GCPC's Dataflow Flex Template launcher its own, then the template's
+launcher VM, then the job's workers (3: "Flex Templates",
+https://cloud.google.com/dataflow/docs/guides/templates/using-flex-templates).
 
 `critical_path(spec, scenario)` is the longest chain of starts through the DAG's dependencies,
-nested DAGs included; a branch the scenario (`tune`, `prepare_engine`) does not decide counts as
-taken, so the figure is the worst case. No public figure gives a start's duration: this module
-counts; it does not time.
+nested DAGs included; a branch the scenario does not decide counts as taken (the worst case).
+No public figure gives a start's duration: this module counts; it does not time.
 """
 
 from __future__ import annotations
@@ -34,10 +30,8 @@ SCENARIOS: dict[str, dict[str, bool | str]] = {
     "tuned": {"tune": True, "prepare_engine": "job"},
     "dataflow": {"tune": False, "prepare_engine": "beam"},
 }
-# The most starts a run may wait for, one after another: the image build (1), the plan (1),
-# the preparation, training and evaluation jobs (2 each), the upload (1) and the gate (1); the
-# tuning job (2) and the best trial (1) when tuning; on Dataflow the preparation's 2 become 4
-# (the launch 3, the wait 1). tests/test_pipeline_cost.py fails above it.
+# The most starts a run may wait for; tests/test_pipeline_cost.py fails above it (each chain:
+# docs/architecture.md#the-critical-path-machine-starts-on-vertex).
 BUDGET = {"default": 10, "tuned": 13, "dataflow": 12}
 _CONDITION = re.compile(
     r"^(!\()?inputs\.parameter_values\['pipelinechannel--([\w-]+)'\] == (true|'[^']*')\)?$"

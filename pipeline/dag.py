@@ -75,7 +75,7 @@ def _dag(target: str, p: dict[str, Any]) -> None:
 
     # 3. The dataset, prepared by a one-replica CPU job (locally with prepare_engine=beam too:
     # Beam's DirectRunner), or on Vertex with prepare_engine=beam by a Dataflow job.
-    tail = {**p, "plan": out, "champion": champion.outputs, "built": built.outputs}
+    tail = {**p, "where": where, "plan": out, "champion": champion.outputs, "built": built.outputs}
     if target == "vertex":
         with dsl.If(p["prepare_engine"] == "beam", name="prepare-on-dataflow"):
             prepared = dataflow_preparation(where, p, out, built.outputs, _job_settings(p))
@@ -100,13 +100,11 @@ def _tune_then_train(target: str, t: dict[str, Any], prepared: Any) -> None:
     """4-7. Tuning (optional), then training and everything after it in both branches: nothing
     joins them (no artifact `dsl.OneOf`: kubeflow/pipelines#13436; a KFP sub-pipeline compiles to
     different bytes from run to run)."""
-    where = {"project": t["project"], "location": t["location"]}
-    out = t["plan"]
     with dsl.If(t["tune"] == True, name="tuning-enabled"):  # noqa: E712 (a KFP condition)
-        best = BACKENDS[target].tuning(where, t, out, prepared)
+        best = BACKENDS[target].tuning(t["where"], t, t["plan"], prepared)
         _train_and_register(target, t, best.outputs["worker_pool_specs"], prepared)
     with dsl.Else(name="tuning-disabled"):
-        _train_and_register(target, t, out["training_pools"], prepared)
+        _train_and_register(target, t, t["plan"]["training_pools"], prepared)
 
 
 def _job_settings(p: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +124,7 @@ def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, pre
     """The training job (on the plan's or the best trial's pools), the evaluation job, then the
     registry. `t`: the parameters and the plan, find-champion and build outputs."""
     steps = BACKENDS[target]
-    where = {"project": t["project"], "location": t["location"]}
+    where = t["where"]
     plan = t["plan"]
     train = steps.custom_job(
         step.TRAIN,
@@ -150,7 +148,7 @@ def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, pre
         tf_version=t["serving_tf_version"],
         serving_accelerator=t["serving_accelerator"],
         custom_image_uri=t["built"]["serving_image_uri"],
-        model_uri=t["plan"]["model_uri"],
+        model_uri=plan["model_uri"],
         labels=t["labels"],
         source_commit=t["source_commit"],
         pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,

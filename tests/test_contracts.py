@@ -273,18 +273,10 @@ def trainer_flags() -> set[str]:
 
 
 def study_parameter_ids() -> list[str]:
-    """The keys of the search space `components.tuning.study_parameters` serializes, read from its
-    source (calling it imports google-cloud-aiplatform: seconds)."""
-    func = function_node("components/tuning.py", "study_parameters")
-    calls = [
-        n
-        for n in ast.walk(func)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "serialize_parameters"
-    ]
-    assert len(calls) == 1 and isinstance(calls[0].args[0], ast.Dict), "study_parameters changed shape"
-    ids = [_string(k) for k in calls[0].args[0].keys if k is not None]
-    assert ids and all(ids), "the search space's keys must be literal strings"
-    return [str(i) for i in ids]
+    """The parameter ids of the Vertex template's search space (`components.tuning`)."""
+    from components import tuning
+
+    return [str(s["parameter_id"]) for s in tuning.VERTEX_SEARCH_SPACE]
 
 
 def trainer_args(**overrides: Any) -> list[str]:

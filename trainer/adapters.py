@@ -2,15 +2,8 @@
 
 Every private name of a library that `trainer/` relies on is used here and nowhere else, and
 tests/trainer/test_adapters.py exercises each against the installed libraries, so an upgrade
-that changes one fails there, not in a job.
-
-- tf-keras `BackupAndRestore._backup(epoch, batch=0)` (`back_up`): checked when a `Backup` is built.
-- tf-keras `BackupAndRestore`'s checkpoint layout: checked by the tests, a real backup read back.
-- TFDS `DatasetBuilder._make_download_manager(download_dir, download_config)`: checked before each use.
-- tf-keras `Callback._supports_tf_logs` (`take_tensor_logs`): only speed depends on it, so tests only
-  (a real `fit` must hand the callback tensors).
-
-No TensorFlow at import: the checks import the libraries they check when they run.
+that changes one fails there, not in a job; `check_*` also run before each use. No TensorFlow
+at import: the checks import the libraries they check when they run.
 """
 
 from __future__ import annotations
@@ -35,16 +28,14 @@ def check_backup_and_restore() -> None:
     from trainer._tf import keras
 
     method = getattr(keras.callbacks.BackupAndRestore, BACKUP_METHOD, None)
-    if not callable(method):
-        found = "no such method"
-    else:
-        parameters = inspect.signature(method).parameters
-        params, default = tuple(parameters), getattr(parameters.get("batch"), "default", None)
-        if params == BACKUP_METHOD_PARAMS and default == 0:
-            return
-        found = f"parameters {params}" if params != BACKUP_METHOD_PARAMS else f"batch default {default!r}"
+    parameters: Any = inspect.signature(method).parameters if callable(method) else {}
+    params, default = tuple(parameters), getattr(parameters.get("batch"), "default", None)
+    if params == BACKUP_METHOD_PARAMS and default == 0:
+        return
+    found = f"parameters {params}" if params != BACKUP_METHOD_PARAMS else f"batch default {default!r}"
     raise RuntimeError(
-        f"tf_keras {keras.__version__}: BackupAndRestore.{BACKUP_METHOD} has {found}, expected "
+        f"tf_keras {keras.__version__}: BackupAndRestore.{BACKUP_METHOD} has "
+        f"{found if callable(method) else 'no such method'}, expected "
         f"parameters {BACKUP_METHOD_PARAMS} with batch=0 (as in tf_keras {TF_KERAS_CHECKED_VERSION}); "
         "trainer.adapters.back_up (trainer.callbacks.Backup's save) needs updating for this tf_keras"
     )
@@ -58,7 +49,8 @@ def back_up(callback: Any, epoch: int, batch: int = 0) -> None:
 
 def take_tensor_logs(callback: Any) -> None:
     """Makes tf-keras hand `callback` its logs as tensors: otherwise Keras converts them to
-    numbers after every step, which makes each step wait for the device."""
+    numbers after every step, which makes each step wait for the device (only speed depends on
+    it, so only the tests check it: a real `fit` must hand the callback tensors)."""
     setattr(callback, TENSOR_LOGS_ATTRIBUTE, True)
 
 

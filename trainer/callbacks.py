@@ -188,11 +188,20 @@ class StopRequest:
         )[0].numpy()
         return bool(flags > 0), max(1, int(steps))
 
+    def stopping(self, prefix: str, what: str) -> Terminated:
+        """Logs that SIGTERM reached this replica or another, then `what`; returns the Terminated to raise."""
+        who = "this replica" if self.received else "another replica"
+        log(
+            prefix,
+            f"SIGTERM received by {who}: {what}, then exiting with status {TERMINATED_EXIT_CODE} "
+            "(a restart resumes from the backup)",
+        )
+        return Terminated(what)
+
     def check(self, prefix: str, what: str) -> None:
         """Raises Terminated if this replica received SIGTERM (no collective: for the chief's steps alone)."""
         if self.received:
-            log(prefix, f"SIGTERM received: {what}; exiting with status {TERMINATED_EXIT_CODE}")
-            raise Terminated(what)
+            raise self.stopping(prefix, what)
 
 
 # How often, in seconds of training, the replicas check for a SIGTERM received by any of them:
@@ -243,23 +252,16 @@ class Backup(keras.callbacks.BackupAndRestore):
         stop, self._to_next_poll = self.stop.poll(max(1, int(POLL_SECONDS / max(per_step, 1e-6))))
         self._since, self._since_time = 0, now
         if stop:
-            self._stop(f"backing up epoch {self.epoch + 1} at step {batch + 1}/{self.steps}")
+            error = self.stop.stopping(
+                self.prefix, f"backing up epoch {self.epoch + 1} at step {batch + 1}/{self.steps}"
+            )
             adapters.back_up(self, epoch=self.epoch, batch=batch)
-            raise Terminated(f"stopped on SIGTERM after step {batch + 1} of epoch {self.epoch + 1}")
+            raise error
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         adapters.back_up(self, epoch=epoch)  # the saved step is the epoch's last: a restart starts the next
         if self.stop.agreed():
-            self._stop(f"epoch {epoch + 1} is backed up")
-            raise Terminated(f"stopped on SIGTERM after epoch {epoch + 1}")
-
-    def _stop(self, what: str) -> None:
-        who = "this replica" if self.stop.received else "another replica"
-        log(
-            self.prefix,
-            f"SIGTERM received by {who}: {what}, then exiting with status {TERMINATED_EXIT_CODE} "
-            "(a restart resumes from the backup)",
-        )
+            raise self.stop.stopping(self.prefix, f"epoch {epoch + 1} is backed up")
 
 
 # --- the exported epoch: the best by --hp_metric, and early stopping ---------------------------

@@ -306,16 +306,13 @@ def parse_args(
     }
     config = TrainConfig(**{**vars(ns), **paths})  # a flag per field
     for name in ("checkpoint_dir", "tensorboard_dir"):
-        if _same_or_inside(getattr(config, name), config.model_dir):
+        path = getattr(config, name)
+        if path == config.model_dir or path.startswith(config.model_dir.rstrip("/") + "/"):
             parser.error(
-                f"--{name} must not be --model_dir or inside it ({getattr(config, name)}): the "
+                f"--{name} must not be --model_dir or inside it ({path}): the "
                 "model folder is published as a whole when training ends"
             )
     return config
-
-
-def _same_or_inside(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 # --- the worker pool's hardware request ----------------------------------------------------

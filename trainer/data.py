@@ -1,10 +1,8 @@
 """The training input pipeline over a prepared dataset (see `trainer.prepare`).
 
 Shards are read in parallel and sharded across workers by FILE, images stay uint8 until the
-device, batches are prefetched, evaluation order is deterministic. A split whose decoded size per
-worker (from metadata.json) fits what is left of the cache budget (`cache_budget`;
-docs/running.md#memory) is cached decoded (training order then non-deterministic); a larger one is
-streamed every epoch through a shuffle buffer sized to the budget (`plan_cache`, one line per split).
+device, evaluation order is deterministic. A split that fits what is left of the cache budget is
+cached decoded, a larger one streamed through a shuffle buffer (`plan_cache`; docs/running.md#memory).
 """
 
 from __future__ import annotations
@@ -159,10 +157,8 @@ def worker_examples(info: SplitInfo, num_workers: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class SplitPlan:
-    """How one split is read, decided from metadata.json and the budget before reading it:
-    `examples` is the most any worker reads, `decoded_bytes` what caching them takes,
-    `available_bytes` what the splits planned before left of the budget, `shuffle_buffer` the
-    training buffer (streamed: also cut to what the budget affords, `plan_cache`)."""
+    """How one split is read (`plan_cache`): `examples` is the most any worker reads,
+    `available_bytes` what the splits planned before left of the budget."""
 
     split: str
     cache: bool
@@ -174,16 +170,13 @@ class SplitPlan:
     requested_shuffle_buffer: int
 
     def describe(self, shards: int) -> str:
-        size = (
-            f"{self.examples:,} examples x {_size(self.decoded_bytes / max(self.examples, 1))} = "
-            f"{_size(self.decoded_bytes)} decoded per worker"
-        )
+        per = self.decoded_bytes // max(self.examples, 1)
+        size = f"{self.examples:,} examples x {_size(per)} = {_size(self.decoded_bytes)} decoded per worker"
         budget = f"{_size(self.available_bytes)} of the cache budget left (budget {_size(self.budget.bytes)}: {self.budget.source})"
         if self.cache:
             return f"split {self.split!r}: cached in memory: {size} fits {budget}"
         line = f"split {self.split!r}: streamed from {shards} shard(s) every epoch: {size} exceeds {budget}"
         if self.split == "train":
-            per = self.decoded_bytes // max(self.examples, 1)
             line += (
                 f"; training shuffle buffer {self.shuffle_buffer:,} examples ({_size(self.shuffle_buffer * per)}"
                 f" decoded, charged {STREAM_BUFFER_FACTOR}x)"

@@ -1,9 +1,5 @@
 """What a prepared dataset's metadata.json says (`load_metadata`, `DatasetMetadata`), and its
-shards checked against it.
-
-The shards are checked against metadata.json's manifest whenever a dataset is loaded
-(`verify_shards`); a record found corrupt later is explained the same way (`explain_read_error`).
-"""
+shards checked against it."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ from trainer.contract import METADATA_FORMAT_VERSION as FORMAT_VERSION
 
 
 class DataError(ValueError):
-    """A prepared dataset's files do not match its metadata.json, or metadata.json is not one this
-    trainer reads: the message names the file, what was expected and found, and what to do.
+    """The prepared files do not match metadata.json, or it is not one this trainer reads.
     `faults`: (the shard, split or file, a FAULT_KINDS kind) for each fault, in order."""
 
     def __init__(self, message: str, faults: Iterable[Fault] = ()) -> None:
@@ -83,33 +78,26 @@ class DatasetMetadata:
     fingerprint: str
     source: str
     manifest_fingerprint: str = ""
-    """The fingerprint computed again from metadata.json's own entries (`manifest_fingerprint`):
-    not `fingerprint` when metadata.json was edited after preparation ("": not computed)."""
+    """`manifest_fingerprint` of metadata.json's entries: not `fingerprint` if edited ("": not computed)."""
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], data_dir: str = ".") -> DatasetMetadata:
+    def from_json(cls, data: Mapping[str, Any], data_dir: str) -> DatasetMetadata:
         """Raises DataError, naming `data_dir`'s metadata.json and what to do, when it is of
         another format_version or malformed."""
         where = storage.join(data_dir, METADATA_FILE)
         if not isinstance(data, Mapping):
             raise DataError(f"{where} is not a JSON object: {reprepare('SOURCE', data_dir)}")
-        version = data.get("format_version")
+        version, again = data.get("format_version"), reprepare(str(data.get("source", "SOURCE")), data_dir)
         if version != FORMAT_VERSION:
-            again = reprepare(str(data.get("source", "SOURCE")), data_dir)
-            if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
-                why, again = "a newer trainer.prepare", f"use the trainer that prepared it, or {again}"
-            else:
-                why = (
-                    "an older trainer.prepare, whose metadata.json records no size, record count or "
-                    "SHA-256 per shard to check the shards against"
-                )
+            newer = isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION
             raise DataError(
-                f"{where} has format_version {version!r}, written by {why}; this trainer reads "
-                f"format_version {FORMAT_VERSION}: {again}"
+                f"{where} has format_version {version!r}, written by {'a newer' if newer else 'an older'} "
+                f"trainer.prepare; this trainer reads format_version {FORMAT_VERSION}: "
+                f"{'use the trainer that prepared it, or ' if newer else ''}{again}"
             )
         try:
             splits = {name: _split_info(name, s) for name, s in data["splits"].items()}
@@ -124,12 +112,10 @@ class DatasetMetadata:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             what = f"lacks {e}" if isinstance(e, KeyError) else str(e)
-            raise DataError(
-                f"{where} is malformed ({what}): {reprepare(str(data.get('source', 'SOURCE')), data_dir)}"
-            ) from None
+            raise DataError(f"{where} is malformed ({what}): {again}") from None
         missing = [s for s in SPLITS if s not in splits]
         if missing:
-            raise DataError(f"{where} lacks the split(s) {missing}: {reprepare(meta.source, data_dir)}")
+            raise DataError(f"{where} lacks the split(s) {missing}: {again}")
         return meta
 
 
@@ -139,17 +125,15 @@ SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 def _split_info(split: str, s: Mapping[str, Any]) -> SplitInfo:
     files = []
     for i, entry in enumerate(s["shards"]):
-        if not isinstance(entry, Mapping) or sorted(entry) != sorted(METADATA_SHARD_KEYS):
-            raise ValueError(
-                f"shard {i} of split {split!r} is {json.dumps(entry)[:80]}, expected an object of "
-                f"exactly {list(METADATA_SHARD_KEYS)}"
-            )
-        name, size, records, sha = (entry[k] for k in METADATA_SHARD_KEYS)
+        keyed = isinstance(entry, Mapping) and sorted(entry) == sorted(METADATA_SHARD_KEYS)
+        fields: Any = [entry[k] for k in METADATA_SHARD_KEYS] if keyed else [None] * 4
+        name, size, records, sha = fields
         whole = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (size, records))
         if not (isinstance(name, str) and whole and isinstance(sha, str) and SHA256_HEX.fullmatch(sha)):
             raise ValueError(
-                f"shard {i} of split {split!r}: expected a file name, whole non-negative bytes and "
-                f"records, and a SHA-256 of 64 hex digits, found {json.dumps(entry)}"
+                f"shard {i} of split {split!r}: expected an object of exactly {list(METADATA_SHARD_KEYS)}: "
+                f"a file name, whole non-negative bytes and records, and a SHA-256 of 64 hex digits, "
+                f"found {json.dumps(entry)[:200]}"
             )
         files.append(ShardInfo(name, size, records, sha))
     return SplitInfo(
@@ -237,27 +221,21 @@ def verify_shards(data_dir: str, meta: DatasetMetadata, verify: str | None = Non
     mode = verify or os.environ.get(VERIFY_ENV) or "size"
     if mode not in VERIFY_MODES:
         raise ValueError(f"verify={mode!r} (or ${VERIFY_ENV}): expected one of {VERIFY_MODES}")
-    _check_manifest(data_dir, meta)
-    problems = _check_files(data_dir, meta)
+    problems = _check_manifest(meta) or _check_files(data_dir, meta)
     if problems:
         raise _mismatch(data_dir, meta, problems)
     edited = bool(meta.manifest_fingerprint) and meta.manifest_fingerprint != meta.fingerprint
     if not edited and mode != "full":
         return
     problems = _audit(data_dir, meta, _listed(meta))
-    if edited and not problems:
-        problems = _read_all(data_dir, meta)
     if edited:
+        problems = problems or _read_all(data_dir, meta)
+        unknown = ", and every shard matches its entry and reads intact: which files were prepared is unknown"
         text = (
             f"metadata.json's entries no longer give its fingerprint (it records {meta.fingerprint}; "
             f"its classes, counts and shard entries give {meta.manifest_fingerprint}): it was edited "
-            "after preparation"
+            f"after preparation{'' if problems else unknown}"
         )
-        if not problems:
-            text += (
-                ", and every shard matches the edited entries and reads intact, so which files were "
-                "prepared is unknown"
-            )
         problems.insert(0, Fault(METADATA_FILE, "fingerprint", text))
     if problems:
         raise _mismatch(data_dir, meta, problems)
@@ -281,7 +259,7 @@ def _where(split: str, shard: str) -> str:
     return f"shard {shard} of split {split!r}"
 
 
-def _check_manifest(data_dir: str, meta: DatasetMetadata) -> None:
+def _check_manifest(meta: DatasetMetadata) -> list[Fault]:
     """metadata.json against itself and trainer.prepare's rules: no file is read."""
     problems = []
     for split in SPLITS:
@@ -306,8 +284,7 @@ def _check_manifest(data_dir: str, meta: DatasetMetadata) -> None:
                     f"written round-robin into {n} shards put {records} there"
                 )
                 problems.append(Fault(entry.name, "record_count", text))
-    if problems:
-        raise _mismatch(data_dir, meta, problems)
+    return problems
 
 
 def _listed(meta: DatasetMetadata, splits: Iterable[str] = SPLITS) -> list[tuple[str, ShardInfo]]:
@@ -320,8 +297,7 @@ def _path(data_dir: str, name: str) -> str:
 
 def _check_files(data_dir: str, meta: DatasetMetadata) -> list[Fault]:
     """Missing, extra and resized shards (a resized one hashed, to say what it holds)."""
-    folder = storage.resolve(data_dir)
-    present = {name.rstrip("/") for name in tf.io.gfile.listdir(folder)}
+    present = {name.rstrip("/") for name in tf.io.gfile.listdir(storage.resolve(data_dir))}
     listed = _listed(meta)
     names = {entry.name for _, entry in listed}
     problems: list[Fault] = []
@@ -338,11 +314,7 @@ def _check_files(data_dir: str, meta: DatasetMetadata) -> list[Fault]:
                 "shard of another preparation, or a copy); remove it"
             )
             problems.append(Fault(name, "extra", text))
-    if resized:
-        found = _hash_all(data_dir, resized)
-        problems[:0] = [
-            _content_problem(meta, split, entry, *found[entry.name], data_dir) for split, entry in resized
-        ]
+    problems[:0] = _audit(data_dir, meta, resized) if resized else []  # another size: another SHA-256
     return problems
 
 
@@ -358,27 +330,22 @@ def shard_digest(path: str) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
-def _hash_all(data_dir: str, listed: list[tuple[str, ShardInfo]]) -> dict[str, tuple[str | None, int]]:
-    """{shard name: (SHA-256 hex, bytes)} of each listed shard; (None, 0) for one that is gone."""
+def _audit(data_dir: str, meta: DatasetMetadata, listed: list[tuple[str, ShardInfo]]) -> list[Fault]:
+    """The `listed` shards whose bytes are not those metadata.json records, each hashed (a shard
+    that is gone: SHA-256 None)."""
 
-    def one(entry: ShardInfo) -> tuple[str | None, int]:
+    def digest(item: tuple[str, ShardInfo]) -> tuple[str | None, int]:
         try:
-            return shard_digest(_path(data_dir, entry.name))
+            return shard_digest(_path(data_dir, item[1].name))
         except (FileNotFoundError, tf.errors.NotFoundError):
             return None, 0
 
     with concurrent.futures.ThreadPoolExecutor(HASH_THREADS) as pool:
-        digests = list(pool.map(one, [entry for _, entry in listed]))
-    return {entry.name: digest for (_, entry), digest in zip(listed, digests, strict=True)}
-
-
-def _audit(data_dir: str, meta: DatasetMetadata, listed: list[tuple[str, ShardInfo]]) -> list[Fault]:
-    """The `listed` shards whose bytes are not those metadata.json records, each hashed."""
-    found = _hash_all(data_dir, listed)
+        found = list(pool.map(digest, listed))
     return [
-        _content_problem(meta, split, entry, *found[entry.name], data_dir)
-        for split, entry in listed
-        if found[entry.name][0] != entry.sha256
+        _content_problem(meta, split, entry, sha, size, data_dir)
+        for (split, entry), (sha, size) in zip(listed, found, strict=True)
+        if sha != entry.sha256
     ]
 
 
@@ -400,7 +367,7 @@ def _content_problem(
         kind = "swapped"
         what = f"it holds the content of {_where(twin[0], twin[1].name)}: swapped or copied over"
     else:
-        kind, what = _read_fault(_path(data_dir, entry.name), entry.records) or ("replaced", "")
+        kind, what = _read_fault(data_dir, entry) or ("replaced", "")
         if kind == "truncated":
             what += ", all intact: truncated or replaced by other records"
         elif kind == "replaced":
@@ -417,9 +384,7 @@ def _read_all(data_dir: str, meta: DatasetMetadata) -> list[Fault]:
     shard whose entry was edited to its new size and SHA-256."""
     listed = _listed(meta)
     with concurrent.futures.ThreadPoolExecutor(HASH_THREADS) as pool:
-        found = list(
-            pool.map(lambda item: _read_fault(_path(data_dir, item[1].name), item[1].records), listed)
-        )
+        found = list(pool.map(lambda item: _read_fault(data_dir, item[1]), listed))
     problems = []
     for (split, entry), fault in zip(listed, found, strict=True):
         if fault is not None:
@@ -431,16 +396,16 @@ def _read_all(data_dir: str, meta: DatasetMetadata) -> list[Fault]:
     return problems
 
 
-def _read_fault(path: str, records: int) -> tuple[str, str] | None:
-    """("corrupted" or "truncated", what was found) when the records of the TFRecord file `path`
-    stop reading intact or are not `records`; None when `records` read intact."""
+def _read_fault(data_dir: str, entry: ShardInfo) -> tuple[str, str] | None:
+    """("corrupted" or "truncated", what was found) when the shard's records stop reading intact or
+    are not `entry.records`; None when they all read intact."""
     intact = 0
     try:
-        for _ in tf.data.TFRecordDataset(path).as_numpy_iterator():
+        for _ in tf.data.TFRecordDataset(_path(data_dir, entry.name)).as_numpy_iterator():
             intact += 1
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
         return "corrupted", f"{_records(intact)} read intact, then {_first_cause(e)}"
-    return None if intact == records else ("truncated", f"it holds {_records(intact)}")
+    return None if intact == entry.records else ("truncated", f"it holds {_records(intact)}")
 
 
 def _first_cause(error: tf.errors.OpError) -> str:

@@ -1,17 +1,13 @@
 """Who am I in the cluster, and which distribution strategy to build.
 
-The cluster comes from `TF_CONFIG` as Vertex AI writes it: worker pool 0 is the `chief` (one
-replica), pool 1 the `worker`s, and pool 2, when the job has one, `ps` (Vertex's "Distributed
-training" page, "The format of TF_CONFIG": pool 2 is "Parameter servers, Reduction Server", and
-its example lists pool 2's replica under `ps`;
-https://cloud.google.com/vertex-ai/docs/training/distributed-training). Without `TF_CONFIG` this
-process is a whole single-machine job. Only `create_strategy` needs TensorFlow.
+`TF_CONFIG` as Vertex AI writes it: pool 0 is the `chief`, pool 1 the `worker`s, pool 2 `ps`
+("The format of TF_CONFIG": pool 2 is "Parameter servers, Reduction Server";
+https://cloud.google.com/vertex-ai/docs/training/distributed-training); without it, one machine.
 
-The strategy spans the training tasks (chief + workers) only: with `ps` in its cluster,
-TensorFlow 2.21's MultiWorkerMirroredStrategy makes `ps` task 0 its coordination service's leader
+The strategy spans the chief and workers only: with `ps` in its cluster, TensorFlow 2.21's
+MultiWorkerMirroredStrategy makes `ps` task 0 its coordination service's leader
 (`multi_worker_util.coordination_leader`), and a Reduction Server replica is no TensorFlow server,
-so every replica would wait forever (tests/trainer/test_reduction_server.py,
-docs/architecture.md#reduction-server).
+so every replica would wait forever (docs/architecture.md#reduction-server).
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ before any training: not 1 (a failure with a traceback), 2 (bad flags) or 143 (S
 
 @dataclasses.dataclass(frozen=True)
 class ClusterInfo:
-    """This process's place in the training cluster: `task_type` None is a single machine;
-    `training_cluster` the strategy's cluster; `other_task_types` those TF_CONFIG also lists."""
+    """This process's place in the cluster (`task_type` None: a single machine)."""
 
     task_type: str | None = None
     task_index: int = 0
@@ -44,8 +39,7 @@ class ClusterInfo:
 
     @property
     def is_chief(self) -> bool:
-        """Who writes final artifacts: the `chief` task (Vertex's layout), worker 0 in a cluster
-        without one, a single machine."""
+        """Who writes final artifacts: the chief, else worker 0, or a single machine."""
         if self.task_type is None or self.task_type == "chief":
             return True
         return self.task_type == "worker" and self.task_index == 0 and "chief" not in self.training_cluster
@@ -106,9 +100,8 @@ def cluster_from_tf_config(tf_config: str | Mapping[str, Any] | None) -> Cluster
 
 def create_strategy(cluster: ClusterInfo) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy over `cluster.training_cluster` for several machines, else
-    MirroredStrategy over this machine's GPUs (or its CPU). Must run before any other TensorFlow
-    op. All-reduce: NCCL on GPUs, which Reduction Server needs (Google's plugin is an NCCL
-    transport), TensorFlow's ring on CPUs."""
+    MirroredStrategy; before any other TensorFlow op. All-reduce: NCCL on GPUs (Reduction
+    Server's plugin is an NCCL transport), TensorFlow's ring on CPUs."""
     from trainer._tf import tf
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -163,8 +156,8 @@ def gpu_shortfall(
     seen_by: str,
     detail: str = "",
 ) -> str | None:
-    """The one rule (`local.jobs` words its refusal the same: tests/local/test_jobs_gpus.py): None
-    when `gpus` (what `seen_by` sees) covers what the pool asked for, else the one line saying so."""
+    """None when `gpus` (what `seen_by` sees) covers what the pool asked for, else the one line
+    saying so (`local.gpus` words it the same: tests/local/test_jobs_gpus.py)."""
     asked = request.accelerator_count
     if gpus >= asked:
         return None
@@ -189,8 +182,7 @@ def visible_devices() -> tuple[int, list[str], str]:
 
 
 def describe_build(version: str, info: Mapping[str, Any]) -> str:
-    """`TensorFlow 2.21.0 built with CUDA 12.5.1, cuDNN 9` (or `built without CUDA`), from
-    `tf.sysconfig.get_build_info()`."""
+    """`TensorFlow 2.21.0 built with CUDA 12.5.1, cuDNN 9`, from `tf.sysconfig.get_build_info()`."""
     if not info.get("is_cuda_build"):
         return f"TensorFlow {version} built without CUDA"
     return f"TensorFlow {version} built with CUDA {info.get('cuda_version', '?')}, cuDNN {info.get('cudnn_version', '?')}"
@@ -222,8 +214,8 @@ def driver_versions() -> str:
 
 
 def check_gpus(request: GpuRequest, cluster: ClusterInfo) -> str:
-    """Before the strategy: raises GpusMissing (one line) when TensorFlow sees fewer GPUs than
-    the worker pool asked for; else returns a line saying what was asked and what is seen."""
+    """Before the strategy: raises GpusMissing when TensorFlow sees fewer GPUs than the pool asked
+    for; else returns a line saying what was asked and what is seen."""
     pool, role = pool_and_role(cluster)
     gpus, names, build = visible_devices()
     problem = gpu_shortfall(pool, role, request, gpus, names, "TensorFlow", build)

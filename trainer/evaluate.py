@@ -1,11 +1,10 @@
 """Evaluates models side by side on one prepared dataset's split, the way they are served:
 `python -m trainer.evaluate --data_dir D --model_dir CHALLENGER [--champion_dir CHAMPION]`.
 
-The champion/challenger gate's like-for-like comparison (docs/training.md, "The gate"): the
-champion's recorded figures may come from other data, so the evaluation job runs both models on
-this run's test split, through their `serving_default` signature on stored images encoded as PNG
-(lossless), so each decodes and resizes as served. Writes `evaluation.json`
-(trainer.contract.EVALUATION_KEYS) into `--output_dir` (default: $AIP_MODEL_DIR).
+The gate's like-for-like comparison (docs/training.md, "The gate"): both models run on this run's
+test split through `serving_default` on the stored images encoded as PNG (lossless), so each
+decodes and resizes as served. Writes `evaluation.json` (trainer.contract.EVALUATION_KEYS) into
+`--output_dir` (default: $AIP_MODEL_DIR).
 
 Before any image is read, both models must load with the signature and have been trained on the
 dataset's class names in the same order. Exit status 2 on a bad flag, 1 when a model or the
@@ -65,25 +64,27 @@ def predict_split(
     meta: Any,
     split: str,
     *,
-    progress: Callable[[int, int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+    what: str = "",
 ) -> tuple[Any, Any]:
     """(labels [N], probabilities [N, K]) of `predict` (uint8 image batch -> probabilities) over a
-    whole split, in the stored order."""
+    whole split, in the stored order; `log` is told how far `what` is, about every quarter of the split."""
     import numpy as np
 
     from trainer import data, datasetinfo
     from trainer._tf import tf
 
     ds = data.make_dataset(data_dir, meta, split, batch_size=MAX_INSTANCES, training=False)
-    labels, probs, done = [], [], 0
+    labels, probs, done, mark = [], [], 0, 0
     total = meta.splits[split].count
     try:
         for x, y in ds:
             probs.append(np.asarray(predict(x)))
             labels.append(y.numpy())
             done += len(labels[-1])
-            if progress is not None:
-                progress(done, total)
+            if log is not None and (done >= mark or done == total):
+                log(f"evaluating {what}: {done}/{total} {split} images")
+                mark = done + max(1, total // 4)
     except tf.errors.DataLossError as err:  # a corrupt record: name the split's shards
         raise datasetinfo.explain_read_error(err, data_dir, meta, split) from None
     if not labels:
@@ -152,9 +153,7 @@ def evaluate(
     for role, model_dir in models.items():
         started = time.perf_counter()
         log(f"evaluating {role} {model_dir}: {meta.splits[split].count} {split} images, as served")
-        labels, probs = predict_split(
-            predictors[role], data_dir, meta, split, progress=_progress(role, split, log)
-        )
+        labels, probs = predict_split(predictors[role], data_dir, meta, split, log=log, what=role)
         figures = summarize(labels, probs, meta.class_names)
         if predicted and not np.array_equal(labels, predicted["labels"]):
             raise EvaluationError(
@@ -181,18 +180,6 @@ def evaluate(
         )
         log(f"compared: {pairedstats.describe(out['comparison'])}")
     return out
-
-
-def _progress(role: str, split: str, log: Callable[[str], None]) -> Callable[[int, int], None]:
-    """Says how far the evaluation of one model is, about every quarter of the split."""
-    marks = {"next": 0}
-
-    def progress(done: int, total: int) -> None:
-        if done >= marks["next"] or done == total:
-            log(f"evaluating {role}: {done}/{total} {split} images")
-            marks["next"] = done + max(1, total // 4)
-
-    return progress
 
 
 def _fmt(value: Any) -> str:

@@ -1,14 +1,9 @@
 """`python -m trainer.flagcheck`: the trainer's own flag rules, applied before any job starts.
 
-The front door (`make run`, `make schedule`) applies the trainer's own parsers (`trainer.config`,
-`trainer.prepare`) to the flags a run would hand the jobs, in milliseconds. No TensorFlow.
+The parsers of `trainer.config` and `trainer.prepare`, no TensorFlow:
 
     stdin:  {"trainer.task": ["--epochs=0", ...], "trainer.prepare": ["--shards=0", ...]}
     stdout: [{"program": "trainer.task", "flags": ["epochs"], "message": "..."}, ...]
-
-Every flag is parsed on its own (so every bad flag is named, not only the first), then the whole
-command line once, for the rules between flags (e.g. `--weights imagenet` with `--backbone
-tiny`). The folders a job gets from Vertex (`--data_dir`, `AIP_MODEL_DIR`) are stood in for.
 """
 
 from __future__ import annotations
@@ -42,8 +37,9 @@ class FlagParser(argparse.ArgumentParser):
 
 
 def problems(program: str, argv: Sequence[str]) -> list[dict[str, Any]]:
-    """Every problem the program's own parser finds in `argv`: each flag alone, then (if all pass)
-    the whole parse, for the rules between flags."""
+    """Every problem the program's own parser finds in `argv`: each flag alone (so every bad flag
+    is named), then (if all pass) the whole parse, for the rules between flags (e.g. `--weights
+    imagenet` with `--backbone tiny`)."""
     from trainer import config, prepare
 
     module: Any = config if program == "trainer.task" else prepare
@@ -70,8 +66,7 @@ def main() -> int:
     if unknown:
         sys.stderr.write(f"unknown programs {unknown}; allowed: {sorted(STAND_INS)}\n")
         return 2
-    out = [p for program, argv in request.items() for p in problems(program, argv)]
-    json.dump(out, sys.stdout)
+    json.dump([p for program, argv in request.items() for p in problems(program, argv)], sys.stdout)
     return 0
 
 

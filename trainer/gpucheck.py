@@ -35,8 +35,7 @@ from trainer.distribute import (
 )
 
 RESULT_FILE = "gpu_check.json"
-"""The summary's file name in `--output_dir` (`launch.gpucheck.RESULT_FILE` reads the same name;
-tests/launch/test_gpucheck.py keeps them equal)."""
+"""The summary's file name in `--output_dir` (`launch.gpucheck.RESULT_FILE`; its test keeps them equal)."""
 RESULT_KEYS = (
     "ok",
     "error",
@@ -54,7 +53,6 @@ RESULT_KEYS = (
     "wall_seconds",
 )
 """The summary's keys (`launch.gpucheck.RESULT_READ` lists those it reads)."""
-NVIDIA_SMI_QUERY = "index,name,driver_version,memory.total,compute_cap"
 PROG = "python -m trainer.gpucheck"
 
 
@@ -87,8 +85,8 @@ def nvidia_smi() -> list[str] | None:
     path = shutil.which("nvidia-smi")
     if not path:
         return None
+    query = [path, "--query-gpu=index,name,driver_version,memory.total,compute_cap", "--format=csv,noheader"]
     try:
-        query = [path, f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader"]
         done = subprocess.run(query, capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         return [f"nvidia-smi failed: {err}"]

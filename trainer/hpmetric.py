@@ -26,16 +26,11 @@ class MetricFileError(RuntimeError):
     """The tuning metric file cannot be written by this process."""
 
 
-def metric_file(environ: Mapping[str, str]) -> str:
-    """The path `HyperTune` writes to, as it chooses it."""
-    return environ.get(METRIC_FILE_ENV, DEFAULT_METRIC_FILE)
-
-
 def reporting_file(environ: Mapping[str, str]) -> str | None:
-    """The metric file, checked writable (its folder created, an existing file kept); None when
-    it is not and this is no trial (one warning on stderr per path). In a trial an unwritable
-    file raises `MetricFileError` naming the path, this process's uid and the fix."""
-    path = metric_file(environ)
+    """The metric file `HyperTune` chooses, checked writable (its folder created, an existing file
+    kept); None when it is not and this is no trial (one warning on stderr per path). In a trial
+    an unwritable file raises `MetricFileError` naming the path, this process's uid and the fix."""
+    path = environ.get(METRIC_FILE_ENV, DEFAULT_METRIC_FILE)
     try:
         if not os.path.dirname(path):  # HyperTune() would fail making the folder of "" (os.makedirs)
             raise OSError(f"{METRIC_FILE_ENV} names no folder (HyperTune needs one): {path!r}")
@@ -46,9 +41,8 @@ def reporting_file(environ: Mapping[str, str]) -> str | None:
     except OSError as e:
         error = MetricFileError(
             f"cannot write the hyperparameter tuning metric file {path!r} as uid {os.geteuid()} "
-            f"({e.strerror or e}): a trial that cannot write it reports nothing. Run the image as "
-            f"root or make the folder writable in the Dockerfile; outside Vertex AI, set {METRIC_FILE_ENV} "
-            "to a writable path"
+            f"({e.strerror or e}): run the image as root or make the folder writable in the "
+            f"Dockerfile; outside Vertex AI, set {METRIC_FILE_ENV} to a writable path"
         )
     if environ.get(TRIAL_ID_ENV):
         raise error

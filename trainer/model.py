@@ -271,12 +271,11 @@ def compile_model(
     if config.class_weights == "balanced" and class_counts is None:
         raise ValueError("class_weights=balanced needs the training split's class counts")
     weights = balanced_class_weights(class_counts) if config.class_weights == "balanced" else None
-    num_classes = int(model.output_shape[-1])
     model.compile(
         optimizer=keras.optimizers.Adam(
             learning_rate(config, global_batch or config.per_replica_batch_size, steps_per_epoch)
         ),
-        loss=make_loss(num_classes, config.label_smoothing, weights),
+        loss=make_loss(int(model.output_shape[-1]), config.label_smoothing, weights),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         jit_compile=config.xla,
     )

@@ -27,12 +27,10 @@ def mcnemar_exact(b: int, c: int) -> float:
     """The two-sided exact McNemar p-value: under "both models are as accurate", each of the
     b + c discordant examples (one model right, the other wrong) is the challenger's with
     probability 1/2, so the p-value is twice the binomial tail of min(b, c) among b + c, at most 1.
-    No discordant example: 1.0. Exact, in integers (no normal approximation)."""
+    No discordant example: 1.0 (2 x 1 / 1, capped). Exact, in integers (no normal approximation)."""
     if b < 0 or c < 0:
         raise ValueError(f"discordant counts must be whole and non-negative, got b={b}, c={c}")
     n, k = b + c, min(b, c)
-    if n == 0:
-        return 1.0
     term, tail = 1, 1  # comb(n, 0); the sum of comb(n, i) for i <= k
     for i in range(k):
         term = term * (n - i) // (i + 1)

@@ -60,9 +60,8 @@ def champion_mismatch(class_names: Sequence[str], champion_class_names: Sequence
         return ""
     how = "the same class names in another order" if sorted(new) == sorted(old) else "other class names"
     return (
-        f"the source has the classes {new} but the champion was trained on {old} ({how}): a model "
-        "may only be compared with, and replace, a champion trained for the same task (the same "
-        "class names in the same order). To train for a different task, use another "
+        f"the source has the classes {new} but the champion was trained on {old} ({how}): a model may "
+        "only replace a champion of the same task. To train for a different task, use another "
         "model_display_name; to retrain this one, use a source with the champion's classes"
     )
 
@@ -165,8 +164,7 @@ def parse_args(
         parser.error(
             f"unrecognized arguments: {' '.join(rest)} (only --engine beam takes Beam's own options)"
         )
-    unknown = unknown_beam_options(rest) if rest else []
-    if unknown:
+    if rest and (unknown := unknown_beam_options(rest)):
         parser.error(
             f"unrecognized arguments: {' '.join(unknown)} (neither this command's flags nor Apache "
             "Beam's pipeline options)"
@@ -197,11 +195,10 @@ _STOP = threading.Event()
 
 @contextlib.contextmanager
 def sigterm_unwinds() -> Iterator[None]:
-    """Inside the block, SIGTERM raises Terminated in the main thread and is recorded: every
-    image's progress update raises it again (`stop_if_asked`), as Python drops an exception raised
-    by a handler inside a `__del__`, a weakref callback or C code that clears errors. A second
-    SIGTERM does nothing, so the clean-up is not cut short. Once stopping, other threads'
-    exceptions are not printed (the Beam engine's threads fail as its workers die)."""
+    """Inside the block, SIGTERM raises Terminated in the main thread, and again at every image's
+    progress update (`stop_if_asked`): Python drops an exception a handler raises inside a
+    `__del__`, a weakref callback or C code. A second SIGTERM does nothing, so the clean-up is not
+    cut short; once stopping, other threads' exceptions are not printed (Beam's die with its workers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -272,15 +269,7 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
         if config.engine == "beam":
             return beamrun.prepare_beam(config, source, progress, started)
         with storage.staged_output(config.output_dir) as staging:
-            metadata = write_dataset(source, config, staging, progress)
-    return metadata
-
-
-def _left(config: PrepareConfig | None) -> str:
-    """What a stopped preparation leaves: nothing, or (--engine beam) the shards it wrote."""
-    if config is None or config.engine != "beam":
-        return "no staging folder is left"
-    return f"the shards written so far are kept in {work_dir(config.output_dir)} for the next run to resume"
+            return write_dataset(source, config, staging, progress)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -297,8 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (Terminated, KeyboardInterrupt) as e:
             how = "stopped on SIGTERM" if isinstance(e, Terminated) else "interrupted"
             code = TERMINATED_EXIT_CODE if isinstance(e, Terminated) else 128 + signal.SIGINT
+            left = "no staging folder is left"
+            if config is not None and config.engine == "beam":
+                left = f"the shards written so far are kept in {work_dir(config.output_dir)} for the next run"
             print(
-                f"python -m trainer.prepare: {how}: nothing was published and {_left(config)}; "
+                f"python -m trainer.prepare: {how}: nothing was published and {left}; "
                 f"exiting with status {code}",
                 file=sys.stderr,
                 flush=True,

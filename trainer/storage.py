@@ -82,8 +82,8 @@ def staged_output(final: str) -> Iterator[str]:
     final = resolve(final)
     staging = ""
     try:
-        # Made inside the `try`: an exception raised between making it and the `try` (a signal
-        # handler's, as `trainer.prepare`'s SIGTERM one) would leave it behind.
+        # Made inside the `try`: a signal handler's exception (trainer.prepare's SIGTERM) right
+        # after making it must not leave it behind.
         if is_remote(final):
             staging = tempfile.mkdtemp(prefix="staging-")
         else:
@@ -137,10 +137,7 @@ def leftovers(final: str) -> list[str]:
     (`.<name>.staging-<hex>`) and replaced outputs not yet deleted (`<name>.old-<hex>`)."""
     parent, name = os.path.split(os.path.abspath(final))
     pattern = re.compile(rf"(\.{re.escape(name)}\.staging|{re.escape(name)}\.old)-[0-9a-f]{{8}}")
-    try:
-        entries = os.listdir(parent)
-    except FileNotFoundError:
-        return []
+    entries = os.listdir(parent) if os.path.exists(parent) else []
     return sorted(os.path.join(parent, e) for e in entries if pattern.fullmatch(e))
 
 

@@ -15,8 +15,6 @@ import numpy as np
 CASSAVA_CLASSES = ("cbb", "cbsd", "cgm", "cmd", "healthy")
 ARCHIVE_FOLDER = "cassavaleafdata"
 
-Image = np.ndarray
-
 
 def _smooth_noise(rng: np.random.Generator, size: int, cells: int) -> np.ndarray:
     """Low-frequency noise in [0, 1]: a random (cells+1)^2 grid, bilinearly upsampled."""
@@ -41,8 +39,7 @@ def _leaf_mask(rng: np.random.Generator, size: int) -> np.ndarray:
         dy, dx = yy - cy, xx - cx
         along = dx * np.cos(angle) + dy * np.sin(angle)
         across = -dx * np.sin(angle) + dy * np.cos(angle)
-        centre = length / 2
-        mask |= ((along - centre) / (length / 2)) ** 2 + (across / width) ** 2 <= 1
+        mask |= ((along - length / 2) / (length / 2)) ** 2 + (across / width) ** 2 <= 1
     return mask
 
 
@@ -52,13 +49,11 @@ GREEN, PALE, YELLOW, BROWN, DARK = np.array(
 
 
 def _paint_healthy(rng: np.random.Generator, size: int, leaf: np.ndarray) -> np.ndarray:
-    shade = 0.9 + 0.2 * _smooth_noise(rng, size, 3)
-    return GREEN * shade[..., None]
+    return GREEN * (0.9 + 0.2 * _smooth_noise(rng, size, 3))[..., None]
 
 
 def _paint_cmd(rng: np.random.Generator, size: int, leaf: np.ndarray) -> np.ndarray:
-    patches = _smooth_noise(rng, size, 8) > 0.55
-    out = np.where(patches[..., None], YELLOW, GREEN)
+    out = np.where((_smooth_noise(rng, size, 8) > 0.55)[..., None], YELLOW, GREEN)
     return out * (0.9 + 0.2 * _smooth_noise(rng, size, 3))[..., None]
 
 
@@ -66,8 +61,7 @@ def _paint_cbsd(rng: np.random.Generator, size: int, leaf: np.ndarray) -> np.nda
     angle = rng.uniform(0, np.pi)
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
     phase = (xx * np.cos(angle) + yy * np.sin(angle)) * rng.uniform(5, 8) + rng.uniform(0, 1)
-    streaks = (phase % 1.0) < 0.35
-    return np.where(streaks[..., None], BROWN, GREEN)
+    return np.where((phase % 1.0 < 0.35)[..., None], BROWN, GREEN)  # streaks
 
 
 def _paint_cbb(rng: np.random.Generator, size: int, leaf: np.ndarray) -> np.ndarray:
@@ -86,8 +80,7 @@ def _paint_cbb(rng: np.random.Generator, size: int, leaf: np.ndarray) -> np.ndar
 
 def _paint_cgm(rng: np.random.Generator, size: int, leaf: np.ndarray) -> np.ndarray:
     out = PALE * (0.9 + 0.2 * _smooth_noise(rng, size, 3))[..., None]
-    speckles = rng.random((size, size)) < 0.06
-    out[speckles] = 235
+    out[rng.random((size, size)) < 0.06] = 235  # speckles
     return out
 
 
@@ -100,7 +93,7 @@ PAINTERS: dict[str, Callable[[np.random.Generator, int, np.ndarray], np.ndarray]
 }
 
 
-def make_image(rng: np.random.Generator, class_name: str, size: int) -> Image:
+def make_image(rng: np.random.Generator, class_name: str, size: int) -> np.ndarray:
     """One uint8 [size, size, 3] leaf of `class_name` on a soil background."""
     soil = np.array((110, 85, 60), np.float32) * (0.7 + 0.5 * _smooth_noise(rng, size, 6))[..., None]
     leaf = _leaf_mask(rng, size)
@@ -122,7 +115,7 @@ def write_archive(
     per_class: int,
     image_size: int,
     seed: int,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None],
 ) -> str:
     """Writes the archive tree under `root`; returns `root` (what download_and_extract gives)."""
     # Here, not at the top: make_image is numpy-only, and `python -m trainer.serve` uses it under
@@ -135,10 +128,7 @@ def write_archive(
             folder = os.path.join(root, ARCHIVE_FOLDER, split, class_name)
             os.makedirs(folder, exist_ok=True)
             for i in range(count):
-                image = make_image(rng, class_name, image_size)
-                data = tf.io.encode_jpeg(image, quality=92).numpy()
-                with open(os.path.join(folder, f"{split}-{class_name}-{i}.jpg"), "wb") as f:
-                    f.write(data)
-                if progress:
-                    progress(1)
+                jpeg = tf.io.encode_jpeg(make_image(rng, class_name, image_size), quality=92)
+                tf.io.write_file(os.path.join(folder, f"{split}-{class_name}-{i}.jpg"), jpeg)
+                progress(1)
     return root

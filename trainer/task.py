@@ -79,12 +79,7 @@ class _Plan:
     global_batch: int
     steps: int  # per epoch
     policy: str  # the Keras precision policy
-
-    @property
-    def history_path(self) -> str:
-        from trainer import storage
-
-        return storage.join(self.config.checkpoint_dir, HISTORY_FILE)
+    history_path: str  # history.json in config.checkpoint_dir
 
 
 def _run(
@@ -115,7 +110,7 @@ def _run(
 def _plan(config: TrainConfig, cluster: ClusterInfo, strategy: Any, stop: Any) -> _Plan:
     """Reads metadata.json and checks the global batch against it, resolves `--augment auto`,
     seeds, sets the precision policy and checks that a backup being resumed is this run's."""
-    from trainer import data, datasetinfo
+    from trainer import data, datasetinfo, storage
     from trainer._tf import keras, tf
 
     meta = datasetinfo.load_metadata(config.data_dir)
@@ -125,13 +120,15 @@ def _plan(config: TrainConfig, cluster: ClusterInfo, strategy: Any, stop: Any) -
     # `--augment auto` follows the data (before the resume check: a backup records the policy used).
     config = dataclasses.replace(config, augment=resolve_augment(config.augment, meta.source))
     keras.utils.set_random_seed(config.seed)
-    policy = _precision_policy(config.mixed_precision, bool(tf.config.list_physical_devices("GPU")))
+    gpus = bool(tf.config.list_physical_devices("GPU"))
+    policy = ("mixed_float16" if gpus else "mixed_bfloat16") if config.mixed_precision else "float32"
     keras.mixed_precision.set_global_policy(policy)
     _check_resumable(config, meta.fingerprint, cluster)
 
     global_batch = config.per_replica_batch_size * replicas
     steps = data.steps_per_epoch(meta, global_batch)
-    return _Plan(config, cluster, stop, meta, replicas, global_batch, steps, policy)
+    history = storage.join(config.checkpoint_dir, HISTORY_FILE)
+    return _Plan(config, cluster, stop, meta, replicas, global_batch, steps, policy, history)
 
 
 def _datasets(plan: _Plan) -> tuple[Any, Any]:
@@ -211,10 +208,7 @@ def _train(plan: _Plan, model: Any, train_ds: Any, val_ds: Any, callbacks: Seque
     # SIGTERM after the last epoch's check: the export (collective) never starts. Every epoch is
     # backed up, so a restart goes straight to the export.
     if stop.agreed():
-        what = "training is backed up; the model is not exported"
-        who = "" if stop.received else " by another replica"
-        cb.log(prefix, f"SIGTERM received{who}: {what}; exiting with status {cb.TERMINATED_EXIT_CODE}")
-        raise cb.Terminated(what)
+        raise stop.stopping(prefix, "training is backed up; the model is not exported")
     return best, trains
 
 
@@ -313,10 +307,6 @@ def _metrics(published: Any, plan: _Plan, best: Any, exported_epoch: int, starte
         "dataset_fingerprint": meta.fingerprint,
         "wall_seconds": time.perf_counter() - started,
     }
-
-
-def _precision_policy(mixed: bool, has_gpu: bool) -> str:
-    return ("mixed_float16" if has_gpu else "mixed_bfloat16") if mixed else "float32"
 
 
 def _check_resumable(config: TrainConfig, fingerprint: str, cluster: ClusterInfo) -> None:

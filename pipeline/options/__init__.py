@@ -33,8 +33,6 @@ __all__ = [
     "REQUIRED",
     "TARGETS",
     "OptionsError",
-    "Parameter",
-    "Problem",
     "check",
     "parameters_for",
 ]

@@ -69,19 +69,19 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 def data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
     problems = []
+
+    def add(parameters: tuple[str, ...], message: str) -> None:
+        problems.append(Problem(parameters, message))
+
     source = str(v["dataset_source"])
-    if source.startswith("folder:"):
-        path = source.removeprefix("folder:")
-        if target == "vertex" and not path.startswith(("gs://", "/gcs/")):
-            problems.append(
-                Problem(
-                    ("dataset_source",),
-                    f"{source}: the preparation job runs on Vertex, where only Cloud Storage is "
-                    "reachable: give folder:gs://<bucket>/<path> (or folder:/gcs/<bucket>/<path>)",
-                )
-            )
-        elif target == "local" and not Path(path).is_dir():
-            problems.append(Problem(("dataset_source",), f"{source}: no such folder"))
+    # A local folder is judged by the preparation's own rules (trainer_flags.source_problems).
+    path = source.removeprefix("folder:")
+    if target == "vertex" and source.startswith("folder:") and not path.startswith(("gs://", "/gcs/")):
+        add(
+            ("dataset_source",),
+            f"{source}: the preparation job runs on Vertex, where only Cloud Storage is "
+            "reachable: give folder:gs://<bucket>/<path> (or folder:/gcs/<bucket>/<path>)",
+        )
     if target == "vertex" and v.get("prepare_engine") == "beam" and not source.startswith("folder:"):
         # The Flex Template's launcher lists the source and plans the shards before any worker, in a
         # time Dataflow bounds ("Timeout in polling result file", docs/training.md#preparing-on-apache-beam).
@@ -94,31 +94,23 @@ def data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
             else "TFDS builds it in one process before Beam starts (its generator is no Beam transform), "
             "and on Dataflow that process is the Flex Template's launcher, whose time Dataflow bounds"
         )
-        problems.append(
-            Problem(
-                ("dataset_source", "prepare_engine"),
-                f"{source}: prepare_engine=beam on Vertex prepares a folder of images on Cloud Storage "
-                f"(folder:gs://<bucket>/<path>): {why}; use prepare_engine=job for this source",
-            )
+        add(
+            ("dataset_source", "prepare_engine"),
+            f"{source}: prepare_engine=beam on Vertex prepares a folder of images on Cloud Storage "
+            f"(folder:gs://<bucket>/<path>): {why}; use prepare_engine=job for this source",
         )
     if problem := _weights_problem(str(v["weights"]), target):
-        problems.append(Problem(("weights",), problem))
+        add(("weights",), problem)
     fraction = v["fine_tune_fraction"]
     if isinstance(fraction, int | float) and fraction < 0 and fraction != -1:
-        problems.append(
-            Problem(
-                ("fine_tune_fraction",), f"must be -1 (the trainer's default) or from 0 to 1, got {fraction}"
-            )
-        )
+        add(("fine_tune_fraction",), f"must be -1 (the trainer's default) or from 0 to 1, got {fraction}")
     replicas = 1 + (v["worker_count"] if whole(v["worker_count"]) else 0)
     shards = v["dataset_shards"]
     if whole(shards) and shards < replicas:
-        problems.append(
-            Problem(
-                ("dataset_shards", "worker_count"),
-                f"{shards} shards per split for {replicas} training replicas: each replica reads whole "
-                f"files (FILE auto-sharding), so give at least {replicas}",
-            )
+        add(
+            ("dataset_shards", "worker_count"),
+            f"{shards} shards per split for {replicas} training replicas: each replica reads whole "
+            f"files (FILE auto-sharding), so give at least {replicas}",
         )
     return problems
 
@@ -138,10 +130,9 @@ def _weights_problem(weights: str, target: str) -> str:
             "give gs://<bucket>/<file>.h5 (or /gcs/<bucket>/<file>.h5)"
         )
     path = Path(weights)
-    if not path.exists():
-        return f"{weights}: no such file (imagenet, none, or an HDF5 weights file)"
     if not path.is_file():
-        return f"{weights}: not a regular file (imagenet, none, or an HDF5 weights file)"
+        what = "not a regular file" if path.exists() else "no such file"
+        return f"{weights}: {what} (imagenet, none, or an HDF5 weights file)"
     try:
         with path.open("rb") as handle:
             head = handle.read(len(HDF5_SIGNATURE))
@@ -180,19 +171,15 @@ def dataflow_problems(v: Mapping[str, Any], region: str, warnings: list[str]) ->
         return []
     match = _SUBNETWORK.fullmatch(subnetwork)
     if not match:
-        return [
-            Problem(
-                ("dataflow_subnetwork",),
-                f"{subnetwork!r} is not regions/REGION/subnetworks/NAME nor "
-                "https://www.googleapis.com/compute/v1/projects/PROJECT/regions/REGION/subnetworks/NAME",
-            )
-        ]
-    if region and match.group("region") != region:
-        return [
-            Problem(
-                ("dataflow_subnetwork",),
-                f"{subnetwork!r} is in {match.group('region')}; the Dataflow job runs in {region}, "
-                "its workers in a subnetwork of that region",
-            )
-        ]
-    return []
+        why = (
+            "is not regions/REGION/subnetworks/NAME nor "
+            "https://www.googleapis.com/compute/v1/projects/PROJECT/regions/REGION/subnetworks/NAME"
+        )
+    elif region and match.group("region") != region:
+        why = (
+            f"is in {match.group('region')}; the Dataflow job runs in {region}, its workers in a "
+            "subnetwork of that region"
+        )
+    else:
+        return []
+    return [Problem(("dataflow_subnetwork",), f"{subnetwork!r} {why}")]

@@ -103,22 +103,13 @@ def registry_problems(v: Mapping[str, Any], region: str, warnings: list[str]) ->
         )
     except ValueError as err:
         text = str(err)
-        name = next(
-            (
-                n
-                for n in ("serving_tf_version", "serving_accelerator")
-                if text.startswith((n, n.replace("_", " ")))
-            ),
-            "serving_image",
-        )
+        name = "serving_image"
+        for known in ("serving_tf_version", "serving_accelerator"):  # the message names its parameter
+            if text.startswith((known, known.replace("_", " "))):
+                name = known
         problems.append(Problem((name,), text))
     root = v.get("model_root", "")
     if root and not MODEL_ROOT.match(str(root)):
-        problems.append(
-            Problem(
-                ("model_root",),
-                f"must be empty (gs://<the pipeline root's bucket>/models) or a gs://<bucket>/<path> folder, "
-                f"got {root!r}",
-            )
-        )
+        allowed = "must be empty (gs://<the pipeline root's bucket>/models) or a gs://<bucket>/<path> folder"
+        problems.append(Problem(("model_root",), f"{allowed}, got {root!r}"))
     return problems

@@ -152,9 +152,8 @@ MIN_TIMEOUT_SECONDS = 60
 
 
 def kms_key_problem(key: str, region: str) -> str:
-    """What is wrong with `key` as the CMEK key of Vertex AI resources in `region` ("" when
-    nothing is; `region` "" checks the form only): the one rule of `encryption_spec_key_name` and
-    of the KMS_KEY setting (`launch.settings.load`).
+    """What is wrong with `key` as the CMEK key of Vertex AI resources in `region` ("": nothing;
+    `region` "": the form only), for `encryption_spec_key_name` and the KMS_KEY setting.
 
     Vertex: "The Cloud KMS key must be in the same region as the resource. It must have the format
     projects/{project}/locations/{location}/keyRings/{key_ring}/cryptoKeys/{crypto_key}"
@@ -234,6 +233,10 @@ def hardware_problems(values: Mapping[str, Any], region: str, warnings: list[str
 def flex_start_problems(v: Mapping[str, Any]) -> list[Problem]:
     doc = "(Dynamic Workload Scheduler; https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws)"
     problems = []
+
+    def bad(message: str, *names: str) -> None:
+        problems.append(Problem(("scheduling_strategy", *names), message))
+
     keys = ("machine_type", "accelerator_type", "accelerator_count")
     chief = [v[f"chief_{k}"] for k in keys]
     pools = [("chief", *chief)]
@@ -241,120 +244,95 @@ def flex_start_problems(v: Mapping[str, Any]) -> list[Problem]:
         pools.append(("worker", *(v[f"worker_{k}"] or c for k, c in zip(keys, chief, strict=True))))
     for role, _, gpu, _ in pools:
         if gpu not in FLEX_START_GPUS:
-            problems.append(
-                Problem(
-                    ("scheduling_strategy", f"{role}_accelerator_type"),
-                    f"FLEX_START needs L4, A100, H100, H200 or B200 GPUs {doc}; the {role} pool has "
-                    f"{gpu or 'no GPU'}. Allowed: {', '.join(FLEX_START_GPUS)}; or use STANDARD or SPOT",
-                )
+            bad(
+                f"FLEX_START needs L4, A100, H100, H200 or B200 GPUs {doc}; the {role} pool has "
+                f"{gpu or 'no GPU'}. Allowed: {', '.join(FLEX_START_GPUS)}; or use STANDARD or SPOT",
+                f"{role}_accelerator_type",
             )
     if len(pools) == 2 and pools[0][1:] != pools[1][1:]:
-        problems.append(
-            Problem(
-                ("scheduling_strategy", "worker_machine_type"),
-                f"FLEX_START needs the same machine configuration in every worker pool {doc}; the chief "
-                f"has {pools[0][1]} + {pools[0][3]} x {pools[0][2]}, the workers {pools[1][1]} + "
-                f"{pools[1][3]} x {pools[1][2]}",
-            )
+        bad(
+            f"FLEX_START needs the same machine configuration in every worker pool {doc}; the chief "
+            f"has {pools[0][1]} + {pools[0][3]} x {pools[0][2]}, the workers {pools[1][1]} + "
+            f"{pools[1][3]} x {pools[1][2]}",
+            "worker_machine_type",
         )
     if v["reduction_server_count"]:
-        problems.append(
-            Problem(
-                ("scheduling_strategy", "reduction_server_count"),
-                "FLEX_START needs the same machine configuration in every worker pool, and a Reduction "
-                f"Server pool runs on other (CPU) machines {doc}: set reduction_server_count 0",
-            )
+        bad(
+            "FLEX_START needs the same machine configuration in every worker pool, and a Reduction "
+            f"Server pool runs on other (CPU) machines {doc}: set reduction_server_count 0",
+            "reduction_server_count",
         )
     seconds = duration_seconds(v["timeout"])
     if seconds is not None and seconds > FLEX_START_MAX_SECONDS:
-        problems.append(
-            Problem(
-                ("scheduling_strategy", "timeout"),
-                f"FLEX_START needs a timeout of at most 7 days ({FLEX_START_MAX_SECONDS}s) {doc}, got "
-                f"{v['timeout']}",
-            )
+        bad(
+            f"FLEX_START needs a timeout of at most 7 days ({FLEX_START_MAX_SECONDS}s) {doc}, got "
+            f"{v['timeout']}",
+            "timeout",
         )
     return problems
 
 
 def job_settings_problems(v: Mapping[str, Any], region: str) -> list[Problem]:
     problems = []
+
+    def bad(message: str, *names: str) -> None:
+        problems.append(Problem(names, message))
+
     build = v.get("build_location", "")
     if build and build not in image.CLOUD_BUILD_REGIONS:
-        problems.append(
-            Problem(
-                ("build_location",),
-                f"{build!r} is not a Cloud Build location (https://cloud.google.com/build/docs/locations): "
-                f"'' (the job's region), global, or one of {', '.join(image.CLOUD_BUILD_REGIONS[1:])}",
-            )
+        bad(
+            f"{build!r} is not a Cloud Build location (https://cloud.google.com/build/docs/locations): "
+            f"'' (the job's region), global, or one of {', '.join(image.CLOUD_BUILD_REGIONS[1:])}",
+            "build_location",
         )
     names = ("build_machine_type", "build_service_account", "build_worker_pool")
     try:  # the Vertex target's alone
         if names[0] in v:
             image.build_settings(v["project"], region, build, *(v[n] for n in names))
     except ValueError as err:  # it names the parameters it is about
-        problems.append(Problem(tuple(n for n in (*names, "build_location") if n in str(err)), str(err)))
+        bad(str(err), *(n for n in (*names, "build_location") if n in str(err)))
     seconds = duration_seconds(v["timeout"])
     if seconds is None or seconds <= 0:
-        problems.append(
-            Problem(
-                ("timeout",),
-                f"must be a duration in seconds like '86400s' (protobuf Duration), got {v['timeout']!r}",
-            )
+        bad(
+            f"must be a duration in seconds like '86400s' (protobuf Duration), got {v['timeout']!r}",
+            "timeout",
         )
     elif seconds < MIN_TIMEOUT_SECONDS:
-        problems.append(
-            Problem(
-                ("timeout",),
-                f"{v['timeout']} is shorter than any job can run (replicas start, import TensorFlow and "
-                f"read the data first): give at least '{MIN_TIMEOUT_SECONDS}s'",
-            )
+        bad(
+            f"{v['timeout']} is shorter than any job can run (replicas start, import TensorFlow and "
+            f"read the data first): give at least '{MIN_TIMEOUT_SECONDS}s'",
+            "timeout",
         )
     account = v["service_account"]
     if account and not SERVICE_ACCOUNT.match(account):
-        problems.append(
-            Problem(
-                ("service_account",),
-                f"{account!r} is not a service account e-mail (<name>@<project>.iam.gserviceaccount.com)",
-            )
+        bad(
+            f"{account!r} is not a service account e-mail (<name>@<project>.iam.gserviceaccount.com)",
+            "service_account",
         )
     if v["network"] and not NETWORK.match(v["network"]):
-        problems.append(
-            Problem(
-                ("network",),
-                f"must be projects/<project number>/global/networks/<name>, got {v['network']!r}",
-            )
-        )
+        bad(f"must be projects/<project number>/global/networks/<name>, got {v['network']!r}", "network")
     key = v["encryption_spec_key_name"]
     if key and (problem := kms_key_problem(key, region)):
-        problems.append(Problem(("encryption_spec_key_name",), problem))
+        bad(problem, "encryption_spec_key_name")
     board = v["tensorboard"]
     if board:
         match = TENSORBOARD.match(board)
         if not match:
-            problems.append(
-                Problem(
-                    ("tensorboard",),
-                    f"must be projects/<p>/locations/<region>/tensorboards/<id>, got {board!r}",
-                )
-            )
+            bad(f"must be projects/<p>/locations/<region>/tensorboards/<id>, got {board!r}", "tensorboard")
         elif region and match.group(1) != region:
-            problems.append(
-                Problem(
-                    ("tensorboard",),
-                    f"the TensorBoard is in {match.group(1)}; it must be in the job's region {region}",
-                )
+            bad(
+                f"the TensorBoard is in {match.group(1)}; it must be in the job's region {region}",
+                "tensorboard",
             )
         if not account:
-            problems.append(
-                Problem(
-                    ("tensorboard", "service_account"),
-                    'a TensorBoard needs a service account (aiplatform: "service_account is required '
-                    'with provided tensorboard"): set service_account (or SERVICE_ACCOUNT), with '
-                    "roles/storage.admin and roles/aiplatform.user "
-                    "(docs/vertex.md#the-iam-roles-a-first-run-needs)",
-                )
+            bad(
+                'a TensorBoard needs a service account (aiplatform: "service_account is required '
+                'with provided tensorboard"): set service_account (or SERVICE_ACCOUNT), with '
+                "roles/storage.admin and roles/aiplatform.user "
+                "(docs/vertex.md#the-iam-roles-a-first-run-needs)",
+                "tensorboard",
+                "service_account",
             )
     for message in label_problems(v["labels"]):
-        problems.append(Problem(("labels",), message))
+        bad(message, "labels")
     return problems

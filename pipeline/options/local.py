@@ -73,19 +73,17 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
                     f"parallel_trial_count at most {max(1, MAX_LOCAL_REPLICAS // per_trial)}",
                 )
             )
+    version = args["serving_tf_version"]
     try:  # the serving image this run would register with (auto: decided on today's date)
-        prebuilt = (
-            servingimage.resolve_serving_image(args["serving_image"], args["serving_tf_version"])
-            == "prebuilt"
-        )
+        serving = servingimage.resolve_serving_image(args["serving_image"], version)
     except ValueError:
-        prebuilt = False  # an unknown version: named by registry_problems
-    if prebuilt and args["serving_tf_version"] not in servingenv.PINS:
+        serving = ""  # an unknown version: named by registry_problems
+    if serving == "prebuilt" and version not in servingenv.PINS:
         # The local registry serves each version under its serving image's TensorFlow.
         problems.append(
             Problem(
                 ("serving_tf_version",),
-                f"{args['serving_tf_version']} has no local serving environment; the local target "
+                f"{version} has no local serving environment; the local target "
                 f"checks models under: {', '.join(sorted(servingenv.PINS))}",
             )
         )
@@ -121,9 +119,8 @@ def tfds_source_problem(source: str, environ: Mapping[str, str]) -> str:
     name = source.removeprefix("tfds:").split(":")[0].split("/")[0]
     data_dir = Path(environ.get("TFDS_DATA_DIR") or Path.home() / "tensorflow_datasets")
     folder = data_dir / name
-    if any(folder.glob("*/dataset_info.json")) or any(folder.glob("*/*/dataset_info.json")):
-        return ""
-    if internet_reachable():
+    prepared = any(folder.glob("*/dataset_info.json")) or any(folder.glob("*/*/dataset_info.json"))
+    if prepared or internet_reachable():
         return ""
     return (
         f"{source}: not prepared in {data_dir} (TFDS_DATA_DIR) and this machine cannot reach the internet "

@@ -77,10 +77,7 @@ def persistent_resource_problems(v: Mapping[str, Any], warnings: list[str]) -> l
     if problem := persistent_resource_id_problem(str(resource_id)):
         problems.append(Problem(("persistent_resource_id",), problem))
     strategy = v["scheduling_strategy"]
-    if strategy != "STANDARD":
-        # This pipeline's rule: the strategy says how the machines started for a job are had
-        # (Spot VMs, Dynamic Workload Scheduler's queue); a job on a persistent resource is
-        # started on none, it runs on the resource's. Google documents no combination.
+    if strategy != "STANDARD":  # this pipeline's rule: Google documents no combination
         problems.append(
             Problem(
                 ("persistent_resource_id", "scheduling_strategy"),
@@ -103,17 +100,14 @@ def persistent_resource_problems(v: Mapping[str, Any], warnings: list[str]) -> l
     return problems
 
 
-def _default_boot_disk(machine_type: str) -> str:
-    """aiplatform_v1 `DiskSpec.boot_disk_type`: "For non-A3U machines, the default value is
-    "pd-ssd", for A3U machines, the default value is "hyperdisk-balanced"" (a3-ultragpu-*)."""
-    return "hyperdisk-balanced" if machine_type.startswith("a3-ultragpu") else "pd-ssd"
-
-
 def _machine_key(machine_type: str, accelerator: str, count: int, disk: str) -> tuple[str, str, int, str]:
     """What a job's worker pool and a resource pool must share: machine type, GPU type and count,
-    boot disk type (an unset disk type is the default one)."""
+    boot disk type. An unset disk type is the default: aiplatform_v1 `DiskSpec.boot_disk_type`: "For
+    non-A3U machines, the default value is "pd-ssd", for A3U machines, the default value is
+    "hyperdisk-balanced"" (a3-ultragpu-*)."""
     gpu = accelerator if accelerator not in ("", "ACCELERATOR_TYPE_UNSPECIFIED") and count else ""
-    return (machine_type, gpu, int(count) if gpu else 0, disk or _default_boot_disk(machine_type))
+    default_disk = "hyperdisk-balanced" if machine_type.startswith("a3-ultragpu") else "pd-ssd"
+    return (machine_type, gpu, int(count) if gpu else 0, disk or default_disk)
 
 
 def _machines(key: tuple[str, str, int, str]) -> str:
@@ -121,44 +115,25 @@ def _machines(key: tuple[str, str, int, str]) -> str:
     return f"{machine}{f' + {count} x {gpu}' if gpu else ''} ({disk} boot disk)"
 
 
-def persistent_resource_jobs(v: Mapping[str, Any], region: str = "") -> dict[str, list[dict[str, Any]]]:
-    """The worker pools of each job that runs on the persistent resource (`PERSISTENT_RESOURCE_JOBS`),
-    built as the planning step builds them (`components.plan.plan_jobs`), less the image and
-    flags, which a resource pool does not constrain."""
-    cpu = {k: v[k] for k in ("boot_disk_type", "boot_disk_size_gb")}
-    cpu["chief_machine_type"] = v["prepare_machine_type"]
-    training = {k: v[k] for k in worker_pools.HARDWARE_PARAMETERS if k in v}
-    return {
-        job: worker_pools.build_worker_pool_specs(
-            image_uri="check", command=["python"], args=[], region=region, **hw
-        )
-        for job, hw in ((step.PREPARE, cpu), (step.TRAIN, training), (step.EVALUATE, cpu))
-    }
-
-
 def persistent_resource_fit(
     resource: Any, v: Mapping[str, Any], region: str = ""
 ) -> tuple[list[str], list[str]]:
-    """Why the aiplatform_v1 `PersistentResource` `resource` (as `get_persistent_resource` returns
-    it) cannot run this run's jobs (parameter values `v`, every offline rule passed), one message
-    per problem, and warnings.
+    """(problems, warnings): why the aiplatform_v1 `PersistentResource` `resource` cannot run the
+    jobs of the run with parameter values `v` (every offline rule passed).
 
     - `state` RUNNING ("the persistent resource is healthy and fully usable": `PersistentResource.State`).
-    - `network` and `encryption_spec.kms_key_name` the run's: "The network and CMEK configs on
-      the job should be consistent with those on the PersistentResource, otherwise, the job will
-      be rejected" (`CustomJobSpec.persistent_resource_id`).
+    - `network` and `encryption_spec.kms_key_name` the run's (`consistent` below quotes why).
     - A `service_account` exactly when the resource enforces one: with `resource_runtime_spec
       .service_account_spec.enable_custom_service_account`, "custom user-managed service account is
       enforced to run any workloads (for example, Vertex Jobs) on the resource. Otherwise, uses the
       Vertex AI Custom Code Service Agent" (`ServiceAccountSpec`), which
       docs/vertex.md#the-iam-roles-a-first-run-needs grants no roles to.
-    - Each job's worker pools: a resource pool whose machine type, GPU type and count and boot disk
-      type are the pool's, holding its replicas: "values for machine-type and disk-type matches
-      exactly with a corresponding resource pool", "a replica-count less than or equal to the
-      replica-count or max-replica-count of the corresponding resource pool" ("Run training jobs
-      on a persistent resource", https://cloud.google.com/vertex-ai/docs/training/persistent-resource-train).
-      One job's pools of the same machines count together; the run's jobs run one after another,
-      so they share a pool. Replicas held now (`used_replica_count`) are a warning."""
+    - Each job's worker pools: a resource pool of the same `_machine_key` holding its replicas:
+      "values for machine-type and disk-type matches exactly with a corresponding resource pool", "a
+      replica-count less than or equal to the replica-count or max-replica-count of the corresponding
+      resource pool" (https://cloud.google.com/vertex-ai/docs/training/persistent-resource-train).
+      One job's pools of the same machines count together; the jobs run one after another, so they
+      share a pool. Replicas held now (`used_replica_count`) are a warning."""
     problems: list[str] = []
     warnings: list[str] = []
     state = resource.state.name
@@ -216,8 +191,16 @@ def persistent_resource_fit(
         size = int(pool.autoscaling_spec.max_replica_count if autoscaled else pool.replica_count)
         pools.append((pool.id or f"#{index}", pool_key, size, int(pool.used_replica_count)))
     listing = "; ".join(f"{name}: {_machines(k)} x {size}" for name, k, size, _ in pools) or "none"
+    # Each job's worker pools as the planning step builds them (`components.plan.plan_jobs`), less
+    # the image and flags, which a resource pool does not constrain.
+    cpu = {k: v[k] for k in ("boot_disk_type", "boot_disk_size_gb")}
+    cpu["chief_machine_type"] = v["prepare_machine_type"]
+    training = {k: v[k] for k in worker_pools.HARDWARE_PARAMETERS if k in v}
     needs: dict[tuple[str, str, int, str], tuple[int, list[str]]] = {}
-    for job, specs in persistent_resource_jobs(v, region).items():
+    for job, hw in zip(PERSISTENT_RESOURCE_JOBS, (cpu, training, cpu), strict=True):
+        specs = worker_pools.build_worker_pool_specs(
+            image_uri="check", command=["python"], args=[], region=region, **hw
+        )
         counts: dict[tuple[str, str, int, str], int] = {}
         for s in specs:
             m = s["machine_spec"]

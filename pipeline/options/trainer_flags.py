@@ -95,11 +95,9 @@ def trainer_commands(values: Mapping[str, Any]) -> dict[str, list[str]]:
     try:
         prepare_argv = prepare.build_prepare_args(**inputs)
     except ValueError:
-        # A source the step refuses (not tfds:, folder: or synthetic): the preparation's own
-        # parser names it, so it is handed over as given, beside the other flags as built.
-        stand_in = "tfds:stand-in"
-        built = prepare.build_prepare_args(**{**inputs, "source": stand_in})
-        prepare_argv = [f"--source={inputs['source']}" if a == f"--source={stand_in}" else a for a in built]
+        # A source the step refuses: handed over as given, for the preparation's own parser to name.
+        built = prepare.build_prepare_args(**{**inputs, "source": "tfds:stand-in"})
+        prepare_argv = [f"--source={inputs['source']}" if a == "--source=tfds:stand-in" else a for a in built]
     return {
         "trainer.task": [a for a in task if not a.startswith("--data_dir=")],
         "trainer.prepare": prepare_argv,
@@ -107,10 +105,8 @@ def trainer_commands(values: Mapping[str, Any]) -> dict[str, list[str]]:
 
 
 def trainer_check(module: str, request: Any, timeout: float | None = None) -> Any:
-    """The JSON answer of `python -m <module>` (trainer.flagcheck or trainer.preparation.sourcecheck) to the
-    JSON `request` on its stdin: a process, since the trainer is never imported by the pipeline's
-    layers (no TensorFlow; ~0.1 s). The test suite answers in-process instead (tests/conftest.py),
-    and one test per module goes through the process."""
+    """The JSON answer of `python -m <module>` to the JSON `request` on its stdin: a process, since
+    the pipeline's layers never import the trainer (tests/conftest.py answers in-process)."""
     result = subprocess.run(
         [sys.executable, "-m", module],
         input=json.dumps(request),
@@ -130,43 +126,33 @@ def trainer_flag_problems(values: Mapping[str, Any]) -> list[Problem]:
     named by the pipeline parameter behind the flag (`trainer_check`: trainer.flagcheck)."""
     problems = []
     for found in trainer_check("trainer.flagcheck", trainer_commands(values)):
-        names = [
-            flag if found["program"] == "trainer.task" else PREPARE_INPUTS.get(flag, flag)
-            for flag in found["flags"]
-        ]
-        problems.append(
-            Problem(tuple(names) or (found["program"],), f"{found['program']} says: {found['message']}")
-        )
+        program = found["program"]
+        rename: Mapping[str, str] = {} if program == "trainer.task" else PREPARE_INPUTS
+        names = tuple(rename.get(flag, flag) for flag in found["flags"])
+        problems.append(Problem(names or (program,), f"{program} says: {found['message']}"))
     return problems
 
 
 def source_problems(values: Mapping[str, Any]) -> list[Problem]:
     """A local `folder:PATH` source judged by the preparation's own rules (trainer.preparation.sourcecheck),
-    and the global batch against its training split (a larger batch cannot make one step). Other
-    sources are checked by the preparation job."""
+    and the global batch against its training split. Other sources are checked by the preparation job."""
     source = str(values.get("dataset_source", ""))
     if not source.startswith("folder:"):
         return []
     answer = trainer_check("trainer.preparation.sourcecheck", {"source": source}, timeout=120)
     problems = [Problem(("dataset_source",), f"trainer.prepare says: {p}") for p in answer["problems"]]
     counts = answer.get("counts") or {}
-    train = (counts.get("prepared") or {}).get("train")
+    train: Any = (counts.get("prepared") or {}).get("train")
     replicas = 1 + (values["worker_count"] if whole(values.get("worker_count")) else 0)
-    batch = values.get("per_replica_batch_size")
-    if (
-        not problems
-        and counts.get("complete")
-        and isinstance(train, int)
-        and isinstance(batch, int)
-        and whole(batch)
-        and batch * replicas > train
-    ):
-        problems.append(
-            Problem(
-                ("per_replica_batch_size", "worker_count"),
-                f"a global batch of {batch * replicas} ({batch} per replica x {replicas} replicas) is larger "
-                f"than the {train} training images {source} gives: not one step could be made; give "
-                f"per_replica_batch_size at most {max(1, train // replicas)}",
-            )
+    batch: Any = values.get("per_replica_batch_size")
+    known = counts.get("complete") and isinstance(train, int) and whole(batch)
+    if problems or not known or batch * replicas <= train:
+        return problems
+    return [
+        Problem(
+            ("per_replica_batch_size", "worker_count"),
+            f"a global batch of {batch * replicas} ({batch} per replica x {replicas} replicas) is larger "
+            f"than the {train} training images {source} gives: not one step could be made; give "
+            f"per_replica_batch_size at most {max(1, train // replicas)}",
         )
-    return problems
+    ]

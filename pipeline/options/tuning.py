@@ -8,10 +8,18 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from components import plan, tuning
+from components import tuning
 from pipeline.options.common import Parameter as _p
 from pipeline.options.common import Problem, whole
 from pipeline.options.trainer_flags import trainer_flag_problems
+
+# What a StudySpec.ParameterSpec holds (the search_space's help and errors say it).
+_VALUE_SPECS = (
+    "one of double_value_spec or integer_value_spec {min_value, max_value}, discrete_value_spec or "
+    "categorical_value_spec {values}"
+)
+_SCALES = "UNIT_LINEAR_SCALE, UNIT_LOG_SCALE or UNIT_REVERSE_LOG_SCALE"
+_ALLOWED = ", ".join(tuning.TUNABLE_FLAGS)
 
 # The trial counts' bounds: aiplatform_v1 `HyperparameterTuningJob` (types/hyperparameter_tuning_job.py):
 # max_trial_count is "Required" (proto3 sends no 0), and max_failed_trial_count 0 means "Vertex AI
@@ -39,16 +47,12 @@ PARAMETERS: tuple[_p, ...] = (
         "search_space",
         list,
         tuning.VERTEX_SEARCH_SPACE,
-        "The tuning job's parameters: a list of Vertex StudySpec.ParameterSpec (parameter_id; one of "
-        "double_value_spec or integer_value_spec {min_value, max_value}, discrete_value_spec or "
-        "categorical_value_spec {values}; scale_type UNIT_LINEAR_SCALE, UNIT_LOG_SCALE or "
-        "UNIT_REVERSE_LOG_SCALE), snake_case or camelCase; ids among "
-        + ", ".join(plan.TUNABLE)
-        + ". make run takes inline JSON, @FILE or "
-        "a .json/.yaml/.yml file. Default on Vertex: learning_rate 1e-4..1e-2 log, dense_units "
-        "32..1024 log, dropout 0..0.5, per_replica_batch_size 16/32/64; locally (two short trials): "
-        "learning_rate 5e-4..5e-3 log and dropout 0..0.3, centred on the local defaults "
-        "(docs/options.md).",
+        "The tuning job's parameters: a list of Vertex StudySpec.ParameterSpec (parameter_id; "
+        f"{_VALUE_SPECS}; scale_type {_SCALES}), snake_case or camelCase; ids among {_ALLOWED}. make "
+        "run takes inline JSON, @FILE or a .json/.yaml/.yml file. Default on Vertex: learning_rate "
+        "1e-4..1e-2 log, dense_units 32..1024 log, dropout 0..0.5, per_replica_batch_size 16/32/64; "
+        "locally (two short trials): learning_rate 5e-4..5e-3 log and dropout 0..0.3, centred on the "
+        "local defaults (docs/options.md).",
         tuning.LOCAL_SEARCH_SPACE,
     ),
 )
@@ -109,20 +113,17 @@ def search_space_problems(v: Mapping[str, Any]) -> tuple[list[Problem], list[Any
     def problem(message: str) -> Problem:
         return Problem(("search_space",), message)
 
-    allowed = ", ".join(tuning.TUNABLE_FLAGS)
     try:
         specs = tuning.parse_search_space(v["search_space"])
     except ValueError as err:
         return [
             problem(
                 f"{str(err).rstrip('.')}. Each parameter is a StudySpec.ParameterSpec: parameter_id, "
-                "one of double_value_spec or integer_value_spec {min_value, max_value}, "
-                "discrete_value_spec or categorical_value_spec {values}, and scale_type "
-                "(UNIT_LINEAR_SCALE, UNIT_LOG_SCALE or UNIT_REVERSE_LOG_SCALE)"
+                f"{_VALUE_SPECS}, and scale_type ({_SCALES})"
             )
         ], []
     if not specs:
-        return [problem(f"declares no parameter: give at least one of {allowed}")], []
+        return [problem(f"declares no parameter: give at least one of {_ALLOWED}")], []
     problems: list[Problem] = []
     clean = []  # the specs with no problem of their own, whose values go to the trainer's parser
     seen: set[str] = set()
@@ -137,21 +138,16 @@ def search_space_problems(v: Mapping[str, Any]) -> tuple[list[Problem], list[Any
 
 def _parameter_spec_problems(n: int, s: Any, seen: set[str]) -> list[str]:
     """One parameter spec's own problems (module docstring), each starting with its id."""
-    allowed = ", ".join(tuning.TUNABLE_FLAGS)
     pid, kind = s.parameter_id, tuning.value_spec_kind(s)
     if not pid:
-        return [f"parameter {n} has no parameter_id: give one of {allowed}"]
+        return [f"parameter {n} has no parameter_id: give one of {_ALLOWED}"]
     out = []
     if pid not in tuning.TUNABLE_FLAGS:
-        out.append(f"{pid} is not a trainer flag a tuning job may set; allowed: {allowed}")
+        out.append(f"{pid} is not a trainer flag a tuning job may set; allowed: {_ALLOWED}")
     if pid in seen:
         out.append(f"{pid} is declared twice: parameter ids must be unique")
     if not kind:
-        given = "give double_value_spec or integer_value_spec {min_value, max_value}, or "
-        return [
-            *out,
-            f"{pid} has no value spec: {given}discrete_value_spec or categorical_value_spec {{values}}",
-        ]
+        return [*out, f"{pid} has no value spec: give {_VALUE_SPECS}"]
     name = f"{pid} ({kind})"
     if s.conditional_parameter_specs:
         out.append(
@@ -187,10 +183,9 @@ def _parameter_spec_problems(n: int, s: Any, seen: set[str]) -> list[str]:
 
 
 def _trial_value_problems(v: Mapping[str, Any], specs: list[Any]) -> list[Problem]:
-    """The trainer's own parser on every value a trial may be handed (`tuning.trial_values`:
-    both ends of a range, a fractional value inside a DOUBLE range, every listed value), as
-    Vertex formats them (`--dropout=0.5`, `--dense_units=32.0`). One `trainer_flag_problems`
-    call per round, each round putting one candidate of every parameter into the run's values."""
+    """The trainer's own parser on every value a trial may be handed (`tuning.trial_values`), as
+    Vertex formats them (`--dense_units=32.0`): one `trainer_flag_problems` call per round, each
+    round putting one candidate of every parameter into the run's values."""
     if not specs:
         return []
     candidates = {s.parameter_id: tuning.trial_values(s) for s in specs}

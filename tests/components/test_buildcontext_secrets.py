@@ -337,11 +337,7 @@ def test_the_generator_prints_the_block() -> None:
 def test_a_refusal_packs_nothing(tmp_path: Path) -> None:
     ctx = copy_context(tmp_path / "ctx")
     (ctx / "trainer" / "adc.json").write_text(AUTHORIZED_USER)
-    out = tmp_path / "context.tar.gz"
-    with pytest.raises(ValueError, match="refusing"):
-        buildcontext.write_context_tarball(ctx, str(out))
-    assert not out.exists()
     buf = io.BytesIO()
-    with pytest.raises(ValueError, match=r"trainer/adc\.json"):
+    with pytest.raises(ValueError, match=r"refusing(.|\n)*trainer/adc\.json"):
         buildcontext.write_context_tarball(ctx, buf)
     assert buf.getvalue() == b""

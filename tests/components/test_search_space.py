@@ -93,8 +93,25 @@ def test_both_json_forms_parse_to_the_same_specs_and_the_canonical_form() -> Non
 def test_the_defaults_are_in_the_canonical_form_and_vertex_is_the_old_study() -> None:
     for space in (tuning.VERTEX_SEARCH_SPACE, tuning.LOCAL_SEARCH_SPACE):
         assert tuning.canonical_search_space(space) == space
-    # GCPC's serializer over aiplatform's hpt specs (the study this pipeline always had).
-    assert tuning.canonical_search_space(tuning.study_parameters()) == tuning.VERTEX_SEARCH_SPACE
+    # GCPC's serializer over aiplatform's hpt specs (the study this pipeline always had), as GCPC
+    # documents the op's input; the local tuner parses that form too.
+    from google.cloud.aiplatform import hyperparameter_tuning as hpt
+    from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import serialize_parameters
+
+    from local import tuner
+
+    gcpc = serialize_parameters(
+        {
+            "learning_rate": hpt.DoubleParameterSpec(min=1e-4, max=1e-2, scale="log"),
+            "dense_units": hpt.IntegerParameterSpec(min=32, max=1024, scale="log"),
+            "dropout": hpt.DoubleParameterSpec(min=0.0, max=0.5, scale="linear"),
+            "per_replica_batch_size": hpt.DiscreteParameterSpec(values=[16, 32, 64], scale="linear"),
+        }
+    )
+    assert tuning.canonical_search_space(gcpc) == tuning.VERTEX_SEARCH_SPACE
+    assert tuner.parse_study(tuning.study_metrics(), gcpc) == tuner.parse_study(
+        tuning.study_metrics(), tuning.VERTEX_SEARCH_SPACE
+    )
 
 
 def test_unknown_fields_are_refused_naming_the_parameter() -> None:

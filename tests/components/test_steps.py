@@ -418,11 +418,11 @@ def locked() -> dict[str, str]:
 
 
 def test_component_pins_follow_uv_lock() -> None:
-    versions = locked()
-    assert [pin.split("==")[0] for pin in stepimage.PINNED] == ["google-cloud-pipeline-components"]
-    for pin in stepimage.PINNED:
-        name, version = pin.split("==")
-        assert versions[name] == version, f"{pin} differs from uv.lock's {versions[name]}"
+    locked_gcpc = locked()["google-cloud-pipeline-components"]
+    assert locked_gcpc == stepimage.GCPC_VERSION, (
+        f"GCPC {stepimage.GCPC_VERSION} differs from uv.lock's {locked_gcpc}"
+    )
+    assert stepimage.BASE_IMAGE.endswith(f":{stepimage.GCPC_VERSION}")
 
 
 def test_the_plan_takes_exactly_the_parameters_the_dag_hands_it() -> None:

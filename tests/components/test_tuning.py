@@ -22,7 +22,7 @@ JOB = "projects/p/locations/europe-west4/hyperparameterTuningJobs/42"
 
 def test_study_spec_parses_into_the_api_type() -> None:
     spec = aiplatform_v1.StudySpec(
-        metrics=tuning.study_metrics(), parameters=tuning.study_parameters(), algorithm="RANDOM_SEARCH"
+        metrics=tuning.study_metrics(), parameters=tuning.VERTEX_SEARCH_SPACE, algorithm="RANDOM_SEARCH"
     )
     by_id = {p.parameter_id: p for p in spec.parameters}
     assert set(by_id) == {"learning_rate", "dense_units", "dropout", "per_replica_batch_size"}
@@ -101,7 +101,7 @@ def tuning_job() -> aiplatform_v1.HyperparameterTuningJob:
     return aiplatform_v1.HyperparameterTuningJob(
         name=JOB,
         study_spec=aiplatform_v1.StudySpec(
-            metrics=tuning.study_metrics(), parameters=tuning.study_parameters()
+            metrics=tuning.study_metrics(), parameters=tuning.VERTEX_SEARCH_SPACE
         ),
         trials=[
             t("1", "SUCCEEDED", 0.61, 0.0003, 64.0, 32.0),

@@ -652,10 +652,7 @@ def test_a_bare_job_id_needs_the_project_and_region(vertex: VertexRuns, tmp_path
     assert info.value.settings == ["PROJECT_ID"]
     run = vertexreport.parse_run(f" projects/123456/locations/europe-west4/pipelineJobs/{JOB_ID} ")
     config = vertexreport.run_settings(run, {}, Path("/nonexistent"))
-    assert (
-        vertexreport.resource_name(run, config)
-        == f"projects/123456/locations/europe-west4/pipelineJobs/{JOB_ID}"
-    )
+    assert (config.project, config.region, run.job_id) == ("123456", "europe-west4", JOB_ID)
     assert make_report(vertex, tmp_path, JOB_ID, PROJECT_ID="") == 2
 
 

@@ -492,7 +492,11 @@ def tune(tmp_path: Path, **kwargs: Any) -> list[dict[str, Any]]:
     ]
     args: dict[str, Any] = {"max_trial_count": 4, "parallel_trial_count": 2, "out": io.StringIO()}
     return tuner.run_tuning(
-        pools, str(tmp_path / "tune"), tuning.study_metrics(), tuning.study_parameters(), **{**args, **kwargs}
+        pools,
+        str(tmp_path / "tune"),
+        tuning.study_metrics(),
+        tuning.VERTEX_SEARCH_SPACE,
+        **{**args, **kwargs},
     )
 
 
@@ -529,7 +533,7 @@ def test_trials_honour_the_study(tmp_path: Path) -> None:
 def test_learning_rate_is_sampled_on_a_log_scale(tmp_path: Path) -> None:
     import optuna
 
-    spec = tuner.parse_study(tuning.study_metrics(), tuning.study_parameters())
+    spec = tuner.parse_study(tuning.study_metrics(), tuning.VERTEX_SEARCH_SPACE)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     rates = [tuner.suggest(study.ask(), spec)["learning_rate"] for _ in range(400)]
     below = sum(r < 1e-3 for r in rates) / len(rates)  # log scale: half of [1e-4, 1e-2] is below 1e-3
@@ -537,7 +541,7 @@ def test_learning_rate_is_sampled_on_a_log_scale(tmp_path: Path) -> None:
 
 
 def test_grid_search_rejects_double_parameters() -> None:
-    spec = tuner.parse_study(tuning.study_metrics(), tuning.study_parameters())
+    spec = tuner.parse_study(tuning.study_metrics(), tuning.VERTEX_SEARCH_SPACE)
     with pytest.raises(ValueError, match="GRID_SEARCH needs integer, discrete or categorical parameters"):
         tuner.make_sampler("GRID_SEARCH", spec, 0)
     with pytest.raises(ValueError, match="search algorithm must be"):
@@ -545,7 +549,7 @@ def test_grid_search_rejects_double_parameters() -> None:
 
 
 def test_too_many_failed_trials_fail_the_job(tmp_path: Path) -> None:
-    params = [p for p in tuning.study_parameters() if p["parameter_id"] != "dropout"]
+    params = [p for p in tuning.VERTEX_SEARCH_SPACE if p["parameter_id"] != "dropout"]
     params.append({"parameter_id": "dropout", "double_value_spec": {"min_value": 0.46, "max_value": 0.5}})
     script = tmp_path / "trial.py"
     script.write_text(TRIAL)
@@ -578,7 +582,7 @@ def test_every_trial_value_the_study_can_produce_is_accepted_by_the_trainer() ->
     with the trainer's own flags (a trial that exits 2 on `--dense_units=1024.0` is INFEASIBLE)."""
     from trainer.config import parse_args
 
-    spec = tuner.parse_study(tuning.study_metrics(), tuning.study_parameters())
+    spec = tuner.parse_study(tuning.study_metrics(), tuning.VERTEX_SEARCH_SPACE)
     for p in spec.parameters:
         kind = type(p).pb(p).WhichOneof("parameter_value_spec")
         if kind == "discrete_value_spec":

@@ -140,13 +140,6 @@ def test_only_versions_as_the_registry_writes_them_are_aliases(tmp_path: Path, v
         find(reg)
 
 
-def test_an_alias_name_not_as_vertex_allows_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(registry.RegistryError, match=r"alias '\.\./x' is not allowed"):
-        steps.local_find_champion.python_func(
-            registry_dir=str(tmp_path), model_display_name=NAME, alias="../x"
-        )
-
-
 # --- a damaged registry: named, with its fix, or "no usable champion" -------------------------
 
 

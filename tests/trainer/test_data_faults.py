@@ -325,9 +325,8 @@ def test_metadata_of_the_previous_format_says_to_prepare_again(copied: Path) -> 
     with pytest.raises(datasetinfo.DataError) as caught:
         datasetinfo.load_metadata(str(copied))
     assert str(caught.value) == (
-        f"{copied}/metadata.json has format_version 1, written by an older trainer.prepare, whose "
-        "metadata.json records no size, record count or SHA-256 per shard to check the shards "
-        f"against; this trainer reads format_version {contract.METADATA_FORMAT_VERSION}: {AGAIN}{copied} "
+        f"{copied}/metadata.json has format_version 1, written by an older trainer.prepare; this "
+        f"trainer reads format_version {contract.METADATA_FORMAT_VERSION}: {AGAIN}{copied} "
         "--overwrite`, with the other flags it was prepared with)"
     )
 

@@ -54,10 +54,12 @@ def env(path: Path | str, trial: str | None = None) -> dict[str, str]:
 # --- the check --------------------------------------------------------------------------------
 
 
-def test_the_default_path_is_hypertunes_own() -> None:
+def test_the_default_path_is_hypertunes_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hypertune import hypertune as lib
 
-    assert hpmetric.metric_file({}) == hpmetric.DEFAULT_METRIC_FILE == lib._DEFAULT_METRIC_PATH
+    assert hpmetric.DEFAULT_METRIC_FILE == lib._DEFAULT_METRIC_PATH
+    monkeypatch.setattr(hpmetric, "DEFAULT_METRIC_FILE", str(tmp_path / "output.metrics"))
+    assert hpmetric.reporting_file({}) == str(tmp_path / "output.metrics")
 
 
 def test_a_writable_path_passes_and_its_folder_is_created(tmp_path: Path) -> None:

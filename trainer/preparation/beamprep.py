@@ -200,12 +200,10 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
     and the work folder removed; PrepareError with the problems workers recorded. It may run more
     than once (Dataflow reruns a step whose result was not committed, even after its side
     effects): a dataset published whole (`published`) is kept; a half-published one is redone."""
-    problems = read_problems(work)
-    if problems:
+    if problems := read_problems(work):
         raise PrepareError("\n".join(problems))
     if not tf.io.gfile.exists(storage.join(work, PLAN_FILE)):
-        done = published(output_dir, records)
-        if done is not None:
+        if (done := published(output_dir, records)) is not None:
             return done
         raise PrepareError(
             f"the work folder {work} has no {PLAN_FILE} and {output_dir} holds no dataset of these "
@@ -213,8 +211,7 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
         )
     plan = storage.read_json(storage.join(work, PLAN_FILE))
     by_name = {r["name"]: r for r in records}
-    missing = [s["name"] for s in plan["shards"] if s["name"] not in by_name]
-    if missing:
+    if missing := [s["name"] for s in plan["shards"] if s["name"] not in by_name]:
         raise PrepareError(f"{len(missing)} shards were not written: {', '.join(missing[:5])}")
     config = PrepareConfig(output_dir=output_dir, **plan["config"])
     splits: dict[str, tuple[list[dict[str, Any]], list[int]]] = {}
@@ -226,8 +223,14 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
     names = [s["name"] for s in plan["shards"]]
     if published(output_dir, records) == metadata:
         pass  # published whole by an earlier attempt; only the work folder may be left
-    elif storage.is_remote(output_dir):
-        _publish_remote(work, storage.resolve(output_dir), names, metadata)
+    elif storage.is_remote(output_dir):  # stale metadata.json first, the shards copied in, it last
+        final = storage.resolve(output_dir)
+        if tf.io.gfile.exists(storage.join(final, data.METADATA_FILE)):
+            tf.io.gfile.remove(storage.join(final, data.METADATA_FILE))
+        tf.io.gfile.makedirs(final)
+        for name in names:
+            tf.io.gfile.copy(storage.join(work, name), storage.join(final, name), overwrite=True)
+        write_metadata(final, metadata)
     else:
         with storage.staged_output(output_dir) as staging:  # beside it, renamed into place
             for name in names:
@@ -236,18 +239,6 @@ def finalize(work: str, output_dir: str, records: Sequence[dict[str, Any]]) -> d
     with contextlib.suppress(tf.errors.OpError):
         tf.io.gfile.rmtree(work)
     return metadata
-
-
-def _publish_remote(work: str, final: str, names: list[str], metadata: dict[str, Any]) -> None:
-    """gs://: a stale metadata.json in `final` goes first, the shards are copied in (Cloud Storage
-    copies in place), metadata.json last."""
-    stale = storage.join(final, data.METADATA_FILE)
-    if tf.io.gfile.exists(stale):
-        tf.io.gfile.remove(stale)
-    tf.io.gfile.makedirs(final)
-    for name in names:
-        tf.io.gfile.copy(storage.join(work, name), storage.join(final, name), overwrite=True)
-    write_metadata(final, metadata)
 
 
 def read_problems(work: str) -> list[str]:

@@ -295,8 +295,7 @@ def prepare_beam(config: PrepareConfig, source: Source, progress: Progress, star
     )
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, work, config.output_dir, names, local=local)
-    template = options.get_all_options().get("template_location")
-    if template:
+    if template := options.get_all_options().get("template_location"):
         pipeline.run()
         progress.say(f"wrote the Dataflow job's graph to {template}; the job publishes {config.output_dir}")
         return {}
@@ -305,8 +304,7 @@ def prepare_beam(config: PrepareConfig, source: Source, progress: Progress, star
         with _progress_lines(work, len(names), progress), workers_log:
             pipeline.run().wait_until_finish()
     except Exception as e:  # noqa: BLE001 - a worker's failure, reported without its traceback
-        problems = read_problems(work)  # a remote runner's Finalize fails the job on them
-        if problems:
+        if problems := read_problems(work):  # a remote runner's Finalize fails the job on them
             raise PrepareError("\n".join(problems) + "\n(nothing was published)") from None
         if "ResourceExhaustedError" in str(e) or "No space left on device" in str(e):
             raise PrepareError(disk_full(work)) from None
@@ -314,7 +312,6 @@ def prepare_beam(config: PrepareConfig, source: Source, progress: Progress, star
             f"the Beam preparation failed: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}; "
             f"the shards written so far are kept in {work} for the next run"
         ) from None
-    problems = read_problems(work)
-    if problems:
+    if problems := read_problems(work):
         raise PrepareError("\n".join(problems) + "\n(nothing was published)")
     return dict(storage.read_json(storage.join(storage.resolve(config.output_dir), data.METADATA_FILE)))

@@ -4,7 +4,7 @@ TensorFlow-free: `python -m trainer.preparation.sourcecheck` applies them up fro
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
 from trainer.config import SPLITS
@@ -15,11 +15,10 @@ CARVED_SPLITS = ("validation", "test")
 
 
 def carve_sizes(
-    train_count: int, present: Iterable[str], validation_fraction: float, test_fraction: float
+    train_count: int, present: Container[str], validation_fraction: float, test_fraction: float
 ) -> dict[str, int]:
     """How many training images each split the source lacks is carved from (CARVED_SPLITS order)."""
     fractions = {"validation": validation_fraction, "test": test_fraction}
-    present = set(present)
     return {s: max(1, round(train_count * fractions[s])) for s in CARVED_SPLITS if s not in present}
 
 
@@ -46,12 +45,9 @@ def carve_plan(source: Source, config: PrepareConfig) -> tuple[dict[str, int], A
     for split, take in sizes.items():
         assignment[order[start : start + take]] = SPLITS.index(split)
         start += take
-    carved = dict.fromkeys(sizes, "train")
-    counts = {
-        s: int((assignment == i).sum()) if s == "train" or s in carved else source.splits[s].count
-        for i, s in enumerate(SPLITS)
-    }
+    counts = {s: int(n) for s, n in zip(SPLITS, np.bincount(assignment, minlength=len(SPLITS)), strict=True)}
+    counts.update({s: source.splits[s].count for s in source.splits if s != "train"})
     for split, n in counts.items():
         if n == 0:
             raise PrepareError(f"split {split!r} of --source {config.source} has no images")
-    return counts, assignment, carved
+    return counts, assignment, dict.fromkeys(sizes, "train")

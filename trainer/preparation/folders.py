@@ -40,10 +40,8 @@ IMAGE_FORMATS = {
 IMAGE_EXTENSIONS = tuple(IMAGE_FORMATS)
 # Image formats TensorFlow cannot decode: skipped, and named as such (any other as "not an image").
 UNDECODABLE_FORMATS = {
-    ".tif": "TIFF",
-    ".tiff": "TIFF",
-    ".heic": "HEIF",
-    ".heif": "HEIF",
+    **dict.fromkeys((".tif", ".tiff"), "TIFF"),
+    **dict.fromkeys((".heic", ".heif"), "HEIF"),
     ".avif": "AVIF",
     ".jp2": "JPEG 2000",
     ".ico": "ICO",
@@ -61,14 +59,13 @@ def image_problem(path: str, header: ImageHeader) -> str | None:
         return f"cannot decode image {path}: {header.unsupported}; convert it to PNG or JPEG, or remove it"
     if header.pixels <= MAX_IMAGE_PIXELS:
         return None
-    size = f"{header.width}x{header.height} pixels"
+    dims = f"{header.width}x{header.height} pixels"
+    size = f"{dims} ({header.pixels:,} pixels)"
     if header.frames > 1:
         size = (
-            f"a GIF of {header.frames} frames of {size}: {header.pixels:,} pixels to decode (TensorFlow "
+            f"a GIF of {header.frames} frames of {dims}: {header.pixels:,} pixels to decode (TensorFlow "
             "reads every frame of a GIF, even to keep the first)"
         )
-    else:
-        size = f"{size} ({header.pixels:,} pixels)"
     side = math.isqrt(MAX_IMAGE_PIXELS)
     return (
         f"image {path} is {size}, over the limit of {MAX_IMAGE_PIXELS:,} pixels ({side}x{side}), so it "
@@ -213,9 +210,6 @@ class ListingBudget:
         if self.used > self.entries or self.clock() > self.deadline:
             raise _OutOfBudget
 
-    def time_left(self) -> bool:
-        return self.clock() <= self.deadline
-
     def why(self) -> str:
         if self.used > self.entries:
             return f"stopped after {self.entries:,} entries"
@@ -228,11 +222,10 @@ class _LocalTree:
     folder's sorted (name, is a folder) pairs, each spent from `budget`."""
 
     local = True
+    isdir, exists = staticmethod(os.path.isdir), staticmethod(os.path.lexists)
 
     def kind(self, path: str) -> str:
-        if os.path.isdir(path):
-            return "dir"
-        return "file" if os.path.lexists(path) else "missing"
+        return "dir" if self.isdir(path) else "file" if self.exists(path) else "missing"
 
     def entries(self, folder: str, budget: ListingBudget) -> list[tuple[str, bool]]:
         found = []
@@ -270,32 +263,23 @@ class FolderListing:
         }
 
 
-def list_folder(
-    path: str,
-    *,
-    root: str | None = None,
-    tree: _LocalTree | _GfileTree | None = None,
-    budget: ListingBudget | None = None,
-    check_files: bool = True,
-) -> FolderListing:
-    """Lists the folder source `folder:PATH` by the layout's rules, without TensorFlow: split
-    folders among SPLITS (train required), the same class folders in every split, each with an
-    image; other entries are skipped by kind. With `check_files`, every image is checked once the
-    layout is right. root: the folder to read (default PATH); tree: how (default the local file
-    system); budget: bounds the listing (default: unbounded)."""
-    root = root if root is not None else (path.rstrip("/") or "/")
-    listing = FolderListing(path=path, root=root)
+def list_folder(path: str, *, budget: ListingBudget | None = None, check_files: bool = True) -> FolderListing:
+    """Lists the folder source `folder:PATH` by the layout's rules, without TensorFlow (but for
+    gs://, read through tf.io.gfile): split folders among SPLITS (train required), the same class
+    folders in every split, each with an image; other entries are skipped by kind. With
+    `check_files`, every local image is checked once the layout is right (a gs:// one as it is
+    read: a request each). budget: bounds the listing (default: unbounded)."""
+    listing = FolderListing(path=path, root=storage.resolve(path.rstrip("/")) or "/")
+    remote = storage.is_remote(listing.root)
     budget = budget or ListingBudget(sys.maxsize, math.inf)
     try:
-        _list_folder(listing, tree or _LocalTree(), budget, check_files)
+        _list_folder(listing, _GfileTree() if remote else _LocalTree(), budget, check_files and not remote)
     except _OutOfBudget:
         listing.complete, listing.stopped = False, budget.why()
     return listing
 
 
-def _list_folder(
-    listing: FolderListing, tree: _LocalTree | _GfileTree, budget: ListingBudget, check_files: bool
-) -> None:
+def _list_folder(listing: FolderListing, tree: _LocalTree, budget: ListingBudget, check_files: bool) -> None:
     src, root = f"--source folder:{listing.path}", listing.root
     problems, skipped = listing.problems, listing.skipped
     if tree.local and os.path.abspath(root) == os.path.abspath(os.sep):
@@ -319,19 +303,25 @@ def _list_folder(
             problems.append(f"{src}: cannot list {folder} ({e.strerror or e})")
             return None
 
-    top = entries(root)
+    def subfolders(folder: str, rel: str, file_kind: str, why: str) -> list[str] | None:
+        """The folders in `folder` (`rel` under root), its hidden entries and files skipped."""
+        found = entries(folder)
+        if found is None:
+            return None
+        names = []
+        for name, is_dir in found:
+            if name.startswith("."):
+                skipped.add(HIDDEN, "", rel + name)
+            elif is_dir:
+                names.append(name)
+            else:
+                skipped.add(file_kind, why, rel + name)
+        return names
+
+    top = subfolders(root, "", "file at the top", "only the split folders are read there")
     if top is None:
         return
-    present, unknown = set(), []
-    for name, is_dir in top:
-        if name.startswith("."):
-            skipped.add(HIDDEN, "", name)
-        elif not is_dir:
-            skipped.add("file at the top", "only the split folders are read there", name)
-        elif name in SPLITS:
-            present.add(name)
-        else:
-            unknown.append(name)
+    unknown = [name for name in top if name not in SPLITS]
     allowed = f"allowed split folders: {', '.join(SPLITS)}"
     if len(unknown) > MAX_UNKNOWN_SPLITS_NAMED:  # not an image folder at all, most likely
         named = ", ".join(unknown[:MAX_UNKNOWN_SPLITS_NAMED])
@@ -343,30 +333,21 @@ def _list_folder(
         for name in unknown:
             hint = " (rename it to validation/)" if name.lower() in VALIDATION_ALIASES else ""
             problems.append(f"{src}: unknown split folder {storage.join(root, name)}{hint}; {allowed}")
-    splits = [s for s in SPLITS if s in present]
+    splits = [s for s in SPLITS if s in top]
     if "train" not in splits:
         problems.append(f"{src} has no train/ folder; expected {FOLDER_LAYOUT}")
         return
 
     classes_by_split: dict[str, list[str]] = {}
     for split in splits:
-        found = entries(storage.join(root, split))
-        if found is None:
-            continue
-        classes = []
-        for name, is_dir in found:
-            if name.startswith("."):
-                skipped.add(HIDDEN, "", f"{split}/{name}")
-            elif is_dir:
-                classes.append(name)
-            else:
-                skipped.add(
-                    "file beside the class folders", "images go inside a class folder", f"{split}/{name}"
-                )
+        folder = storage.join(root, split)
+        classes = subfolders(
+            folder, f"{split}/", "file beside the class folders", "images go inside a class folder"
+        )
         if classes:
             classes_by_split[split] = classes
-        else:
-            problems.append(f"{storage.join(root, split)} has no class folders; expected {FOLDER_LAYOUT}")
+        elif classes is not None:
+            problems.append(f"{folder} has no class folders; expected {FOLDER_LAYOUT}")
     if "train" not in classes_by_split:
         return
     reference = listing.class_names = classes_by_split["train"]
@@ -413,7 +394,7 @@ def _list_folder(
         return
     for paths, _ in listing.splits.values():
         for p in paths:
-            if not budget.time_left():
+            if budget.clock() > budget.deadline:
                 listing.stopped = f"{budget.why()}: {listing.files_checked:,} images checked"
                 return
             problem = check_image_file(p)
@@ -425,7 +406,7 @@ def _list_folder(
 # --- reading (TensorFlow imported lazily) --------------------------------------------------------
 
 
-class _GfileTree:
+class _GfileTree(_LocalTree):
     """A gs:// folder tree, read with tf.io.gfile: an entry is a folder when its name ends in "/"
     or, for a name not of an image, when gfile says so (no request per image)."""
 
@@ -434,20 +415,15 @@ class _GfileTree:
     def __init__(self) -> None:
         from trainer._tf import tf
 
-        self.gfile = tf.io.gfile
-
-    def kind(self, path: str) -> str:
-        if self.gfile.isdir(path):
-            return "dir"
-        return "file" if self.gfile.exists(path) else "missing"
+        self.isdir, self.exists, self.listdir = tf.io.gfile.isdir, tf.io.gfile.exists, tf.io.gfile.listdir
 
     def entries(self, folder: str, budget: ListingBudget) -> list[tuple[str, bool]]:
         found = []
-        for n in self.gfile.listdir(folder):
+        for n in self.listdir(folder):
             budget.spend()
             name = n.rstrip("/")
             image = os.path.splitext(name)[1].lower() in IMAGE_FORMATS
-            is_dir = n.endswith("/") or (not image and self.gfile.isdir(storage.join(folder, name)))
+            is_dir = n.endswith("/") or (not image and self.isdir(storage.join(folder, name)))
             found.append((name, is_dir))
         return sorted(found)
 
@@ -506,10 +482,7 @@ def find_bad_image(paths: Any) -> str | None:
 def open_folder(path: str, progress: Progress) -> Source:
     """The folder source `folder:PATH`, listed by `list_folder` (its problems refused before any
     image is decoded), its skipped entries said in one line on `progress`."""
-    root = storage.resolve(path.rstrip("/")) or "/"
-    remote = storage.is_remote(root)
-    # A gs:// source's images are not opened while listing (a request each), but checked as read.
-    listing = list_folder(path, root=root, tree=_GfileTree() if remote else None, check_files=not remote)
+    listing = list_folder(path)
     if listing.problems:
         raise PrepareError("\n".join(shown(listing.problems)))
     summary = listing.skipped.summary()

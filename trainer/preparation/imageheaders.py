@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Callable
 from typing import BinaryIO
 
 # The formats' headers: PNG's IHDR chunk (PNG specification, 11.2.2); a JPEG's frame header, the
@@ -76,23 +75,6 @@ class _Bytes:
             self._start, self._chunk = offset, self._file.read(max(n, self._next))
             self._next = min(2 * self._next, _HEADER_CHUNK_MAX)
         return self._chunk[offset - self._start : offset - self._start + n]
-
-
-def _reader_of(head: bytes) -> Callable[[_Bytes], ImageHeader] | None:
-    """The header reader of the format TensorFlow will decode these first bytes as."""
-    if head.startswith(b"\xff\xd8\xff"):
-        return _jpeg
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return _png
-    if head.startswith((b"GIF87a", b"GIF89a")):
-        return _gif
-    if head.startswith(b"BM"):
-        return _bmp
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return _webp
-    if head.startswith((b"\xff\x0a", _JXL_CONTAINER)):
-        return _jxl
-    return None
 
 
 def _jpeg(b: _Bytes) -> ImageHeader:
@@ -292,7 +274,16 @@ def read_image_header(data: bytes | None = None, *, file: BinaryIO | None = None
     head = b.at(0, 16)
     if not head:
         raise BadImageHeader("the file is empty")
-    reader = _reader_of(head)
+    signatures = {
+        _jpeg: (b"\xff\xd8\xff",),
+        _png: (b"\x89PNG\r\n\x1a\n",),
+        _gif: (b"GIF87a", b"GIF89a"),
+        _bmp: (b"BM",),
+        _jxl: (b"\xff\x0a", _JXL_CONTAINER),
+    }
+    reader = next((r for r, magic in signatures.items() if head.startswith(magic)), None)
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        reader = _webp
     if reader is None:
         raise BadImageHeader("its content is not JPEG, PNG, GIF, BMP, WebP or JPEG XL")
     header = reader(b)

@@ -17,12 +17,19 @@ from trainer.adapters import (
 from trainer.preparation.source import PrepareError
 
 
-def _local_archive_manager(archive: str, **manager_kwargs: Any) -> Any:
-    """A `tfds.download.DownloadManager` whose `download_and_extract` gives the local tree
-    `archive` for every URL, and whose methods that would reach the network raise PrepareError."""
+@contextlib.contextmanager
+def local_archive(builder: Any, archive: str, scratch_dir: str) -> Iterator[None]:
+    """Inside the block, `builder.download_and_prepare(...)` takes every URL passed to
+    `download_and_extract` from the local tree `archive`, and fails rather than download anything
+    else; `scratch_dir` holds the download manager's (empty) folders. RuntimeError if TFDS made no
+    download manager, so a TFDS that stopped calling the hook never passes off a real download."""
     import tensorflow_datasets as tfds
 
+    check_tfds_download_manager_hook()
+
     class LocalArchiveDownloadManager(tfds.download.DownloadManager):
+        """Its methods that would reach the network raise PrepareError."""
+
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.archive = tfds.core.Path(archive)
@@ -47,24 +54,13 @@ def _local_archive_manager(archive: str, **manager_kwargs: Any) -> Any:
         def download_kaggle_data(self, competition_or_dataset: str) -> Any:
             raise self._offline(competition_or_dataset)
 
-    return LocalArchiveDownloadManager(**manager_kwargs)
-
-
-@contextlib.contextmanager
-def local_archive(builder: Any, archive: str, scratch_dir: str) -> Iterator[None]:
-    """Inside the block, `builder.download_and_prepare(...)` takes every URL passed to
-    `download_and_extract` from the local tree `archive`, and fails rather than download anything
-    else; `scratch_dir` holds the download manager's (empty) folders. RuntimeError if TFDS made no
-    download manager, so a TFDS that stopped calling the hook never passes off a real download."""
-    check_tfds_download_manager_hook()
     made: list[Any] = []
 
     def make_download_manager(download_dir: Any = None, download_config: Any = None) -> Any:
-        manager = _local_archive_manager(
-            archive, download_dir=download_dir or scratch_dir, dataset_name=builder.name
+        made.append(
+            LocalArchiveDownloadManager(download_dir=download_dir or scratch_dir, dataset_name=builder.name)
         )
-        made.append(manager)
-        return manager
+        return made[-1]
 
     with mock.patch.object(builder, TFDS_DOWNLOAD_MANAGER_HOOK, make_download_manager):  # restored after
         yield

@@ -22,14 +22,11 @@ def is_terminal(stream: Any) -> bool:
 
 @dataclasses.dataclass
 class Progress:
-    """How preparation reports progress.
-
-    bars: tqdm bars for a terminal (else TFDS's are switched off, process-wide), and `count` prints
-      a line when the count passes a multiple of `step` of the total if `min_gap_s` has passed
-      since the last line, whenever `interval_s` passes without one, and when complete.
-    out: where lines go; None: sys.stdout at the time of printing.
-    stop: called at every `update`: raises to stop the work (trainer.prepare's SIGTERM).
-    """
+    """How preparation reports progress. bars: tqdm bars for a terminal (else TFDS's are switched
+    off, process-wide); without, `count` prints a line when the count passes a multiple of `step`
+    of the total if `min_gap_s` has passed since the last line, whenever `interval_s` passes
+    without one, and when complete. out: where lines go (None: sys.stdout when printing). stop:
+    called at every `update`, raises to stop the work (trainer.prepare's SIGTERM)."""
 
     bars: bool
     out: TextIO | None = None

@@ -68,14 +68,11 @@ class ShardWriter:
         self.folder = folder
         self.names = shard_names(split, count, shards)
         self._writers = [tf.io.TFRecordWriter(os.path.join(folder, name)) for name in self.names]
-        self.records = [0] * len(self.names)
         self.written = 0
         self.manifest: list[dict[str, Any]] = []
 
     def write(self, record: bytes) -> None:
-        i = self.written % len(self.names)
-        self._writers[i].write(record)
-        self.records[i] += 1
+        self._writers[self.written % len(self.names)].write(record)
         self.written += 1
 
     def close(self) -> None:
@@ -85,9 +82,10 @@ class ShardWriter:
         paths = [os.path.join(self.folder, name) for name in self.names]
         with concurrent.futures.ThreadPoolExecutor(datasetinfo.HASH_THREADS) as pool:
             digests = list(pool.map(datasetinfo.shard_digest, paths))
+        records = [datasetinfo.expected_records(self.written, len(paths), i) for i in range(len(paths))]
         self.manifest = [
-            {"name": name, "bytes": size, "records": records, "sha256": sha}
-            for name, records, (sha, size) in zip(self.names, self.records, digests, strict=True)
+            {"name": name, "bytes": size, "records": n, "sha256": sha}
+            for name, n, (sha, size) in zip(self.names, records, digests, strict=True)
         ]
 
 
@@ -233,10 +231,8 @@ def tfds_downloads(name: str) -> list[dict[str, Any]] | None:
 def folder_listing(path: str) -> dict[str, Any]:
     """{images, bytes, fingerprint} of a folder source's listing: a file added, removed, renamed,
     resized or rewritten changes the fingerprint."""
-    root = storage.resolve(path.rstrip("/")) or "/"
-    remote = storage.is_remote(root)
-    tree = folders._GfileTree() if remote else None  # the tree open_folder lists gs:// with
-    listing = folders.list_folder(path, root=root, tree=tree, check_files=False)
+    listing = folders.list_folder(path, check_files=False)
+    root, remote = listing.root, storage.is_remote(listing.root)
     files = sorted(p for paths, _ in listing.splits.values() for p in paths)
 
     def stat(p: str) -> tuple[int, int]:

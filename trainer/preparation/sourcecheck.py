@@ -5,23 +5,17 @@ The front door applies the preparation's own layout rules (`folders.list_folder`
 
     stdin:  {"source": "folder:/data/leaves", "validation_fraction": 0.15, "test_fraction": 0.15}
             (the fractions are optional: trainer.prepare's defaults)
-    stdout: {"source": "folder:/data/leaves", "checked": true, "why": null,
-             "problems": ["class 'rose' has no images in /data/leaves/train/rose (allowed: ...)"],
-             "counts": {"complete": true, "stopped": null, "classes": ["daisy", "rose"],
-                        "images": {"train": {"daisy": 120, "rose": 0}, "test": {...}},
-                        "split_images": {"train": 120, "test": 30},
-                        "prepared": {"train": 108, "validation": 12, "test": 30} or null,
-                        "carved": ["validation"],
-                        "images_checked": 150,
-                        "skipped": {"count": 3, "kinds": [{"kind": ".tiff", "why": "...",
-                                    "count": 2, "examples": ["train/daisy/a.tiff", ...]}, ...]},
-                        "skipped_summary": "skipped 3 entries of the source ...: ..."}}
+    stdout: {"source", "checked": true, "why": null, "problems": [one line each], "counts":
+             {"complete", "stopped", "classes", "images": {split: {class: n}}, "split_images":
+              {split: n}, "prepared": {split: n} or null, "carved": ["validation"],
+              "images_checked", "skipped": metadata.json's source_info.skipped, "skipped_summary"}}
 
 `counts`: null when the folder could not be listed. `prepared`: what the preparation would
-write per split, null while the layout has problems. Bounded (MAX_ENTRIES, SECONDS): a listing
-stopped early has `complete` false, `stopped` saying where, and the listed part's counts. Images
-are checked while time is left. A source that is not a local folder is not checked (`checked`
-false, `why` says so). Exit status: 0 answered (whatever the problems), 2 a bad request.
+write per split, carved ones included (null while the layout has problems). Bounded (MAX_ENTRIES,
+SECONDS): a listing stopped early has `complete` false, `stopped` saying where, and the listed
+part's counts. Images are checked while time is left. A source that is not a local folder is not
+checked (`checked` false, `why` says so). Exit status: 0 answered (whatever the problems), 2 a
+bad request.
 """
 
 from __future__ import annotations
@@ -58,11 +52,9 @@ def check(
     answer: dict[str, Any] = {"source": source, "checked": False, "why": None, "problems": [], "counts": None}
     kind, _, path = source.partition(":")
     if kind != "folder" or not path.strip():
-        answer["why"] = "not a folder: source; the preparation job checks it"
-        return answer
+        return {**answer, "why": "not a folder: source; the preparation job checks it"}
     if storage.is_remote(path):
-        answer["why"] = f"{path} is in Cloud Storage; the preparation job lists and checks it there"
-        return answer
+        return {**answer, "why": f"{path} is in Cloud Storage; the preparation job lists and checks it there"}
     listing = folders.list_folder(path, budget=budget or folders.ListingBudget(MAX_ENTRIES, SECONDS))
     problems = list(listing.problems)
     answer["checked"] = True

@@ -59,9 +59,7 @@ def image_classification_keys(info: Any, name: str) -> tuple[str, str]:
 
 def tfds_source(builder: Any, image_key: str, label_key: str) -> Source:
     splits: dict[str, SourceSplit] = {}
-    for split in SPLITS:
-        if split not in builder.info.splits:
-            continue
+    for split in [s for s in SPLITS if s in builder.info.splits]:
 
         def dataset(split: str = split) -> Any:
             ds = builder.as_dataset(split=split, shuffle_files=False)
