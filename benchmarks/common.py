@@ -346,7 +346,7 @@ def ours_resnet50(
         mixed_precision=mixed_precision,
         xla=xla,
     )
-    precision = task._precision_policy(mixed_precision, bool(tf.config.list_physical_devices("GPU")))
+    precision = task.precision_policy(mixed_precision, bool(tf.config.list_physical_devices("GPU")))
     keras.mixed_precision.set_global_policy(precision)
     with strategy.scope():
         model = model_lib.build_model(config, num_classes, image_size)

@@ -26,7 +26,6 @@ from components.stepimage import fuse_path
 
 
 def evaluate_command() -> list:
-    """The evaluation job's command."""
     return ["python", "-m", "trainer.evaluate"]
 
 
@@ -208,12 +207,11 @@ def evaluate_model(
             "the evaluation job did not evaluate it"
         )
     split, comparison = evaluated["split"], evaluated.get("comparison")
-    for key in ("accuracy", "loss", "macro_f1"):
-        if new.get(key) is not None:
-            metrics.log_metric(f"{split}_{key}", float(new[key]))
-    for key in ("val_accuracy", "val_loss", "images_per_second"):
-        if m.get(key) is not None:
-            metrics.log_metric(key, float(m[key]))
+    logged = {f"{split}_{key}": new.get(key) for key in ("accuracy", "loss", "macro_f1")}
+    logged.update({key: m.get(key) for key in ("val_accuracy", "val_loss", "images_per_second")})
+    for key, value in logged.items():
+        if value is not None:
+            metrics.log_metric(key, float(value))
     metrics.log_metric("epochs_completed", int(m["epochs_completed"]))
     for name, c in (new.get("per_class") or {}).items():
         print(

@@ -292,6 +292,37 @@ def run_cloud_build(
     return result
 
 
+def trainer_images(
+    base: str, serving_accelerator: str, reduction_server_count: int, prepare_engine: str, serving: bool
+) -> dict:
+    """{output: (image, Dockerfile, stage)} of each image the build step makes, on either target:
+    `base` is `<repository>/<image_name>`; `serving`: `resolve_serving_image` decided `custom`."""
+    wanted = {
+        "image_uri": (base, "Dockerfile", "trainer"),
+        "cpu_image_uri": (f"{base}-cpu", "Dockerfile", "cpu"),
+    }
+    if reduction_server_count > 0:
+        wanted["training_image_uri"] = (f"{base}-reduction-server", "Dockerfile", "reduction-server")
+    if prepare_engine == "beam":
+        wanted["dataflow_image_uri"] = (f"{base}-dataflow", "Dockerfile", "dataflow")
+    if serving:
+        suffix = "-serving-gpu" if serving_accelerator == "gpu" else "-serving"
+        wanted["serving_image_uri"] = (f"{base}{suffix}", "Dockerfile.serving", serving_accelerator)
+    return wanted
+
+
+def image_outputs(uris: dict, tag: str, built: bool) -> Any:
+    """The image step's outputs from `uris` (by output name, `trainer_images`): "" for an image not
+    asked for; the training image is the trainer's unless a reduction-server one is."""
+    import collections
+
+    Outputs = collections.namedtuple(
+        "Outputs", "image_uri tag built serving_image_uri training_image_uri dataflow_image_uri cpu_image_uri"
+    )
+    defaults = {"serving_image_uri": "", "dataflow_image_uri": "", "training_image_uri": uris["image_uri"]}
+    return Outputs(tag=tag, built=built, **{**defaults, **uris})
+
+
 @dsl.component(
     base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
@@ -307,6 +338,8 @@ def run_cloud_build(
         serving_policy,
         prebuilt_days_left,
         resolve_serving_image,
+        trainer_images,
+        image_outputs,
     ],
 )
 def build_trainer_image(
@@ -356,7 +389,6 @@ def build_trainer_image(
         `built` (False when every tag existed). `training_image_uri` is the reduction-server
         image when there is one, else `image_uri`.
     """
-    import collections
     import re
 
     import google.auth
@@ -376,15 +408,12 @@ def build_trainer_image(
     settings, build_region = build_settings(
         project, location, build_location, build_machine_type, build_service_account, build_worker_pool
     )
-    Outputs = collections.namedtuple(
-        "Outputs", "image_uri tag built serving_image_uri training_image_uri dataflow_image_uri cpu_image_uri"
-    )
 
-    build_serving_image = resolve_serving_image(serving_image, serving_tf_version) == "custom"
+    custom = resolve_serving_image(serving_image, serving_tf_version) == "custom"
     if serving_image == "auto":
         print(
             "serving_image=auto: "
-            + ("the custom serving image" if build_serving_image else "Vertex's prebuilt one")
+            + ("the custom serving image" if custom else "Vertex's prebuilt one")
             + f" (prebuilt TensorFlow {serving_tf_version} ends on {prebuilt_days_left(serving_tf_version)[0]})"
         )
     # An uploaded context is named by its tag (`<PIPELINE_ROOT>/contexts/<tag>.tar.gz`): once a
@@ -392,23 +421,16 @@ def build_trainer_image(
     context = storage.Client(project=project).bucket(bucket).blob(blob_name)
     named = re.fullmatch(r"(?:.+/)?contexts/(src-[0-9a-f]{20})\.tar\.gz", blob_name)
     tag = named.group(1) if named else context_tag(tarball_members(context.download_as_bytes()))
-    # (image, Dockerfile, stage) of each image asked for.
-    wanted = [(f"{repository}/{image_name}", "Dockerfile", "trainer")]
-    wanted.append((f"{repository}/{image_name}-cpu", "Dockerfile", "cpu"))
-    if reduction_server_count > 0:
-        wanted.append((f"{repository}/{image_name}-reduction-server", "Dockerfile", "reduction-server"))
-    if prepare_engine == "beam":
-        wanted.append((f"{repository}/{image_name}-dataflow", "Dockerfile", "dataflow"))
-    if build_serving_image:
-        suffix = "-serving-gpu" if serving_accelerator == "gpu" else "-serving"
-        wanted.append((f"{repository}/{image_name}{suffix}", "Dockerfile.serving", serving_accelerator))
+    wanted = trainer_images(
+        f"{repository}/{image_name}", serving_accelerator, reduction_server_count, prepare_engine, custom
+    )
 
     credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     session = google.auth.transport.requests.AuthorizedSession(credentials)
-    digests = {image: registry_digest(session, image, tag) for image, _, _ in wanted}
+    digests = {image: registry_digest(session, image, tag) for image, _, _ in wanted.values()}
     for image, digest in digests.items():
         print(f"{image}:{tag} " + (f"exists ({digest})" if digest else "is absent"))
-    missing = [(image, dockerfile, stage) for image, dockerfile, stage in wanted if not digests[image]]
+    missing = [spec for spec in wanted.values() if not digests[spec[0]]]  # (image, Dockerfile, stage)
 
     if missing and named and not context.exists():
         raise FileNotFoundError(
@@ -467,16 +489,5 @@ def build_trainer_image(
     else:
         print("every image exists; build skipped")
 
-    pinned = {
-        stage if dockerfile == "Dockerfile" else "serving": f"{image}@{digests[image]}"
-        for image, dockerfile, stage in wanted
-    }
-    return Outputs(
-        pinned["trainer"],
-        tag,
-        bool(missing),
-        pinned.get("serving", ""),
-        pinned.get("reduction-server", pinned["trainer"]),
-        pinned.get("dataflow", ""),
-        pinned["cpu"],
-    )
+    pinned = {out: f"{image}@{digests[image]}" for out, (image, _, _) in wanted.items()}
+    return image_outputs(pinned, tag, bool(missing))

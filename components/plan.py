@@ -13,8 +13,7 @@ Each job's folder is an output artifact used only for its URI, the job's `base_o
 (docs/contracts.md#2-the-environment-of-a-replica); never cached (`pipeline.step`): a cached plan
 would hand a new run an older run's folders. The trainer's command line is spelled once, in
 `build_trainer_args` (docs/contracts.md#1-the-trainers-command-line-python--m-trainertask), which
-the pre-flight (`pipeline.options.trainer_flags`) calls too. A tunable hyperparameter is one row of
-`hyperparameters()` and one input of `plan_jobs`.
+the pre-flight (`pipeline.options.trainer_flags`) calls too.
 """
 
 from typing import Any, NamedTuple
@@ -70,7 +69,6 @@ def tunable() -> dict:
     return {row[0]: row[1] for row in hyperparameters()}
 
 
-TRAIN_COMMAND = train_command()
 TUNABLE = tunable()
 # The pipeline parameters `build_trainer_args` turns into `trainer.task` flags of the same names
 # (beside the dataset's URI and image size).
@@ -177,6 +175,10 @@ def apply_hyperparameters(pools: list, best: dict, kinds: dict) -> tuple:
     if missing:
         raise ValueError(f"the training job's flags carry no {missing} to set from the best trial")
     return out, carried
+
+
+# What a step that calls `apply_hyperparameters` ships with it (`components.tuning.BEST_TRIAL_FUNCS`).
+HYPERPARAMETER_FUNCS = [hyperparameters, tunable, typed_hyperparameter, apply_hyperparameters]
 
 
 def measurement_selection(export_epoch: str) -> str:

@@ -167,9 +167,7 @@ def upload_settings(
     Outputs = collections.namedtuple(
         "Outputs", "serving_image artifact_uri predict_route health_route labels"
     )
-    return Outputs(
-        image, artifact["artifact_uri"], artifact["predict_route"], artifact["health_route"], merged
-    )
+    return Outputs(serving_image=image, labels=merged, **artifact)
 
 
 @dsl.component(

@@ -1,11 +1,9 @@
 """Step 5, hyperparameter tuning (optional): a Vertex HyperparameterTuningJob over the trainer,
 then our own best-trial step (GCPC 2.22 has none: docs/facts.md, fact 9).
 
-The search space is the pipeline parameter `search_space`: aiplatform_v1
-`StudySpec.ParameterSpec`s as JSON (docs/options.md#the-search-space-search_space), checked by
-`pipeline.options.tuning`. The metric (`study_metrics`) is fixed
-(docs/contracts.md#3-tuning-parameter-ids-are-trainer-flags). `pick_best_trial` reads
-`aiplatform_v1.Trial` JSON from the tuning job (`best_trial`) or the local tuner alike.
+The search space is the pipeline parameter `search_space` (aiplatform_v1 `StudySpec.ParameterSpec`s
+as JSON: docs/options.md#the-search-space-search_space), checked by `pipeline.options.tuning`; the
+metric (`study_metrics`) is fixed (docs/contracts.md#3-tuning-parameter-ids-are-trainer-flags).
 """
 
 import functools
@@ -15,13 +13,11 @@ from typing import Any, NamedTuple
 
 from kfp import dsl
 
-from components import plan, stepimage
-from components.plan import apply_hyperparameters, hyperparameters, tunable, typed_hyperparameter
+from components import stepimage
+from components.plan import HYPERPARAMETER_FUNCS, apply_hyperparameters, tunable
 
 METRIC_ID = "val_accuracy"
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
-# The trainer flags a tuning job may set (`plan.tunable()`).
-TUNABLE_FLAGS = tuple(plan.TUNABLE)
 # GRID_SEARCH: "all parameters must be INTEGER, CATEGORICAL, or DISCRETE" (StudySpec.Algorithm).
 GRID_VALUE_SPECS = ("integer_value_spec", "discrete_value_spec", "categorical_value_spec")
 # DiscreteValueSpec.values: "in increasing order and at least 1e-10 apart ... not more than 1,000".
@@ -163,13 +159,12 @@ def canonical_search_space(space: Any) -> list[dict[str, Any]]:
         as_json = json_format.MessageToDict(type(spec).pb(spec), preserving_proto_field_name=True)
         entry = {"parameter_id": spec.parameter_id, **as_json}
         kind = value_spec_kind(spec)
-        v: Any = getattr(spec, kind) if kind else None
         if kind in ("double_value_spec", "integer_value_spec"):  # both ends (MessageToDict leaves out 0)
+            v = getattr(spec, kind)
             cast = float if kind == "double_value_spec" else str
             entry[kind] = {"min_value": cast(v.min_value), "max_value": cast(v.max_value)}
-        elif kind:  # the values alone
-            cast = float if kind == "discrete_value_spec" else str
-            entry[kind] = {"values": [cast(x) for x in v.values]}
+        elif kind:  # the values alone, as a trial is handed them
+            entry[kind] = {"values": trial_values(spec)}
         out.append(entry)
     return out
 
@@ -196,15 +191,14 @@ def pick_best_trial(trials: list[dict[str, Any]], metric_id: str, goal: str) -> 
     `metric_id`, as {"trial_id", "value", "parameters"}; ties go to the earlier trial. Raises
     RuntimeError listing every trial's state when none succeeded with the metric."""
 
-    def get(d: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
-        return d.get(camel, d.get(snake, default))
+    def get(d: dict[str, Any], camel: str, snake: str) -> Any:
+        return d.get(camel, d.get(snake))
 
     if goal not in ("MAXIMIZE", "MINIMIZE"):
         raise ValueError(f"goal must be MAXIMIZE or MINIMIZE, got {goal!r}")
     candidates = []
     for trial in trials:
-        measurement = get(trial, "finalMeasurement", "final_measurement") or {}
-        metrics = measurement.get("metrics", [])
+        metrics = (get(trial, "finalMeasurement", "final_measurement") or {}).get("metrics", [])
         values = [m.get("value") for m in metrics if get(m, "metricId", "metric_id") == metric_id]
         if trial.get("state") == "SUCCEEDED" and values and values[0] is not None:
             candidates.append((float(values[0]), trial))
@@ -223,11 +217,21 @@ def pick_best_trial(trials: list[dict[str, Any]], metric_id: str, goal: str) -> 
     return {"trial_id": str(best.get("id")), "value": value, "parameters": params}
 
 
-@dsl.component(
-    base_image=stepimage.BASE_IMAGE,
-    install_kfp_package=False,
-    additional_funcs=[pick_best_trial, hyperparameters, tunable, typed_hyperparameter, apply_hyperparameters],
-)
+def best_trial_outputs(table: list, training_pools: list, metric_id: str, goal: str) -> Any:
+    """`best_trial`'s outputs on either target: `table`'s best trial set in the training job's flags."""
+    import collections
+
+    best = pick_best_trial(table, metric_id, goal)
+    pools, resolved = apply_hyperparameters(training_pools, best["parameters"], tunable())
+    print(f"best trial {best['trial_id']} of {len(table)}: {metric_id}={best['value']:.4f} {resolved}")
+    Outputs = collections.namedtuple("Outputs", ["worker_pool_specs", "hyperparameters", "trial_id", "value"])
+    return Outputs(pools, resolved, best["trial_id"], best["value"])
+
+
+BEST_TRIAL_FUNCS = [*HYPERPARAMETER_FUNCS, pick_best_trial, best_trial_outputs]
+
+
+@dsl.component(base_image=stepimage.BASE_IMAGE, install_kfp_package=False, additional_funcs=BEST_TRIAL_FUNCS)
 def best_trial(
     project: str,
     location: str,
@@ -239,7 +243,6 @@ def best_trial(
 ) -> NamedTuple("Outputs", worker_pool_specs=list, hyperparameters=dict, trial_id=str, value=float):
     """Picks the best trial of the tuning job in `gcp_resources` and writes its parameters into the
     planned training job's flags; `trials` gets the whole trials table (JSON list)."""
-    import collections
     import json
     import re
 
@@ -260,10 +263,6 @@ def best_trial(
     table = [json.loads(aiplatform_v1.Trial.to_json(t, use_integers_for_enums=False)) for t in job.trials]
     with open(trials.path, "w") as f:
         json.dump(table, f, indent=1)
-    best = pick_best_trial(table, metric_id, goal)
-    trials.metadata.update({"count": len(table), "best_trial_id": best["trial_id"], metric_id: best["value"]})
-    # Integer parameters come back as JSON numbers (512.0): `typed_hyperparameter` makes them whole.
-    pools, resolved = apply_hyperparameters(training_pools, best["parameters"], tunable())
-    print(f"best trial {best['trial_id']} of {len(table)}: {metric_id}={best['value']:.4f} {resolved}")
-    Outputs = collections.namedtuple("Outputs", ["worker_pool_specs", "hyperparameters", "trial_id", "value"])
-    return Outputs(pools, resolved, best["trial_id"], best["value"])
+    out = best_trial_outputs(table, training_pools, metric_id, goal)
+    trials.metadata.update({"count": len(table), "best_trial_id": out.trial_id, metric_id: out.value})
+    return out

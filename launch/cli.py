@@ -73,8 +73,7 @@ def runs_dir_problem(runs_dir: Path) -> str:
     if free < MIN_FREE_BYTES:
         return (
             f"--runs_dir {runs_dir}: {free / 2**20:.0f} MiB free on its file system; a local run needs at "
-            f"least {MIN_FREE_BYTES / 2**30:.0f} GiB (the prepared dataset, checkpoints and the exported "
-            "model): free some space or give a --runs_dir on another disk"
+            f"least {MIN_FREE_BYTES / 2**30:.0f} GiB: free some space or give a --runs_dir on another disk"
         )
     return ""
 
@@ -217,21 +216,19 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
                 "not_started": [n for n in dict.fromkeys(names.values()) if n not in {s.name for s in steps}],
                 "processes_left": [_describe(process) for process in left],
             }
-        summary_path = run_dir / "summary.json"
-        written = _write_json(summary_path, summary, screen)
-    # The report last: a picture that cannot be drawn never changes how the run ended.
-    try:
-        if not written:
-            raise OSError(f"{run_dir} cannot be written")
-        report.write_report(run_dir / "report.html", summary, metrics, trials)
-    except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 (recorded in summary.json, shown below)
-        with _handling(stop.remember):
-            summary["report_error"] = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-            summary["report"] = None
-            if written:
-                _write_json(summary_path, summary, screen)
-        screen.write(f"WARNING: report.html was not written ({summary['report_error']})\n")
+    summary_path = run_dir / "summary.json"
     status = summary["status"]
+    try:
+        report.write_run(run_dir, summary, metrics, trials, guard=lambda: _handling(stop.remember))
+        written = True
+    except OSError as err:  # a folder that cannot be written: one WARNING line
+        written = False
+        summary["report"] = None
+        screen.write(
+            f"WARNING: {summary_path} was not written ({err.strerror or err}); the run ended {status}\n"
+        )
+    if summary.get("report_error"):
+        screen.write(f"WARNING: report.html was not written ({summary['report_error']})\n")
     failed = [s for s in steps if s.status not in ("SUCCESS", "CANCELLED")]
     if tee.warnings:  # again at the end, where they cannot scroll away (a damaged registry...)
         screen.write("".join(f"WARNING: {step}: {text}\n" for step, text in tee.warnings))
@@ -254,27 +251,13 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
         return 0
     if failed and status == "FAILED":
         screen.write(f"\n{status}: step {failed[0].name} failed; the end of its log ({failed[0].log}):\n")
-        screen.write(kfp_local.log_tail(failed[0].log) + "\n")
-        screen.write(f"{status}: {summary['error']}\n")  # last, where it cannot scroll away
-    else:
-        screen.write(f"\n{status}: {summary['error']}\n")
-        if summary.get("stopped", {}).get("processes_left"):
-            screen.write(f"WARNING: processes still running: {summary['stopped']['processes_left']}\n")
+        screen.write(kfp_local.log_tail(failed[0].log))
+    screen.write(f"\n{status}: {summary['error']}\n")  # after the log, where it cannot scroll away
+    if summary.get("stopped", {}).get("processes_left"):
+        screen.write(f"WARNING: processes still running: {summary['stopped']['processes_left']}\n")
     if written:
         screen.write(f"summary: {summary_path}\n")
     return 130 if status == "CANCELLED" else 1
-
-
-def _write_json(path: Path, value: Any, screen: TextIO) -> bool:
-    """`report.write_json`; a folder that cannot be written: one WARNING line, and False."""
-    try:
-        report.write_json(path, value)
-        return True
-    except OSError as err:
-        screen.write(
-            f"WARNING: {path} was not written ({err.strerror or err}); the run ended {value['status']}\n"
-        )
-        return False
 
 
 def _summary(
@@ -443,16 +426,12 @@ def stop_with_make(environ: Mapping[str, str] = os.environ, poll_s: float = 0.5)
         return
 
     def watch() -> None:
-        # make's end reparents the shell (to init or a subreaper), even while make is unreaped.
-        while True:
-            time.sleep(poll_s)
-            try:
-                if shell.ppid() == make:
-                    continue
-            except psutil.Error:
-                return  # the shell is gone: PR_SET_PDEATHSIG has sent SIGTERM already
+        # make's end reparents the shell (to init or a subreaper), even while make is unreaped; a
+        # shell gone (psutil.Error) has had PR_SET_PDEATHSIG send SIGTERM already.
+        with contextlib.suppress(psutil.Error):
+            while shell.ppid() == make:
+                time.sleep(poll_s)
             os.kill(os.getpid(), signal.SIGTERM)
-            return
 
     threading.Thread(target=watch, name="stop-with-make", daemon=True).start()
 
@@ -491,10 +470,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         except ValueError as err:
             parser.error(f"--training_config: {err}")
         args = local_arguments(ns, pipeline.parameters_for("local"))
-        from pipeline import options
-
         try:
-            warnings = options.check(args, "local")
+            warnings = pipeline.options.check(args, "local")
         except ValueError as err:
             parser.error(f"bad parameters (nothing was started):\n{err}")
         if problem := runs_dir_problem(Path(ns.runs_dir)):

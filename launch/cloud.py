@@ -99,6 +99,16 @@ def vertex_endpoint(settings: Settings) -> str:
     return settings.api_endpoint or f"{settings.region}-aiplatform.googleapis.com"
 
 
+def client_args(endpoint: str, credentials: Any) -> dict[str, Any]:
+    """A google-cloud client's keyword arguments for `endpoint`: over REST when it is a plain http://
+    URL (a stand-in: launch.settings allows http://127.0.0.1), which gRPC cannot speak."""
+    return {
+        "credentials": credentials,
+        "client_options": {"api_endpoint": endpoint},
+        "transport": "rest" if endpoint.startswith("http://") else None,
+    }
+
+
 def vertex_service(settings: Settings) -> tuple[str, str, str]:
     """(service, URL, a hint) of the Vertex API, for `reach` and `reaching`."""
     endpoint = vertex_endpoint(settings)

@@ -23,10 +23,10 @@ from typing import Any
 
 from launch import settings as settings_mod
 from launch.cli import configured_project
-from launch.cloud import reach, vertex_endpoint, vertex_service
+from launch.cloud import client_args, reach, vertex_endpoint, vertex_service
 from launch.flags import parse_bool
 from launch.settings import Settings
-from launch.submit import exit_status, load_settings
+from launch.submit import console_url, exit_status, load_settings
 from local import ROOT
 
 PROG = "make gpu-check"
@@ -149,16 +149,6 @@ def build_custom_job(
     return job
 
 
-def console_url(name: str) -> str:
-    """The job's page in the Cloud console, as google-cloud-aiplatform composes it
-    (`jobs._Job._dashboard_uri`, job type `training`)."""
-    match = re.fullmatch(r"projects/([^/]+)/locations/([^/]+)/customJobs/([^/]+)", name)
-    if not match:
-        return ""
-    project, location, job = match.groups()
-    return f"https://console.cloud.google.com/agent-platform/locations/{location}/training/{job}?project={project}"
-
-
 def read_result(storage_client: Any, output_dir: str) -> dict[str, Any] | None:
     """The check's summary from `<base_output_directory>/model/gpu_check.json` (Vertex's
     AIP_MODEL_DIR of a CustomJob: aiplatform_v1 `CustomJobSpec.base_output_directory`), or None."""
@@ -236,13 +226,7 @@ def run(
 
     if job_client is None:  # Vertex tried once first: out of reach is one line (launch.cloud.reach)
         reach(vertex_service(settings))
-        endpoint = vertex_endpoint(settings)
-        job_client = aiplatform_v1.JobServiceClient(
-            credentials=credentials,
-            # REST for a plain-HTTP API_ENDPOINT (gRPC cannot speak it).
-            transport="rest" if endpoint.startswith("http://") else None,
-            client_options={"api_endpoint": endpoint},
-        )
+        job_client = aiplatform_v1.JobServiceClient(**client_args(vertex_endpoint(settings), credentials))
     if ns.image:
         image_uri = ns.image
     else:

@@ -131,9 +131,8 @@ def tie_to_launcher(full_command: list[str]) -> list[str]:
     RuntimeError for a command of another shape: better no run than steps outliving it."""
     if full_command[:2] != ["sh", "-ec"] or len(full_command) < 3:
         raise RuntimeError(
-            f"a step command of a shape launch/kfp_local.py does not know ({full_command[:2]}): the "
-            "project's components are declared with install_kfp_package=False, which makes kfp "
-            "start them as `sh -ec <script>`; declare a new component the same way"
+            f"a step command launch/kfp_local.py does not know ({full_command[:2]}): declare the component "
+            "with install_kfp_package=False, as the others, which kfp starts as `sh -ec <script>`"
         )
     script, found = _EXECUTOR_LINE.subn(r"\1export _KFP_RUNTIME=true; exec \2", full_command[2])
     if found != 1:

@@ -11,7 +11,7 @@ import io
 import itertools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,27 @@ def write_json(path: Path, value: Any) -> None:
         raise
 
 
+def write_run(
+    run_dir: Path,
+    summary: dict[str, Any],
+    metrics: Mapping[str, Any] | None,
+    trials: Sequence[Mapping[str, Any]] | None,
+    guard: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> None:
+    """summary.json, then report.html; a report not drawn (error, interrupt) is `report_error` there, never
+    raised. OSError: summary.json was not written. `guard()`: held around each summary.json write."""
+    summary["report"] = str(run_dir / "report.html")
+    with guard():
+        write_json(run_dir / "summary.json", summary)
+    try:
+        write_report(run_dir / "report.html", summary, metrics, trials)
+    except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 (recorded in summary.json)
+        with guard():
+            summary["report_error"] = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+            summary["report"] = None
+            write_json(run_dir / "summary.json", summary)
+
+
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -66,16 +87,14 @@ def _png(fig: Any) -> str:
 
 
 def curves_png(history: Mapping[str, Sequence[float]], exported_epoch: int | None = None) -> str:
-    """Loss and accuracy per epoch, training and validation; a vertical line at the epoch whose
-    weights were exported (1-based), when given."""
+    """Loss and accuracy per epoch, training and validation; a line at the exported epoch (1-based)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 3.6))
     axes = fig.subplots(1, 2)
     for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
         for key, style in ((metric, "-o"), (f"val_{metric}", "--s")):
-            values = history.get(key) or []
-            if values:
+            if values := history.get(key):
                 ax.plot(range(1, len(values) + 1), values, style, label=key)
         if exported_epoch:
             ax.axvline(
@@ -169,15 +188,12 @@ def timeline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             "running": bool(entry.get("started")) and not entry.get("ended"),
         }
 
-    jobs: dict[Any, list[Mapping[str, Any]]] = {}
-    for job in summary.get("jobs") or []:
-        jobs.setdefault(job.get("task_id"), []).append(job)
     rows: list[dict[str, Any] | None] = []
     for s in steps:
         if s.get("group") or (r := row(s["name"], 0, s)) is None:
             continue
         rows.append(r)
-        for job in jobs.get(s.get("task_id"), []):
+        for job in [j for j in summary.get("jobs") or [] if j.get("task_id") == s.get("task_id")]:
             rows.append(row(f"\u21b3 {job['type']} {str(job['name']).rsplit('/', 1)[-1]}", 1, job))
             rows += [row(f"\u21b3 trial {trial['id']}", 2, trial) for trial in job.get("trials") or []]
     return [r for r in rows if r is not None]
@@ -225,8 +241,6 @@ def timeline_png(rows: Sequence[Mapping[str, Any]]) -> str:
     return _png(fig)
 
 
-# A timeline of one bar is the run's own length: the chart is drawn from two bars on.
-TIMELINE_MIN_BARS = 2
 TIMELINE_LOCAL = (
     "Each step from its start to its end. kfp.local runs one step at a time and summary.json records "
     "each step's seconds, so the steps are laid end to end in the order they ran."
@@ -293,8 +307,7 @@ def write_report(
     metrics: Mapping[str, Any] | None,
     trials: Sequence[Mapping[str, Any]] | None,
 ) -> Path:
-    """Writes the page; returns its path. `metrics`: the trainer's metrics.json, `trials`: the
-    tuning trials (each None when there is none)."""
+    """Writes the page; returns its path. `metrics` (metrics.json) and `trials` may be None."""
     import jinja2
 
     intro: list[Block] = [
@@ -309,7 +322,7 @@ def write_report(
         )
     sections: list[tuple[str, list[Block]]] = [("Steps", [_steps_table(summary["steps"])])]
     bars = timeline_rows(summary)
-    if len(bars) >= TIMELINE_MIN_BARS:
+    if len(bars) >= 2:  # one bar is the run's own length
         caption = TIMELINE_VERTEX if summary.get("target") == "vertex" else TIMELINE_LOCAL
         sections.append(("Timeline", [{"p": caption}, {"img": timeline_png(bars), "alt": "step timeline"}]))
     if summary.get("jobs"):
@@ -330,15 +343,8 @@ def write_report(
         sections += _metrics_sections(metrics)
     if trials:
         image = trials_png(trials, summary.get("tuning", {}).get("metric_id", "val_accuracy"))
-        trial_rows = [
-            (
-                t["id"],
-                t["state"],
-                ", ".join(f"{p['parameterId']}={p['value']}" for p in t.get("parameters", [])),
-                _final(t, ""),
-            )
-            for t in trials
-        ]
+        hps = [", ".join(f"{p['parameterId']}={p['value']}" for p in t.get("parameters", [])) for t in trials]
+        trial_rows = [(t["id"], t["state"], hp, _final(t, "")) for t, hp in zip(trials, hps, strict=True)]
         table = _table(trial_rows, ("trial", "state", "parameters", "final measurement"))
         sections.append(("Tuning", [{"img": image, "alt": "tuning trials"}, table]))
     template = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(

@@ -20,15 +20,7 @@ from typing import Any
 from components.buildcontext import write_context_tarball
 from launch import cloud, trainingconfig
 from launch import settings as settings_mod
-from launch.cloud import (
-    GoogleRefused,
-    GoogleUnreachable,
-    calling_vertex,
-    reach,
-    reaching,
-    refused_as,
-    vertex_endpoint,
-)
+from launch.cloud import GoogleRefused, GoogleUnreachable
 from launch.settings import Settings, SettingsError
 from local import ROOT
 
@@ -92,15 +84,6 @@ def run_values(values: Mapping[str, Any], compiled: Mapping[str, Any]) -> dict[s
     }
 
 
-def check_options(values: Mapping[str, Any], compiled: Mapping[str, Any], region: str) -> None:
-    """`pipeline.options.check` on `run_values` for `region`, before any request (OptionsError);
-    prints the warnings."""
-    from pipeline import options
-
-    for warning in options.check(run_values(values, compiled), "vertex", region):
-        print(f"WARNING: {warning}", flush=True)
-
-
 def upload_context(settings: Settings, root: Path = ROOT, credentials: Any = None) -> str:
     """Uploads the build context to `<PIPELINE_ROOT>/contexts/<tag>.tar.gz` once per content (made,
     a refused file named, before any contact); returns its gs:// URI."""
@@ -112,9 +95,9 @@ def upload_context(settings: Settings, root: Path = ROOT, credentials: Any = Non
     name = "/".join(p for p in (prefix, "contexts", f"{tag}.tar.gz") if p)
     client = storage.Client(project=settings.project, credentials=credentials)  # finds the credentials
     service = (f"Cloud Storage for gs://{settings.bucket}", str(client.api_endpoint), "")
-    reach(service)
+    cloud.reach(service)
     blob = client.bucket(settings.bucket).blob(name)
-    with reaching("the build context's upload", service):
+    with cloud.reaching("the build context's upload", service):
         if not blob.exists():
             blob.upload_from_string(buf.getvalue(), content_type="application/gzip")
             print(f"uploaded the build context to gs://{settings.bucket}/{name}")
@@ -133,8 +116,7 @@ def init_aiplatform(settings: Settings, credentials: Any = None, transport: str 
         location=settings.region,
         credentials=credentials,
         api_endpoint=settings.api_endpoint or None,
-        # API_ENDPOINT may be a plain-HTTP stand-in (launch.settings allows http://127.0.0.1):
-        # only the REST transport speaks to a URL.
+        # REST for a plain-HTTP API_ENDPOINT, as `cloud.client_args`.
         api_transport=transport or ("rest" if settings.api_endpoint.startswith("http://") else None),
         encryption_spec_key_name=settings.kms_key or None,
     )
@@ -160,15 +142,12 @@ def check_persistent_resource(settings: Settings, values: Mapping[str, Any], cli
     if not resource_id:
         return []
     name = f"projects/{settings.project}/locations/{settings.region}/persistentResources/{resource_id}"
-    if client is None:
-        endpoint = vertex_endpoint(settings)
+    if client is None:  # with the credentials init_aiplatform found
         client = aiplatform_v1.PersistentResourceServiceClient(
-            credentials=initializer.global_config.credentials,  # those init_aiplatform found
-            transport="rest" if endpoint.startswith("http://") else None,  # gRPC speaks to no URL
-            client_options={"api_endpoint": endpoint},
+            **cloud.client_args(cloud.vertex_endpoint(settings), initializer.global_config.credentials)
         )
     try:
-        with calling_vertex(
+        with cloud.calling_vertex(
             f"reading the persistent resource {name}", settings, "; nothing of the run was sent"
         ):
             resource = client.get_persistent_resource(name=name)
@@ -216,13 +195,19 @@ def build_pipeline_job(settings: Settings, values: Mapping[str, Any], template_p
     )
 
 
-def console_url(resource_name: str) -> str:
-    """The Cloud console page of a pipeline run, from its resource name."""
-    match = re.fullmatch(r"projects/([^/]+)/locations/([^/]+)/pipelineJobs/([^/]+)", resource_name)
+def console_url(name: str) -> str:
+    """The Cloud console page of a pipeline run or a CustomJob, from its resource name, as aiplatform
+    composes it (`PipelineJob._dashboard_uri`; `jobs._Job._dashboard_uri`, job type `training`)."""
+    match = re.fullmatch(r"projects/([^/]+)/locations/([^/]+)/(pipelineJobs|customJobs)/([^/]+)", name)
     if not match:
-        raise ValueError(f"not a pipeline job resource name: {resource_name!r}")
-    project, location, run = match.groups()
-    return f"https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/runs/{run}?project={project}"
+        raise ValueError(f"not a pipeline run's or CustomJob's resource name: {name!r}")
+    project, location, kind, job = match.groups()
+    page = (
+        "vertex-ai/locations/{}/pipelines/runs"
+        if kind == "pipelineJobs"
+        else "agent-platform/locations/{}/training"
+    )
+    return f"https://console.cloud.google.com/{page.format(location)}/{job}?project={project}"
 
 
 def watch(job: Any, poll_seconds: float = 15.0) -> str:
@@ -252,6 +237,7 @@ def prepare(
     the persistent resource read, the build context uploaded. Returns the template (with the e-mail
     exit handler only given `notification_emails`), the run's parameter values and the commit."""
     import pipeline
+    from pipeline import options
     from pipeline.options import notification
 
     given = dict(given)
@@ -260,9 +246,10 @@ def prepare(
         given["notification_emails"] = emails
     template = pipeline.template_for(emails)
     compiled = json.loads(template.read_text())
-    # The run's values, with stand-ins for the context and commit (not options).
-    checked = pipeline_parameters(given, settings, "gs://check/context.tar.gz", "")
-    check_options(checked, compiled, settings.region)
+    # The run's values, with stand-ins for the context and commit (not options), checked before any request.
+    checked = run_values(pipeline_parameters(given, settings, "gs://check/context.tar.gz", ""), compiled)
+    for warning in options.check(checked, "vertex", settings.region):
+        print(f"WARNING: {warning}", flush=True)
     commit = source_commit(root)
     if pinned and commit.endswith("-dirty"):
         raise ValueError(
@@ -270,8 +257,8 @@ def prepare(
         )
     init_aiplatform(settings, credentials, transport)
     # For a schedule, as it is today (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).
-    check_persistent_resource(settings, run_values(checked, compiled))
-    with refused_as(
+    check_persistent_resource(settings, checked)
+    with cloud.refused_as(
         f"the build context's upload to gs://{settings.bucket}",
         f"roles/storage.objectAdmin on gs://{settings.bucket}",
         settings,
@@ -295,7 +282,7 @@ def submit(
     its report (`write_run_report`, given `runs_dir`)."""
     template, values, _ = prepare(settings, given, root, credentials, transport)
     job = build_pipeline_job(settings, values, str(template))
-    with calling_vertex(
+    with cloud.calling_vertex(
         "the pipeline run's submission", settings, "; the run was not created", "the pipeline run"
     ):
         try:
@@ -315,7 +302,7 @@ def submit(
     print(f"submitted {job.resource_name}\nconsole: {console}", flush=True)
     if not wait:
         return 0
-    with reaching(
+    with cloud.reaching(
         "following the run", cloud.vertex_service(settings), f"; the run was submitted and goes on: {console}"
     ):
         state = watch(job, poll_seconds=poll_seconds)

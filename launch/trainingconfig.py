@@ -21,13 +21,14 @@ import yaml
 from components import hardware
 from launch import aiplatformjob as aip
 from launch import settings
+from pipeline.options import jobs
 
 TRAINING_CONFIG_MAX_BYTES = 1 << 20  # a config of a few dozen lines; anything larger is not one
 
 
 class TrainingConfigError(ValueError):
-    """A --training_config file that cannot be read or mapped; the message lists every problem,
-    one per line, each starting with the YAML field it is about (`line N` for a key given twice)."""
+    """A --training_config file that cannot be read or mapped: the path (callers name the flag), then
+    every problem, one per line, each starting with its YAML field (`line N` for a key given twice)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,9 +368,9 @@ def _read_yaml(path: str | Path) -> tuple[Any, list[str]]:
             "it is not a training config",
         )
     except settings.SettingsError as err:
-        raise TrainingConfigError(f"--training_config {err}") from None
+        raise TrainingConfigError(str(err)) from None
     if text is None:
-        raise TrainingConfigError(f"--training_config {path}: no such file") from None
+        raise TrainingConfigError(f"{path}: no such file") from None
     loader = _Loader(text)
     try:
         doc = loader.get_single_data()
@@ -377,7 +378,7 @@ def _read_yaml(path: str | Path) -> tuple[Any, list[str]]:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         what = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise TrainingConfigError(f"--training_config {path}: not valid YAML: {what}{where}") from None
+        raise TrainingConfigError(f"{path}: not valid YAML: {what}{where}") from None
     finally:
         loader.dispose()
     return doc, loader.duplicates
@@ -389,11 +390,9 @@ def load_training_config(path: str | Path) -> TrainingConfig:
     parameters. Raises TrainingConfigError listing every problem, each naming its YAML field."""
     doc, duplicates = _read_yaml(path)
     if doc is None:
-        raise TrainingConfigError(f"--training_config {path}: empty; expected a trainingInput mapping")
+        raise TrainingConfigError(f"{path}: empty; expected a trainingInput mapping")
     if not isinstance(doc, Mapping):
-        raise TrainingConfigError(
-            f"--training_config {path}: expected a mapping with trainingInput, got {type(doc).__name__}"
-        )
+        raise TrainingConfigError(f"{path}: expected a mapping with trainingInput, got {type(doc).__name__}")
     reader = _Reader("trainingInput." if "trainingInput" in doc else "")
     reader.problems += duplicates
     if reader.prefix:
@@ -412,7 +411,7 @@ def load_training_config(path: str | Path) -> TrainingConfig:
         near = [k for k in doc if _close(str(k), ["trainingInput"])]
         if near and not any(k in aip.MAPPED_FIELDS for k in doc):
             raise TrainingConfigError(
-                f"--training_config {path}: 1 problem:\n  - {near[0]}: unknown field; did you mean trainingInput?"
+                f"{path}: 1 problem:\n  - {near[0]}: unknown field; did you mean trainingInput?"
             )
         reader.notes.append(f"{path}: no top-level trainingInput; read as the trainingInput mapping itself")
         body = doc
@@ -427,7 +426,7 @@ def load_training_config(path: str | Path) -> TrainingConfig:
     if reader.problems:
         count = len(reader.problems)
         raise TrainingConfigError(
-            f"--training_config {path}: {count} problem{'s' if count > 1 else ''}:\n"
+            f"{path}: {count} problem{'s' if count > 1 else ''}:\n"
             + "\n".join(f"  - {p}" for p in reader.problems)
         )
     return TrainingConfig(reader.values, reader.sources, tuple(reader.notes))
@@ -455,19 +454,13 @@ def apply_training_config(path: str | Path, given: Mapping[str, Any]) -> tuple[d
 def describe_pools(values: Mapping[str, Any]) -> list[str]:
     """The worker pools `values` make, one line each, by `build_worker_pool_specs` (its checks
     apply, its ValueError propagates; no region is checked)."""
-    from components.worker_pools import HARDWARE_PARAMETERS, build_worker_pool_specs
-
     if not values.get("chief_machine_type"):
         raise ValueError("chief_machine_type: required (the chief's machine type)")
-    hardware_values = {k: values[k] for k in HARDWARE_PARAMETERS if k in values}
-    specs = build_worker_pool_specs(image_uri="check", command=["python"], args=[], **hardware_values)
     roles = ("chief", "workers", "Reduction Server")
-    lines = []
-    for index, spec in enumerate(specs):
-        m = spec["machine_spec"]
-        gpus = f" + {m['accelerator_count']} x {m['accelerator_type']}" if "accelerator_type" in m else ""
-        lines.append(f"pool {index}: {spec['replica_count']} x {m['machine_type']}{gpus} ({roles[index]})")
-    return lines
+    return [
+        f"pool {i}: {spec['replica_count']} x {jobs.pool_shape(spec['machine_spec'])} ({roles[i]})"
+        for i, spec in enumerate(jobs.build_pools(values))
+    ]
 
 
 def apply_to_namespace(ns: argparse.Namespace, target: str, out: TextIO | None = None) -> None:
@@ -480,14 +473,10 @@ def apply_to_namespace(ns: argparse.Namespace, target: str, out: TextIO | None =
     out.write(f"training config {ns.training_config}:\n")
     out.write("".join(f"  {line}\n" for line in [*lines, *describe_pools(values)]))
     if target == "local":
-        dropped = {
-            k: values[k] for k in ("chief_accelerator_count", "worker_accelerator_count") if values.get(k)
-        }
+        counts = ("chief_accelerator_count", "worker_accelerator_count")
+        dropped = [f"{k} {values[k]} -> 0" for k in counts if values.get(k)]
         if dropped:
-            out.write(
-                "  the local target has no GPUs: these pools run here on CPU "
-                f"({', '.join(f'{k} {v} -> 0' for k, v in dropped.items())})\n"
-            )
+            out.write(f"  the local target has no GPUs: these pools run here on CPU ({', '.join(dropped)})\n")
             for role in ("chief", "worker"):
                 values[f"{role}_accelerator_type"], values[f"{role}_accelerator_count"] = "", 0
     out.flush()

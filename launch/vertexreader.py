@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from launch.cloud import reach, reaching, said, vertex_service
+from launch.cloud import client_args, reach, reaching, said, vertex_service
 from launch.settings import Settings
 
 DATAFLOW_ENDPOINT = "dataflow.googleapis.com"
@@ -63,12 +63,7 @@ class Reader:
         _, project, _, location, _, job_id = name.split("/")
         where = {"project_id": project, "location": location, "job_id": job_id}
         endpoint = self.dataflow_endpoint
-        options = {
-            "credentials": self.credentials,
-            "client_options": {"api_endpoint": endpoint},
-            # Only the REST transport speaks to a URL (a test's fake).
-            **({"transport": "rest"} if endpoint.startswith("http://") else {}),
-        }
+        options = client_args(endpoint, self.credentials)
         url = endpoint if endpoint.startswith("http") else f"https://{endpoint}"
 
         def job_and_messages() -> tuple[Any, list[Any]]:

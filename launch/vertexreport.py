@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from launch import settings as settings_mod
 from launch import submit, vertexreader, vertexrun
@@ -37,8 +37,7 @@ _RESOURCE = re.compile(r"projects/([^/]+)/locations/([^/]+)/pipelineJobs/([^/]+)
 _PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{1,20}")
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """A RUN as given: the job id, and its project and region when it was a resource name."""
 
     job_id: str

@@ -101,12 +101,9 @@ def _timing(
 def launched_jobs(outputs: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(resource type, job name) of each CustomJob, HyperparameterTuningJob or DataflowJob named
     in a task's `gcp_resources` output parameter (a JSON string: GCPC's GcpResources message)."""
-    text = outputs.get("gcp_resources")
-    if not isinstance(text, str):
-        return []
     try:
-        resources = json.loads(text).get("resources", [])
-    except (ValueError, AttributeError):
+        resources = json.loads(outputs.get("gcp_resources", "")).get("resources", [])
+    except (TypeError, ValueError, AttributeError):  # TypeError: not a string
         return []
     found = []
     for resource in resources if isinstance(resources, list) else []:
@@ -167,12 +164,11 @@ def collect(
         outputs_of[task.task_id] = outputs
         artifacts_of[task.task_id] = [
             {
-                "output": output,
                 "schema_title": a.schema_title,
                 "uri": a.uri,
                 "metadata": _plain(a, "metadata"),
             }
-            for output, listed in task.outputs.items()
+            for listed in task.outputs.values()
             for a in listed.artifacts
         ]
         step: dict[str, Any] = {
@@ -262,9 +258,8 @@ def _order(entry: Mapping[str, Any]) -> tuple[bool, float, str]:
 def _tuning(
     job: Any, origin: Any, now: datetime.datetime
 ) -> tuple[list[Any], list[dict[str, Any]], dict[str, Any]]:
-    """The trials table (aiplatform_v1 Trial JSON, as the pipeline's best-trial step writes it),
-    each trial's times (a trial has a start and an end, no creation time), and the study's metric
-    and goal with the table and its best trial (components.tuning's pick)."""
+    """The trials (aiplatform_v1 Trial JSON, as the best-trial step writes it), their times (a start and
+    an end, no creation time), and the study's metric, goal, trials and best (components.tuning's pick)."""
     from google.cloud.aiplatform_v1.types import StudySpec, Trial
 
     from components.tuning import pick_best_trial
@@ -371,31 +366,19 @@ def _model(
     return None
 
 
-# --- writing ------------------------------------------------------------------------------------
-
-
 def write(
     job: Any, reader: Reader, runs_dir: Path, now: datetime.datetime | None = None, console: str = ""
 ) -> None:
-    """Writes `<runs_dir>/<job id>/summary.json`, then report.html (a report that cannot be drawn
-    is `report_error` in summary.json, as for a local run), then shows the run (`show`)."""
+    """`<runs_dir>/<job id>/`'s summary.json and report.html (`report.write_run`), then `show`."""
     summary, metrics, trials = collect(job, reader, now, console)
     run_dir = (runs_dir / summary["run_id"]).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    summary["report"] = str(run_dir / "report.html")
-    report.write_json(run_dir / "summary.json", summary)
-    try:
-        report.write_report(run_dir / "report.html", summary, metrics, trials)
-    except Exception as err:  # noqa: BLE001 (recorded in summary.json and shown)
-        summary["report_error"] = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-        summary["report"] = None
-        report.write_json(run_dir / "summary.json", summary)
+    report.write_run(run_dir, summary, metrics, trials)
     show(summary, run_dir)
 
 
 def show(summary: Mapping[str, Any], run_dir: Path) -> None:
-    """What `make report` (and `make run WAIT=1` at its end) prints: the run's state, its steps
-    with their wait and run times, and where the files are."""
+    """What `make report` and `make run WAIT=1` print: state, each step's wait and run, the files."""
     lines = [f"run {summary['run_id']}: {summary['status']} ({summary['wall_seconds']:.0f} s)"]
     for step in summary["steps"]:
         if step["group"]:

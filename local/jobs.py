@@ -64,10 +64,7 @@ TERMINATED = 143
 def describe_exit(code: int) -> str:
     """`killed by signal 9 (SIGKILL)`, `exited with status 143 (stopped on SIGTERM)`, ..."""
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = "unknown signal"
+        name = next((s.name for s in signal.Signals if s == -code), "unknown signal")
         return f"was killed by signal {-code} ({name})"
     if code == TERMINATED:
         return f"exited with status {code} (it stopped on SIGTERM)"
@@ -103,14 +100,11 @@ def parse_duration(text: str) -> float:
 
 
 def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
         for s in socks:
             s.bind(("127.0.0.1", 0))
         return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def refuse_missing_gpus(specs: Sequence[Mapping[str, Any]], gpus: Sequence[str]) -> None:
@@ -280,7 +274,7 @@ class _Running:
         if self.kills_before is not None:
             before, file = self.kills_before
             after = self.probe.oom_kills_in(file)
-            if after is not None and after == before:
+            if after == before:
                 # The kernel counts the kill just after sending SIGKILL: give it a moment.
                 time.sleep(0.1)
                 after = self.probe.oom_kills_in(file)
@@ -462,8 +456,6 @@ def run_job(
                     f"{display_name} ran past its timeout of {timeout}; every replica was stopped"
                 )
             assert culprit is not None and culprit.process is not None
-            if outcome == "oom":
-                raise ReplicaOutOfMemoryError(out_of_memory_message(display_name, culprit, restarts))
             how = describe_exit(culprit.process.returncode)
             if outcome == "restart" and restart_job_on_worker_restart and restarts < max_restarts:
                 restarts += 1
@@ -473,10 +465,12 @@ def run_job(
                 number += 1
                 continue
             after = f" after {restarts} restart(s)" if restarts else ""
+            error = ReplicaOutOfMemoryError if outcome == "oom" else JobFailed
+            what = out_of_memory_message(culprit, after) if outcome == "oom" else how + after
             # Indented: the step's log then has one traceback line at the margin, the exception's
             # (launch.kfp_local.step_error reads it), however many tracebacks the tail holds.
             tail = "\n".join(f"    {line}" for line in culprit.tail)
-            raise JobFailed(
-                f"{display_name}: replica {culprit.replica.name} {how}{after} (log: {culprit.log_path}); "
+            raise error(
+                f"{display_name}: replica {culprit.replica.name} {what} (log: {culprit.log_path}); "
                 f"last lines:\n{tail}"
             )

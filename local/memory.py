@@ -64,24 +64,22 @@ class MemoryProbe:
                     v1 = path or "/"
         return [p for p in v2.split("/") if p], [p for p in v1.split("/") if p]
 
-    def counter_files(self) -> list[Path]:
-        """Where the `oom_kill` counter may be, best first: cgroup v2 `memory.events` (processes
-        "killed by any kind of OOM killer" in the cgroup and below: the kernel's cgroup-v2
-        documentation), at the mount's root or `unified/`; v1 `memory.oom_control` (Linux 4.13+,
-        not counted in ancestors); last the mount's root itself, all a container may see."""
+    def oom_kills(self) -> tuple[int, str] | None:
+        """The `oom_kill` count and the file it came from, None when no file has one; best first:
+        cgroup v2 `memory.events` (processes "killed by any kind of OOM killer" in the cgroup and
+        below: the kernel's cgroup-v2 documentation), at the mount's root or `unified/`; v1
+        `memory.oom_control` (Linux 4.13+, not counted in ancestors); last the mount's root itself,
+        all a container may see."""
         rel2, rel1 = self._paths()
         root = Path(self.cgroup_root)
-        return [
+        files = [
             root.joinpath(*rel2, "memory.events"),
             root.joinpath("unified", *rel2, "memory.events"),
             root.joinpath("memory", *rel1, "memory.oom_control"),
             root / "memory.events",
             root / "memory" / "memory.oom_control",
         ]
-
-    def oom_kills(self) -> tuple[int, str] | None:
-        """The `oom_kill` count and the file it came from; None when no file has one."""
-        counts = ((self.oom_kills_in(file), file) for file in map(str, self.counter_files()))
+        counts = ((self.oom_kills_in(str(file)), str(file)) for file in files)
         return next(((count, file) for count, file in counts if count is not None), None)
 
     def oom_kills_in(self, file: str) -> int | None:
@@ -155,18 +153,17 @@ def memory_hint(command: Sequence[str]) -> str:
     return "--per_replica_batch_size, or --image_size"
 
 
-def out_of_memory_message(display_name: str, culprit: Any, restarts: int) -> str:
-    """One line (`culprit`, a `local.jobs` replica, ran out of memory), then its log tail."""
+def out_of_memory_message(culprit: Any, after: str) -> str:
+    """What `culprit`, a `local.jobs` replica, did when it ran out of memory (`after`: its
+    restarts) and what to lower."""
     assert culprit.oom is not None
     how, limit, where = culprit.oom
     rep = culprit.replica
     peak = _size(culprit.peak) if culprit.peak is not None else "unknown"
     vertex = VERTEX_OOM_WORDS.format(pool=f"workerpool{rep.pool}-{rep.index}")
-    after = f" after {restarts} restart(s)" if restarts else ""
-    tail = "\n".join(f"    {line}" for line in culprit.tail)
     return (
-        f"{display_name}: replica {rep.name} ran out-of-memory and was killed by signal 9 (SIGKILL)"
-        f"{after}: peak memory {peak}, limit {_size(limit)} ({where}; {how}). Not restarted (it would "
-        f'run out of memory again): the job fails, as Vertex AI\'s does with "{vertex}". Lower what '
-        f"one replica holds at once: {memory_hint(rep.command)} (log: {culprit.log_path}); last lines:\n{tail}"
+        f"ran out-of-memory and was killed by signal 9 (SIGKILL){after}: peak memory {peak}, limit "
+        f"{_size(limit)} ({where}; {how}). Not restarted (it would run out of memory again): the job "
+        f'fails, as Vertex AI\'s does with "{vertex}". Lower what one replica holds at once: '
+        f"{memory_hint(rep.command)}"
     )

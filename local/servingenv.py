@@ -80,7 +80,7 @@ def python_for(tf_version: str, out: TextIO = sys.stdout, *, cache_dir: Path | N
             "(add it to local.servingenv.PINS)"
         )
     pins = PINS[tf_version]
-    cache = Path(cache_dir) if cache_dir is not None else CACHE_DIR
+    cache = Path(cache_dir or CACHE_DIR)
     folder = cache / f"serving-tf-{tf_version}"
     python = folder / "bin" / "python"
     stamp = json.dumps({"python": PYTHON, "requirements": list(pins), "bytecode": True}, indent=1) + "\n"
@@ -111,22 +111,11 @@ def python_for(tf_version: str, out: TextIO = sys.stdout, *, cache_dir: Path | N
                 ["venv", "--quiet", "--relocatable", "--python", base, str(staging)],
                 f"creating a Python {PYTHON} environment with {uv}",
             )
+            # Compiled once here: where PYTHONDONTWRITEBYTECODE=1 each check would compile
+            # TensorFlow again (the Makefile says what that costs).
             if pins:
-                _run(
-                    uv,
-                    # Compiled once here: where PYTHONDONTWRITEBYTECODE=1 each check would
-                    # compile TensorFlow again (the Makefile says what that costs).
-                    [
-                        "pip",
-                        "install",
-                        "--quiet",
-                        "--compile-bytecode",
-                        "--python",
-                        str(staging / "bin" / "python"),
-                        *pins,
-                    ],
-                    f"installing {' '.join(pins)} with {uv}",
-                )
+                flags = ["--quiet", "--compile-bytecode", "--python", str(staging / "bin" / "python")]
+                _run(uv, ["pip", "install", *flags, *pins], f"installing {' '.join(pins)} with {uv}")
             (staging / STAMP).write_text(stamp)
             old = cache / f".serving-tf-{tf_version}.tmp-old-{os.getpid()}"
             if folder.exists():  # made with other pins: replaced

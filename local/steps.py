@@ -13,7 +13,7 @@ from kfp import dsl
 
 from components import stepimage
 from components.buildcontext import context_tag
-from components.plan import apply_hyperparameters, hyperparameters, tunable, typed_hyperparameter
+from components.image import image_outputs, trainer_images
 from components.registry import (
     check_model_display_name,
     registry_folder,
@@ -28,7 +28,7 @@ from components.servingimage import (
     serving_policy,
     undeployable,
 )
-from components.tuning import pick_best_trial
+from components.tuning import BEST_TRIAL_FUNCS, best_trial_outputs
 
 # The metrics.json and evaluation.json keys read here (tests/test_contracts.py checks them against
 # trainer/contract.py and the code below).
@@ -55,6 +55,8 @@ EVALUATION_READ = (
         serving_policy,
         prebuilt_days_left,
         resolve_serving_image,
+        trainer_images,
+        image_outputs,
     ],
 )
 def check_build_context(
@@ -76,26 +78,18 @@ def check_build_context(
     dataflow_image_uri=str,
     cpu_image_uri=str,
 ):
-    """Local form of the image build: checks the build context and computes the tag the Vertex
-    build would give it; builds nothing (local jobs, Beam's DirectRunner too, run in this checkout's
-    environment). The outputs name the images the Vertex build would make (`components.image`),
-    the serving image by the same decision (`resolve_serving_image`)."""
-    import collections
-
+    """Local form of the image build: checks the build context and names the images, tag and all,
+    that the Vertex build would make (`components.image.trainer_images`); builds nothing (local
+    jobs, Beam's DirectRunner too, run in this checkout's environment)."""
     from components.buildcontext import context_members
 
     tag = context_tag(context_members(context_dir))
-    Outputs = collections.namedtuple(
-        "Outputs", "image_uri tag built serving_image_uri training_image_uri dataflow_image_uri cpu_image_uri"
-    )
     print(f"build context {context_dir}: tag {tag} (local runs use the checkout, nothing built)")
     custom = resolve_serving_image(serving_image, serving_tf_version) == "custom"
-    suffix = "-serving-gpu" if serving_accelerator == "gpu" else "-serving"
-    serving = f"{repository}/{image_name}{suffix}:{tag}" if custom else ""
-    trainer = f"{repository}/{image_name}:{tag}"
-    training = f"{repository}/{image_name}-reduction-server:{tag}" if reduction_server_count > 0 else trainer
-    dataflow = f"{repository}/{image_name}-dataflow:{tag}" if prepare_engine == "beam" else ""
-    return Outputs(trainer, tag, False, serving, training, dataflow, f"{repository}/{image_name}-cpu:{tag}")
+    wanted = trainer_images(
+        f"{repository}/{image_name}", serving_accelerator, reduction_server_count, prepare_engine, custom
+    )
+    return image_outputs({out: f"{image}:{tag}" for out, (image, _, _) in wanted.items()}, tag, False)
 
 
 @dsl.component(base_image=stepimage.BASE_IMAGE, install_kfp_package=False)
@@ -171,11 +165,7 @@ def local_tuning_job(
     return len(table)
 
 
-@dsl.component(
-    base_image=stepimage.BASE_IMAGE,
-    install_kfp_package=False,
-    additional_funcs=[pick_best_trial, hyperparameters, tunable, typed_hyperparameter, apply_hyperparameters],
-)
+@dsl.component(base_image=stepimage.BASE_IMAGE, install_kfp_package=False, additional_funcs=BEST_TRIAL_FUNCS)
 def local_best_trial(
     trials: dsl.Input[dsl.Artifact],
     training_pools: list,
@@ -183,18 +173,10 @@ def local_best_trial(
     goal: str = "MAXIMIZE",
 ) -> NamedTuple("Outputs", worker_pool_specs=list, hyperparameters=dict, trial_id=str, value=float):
     """Local form of `best_trial`, on the local tuner's trials table."""
-    import collections
     import json
 
     with open(trials.path) as f:
-        table = json.load(f)
-    best = pick_best_trial(table, metric_id, goal)
-    print(
-        f"best trial {best['trial_id']} of {len(table)}: {metric_id}={best['value']:.4f} {best['parameters']}"
-    )
-    pools, resolved = apply_hyperparameters(training_pools, best["parameters"], tunable())
-    Outputs = collections.namedtuple("Outputs", ["worker_pool_specs", "hyperparameters", "trial_id", "value"])
-    return Outputs(pools, resolved, best["trial_id"], best["value"])
+        return best_trial_outputs(json.load(f), training_pools, metric_id, goal)
 
 
 # --- the model registry, in a folder (every file access through `local.registry`) ------------

@@ -24,23 +24,30 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, TextIO
 
-from components import tuning
 from local import jobs
 
 
 def parse_study(metrics: Sequence[Mapping[str, Any]], parameters: Sequence[Mapping[str, Any]]) -> Any:
     """The study as the real API type, parsed as strictly as the API (unknown fields refused),
-    either key case; the parameters by `components.tuning.parse_search_space`. kfp.local hands JSON
-    numbers over as doubles (2.0 for an enum): protobuf's `json_format` reads whole ones as ints."""
+    either key case. kfp.local hands JSON numbers over as doubles (2.0 for an enum): protobuf's
+    `json_format` reads whole ones as ints. Not `components.tuning`'s parser: this module runs in
+    a local step, where kfp's runtime has no `dsl.component` for that module's components."""
     from google.cloud import aiplatform_v1
     from google.protobuf import json_format
 
-    kind = aiplatform_v1.StudySpec.MetricSpec
-    try:
-        parsed = [kind.wrap(json_format.ParseDict(dict(m), kind.pb(kind()))) for m in metrics]
-    except (json_format.ParseError, TypeError, ValueError) as err:
-        raise ValueError(f"metric: {str(err).splitlines()[0]}") from None
-    spec = aiplatform_v1.StudySpec(metrics=parsed, parameters=tuning.parse_search_space(parameters))
+    def parse(kind: Any, entry: Any, what: str) -> Any:
+        try:
+            return kind.wrap(json_format.ParseDict(dict(entry), kind.pb(kind())))
+        except (json_format.ParseError, TypeError, ValueError) as err:
+            raise ValueError(f"{what}: {str(err).splitlines()[0]}") from None
+
+    spec = aiplatform_v1.StudySpec(
+        metrics=[parse(aiplatform_v1.StudySpec.MetricSpec, m, "metric") for m in metrics],
+        parameters=[
+            parse(aiplatform_v1.StudySpec.ParameterSpec, q, f"parameter {n}")
+            for n, q in enumerate(parameters, 1)
+        ],
+    )
     if len(spec.metrics) != 1:
         raise ValueError(f"the study needs exactly one metric, got {len(spec.metrics)}")
     if not spec.parameters:
@@ -53,8 +60,8 @@ def grid(spec: Any) -> dict[str, list[Any]]:
     CATEGORICAL: aiplatform_v1 `StudySpec.Algorithm`)."""
     points: dict[str, list[Any]] = {}
     for p in spec.parameters:
-        kind = tuning.value_spec_kind(p)
-        if kind not in tuning.GRID_VALUE_SPECS:
+        kind = _value_spec(p)
+        if kind not in ("integer_value_spec", "discrete_value_spec", "categorical_value_spec"):
             raise ValueError(
                 f"GRID_SEARCH needs integer, discrete or categorical parameters; {p.parameter_id} is a double"
             )
@@ -95,7 +102,7 @@ def suggest(trial: Any, spec: Any) -> dict[str, Any]:
     log_scale = aiplatform_v1.StudySpec.ParameterSpec.ScaleType.UNIT_LOG_SCALE
     values: dict[str, Any] = {}
     for p in spec.parameters:
-        kind = tuning.value_spec_kind(p)
+        kind = _value_spec(p)
         if not kind:
             raise ValueError(f"parameter {p.parameter_id} has no value spec")
         pid = p.parameter_id
@@ -180,7 +187,6 @@ def run_tuning(
     if algorithm == "GRID_SEARCH":  # the study ends when the grid is exhausted
         max_trial_count = min(max_trial_count, math.prod(len(v) for v in grid(spec).values()))
     table: list[dict[str, Any]] = []
-    failed = 0
 
     def run_trial(number: int, params: dict[str, Any]) -> dict[str, Any]:
         trial_id = str(number)
@@ -250,9 +256,9 @@ def run_tuning(
                 if row["state"] == "SUCCEEDED":
                     study.tell(trial, row["finalMeasurement"]["metrics"][0]["value"])
                 else:
-                    failed += 1
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     stream.write(f"[tune] trial {row['id']} failed: {row['infeasibleReason']}\n")
+                    failed = sum(r["state"] != "SUCCEEDED" for r in table)
                     if max_failed_trial_count and failed >= max_failed_trial_count:
                         raise RuntimeError(
                             f"{failed} trials failed (max_failed_trial_count {max_failed_trial_count})"
@@ -269,3 +275,8 @@ def run_tuning(
 
 def _timestamp(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(math.modf(t)[0] * 1000):03d}Z"
+
+
+def _value_spec(p: Any) -> str:
+    """Which value spec a parsed ParameterSpec has ('' for none)."""
+    return str(type(p).pb(p).WhichOneof("parameter_value_spec") or "")

@@ -183,3 +183,29 @@ def test_the_training_core_names_the_trainers_parts_only_at_their_seams() -> Non
     [preparation] = [modules for part, (modules, _) in table.items() if part.startswith("Preparation")]
     folder = {str(p.relative_to(ROOT)) for p in (ROOT / "trainer" / "preparation").glob("*.py")}
     assert preparation == (folder - {"trainer/preparation/__init__.py"}) | {"trainer/prepare.py"}
+
+
+def test_what_component_bodies_import_loads_under_kfps_runtime() -> None:
+    """A step runs its component's shipped source with kfp's runtime (`_KFP_RUNTIME=true`), whose
+    `kfp.dsl` has no `component`: a project module a body imports must not load one that declares
+    components (local.tuner importing components.tuning failed every local tuning run this way)."""
+    import os
+    import subprocess
+    import sys
+
+    imported = set()
+    for path in sorted((ROOT / "local").glob("*.py")) + sorted((ROOT / "components").glob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, ast.FunctionDef):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.ImportFrom) and node.module in ("local", "components"):
+                        imported |= {f"{node.module}.{a.name}" for a in node.names}
+                    elif isinstance(node, ast.ImportFrom) and str(node.module).startswith(PACKAGES):
+                        imported.add(str(node.module))
+    assert {"local.tuner", "local.jobs", "components.buildcontext"} <= imported
+    code = "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)"
+    env = {**os.environ, "_KFP_RUNTIME": "true"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *sorted(imported)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -270,9 +270,7 @@ class Backup(keras.callbacks.BackupAndRestore):
 def improves(goal: str, value: float, best: float | None) -> bool:
     """Whether `value` beats `best` (None: no epoch yet) strictly in the direction `goal` (the first
     of equals stays, as Vertex's BEST_MEASUREMENT and `local.tuner` keep it); NaN or inf never does."""
-    if not math.isfinite(value):
-        return False
-    return best is None or (value > best if goal == "max" else value < best)
+    return math.isfinite(value) and (best is None or (value > best if goal == "max" else value < best))
 
 
 def latest_backup(backup_dir: str) -> str | None:

@@ -9,6 +9,7 @@ rejected (exit code 2) in milliseconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -113,10 +114,8 @@ def whole_number(text: str) -> int:
     """An integer flag's value: `32`, or a whole-valued number such as `32.0` or `3.2e1`, as tuning
     trials receive INTEGER and DISCRETE values (docs/facts.md, fact 25;
     googleapis/python-aiplatform issue #866). `32.5`, `nan` and `inf` are refused."""
-    try:
+    with contextlib.suppress(ValueError):
         return int(text)
-    except ValueError:
-        pass
     try:
         number = float(text)
     except ValueError:
@@ -286,11 +285,9 @@ def parse_args(
     parser = build_parser(parser_class)
     ns = parser.parse_args(argv)
 
-    model_dir = ns.model_dir or env.get("AIP_MODEL_DIR", "").rstrip("/")
+    ns.model_dir = model_dir = ns.model_dir or env.get("AIP_MODEL_DIR", "").rstrip("/")
     if not model_dir:
         parser.error("--model_dir is required when AIP_MODEL_DIR is not set")
-    checkpoint_dir = ns.checkpoint_dir or env.get("AIP_CHECKPOINT_DIR", "").rstrip("/")
-    tensorboard_dir = ns.tensorboard_dir or env.get("AIP_TENSORBOARD_LOG_DIR", "").rstrip("/")
     if ns.weights == "imagenet" and not backbones.get(ns.backbone).imagenet:
         parser.error(
             f"--weights imagenet is not available for --backbone {ns.backbone}; use --weights none "
@@ -299,20 +296,18 @@ def parse_args(
     if ns.fine_tune_fraction is None:
         # A randomly initialised backbone is useless frozen: train all of it.
         ns.fine_tune_fraction = 1.0 if ns.weights == "none" else 0.0
-    paths = {
-        "model_dir": model_dir,
-        "checkpoint_dir": checkpoint_dir or f"{model_dir}_checkpoints",
-        "tensorboard_dir": tensorboard_dir or f"{model_dir}_logs",
-    }
-    config = TrainConfig(**{**vars(ns), **paths})  # a flag per field
-    for name in ("checkpoint_dir", "tensorboard_dir"):
-        path = getattr(config, name)
-        if path == config.model_dir or path.startswith(config.model_dir.rstrip("/") + "/"):
+    for name, variable, suffix in (
+        ("checkpoint_dir", "AIP_CHECKPOINT_DIR", "_checkpoints"),
+        ("tensorboard_dir", "AIP_TENSORBOARD_LOG_DIR", "_logs"),
+    ):
+        path = getattr(ns, name) or env.get(variable, "").rstrip("/") or model_dir + suffix
+        if path == model_dir or path.startswith(model_dir.rstrip("/") + "/"):
             parser.error(
                 f"--{name} must not be --model_dir or inside it ({path}): the "
                 "model folder is published as a whole when training ends"
             )
-    return config
+        setattr(ns, name, path)
+    return TrainConfig(**vars(ns))  # a flag per field
 
 
 # --- the worker pool's hardware request ----------------------------------------------------

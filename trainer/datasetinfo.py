@@ -206,18 +206,24 @@ def load_metadata(data_dir: str, verify: str | None = None) -> DatasetMetadata:
     return meta
 
 
+def shard_names(split: str, count: int, shards: int) -> list[str]:
+    """The shard files of a split of `count` images: `shards` of them, fewer when the split has
+    fewer images (every shard holds at least one)."""
+    n = max(1, min(shards, count))
+    return [f"{split}-{i:05d}-of-{n:05d}.tfrecord" for i in range(n)]
+
+
 def expected_records(count: int, shards: int, index: int) -> int:
     """Records in shard `index` of a split: `trainer.prepare` writes round-robin."""
     return count // shards + (1 if index < count % shards else 0)
 
 
 def verify_shards(data_dir: str, meta: DatasetMetadata, verify: str | None = None) -> None:
-    """Checks the prepared files against metadata.json's manifest; raises DataError naming each
-    shard that differs, its split, what was expected and found, and what to do. Always (one
-    listing and a stat per shard): the manifest is self-consistent (names, round-robin record
-    counts, class counts, fingerprint); the folder holds every shard and no other `.tfrecord`, each
-    of its exact size. "full": also every shard's SHA-256. A shard of the wrong size, and every
-    shard when metadata.json was edited, is hashed to say what it holds."""
+    """Raises DataError naming each shard that differs from metadata.json's manifest (its split,
+    what was expected and found, what to do). Always (a listing, a stat per shard): the manifest's
+    names, round-robin record counts, class counts and fingerprint; every shard present at its exact
+    size, no other `.tfrecord`. "full": also every SHA-256. A resized shard, and every shard after
+    an edit of metadata.json, is hashed to say what it holds."""
     mode = verify or os.environ.get(VERIFY_ENV) or "size"
     if mode not in VERIFY_MODES:
         raise ValueError(f"verify={mode!r} (or ${VERIFY_ENV}): expected one of {VERIFY_MODES}")
@@ -268,8 +274,8 @@ def _check_manifest(meta: DatasetMetadata) -> list[Fault]:
         if sum(info.class_counts.values()) != info.count:
             text = f"its class_counts add up to {sum(info.class_counts.values())}, its count is {info.count}"
             problems.append(Fault(split, "record_count", f"split {split!r}: {text}"))
-        for i, entry in enumerate(info.files):
-            where, expected_name = _where(split, entry.name), f"{split}-{i:05d}-of-{n:05d}.tfrecord"
+        for i, (entry, expected_name) in enumerate(zip(info.files, shard_names(split, n, n), strict=False)):
+            where = _where(split, entry.name)
             if entry.name != expected_name:
                 text = (
                     f"{where}: metadata.json lists it as shard {i} of {n} of split {split!r}, which "

@@ -216,7 +216,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--output_dir {args.output_dir} is an existing file, not a folder")  # before any work
     try:
         result = evaluate(args.data_dir, models, split=args.split, log=_log)
-        tf.io.gfile.makedirs(out)
         path = storage.join(args.output_dir, EVALUATION_FILE)
         storage.write_json(path, result)
     except (EvaluationError, ValueError, OSError, tf.errors.OpError) as err:  # DataError: a ValueError

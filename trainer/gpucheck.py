@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TextIO
+from typing import Any
 
 from trainer.config import GpuRequest, float_in, gpu_request, int_in
 from trainer.distribute import (
@@ -260,22 +260,6 @@ def check(
     return 0, summary, lines
 
 
-def say(line: str, stream: TextIO | None = None) -> None:
-    out = stream or sys.stdout
-    out.write(line + "\n")
-    out.flush()
-
-
-def write_result(output_dir: str, summary: Mapping[str, Any]) -> str:
-    from trainer import storage
-    from trainer._tf import tf
-
-    path = storage.join(output_dir, RESULT_FILE)
-    tf.io.gfile.makedirs(storage.resolve(output_dir))
-    storage.write_json(path, dict(summary))
-    return path
-
-
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     ns = build_parser(env).parse_args(argv)  # exits with status 2 on a bad flag
@@ -283,7 +267,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         request = gpu_request(env)
         cluster = cluster_from_tf_config(env.get("TF_CONFIG"))
     except ValueError as err:
-        say(f"{PROG}: error: {err}", sys.stderr)
+        print(f"{PROG}: error: {err}", file=sys.stderr, flush=True)
         return 2
     pool, role = pool_and_role(cluster)
     started = time.perf_counter()
@@ -291,17 +275,21 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     code, summary, lines = check(request, pool, role, inspect_devices(), all_reduce, xla_compile)
     summary["wall_seconds"] = time.perf_counter() - started
     for line in lines:
-        say(line)
+        print(line, flush=True)
     if ns.output_dir:
+        from trainer import storage
+
+        path = storage.join(ns.output_dir, RESULT_FILE)
         try:
-            say(f"gpu check: wrote {write_result(ns.output_dir, summary)}")
+            storage.write_json(path, summary)
+            print(f"gpu check: wrote {path}", flush=True)
         except Exception as err:  # noqa: BLE001 (the check's verdict matters more than its file)
-            say(f"gpu check: warning: could not write {RESULT_FILE} to {ns.output_dir}: {err}")
+            print(f"gpu check: warning: could not write {RESULT_FILE} to {ns.output_dir}: {err}", flush=True)
     if summary["error"]:
-        say(f"{PROG}: error: {summary['error']}", sys.stderr)
+        print(f"{PROG}: error: {summary['error']}", file=sys.stderr, flush=True)
     else:
-        say("gpu check: OK")
-    say(json.dumps(summary, sort_keys=True))
+        print("gpu check: OK", flush=True)
+    print(json.dumps(summary, sort_keys=True), flush=True)
     return code
 
 

@@ -8,6 +8,7 @@ with training about preprocessing.
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -115,9 +116,14 @@ def tiny_backbone(input_shape: tuple[int, int, int], seed: int) -> keras.Model:
 def _weights_argument(weights: str, workdir: str) -> str | None:
     if weights in ("none", "imagenet"):
         return None if weights == "none" else weights
-    if not tf.io.gfile.exists(storage.resolve(weights)):
+    path = storage.resolve(weights)
+    if not tf.io.gfile.exists(path):
         raise FileNotFoundError(f"--weights {weights}: no such weights file")
-    return storage.local_copy(weights, workdir)  # h5py reads local files only
+    if not storage.is_remote(path):
+        return path
+    local = os.path.join(workdir, os.path.basename(path))  # h5py reads local files only
+    tf.io.gfile.copy(path, local, overwrite=True)
+    return local
 
 
 def application(entry: backbones.Backbone) -> Callable[..., Any]:

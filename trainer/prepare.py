@@ -238,15 +238,10 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
     progress = progress or Progress.auto()
     progress.stop = stop_if_asked  # every image's update: the work loop's stop point
 
-    if config.engine == "beam":  # before the output is looked at: on Dataflow that is a request
+    if config.engine == "beam":
         from trainer.preparation import beamrun
 
-        beamrun.check_beam_installed()
-        beamrun.check_runner_paths(config)
-        if beamrun.is_local_runner(config):
-            beamrun.local_workers(config)  # bounded by this machine's CPUs and memory
-        else:
-            beamrun.check_google_cloud()  # reached, with credentials: one line within seconds otherwise
+        beamrun.check_before_output(config)
     output = storage.resolve(config.output_dir)
     exists = tf.io.gfile.exists(output) if storage.is_remote(output) else os.path.lexists(output)
     if not config.overwrite and exists and not tf.io.gfile.isdir(output):
@@ -254,7 +249,7 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
             f"--output_dir {config.output_dir} is an existing file, not a folder; pass --overwrite "
             "to replace it, or name a folder"
         )
-    if not config.overwrite and storage.is_nonempty_dir(config.output_dir):
+    if not config.overwrite and exists and tf.io.gfile.listdir(output):
         raise PrepareError(
             f"--output_dir {config.output_dir} already exists and is not empty; pass --overwrite "
             "to replace it"

@@ -49,10 +49,12 @@ def read_json(path: str) -> Any:
 
 
 def write_json(path: str, data: Any) -> None:
-    """Writes JSON (sorted keys, so equal data gives equal bytes) through a temporary name."""
+    """Writes JSON (sorted keys, so equal data gives equal bytes) through a temporary name, its
+    folder made first."""
     from trainer._tf import tf
 
     path = resolve(path)
+    tf.io.gfile.makedirs(os.path.dirname(path))
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         with tf.io.gfile.GFile(tmp, "w") as f:
@@ -63,13 +65,6 @@ def write_json(path: str, data: Any) -> None:
         with contextlib.suppress(tf.errors.OpError):
             tf.io.gfile.remove(tmp)
         raise
-
-
-def is_nonempty_dir(path: str) -> bool:
-    from trainer._tf import tf
-
-    path = resolve(path)
-    return tf.io.gfile.isdir(path) and bool(tf.io.gfile.listdir(path))
 
 
 @contextlib.contextmanager
@@ -146,15 +141,3 @@ def remove_leftovers(final: str) -> None:
     them was stopped (one job writes a given output), so nothing else uses them."""
     for path in leftovers(final):
         _remove(path)
-
-
-def local_copy(path: str, folder: str) -> str:
-    """A local path for `path`: itself when local, else a copy inside `folder`."""
-    from trainer._tf import tf
-
-    path = resolve(path)
-    if not is_remote(path):
-        return path
-    target = os.path.join(folder, os.path.basename(path))
-    tf.io.gfile.copy(path, target, overwrite=True)
-    return target

@@ -4,13 +4,8 @@ Runs as a single machine (no `TF_CONFIG`) or as one task of a MultiWorkerMirrore
 cluster (Vertex AI writes `TF_CONFIG`), resuming a backup in `--checkpoint_dir`. The chief
 publishes to `--model_dir`, atomically, a SavedModel whose `serving_default` takes encoded
 images, `metrics.json` and `config.json` (docs/contracts.md, section 4): the best epoch's weights
-by `--hp_metric` (docs/training.md, "Which epoch is exported").
-
-At start, before the strategy, with one line: status 3 when a replica sees fewer GPUs than its pool
-asked for (docs/vertex.md#no-silent-cpu-training), 2 when the global batch exceeds the training
-split (`data.check_global_batch` names the largest `--per_replica_batch_size` that fits). SIGTERM
-stops every replica after the current step, backed up, nothing published, with status 143
-(docs/contracts.md, section 7).
+by `--hp_metric` (docs/training.md, "Which epoch is exported"). Exit statuses (2 and 3 before the
+strategy, 143 on SIGTERM, backed up and nothing published): docs/contracts.md, section 1.
 """
 
 from __future__ import annotations
@@ -49,7 +44,8 @@ def run(
     `data.BatchTooLarge` when the global batch exceeds the training split.
     """
     from trainer import callbacks as cb
-    from trainer import data, datasetinfo, distribute
+    from trainer import data, datasetinfo, distribute, export
+    from trainer import model as model_lib
     from trainer._tf import tf
 
     cluster = cluster or ClusterInfo()
@@ -64,12 +60,49 @@ def run(
     # After the strategy, whose own SIGTERM handler this one replaces (callbacks.StopRequest).
     stop = cb.StopRequest(strategy, collective=cluster.is_multi_worker)
     with stop.installed():
-        return _run(config, cluster, strategy, callbacks, stop)
+        started = time.perf_counter()
+        cb.log(cluster.name, f"config: {json.dumps(config.to_dict(), sort_keys=True)}")
+        plan = _plan(config, cluster, strategy, stop)
+        config, meta = plan.config, plan.meta  # `--augment auto` resolved
+        common: dict[str, Any] = dict(
+            seed=config.seed, shuffle_buffer=config.shuffle_buffer, num_workers=cluster.num_workers
+        )
+        train_ds = data.make_dataset(
+            config.data_dir, meta, "train", batch_size=plan.global_batch, training=True, **common
+        )
+        val_ds = data.make_dataset(
+            config.data_dir, meta, "validation", batch_size=plan.global_batch, training=False, **common
+        )
+        data.untune_device_iterators()
+        cb.log(
+            cluster.name,
+            f"{cluster.num_workers} worker(s), {plan.replicas} replica(s) in sync ({type(strategy).__name__}), "
+            f"global batch {plan.global_batch}, {plan.steps} steps/epoch, precision {plan.policy}, "
+            f"{meta.splits['train'].count} training images of {meta.num_classes} classes",
+        )
+        with strategy.scope():
+            model = model_lib.build_model(config, meta.num_classes, meta.image_size)
+            model_lib.compile_model(
+                model,
+                config,
+                global_batch=plan.global_batch,
+                steps_per_epoch=plan.steps,
+                class_counts=[meta.splits["train"].class_counts.get(n, 0) for n in meta.class_names],
+            )
+        best, exported_epoch = _train(plan, model, train_ds, val_ds, callbacks)
+        if not cluster.is_chief:
+            # A non-chief replica's export: saved (its collectives match the chief's), then deleted.
+            with tempfile.TemporaryDirectory(prefix="worker-model-") as scratch:
+                export.save(model, scratch, meta.class_names, meta.image_size)
+            stop.check(cluster.name, "the model was saved and discarded (non-chief)")
+            cb.log(cluster.name, "done (non-chief: model discarded)")
+            return None
+        return _publish(plan, model, best, exported_epoch, started)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-    """What the phases of `_run` share, fixed once the data is read and checked."""
+    """What the phases of `run` share, fixed once the data is read and checked."""
 
     config: TrainConfig  # with `--augment auto` resolved
     cluster: ClusterInfo
@@ -82,29 +115,9 @@ class _Plan:
     history_path: str  # history.json in config.checkpoint_dir
 
 
-def _run(
-    config: TrainConfig, cluster: ClusterInfo, strategy: Any, callbacks: Sequence[Any], stop: Any
-) -> dict[str, Any] | None:
-    """`run`'s work once the strategy is built."""
-    from trainer import callbacks as cb
-
-    started = time.perf_counter()
-    cb.log(cluster.name, f"config: {json.dumps(config.to_dict(), sort_keys=True)}")
-    plan = _plan(config, cluster, strategy, stop)
-    train_ds, val_ds = _datasets(plan)
-    cb.log(
-        cluster.name,
-        f"{cluster.num_workers} worker(s), {plan.replicas} replica(s) in sync ({type(strategy).__name__}), "
-        f"global batch {plan.global_batch}, {plan.steps} steps/epoch, precision {plan.policy}, "
-        f"{plan.meta.splits['train'].count} training images of {plan.meta.num_classes} classes",
-    )
-    model = _build_model(plan, strategy)
-    best, trains = _train(plan, model, train_ds, val_ds, callbacks)
-    exported_epoch = _load_export_weights(plan, model, best, trains)
-    if not cluster.is_chief:
-        _discard_export(plan, model)
-        return None
-    return _publish(plan, model, best, exported_epoch, started)
+def precision_policy(mixed_precision: bool, gpus: bool) -> str:
+    """The Keras precision policy: mixed_float16 on a GPU, mixed_bfloat16 on a CPU, else float32."""
+    return ("mixed_float16" if gpus else "mixed_bfloat16") if mixed_precision else "float32"
 
 
 def _plan(config: TrainConfig, cluster: ClusterInfo, strategy: Any, stop: Any) -> _Plan:
@@ -120,10 +133,22 @@ def _plan(config: TrainConfig, cluster: ClusterInfo, strategy: Any, stop: Any) -
     # `--augment auto` follows the data (before the resume check: a backup records the policy used).
     config = dataclasses.replace(config, augment=resolve_augment(config.augment, meta.source))
     keras.utils.set_random_seed(config.seed)
-    gpus = bool(tf.config.list_physical_devices("GPU"))
-    policy = ("mixed_float16" if gpus else "mixed_bfloat16") if config.mixed_precision else "float32"
+    policy = precision_policy(config.mixed_precision, bool(tf.config.list_physical_devices("GPU")))
     keras.mixed_precision.set_global_policy(policy)
-    _check_resumable(config, meta.fingerprint, cluster)
+    # A backup can only be resumed by a run that builds the same variables on the same data.
+    path = storage.join(config.checkpoint_dir, STATE_FILE)
+    state = {**{f: getattr(config, f) for f in STATE_FIELDS}, "dataset_fingerprint": meta.fingerprint}
+    if tf.io.gfile.exists(storage.resolve(path)):
+        saved = storage.read_json(path)
+        differ = sorted(k for k in state if saved.get(k) != state[k])
+        if differ:
+            raise ValueError(
+                f"--checkpoint_dir {config.checkpoint_dir} holds a backup of another run "
+                f"(different {', '.join(differ)}: {', '.join(f'{k}={saved.get(k)!r}' for k in differ)}); "
+                "use the same flags to resume it, or another --checkpoint_dir to start afresh"
+            )
+    elif cluster.is_chief:
+        storage.write_json(path, state)
 
     global_batch = config.per_replica_batch_size * replicas
     steps = data.steps_per_epoch(meta, global_batch)
@@ -131,44 +156,11 @@ def _plan(config: TrainConfig, cluster: ClusterInfo, strategy: Any, stop: Any) -
     return _Plan(config, cluster, stop, meta, replicas, global_batch, steps, policy, history)
 
 
-def _datasets(plan: _Plan) -> tuple[Any, Any]:
-    """The training and validation input pipelines, each batched to the global batch."""
-    from trainer import data
-
-    config, meta = plan.config, plan.meta
-    common: dict[str, Any] = dict(
-        seed=config.seed, shuffle_buffer=config.shuffle_buffer, num_workers=plan.cluster.num_workers
-    )
-    train_ds = data.make_dataset(
-        config.data_dir, meta, "train", batch_size=plan.global_batch, training=True, **common
-    )
-    val_ds = data.make_dataset(
-        config.data_dir, meta, "validation", batch_size=plan.global_batch, training=False, **common
-    )
-    data.untune_device_iterators()
-    return train_ds, val_ds
-
-
-def _build_model(plan: _Plan, strategy: Any) -> Any:
-    from trainer import model as model_lib
-
-    config, meta = plan.config, plan.meta
-    with strategy.scope():
-        model = model_lib.build_model(config, meta.num_classes, meta.image_size)
-        model_lib.compile_model(
-            model,
-            config,
-            global_batch=plan.global_batch,
-            steps_per_epoch=plan.steps,
-            class_counts=[meta.splits["train"].class_counts.get(n, 0) for n in meta.class_names],
-        )
-    return model
-
-
-def _train(plan: _Plan, model: Any, train_ds: Any, val_ds: Any, callbacks: Sequence[Any]) -> tuple[Any, bool]:
-    """Trains from where a backup being resumed stands, backing up every epoch; returns the
-    best epoch's tracker (`callbacks.BestEpoch`) and whether `fit` ran. Raises
-    `callbacks.Terminated` when another replica received SIGTERM."""
+def _train(plan: _Plan, model: Any, train_ds: Any, val_ds: Any, callbacks: Sequence[Any]) -> tuple[Any, int]:
+    """Trains from where a backup being resumed stands, backing up every epoch, then loads the
+    `--export_epoch` weights into `model`; returns the best epoch's tracker (`callbacks.BestEpoch`)
+    and the exported epoch (1-based). Raises `callbacks.Terminated` when another replica received
+    SIGTERM."""
     from trainer import callbacks as cb
     from trainer import datasetinfo, storage
     from trainer._tf import keras, tf
@@ -209,32 +201,13 @@ def _train(plan: _Plan, model: Any, train_ds: Any, val_ds: Any, callbacks: Seque
     # backed up, so a restart goes straight to the export.
     if stop.agreed():
         raise stop.stopping(prefix, "training is backed up; the model is not exported")
-    return best, trains
-
-
-def _load_export_weights(plan: _Plan, model: Any, best: Any, trains: bool) -> int:
-    """Loads the `--export_epoch` weights into `model`; returns that epoch (1-based)."""
-    from trainer import callbacks as cb
-    from trainer._tf import tf
-
     # Every replica loads the exported epoch's weights: the export reads the BatchNorm statistics
-    # with collectives. The chief finished copying them before `stop.agreed()` in `_train`.
-    exported_epoch, weights, what = best.export_plan(plan.config.export_epoch, model_is_last=trains)
-    cb.log(plan.cluster.name, what)
+    # with collectives. The chief finished copying them before `stop.agreed()` above.
+    exported_epoch, weights, what = best.export_plan(config.export_epoch, model_is_last=trains)
+    cb.log(prefix, what)
     if weights is not None:
         tf.train.Checkpoint(model=model).restore(weights).expect_partial().assert_existing_objects_matched()
-    return exported_epoch
-
-
-def _discard_export(plan: _Plan, model: Any) -> None:
-    """A non-chief replica's export: saved (its collectives match the chief's), then deleted."""
-    from trainer import callbacks as cb
-    from trainer import export
-
-    with tempfile.TemporaryDirectory(prefix="worker-model-") as scratch:
-        export.save(model, scratch, plan.meta.class_names, plan.meta.image_size)
-    plan.stop.check(plan.cluster.name, "the model was saved and discarded (non-chief)")
-    cb.log(plan.cluster.name, "done (non-chief: model discarded)")
+    return best, exported_epoch
 
 
 def _publish(plan: _Plan, model: Any, best: Any, exported_epoch: int, started: float) -> dict[str, Any]:
@@ -307,27 +280,6 @@ def _metrics(published: Any, plan: _Plan, best: Any, exported_epoch: int, starte
         "dataset_fingerprint": meta.fingerprint,
         "wall_seconds": time.perf_counter() - started,
     }
-
-
-def _check_resumable(config: TrainConfig, fingerprint: str, cluster: ClusterInfo) -> None:
-    """A backup can only be resumed by a run that builds the same variables on the same data."""
-    from trainer import storage
-    from trainer._tf import tf
-
-    path = storage.join(config.checkpoint_dir, STATE_FILE)
-    state = {**{f: getattr(config, f) for f in STATE_FIELDS}, "dataset_fingerprint": fingerprint}
-    if tf.io.gfile.exists(storage.resolve(path)):
-        saved = storage.read_json(path)
-        differ = sorted(k for k in state if saved.get(k) != state[k])
-        if differ:
-            raise ValueError(
-                f"--checkpoint_dir {config.checkpoint_dir} holds a backup of another run "
-                f"(different {', '.join(differ)}: {', '.join(f'{k}={saved.get(k)!r}' for k in differ)}); "
-                "use the same flags to resume it, or another --checkpoint_dir to start afresh"
-            )
-    elif cluster.is_chief:
-        tf.io.gfile.makedirs(storage.resolve(config.checkpoint_dir))
-        storage.write_json(path, state)
 
 
 def _at_epoch(hist: dict[str, list[float]], key: str, epoch: int) -> float | None:

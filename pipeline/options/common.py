@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from typing import Any
 
 TARGETS = ("vertex", "local")
@@ -60,6 +61,12 @@ def duration_seconds(text: Any) -> float | None:
 
 def whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def replicas(values: Mapping[str, Any]) -> int:
+    """Training replicas: the chief and `worker_count` workers (a bad count is another rule's problem)."""
+    workers = values.get("worker_count", 0)
+    return 1 + (workers if whole(workers) else 0)
 
 
 DURATION = re.compile(r"^([0-9]{1,12})(\.[0-9]{1,9})?s$")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.options.common import Parameter as _p
-from pipeline.options.common import Problem, whole
+from pipeline.options.common import Problem, replicas, whole
 
 PARAMETERS: tuple[_p, ...] = (
     _p("dataset_source", str, "tfds:cassava", "tfds:NAME, folder:PATH or synthetic.", "synthetic"),
@@ -104,13 +104,12 @@ def data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
     fraction = v["fine_tune_fraction"]
     if isinstance(fraction, int | float) and fraction < 0 and fraction != -1:
         add(("fine_tune_fraction",), f"must be -1 (the trainer's default) or from 0 to 1, got {fraction}")
-    replicas = 1 + (v["worker_count"] if whole(v["worker_count"]) else 0)
-    shards = v["dataset_shards"]
-    if whole(shards) and shards < replicas:
+    shards, count = v["dataset_shards"], replicas(v)
+    if whole(shards) and shards < count:
         add(
             ("dataset_shards", "worker_count"),
-            f"{shards} shards per split for {replicas} training replicas: each replica reads whole "
-            f"files (FILE auto-sharding), so give at least {replicas}",
+            f"{shards} shards per split for {count} training replicas: each replica reads whole "
+            f"files (FILE auto-sharding), so give at least {count}",
         )
     return problems
 

@@ -208,17 +208,23 @@ def label_problems(labels: Any, name: str = "labels") -> list[str]:
     return out
 
 
+def build_pools(values: Mapping[str, Any], **options: Any) -> list[dict[str, Any]]:
+    """`build_worker_pool_specs` on the hardware parameters in `values`, for a check (its
+    ValueError propagates)."""
+    given = {k: values[k] for k in worker_pools.HARDWARE_PARAMETERS if k in values}
+    return worker_pools.build_worker_pool_specs("check", ["python"], [], **{**given, **options})
+
+
+def pool_shape(m: Mapping[str, Any]) -> str:
+    """`machine + N x GPU`, or the machine alone, of a built pool's `machine_spec`."""
+    gpus = f" + {m['accelerator_count']} x {m['accelerator_type']}" if "accelerator_type" in m else ""
+    return m["machine_type"] + gpus
+
+
 def hardware_problems(values: Mapping[str, Any], region: str, warnings: list[str]) -> list[Problem]:
     problems = []
     try:
-        worker_pools.build_worker_pool_specs(
-            image_uri="check",
-            command=["python"],
-            args=[],
-            **{k: values[k] for k in worker_pools.HARDWARE_PARAMETERS if k in values},
-            region=region,
-            warnings=warnings,
-        )
+        build_pools(values, region=region, warnings=warnings)
     except ValueError as err:
         for line in str(err).splitlines():
             name, _, message = line.partition(": ")
@@ -237,23 +243,22 @@ def flex_start_problems(v: Mapping[str, Any]) -> list[Problem]:
     def bad(message: str, *names: str) -> None:
         problems.append(Problem(("scheduling_strategy", *names), message))
 
-    keys = ("machine_type", "accelerator_type", "accelerator_count")
-    chief = [v[f"chief_{k}"] for k in keys]
-    pools = [("chief", *chief)]
-    if v["worker_count"]:  # empty worker settings copy the chief's
-        pools.append(("worker", *(v[f"worker_{k}"] or c for k, c in zip(keys, chief, strict=True))))
-    for role, _, gpu, _ in pools:
+    try:  # the chief's and the workers' pools as they will be built (no region: hardware_problems')
+        pools = [s["machine_spec"] for s in build_pools(v, reduction_server_count=0)]
+    except ValueError:  # hardware_problems names what is refused; the chief's pool is as given
+        pools = [{"accelerator_type": v["chief_accelerator_type"]}]
+    for role, pool in zip(("chief", "worker"), pools, strict=False):
+        gpu = pool.get("accelerator_type", "")
         if gpu not in FLEX_START_GPUS:
             bad(
                 f"FLEX_START needs L4, A100, H100, H200 or B200 GPUs {doc}; the {role} pool has "
                 f"{gpu or 'no GPU'}. Allowed: {', '.join(FLEX_START_GPUS)}; or use STANDARD or SPOT",
                 f"{role}_accelerator_type",
             )
-    if len(pools) == 2 and pools[0][1:] != pools[1][1:]:
+    if len(pools) == 2 and pools[0] != pools[1]:
         bad(
             f"FLEX_START needs the same machine configuration in every worker pool {doc}; the chief "
-            f"has {pools[0][1]} + {pools[0][3]} x {pools[0][2]}, the workers {pools[1][1]} + "
-            f"{pools[1][3]} x {pools[1][2]}",
+            f"has {pool_shape(pools[0])}, the workers {pool_shape(pools[1])}",
             "worker_machine_type",
         )
     if v["reduction_server_count"]:

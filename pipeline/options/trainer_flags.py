@@ -14,7 +14,7 @@ from typing import Any
 from components import plan, prepare
 from local import ROOT
 from pipeline.options.common import Parameter as _p
-from pipeline.options.common import Problem, whole
+from pipeline.options.common import Problem, replicas, whole
 
 PARAMETERS: tuple[_p, ...] = (
     _p(
@@ -143,16 +143,16 @@ def source_problems(values: Mapping[str, Any]) -> list[Problem]:
     problems = [Problem(("dataset_source",), f"trainer.prepare says: {p}") for p in answer["problems"]]
     counts = answer.get("counts") or {}
     train: Any = (counts.get("prepared") or {}).get("train")
-    replicas = 1 + (values["worker_count"] if whole(values.get("worker_count")) else 0)
     batch: Any = values.get("per_replica_batch_size")
     known = counts.get("complete") and isinstance(train, int) and whole(batch)
-    if problems or not known or batch * replicas <= train:
+    count = replicas(values)
+    if problems or not known or batch * count <= train:
         return problems
     return [
         Problem(
             ("per_replica_batch_size", "worker_count"),
-            f"a global batch of {batch * replicas} ({batch} per replica x {replicas} replicas) is larger "
+            f"a global batch of {batch * count} ({batch} per replica x {count} replicas) is larger "
             f"than the {train} training images {source} gives: not one step could be made; give "
-            f"per_replica_batch_size at most {max(1, train // replicas)}",
+            f"per_replica_batch_size at most {max(1, train // count)}",
         )
     ]

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from components import tuning
+from components import plan, tuning
 from pipeline.options.common import Parameter as _p
 from pipeline.options.common import Problem, whole
 from pipeline.options.trainer_flags import trainer_flag_problems
@@ -19,7 +19,7 @@ _VALUE_SPECS = (
     "categorical_value_spec {values}"
 )
 _SCALES = "UNIT_LINEAR_SCALE, UNIT_LOG_SCALE or UNIT_REVERSE_LOG_SCALE"
-_ALLOWED = ", ".join(tuning.TUNABLE_FLAGS)
+_ALLOWED = ", ".join(plan.TUNABLE)
 
 # The trial counts' bounds: aiplatform_v1 `HyperparameterTuningJob` (types/hyperparameter_tuning_job.py):
 # max_trial_count is "Required" (proto3 sends no 0), and max_failed_trial_count 0 means "Vertex AI
@@ -142,7 +142,7 @@ def _parameter_spec_problems(n: int, s: Any, seen: set[str]) -> list[str]:
     if not pid:
         return [f"parameter {n} has no parameter_id: give one of {_ALLOWED}"]
     out = []
-    if pid not in tuning.TUNABLE_FLAGS:
+    if pid not in plan.TUNABLE:
         out.append(f"{pid} is not a trainer flag a tuning job may set; allowed: {_ALLOWED}")
     if pid in seen:
         out.append(f"{pid} is declared twice: parameter ids must be unique")

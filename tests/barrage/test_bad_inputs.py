@@ -541,7 +541,7 @@ def test_a_training_config_that_is_not_a_regular_small_file_is_refused_at_once(n
     fifo = no_requests / "config.fifo"
     os.mkfifo(fifo)
     for path, words in (
-        ("/dev/zero", ("--training_config /dev/zero", "a character device")),
+        ("/dev/zero", ("--training_config: /dev/zero is a character device",)),
         (str(fifo), ("config.fifo", "FIFO")),
         (str(no_requests), ("a folder",)),
     ):

@@ -203,6 +203,22 @@ def test_what_vertex_accepts_passes(given: dict[str, Any]) -> None:
     options.check(vertex(**given), "vertex", REGION)
 
 
+def test_flex_start_judges_the_pools_as_they_are_built() -> None:
+    """A worker machine type given without GPU settings builds a worker pool without GPUs
+    (`build_worker_pool_specs` copies the chief's GPU only when worker_machine_type is empty):
+    FLEX_START refuses that pool for having no GPU and shows it as built, not with the chief's GPU."""
+    a100 = {"chief_machine_type": "a2-highgpu-1g", "chief_accelerator_type": "NVIDIA_TESLA_A100"}
+    cpu_workers = {"worker_machine_type": "n1-standard-8", "worker_accelerator_type": ""}
+    given = {"scheduling_strategy": "FLEX_START", **a100, **cpu_workers, "worker_accelerator_count": 0}
+    err = refused(vertex(**given))
+    assert {"scheduling_strategy", "worker_accelerator_type", "worker_machine_type"} == err.parameters
+    lines = [str(p) for p in err.problems]
+    assert any("the worker pool has no GPU" in line for line in lines), lines
+    assert any(line.endswith("the workers n1-standard-8") for line in lines), lines
+    empty = {"worker_machine_type": "", "worker_accelerator_type": "", "worker_accelerator_count": 0}
+    options.check(vertex(**(given | empty)), "vertex", REGION)  # empty: the chief's pool, GPUs too
+
+
 def test_a_dataflow_run_on_a_network_without_a_subnetwork_is_warned() -> None:
     """Dataflow takes a network given alone as an auto-mode network of the job's project."""
     beam = {"prepare_engine": "beam", "dataset_source": "folder:gs://bucket/images"}

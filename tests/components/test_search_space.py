@@ -303,7 +303,7 @@ def test_every_tunable_id_and_every_kind_of_spec_passes() -> None:
         spec("per_replica_batch_size", "discrete_value_spec", scale="UNIT_LOG_SCALE", values=[8, 16, 32]),
         spec("epochs", "categorical_value_spec", values=["2", "3"]),
     ]
-    assert sorted(s["parameter_id"] for s in space) == sorted(tuning.TUNABLE_FLAGS)
+    assert sorted(s["parameter_id"] for s in space) == sorted(plan.TUNABLE)
     assert check(tune=True, search_space=space) == []
 
 
@@ -326,7 +326,7 @@ def test_the_local_space_is_centred_on_the_local_defaults() -> None:
     fails here."""
     local = {q.name: q.default_for("local") for q in pipeline.PARAMETERS}
     by_id = {s.parameter_id: s for s in tuning.parse_search_space(tuning.LOCAL_SEARCH_SPACE)}
-    assert set(by_id) <= set(tuning.TUNABLE_FLAGS) and len(by_id) <= local["max_trial_count"]
+    assert set(by_id) <= set(plan.TUNABLE) and len(by_id) <= local["max_trial_count"]
     lr = by_id["learning_rate"].double_value_spec
     middle = math.sqrt(lr.min_value * lr.max_value)  # the middle of a log scale
     assert middle / 1.5 <= local["learning_rate"] <= middle * 1.5, (local["learning_rate"], middle)
@@ -447,7 +447,7 @@ BEST = {"learning_rate": (0.0005, "0.0005"), "dropout": (0.3, "0.3"), "dense_uni
 BEST |= {"per_replica_batch_size": (32.0, "32"), "epochs": (5.0, "5")}  # numbers come back as doubles
 
 
-@pytest.mark.parametrize("pid", tuning.TUNABLE_FLAGS)
+@pytest.mark.parametrize("pid", plan.TUNABLE)
 def test_trainer_args_leaves_out_and_overrides_every_tunable_flag(pid: str) -> None:
     """Every id a space may declare is a flag the planned jobs carry: left out of the trials'
     flags (each trial appends its own), and written over by the best trial's value."""
@@ -465,4 +465,4 @@ def test_trainer_args_refuses_a_space_beyond_the_tunable_flags() -> None:
         trainer_args(search_space=[{"parameter_id": "momentum"}])
     with pytest.raises(ValueError) as err:
         plan.apply_hyperparameters([], {"momentum": 0.9}, plan.TUNABLE)
-    assert str(sorted(tuning.TUNABLE_FLAGS)) in str(err.value)  # the same set as the plan's
+    assert str(sorted(plan.TUNABLE)) in str(err.value)  # the same set as the plan's

@@ -661,7 +661,7 @@ def check_tuning_job(run: Run) -> None:
     assert study.get("algorithm") == (None if algorithm == "ALGORITHM_UNSPECIFIED" else algorithm)
     assert study["metrics"] == [{"metric_id": tuning.METRIC_ID, "goal": "MAXIMIZE"}]
     # The study's space: the `search_space` parameter where the template has one.
-    space = root["search_space"] if "search_space" in root else tuning.VERTEX_SEARCH_SPACE
+    space = root.get("search_space", tuning.VERTEX_SEARCH_SPACE)
     assert [p["parameter_id"] for p in study["parameters"]] == [p["parameter_id"] for p in space]
     selection = {"best": "BEST_MEASUREMENT", "last": "LAST_MEASUREMENT"}[root["export_epoch"]]
     assert study["measurement_selection_type"] == selection

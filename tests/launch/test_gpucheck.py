@@ -520,7 +520,7 @@ def test_the_real_client_is_made_for_the_api_endpoint(
 
 def test_vertex_out_of_reach_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     """`make gpu-check` with no network ended in a client library's traceback after its retries:
-    Vertex is tried once first, and out of reach is one line naming it (launch.submit.reach)."""
+    Vertex is tried once first, and out of reach is one line naming it (launch.cloud.reach)."""
     import socket
 
     with socket.socket() as s:

@@ -162,7 +162,7 @@ def test_every_legacy_machine_type(tmp_path: Path, legacy: str, role: str) -> No
 
 def test_the_compute_engine_example_is_refused_naming_every_problem(tmp_path: Path) -> None:
     lines = str(refusal(write(tmp_path, DOC_EXAMPLE_COMPUTE_ENGINE))).splitlines()
-    assert lines[0] == f"--training_config {tmp_path / 'config.yaml'}: 3 problems:"
+    assert lines[0] == f"{tmp_path / 'config.yaml'}: 3 problems:"
     assert lines[1].startswith("  - trainingInput.masterConfig.acceleratorConfig.type: NVIDIA_TESLA_K80")
     assert lines[2].startswith("  - trainingInput.workerConfig.acceleratorConfig.type: NVIDIA_TESLA_K80")
     assert lines[3].startswith("  - trainingInput.parameterServerCount is 3: parameter servers have no role")
@@ -452,19 +452,19 @@ def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
 def test_malformed_yaml_is_one_line_naming_the_path(tmp_path: Path) -> None:
     path = write(tmp_path, "trainingInput:\n  scaleTier: [CUSTOM\n")
     error = refusal(path)
-    assert fields(error) == [] and str(error).startswith(f"--training_config {path}: ")
+    assert fields(error) == [] and str(error).startswith(f"{path}: ")
     assert "line 3" in str(error) and "\n" not in str(error)
 
 
 @pytest.mark.parametrize("text", ["", "- a\n- b\n"])
 def test_a_file_without_a_mapping_is_refused(tmp_path: Path, text: str) -> None:
     error = refusal(write(tmp_path, text))
-    assert fields(error) == [] and str(error).startswith(f"--training_config {tmp_path / 'config.yaml'}: ")
+    assert fields(error) == [] and str(error).startswith(f"{tmp_path / 'config.yaml'}: ")
 
 
 def test_a_missing_file_is_one_line_naming_the_path(tmp_path: Path) -> None:
     path = tmp_path / "nowhere.yaml"
-    assert str(refusal(path)) == f"--training_config {path}: no such file"
+    assert str(refusal(path)) == f"{path}: no such file"
 
 
 def test_describe_pools_lets_the_builders_error_through() -> None:
@@ -496,6 +496,7 @@ def test_make_run_refuses_the_docs_examples_before_any_work(
         assert exit_.value.code == 2
         err = capsys.readouterr().err
         assert "parameterServerCount" in err and "K80" in err and "Traceback" not in err
+        assert f": error: --training_config: {path}: " in err  # the prefix said once
         assert not (tmp_path / "runs").exists()
 
 
@@ -541,4 +542,4 @@ def test_make_schedule_refuses_a_bad_file_before_any_request(
     code = schedules.schedule_command(["schedule", "--training_config", str(path)], environ)
     assert code == 2
     err = capsys.readouterr().err
-    assert "make schedule: --training_config:" in err and "parameterServerCount" in err
+    assert f"make schedule: --training_config: {path}: " in err and "parameterServerCount" in err

@@ -1,7 +1,7 @@
 """Google Cloud out of reach is one line, within seconds: `make run`, `make schedule` and
-`make schedules` name each service before they first contact it, try it once (`submit.reach`:
+`make schedules` name each service before they first contact it, try it once (`cloud.reach`:
 one HEAD request, 5 s to connect and 5 s to answer), and a service that gives no answer, or a
-network failure of the client libraries afterwards (`submit.reaching`: api_core's RetryError,
+network failure of the client libraries afterwards (`cloud.reaching`: api_core's RetryError,
 ServiceUnavailable, google-auth's TransportError, requests' ConnectionError), ends the command
 with one line naming what could not be reached, where, why and the likely causes: exit 1, no
 traceback (README "Exit codes"). Before this, storage's client retried a failed connection for
@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from launch import schedules, settings, submit
+from launch import cloud, schedules, settings, submit
 from tests.conftest import TEST_BUCKET
 from tests.fakes import RestFake
 
@@ -322,7 +322,7 @@ def test_network_failures_become_one_line(make_error: Any, reason: str) -> None:
     service = ("Cloud Storage for gs://b", "https://storage.googleapis.com", "")
     with (
         pytest.raises(submit.GoogleUnreachable) as info,
-        submit.reaching("the build context's upload", service),
+        cloud.reaching("the build context's upload", service),
     ):
         raise make_error()
     line = str(info.value)
@@ -349,7 +349,7 @@ def test_answers_and_other_errors_are_left_alone(kind: str) -> None:
         "refresh refused": auth.RefreshError("invalid_grant: Bad Request"),
         "value error": ValueError("bad"),
     }[kind]
-    with pytest.raises(type(error)), submit.reaching("x", ("Vertex AI", "https://v", "")):
+    with pytest.raises(type(error)), cloud.reaching("x", ("Vertex AI", "https://v", "")):
         raise error
 
 
@@ -365,9 +365,9 @@ def test_reach_through_a_proxy_honours_no_proxy(monkeypatch: pytest.MonkeyPatch)
             monkeypatch.delenv(name, raising=False)
         service = ("Vertex AI in us-central1", f"http://{fake.address}", "")
         with pytest.raises(submit.GoogleUnreachable, match=f"through the proxy {dead} \\(the proxy failed"):
-            submit.reach(service)
+            cloud.reach(service)
         monkeypatch.setenv("NO_PROXY", "127.0.0.1")
         monkeypatch.setenv("no_proxy", "127.0.0.1")
-        submit.reach(service)  # straight to the fake: any HTTP answer will do (here 501)
+        cloud.reach(service)  # straight to the fake: any HTTP answer will do (here 501)
     finally:
         fake.stop()

@@ -66,7 +66,7 @@ def test_one_image_more_than_the_split_is_refused_before_anything_is_built(
     )
     assert error_lines(done) == [expected], done.stderr[-3000:]
     assert "Traceback" not in done.stderr
-    # Before `_run`: no config line logged, nothing written (no backup state, no model).
+    # Before the strategy: no config line logged, nothing written (no backup state, no model).
     assert "config:" not in done.stdout, done.stdout[-2000:]
     assert not (tmp_path / "model").exists() and not (tmp_path / "model_checkpoints").exists()
 

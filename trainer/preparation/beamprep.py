@@ -45,7 +45,6 @@ PLAN_VERSION = 1
 TASKS, DONE, ERRORS = "tasks", "done", "errors"
 # The PrepareConfig fields that decide what is written (not where, nor by which engine).
 OUTPUT_FIELDS = ("source", "image_size", "encoding", "shards", "validation_fraction", "test_fraction", "seed")
-PROGRESS_EVERY_S = 5.0  # between the driver's progress lines
 # Written first into a work folder this engine makes: only a folder holding it is its to resume or remove.
 OWNER_FILE = ".beam-work"
 
@@ -127,12 +126,6 @@ def plan_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
-def write_json(path: str, data: Any) -> None:
-    """storage.write_json, its folder made first."""
-    tf.io.gfile.makedirs(os.path.dirname(path))
-    storage.write_json(path, data)
-
-
 # --- the workers' steps ----------------------------------------------------------------------
 
 
@@ -177,7 +170,7 @@ def write_shard(work: str, name: str, config: PrepareConfig) -> dict[str, Any] |
     tf.io.gfile.rename(partial, final, overwrite=True)
     sha, size = datasetinfo.shard_digest(final)
     record = {"name": name, "bytes": size, "records": records, "sha256": sha, "class_counts": per_class}
-    write_json(storage.join(work, DONE, f"{name}.json"), record)
+    storage.write_json(storage.join(work, DONE, f"{name}.json"), record)
     return record
 
 
@@ -290,7 +283,7 @@ def build_pipeline(
             assert self.config is not None
             result = write_shard(self.work, name, self.config)
             if isinstance(result, str):
-                write_json(
+                storage.write_json(
                     storage.join(self.work, ERRORS, f"{name}.json"), {"shard": name, "problem": result}
                 )
                 return

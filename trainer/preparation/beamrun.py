@@ -21,7 +21,6 @@ from trainer.preparation.beamprep import (
     ERRORS,
     OWNER_FILE,
     PLAN_FILE,
-    PROGRESS_EVERY_S,
     TASKS,
     build_pipeline,
     check_work_dir,
@@ -29,7 +28,6 @@ from trainer.preparation.beamprep import (
     make_plan,
     plan_changes,
     read_problems,
-    write_json,
 )
 from trainer.preparation.prepareconfig import WORK_SUFFIX, PrepareConfig, work_dir
 from trainer.preparation.progress import Progress
@@ -55,6 +53,7 @@ LOCAL_RUNNER = "FnApiRunner"
 # Memory one DirectRunner worker takes: two processes, each with TensorFlow loaded (24 workers
 # reached 17 GB on a 2-CPU machine before the kernel killed them).
 WORKER_BYTES = 1400 * 2**20
+PROGRESS_EVERY_S = 5.0  # between the driver's progress lines
 
 
 def local_workers(config: PrepareConfig) -> int:
@@ -100,8 +99,11 @@ def is_local_runner(config: PrepareConfig) -> bool:
     return _runner(config.beam_args) == "DirectRunner"
 
 
-def check_beam_installed() -> None:
-    """Refuses when Apache Beam is not installed (the trainer and serving images lack it)."""
+def check_before_output(config: PrepareConfig) -> None:
+    """Refuses, before the output is looked at (on Dataflow that is a request): Beam not installed
+    (the trainer and serving images lack it), more DirectRunner workers than `local_workers`, or on
+    Dataflow a worker's path (output, folder source, TFDS data folder) not on gs:// or the synthetic
+    source (made here), then Google Cloud unreachable or without credentials."""
     import importlib.util
 
     if importlib.util.find_spec("apache_beam") is None:
@@ -109,12 +111,8 @@ def check_beam_installed() -> None:
             "--engine beam needs Apache Beam, which this environment lacks: install the lock's beam "
             "group (uv sync --group beam), or use --engine job"
         )
-
-
-def check_runner_paths(config: PrepareConfig) -> None:
-    """On a remote runner (Dataflow) every path a worker reads or writes must be gs:// (the output,
-    a folder source, the TFDS data folder), and the synthetic source, made here, cannot be used."""
     if is_local_runner(config):
+        local_workers(config)
         return
     problems = []
     if config.source == "synthetic":
@@ -134,6 +132,7 @@ def check_runner_paths(config: PrepareConfig) -> None:
             )
     if problems:
         raise PrepareError("\n".join(problems))
+    check_google_cloud()
 
 
 # Tried before a remote runner starts: unchecked, TensorFlow's GCS client retried an unreachable
@@ -192,7 +191,7 @@ def write_plan(work: str, plan: dict[str, Any], tasks: dict[str, Any], progress:
             # The same images, perhaps from another folder (a TFDS split built anew): the shards
             # still to write read this run's.
             for name, task in tasks.items():
-                write_json(storage.join(work, TASKS, f"{name}.json"), task)
+                storage.write_json(storage.join(work, TASKS, f"{name}.json"), task)
             return done
         changed = ", ".join(plan_changes(old, plan)) or "the plan's format"
         progress.say(
@@ -202,11 +201,10 @@ def write_plan(work: str, plan: dict[str, Any], tasks: dict[str, Any], progress:
     if tf.io.gfile.exists(work):
         check_work_dir(work)  # never removed through a link, nor a folder of the user's
         tf.io.gfile.rmtree(work)
-    write_json(storage.join(work, OWNER_FILE), {"output_dir": work.removesuffix(WORK_SUFFIX)})
+    storage.write_json(storage.join(work, OWNER_FILE), {"output_dir": work.removesuffix(WORK_SUFFIX)})
     for name, task in tasks.items():
-        write_json(storage.join(work, TASKS, f"{name}.json"), task)
-    tf.io.gfile.makedirs(storage.join(work, DONE))
-    write_json(plan_path, plan)  # last: a plan.json means every task is there
+        storage.write_json(storage.join(work, TASKS, f"{name}.json"), task)
+    storage.write_json(plan_path, plan)  # last: a plan.json means every task is there
     return 0
 
 
@@ -304,14 +302,13 @@ def prepare_beam(config: PrepareConfig, source: Source, progress: Progress, star
         with _progress_lines(work, len(names), progress), workers_log:
             pipeline.run().wait_until_finish()
     except Exception as e:  # noqa: BLE001 - a worker's failure, reported without its traceback
-        if problems := read_problems(work):  # a remote runner's Finalize fails the job on them
-            raise PrepareError("\n".join(problems) + "\n(nothing was published)") from None
-        if "ResourceExhaustedError" in str(e) or "No space left on device" in str(e):
-            raise PrepareError(disk_full(work)) from None
-        raise PrepareError(
-            f"the Beam preparation failed: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}; "
-            f"the shards written so far are kept in {work} for the next run"
-        ) from None
+        if not read_problems(work):  # else said below (a remote runner's Finalize fails the job on them)
+            if "ResourceExhaustedError" in str(e) or "No space left on device" in str(e):
+                raise PrepareError(disk_full(work)) from None
+            raise PrepareError(
+                f"the Beam preparation failed: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}; "
+                f"the shards written so far are kept in {work} for the next run"
+            ) from None
     if problems := read_problems(work):
         raise PrepareError("\n".join(problems) + "\n(nothing was published)")
     return dict(storage.read_json(storage.join(storage.resolve(config.output_dir), data.METADATA_FILE)))

@@ -81,8 +81,7 @@ def check_image_bytes(data: bytes, path: str) -> int:
         header = read_image_header(data)
     except BadImageHeader as e:
         raise ValueError(f"cannot decode image {path}: {e}") from None
-    problem = image_problem(path, header)
-    if problem:
+    if problem := image_problem(path, header):
         raise ValueError(problem)
     return header.pixels
 
@@ -218,14 +217,10 @@ class ListingBudget:
 
 class _LocalTree:
     """A local folder tree, read with os.scandir (no stat call per file). A tree (this, or
-    `_GfileTree`) gives `kind(path)`: "dir", "file" or "missing"; `entries(folder, budget)`: the
-    folder's sorted (name, is a folder) pairs, each spent from `budget`."""
+    `_GfileTree`) gives `isdir(path)`, `exists(path)` and `entries(folder, budget)`: the folder's
+    sorted (name, is a folder) pairs, each spent from `budget`."""
 
-    local = True
     isdir, exists = staticmethod(os.path.isdir), staticmethod(os.path.lexists)
-
-    def kind(self, path: str) -> str:
-        return "dir" if self.isdir(path) else "file" if self.exists(path) else "missing"
 
     def entries(self, folder: str, budget: ListingBudget) -> list[tuple[str, bool]]:
         found = []
@@ -282,18 +277,15 @@ def list_folder(path: str, *, budget: ListingBudget | None = None, check_files: 
 def _list_folder(listing: FolderListing, tree: _LocalTree, budget: ListingBudget, check_files: bool) -> None:
     src, root = f"--source folder:{listing.path}", listing.root
     problems, skipped = listing.problems, listing.skipped
-    if tree.local and os.path.abspath(root) == os.path.abspath(os.sep):
+    if os.path.abspath(root) == os.path.abspath(os.sep):  # never for gs://
         problems.append(
             f"{src}: {root} is the file system's root, not an image folder; name the folder that "
             f"holds train/ (expected {FOLDER_LAYOUT})"
         )
         return
-    kind = tree.kind(root)
-    if kind == "missing":
-        problems.append(f"{src}: no such folder")
-        return
-    if kind == "file":
-        problems.append(f"{src}: {root} is a file, not a folder; expected {FOLDER_LAYOUT}")
+    if not tree.isdir(root):
+        file = f"{root} is a file, not a folder; expected {FOLDER_LAYOUT}"
+        problems.append(f"{src}: {file if tree.exists(root) else 'no such folder'}")
         return
 
     def entries(folder: str) -> list[tuple[str, bool]] | None:
@@ -387,8 +379,7 @@ def _list_folder(listing: FolderListing, tree: _LocalTree, budget: ListingBudget
             paths += images
             labels += [label] * len(images)
         listing.splits[split] = (paths, labels)
-    classes_problem = too_few_classes(f"folder:{listing.path}", reference)
-    if classes_problem:
+    if classes_problem := too_few_classes(f"folder:{listing.path}", reference):
         problems.append(classes_problem)
     if problems or not check_files:
         return
@@ -409,8 +400,6 @@ def _list_folder(listing: FolderListing, tree: _LocalTree, budget: ListingBudget
 class _GfileTree(_LocalTree):
     """A gs:// folder tree, read with tf.io.gfile: an entry is a folder when its name ends in "/"
     or, for a name not of an image, when gfile says so (no request per image)."""
-
-    local = False
 
     def __init__(self) -> None:
         from trainer._tf import tf
@@ -485,8 +474,7 @@ def open_folder(path: str, progress: Progress) -> Source:
     listing = list_folder(path)
     if listing.problems:
         raise PrepareError("\n".join(shown(listing.problems)))
-    summary = listing.skipped.summary()
-    if summary:
+    if summary := listing.skipped.summary():
         progress.say(summary)
 
     def make(split: str) -> SourceSplit:

@@ -12,10 +12,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from trainer import data, datasetinfo, images, storage
+from trainer import datasetinfo, images, storage
 from trainer._tf import tf
 from trainer.config import SPLITS
-from trainer.contract import METADATA_FORMAT_VERSION
+from trainer.contract import METADATA_FILE, METADATA_FORMAT_VERSION
+from trainer.datasetinfo import expected_records, shard_names
 from trainer.preparation import folders
 from trainer.preparation.carving import carve_plan
 from trainer.preparation.prepareconfig import PrepareConfig
@@ -27,13 +28,6 @@ FEW_IMAGES_PER_CLASS = 5
 
 
 # --- where each image goes: the rules both engines follow (trainer/preparation/beamprep.py, write_dataset) --
-
-
-def shard_names(split: str, count: int, shards: int) -> list[str]:
-    """The shard files of a split of `count` images: `shards` of them, fewer when the split has
-    fewer images (every shard holds at least one)."""
-    n = max(1, min(shards, count))
-    return [f"{split}-{i:05d}-of-{n:05d}.tfrecord" for i in range(n)]
 
 
 def target_split(source_split: str, index: int, assignment: Any) -> str:
@@ -79,13 +73,12 @@ class ShardWriter:
         """Closes and hashes the shards into `manifest` (trainer.contract.METADATA_SHARD_KEYS)."""
         for w in self._writers:
             w.close()
-        paths = [os.path.join(self.folder, name) for name in self.names]
+        paths, n = [os.path.join(self.folder, name) for name in self.names], len(self.names)
         with concurrent.futures.ThreadPoolExecutor(datasetinfo.HASH_THREADS) as pool:
             digests = list(pool.map(datasetinfo.shard_digest, paths))
-        records = [datasetinfo.expected_records(self.written, len(paths), i) for i in range(len(paths))]
         self.manifest = [
-            {"name": name, "bytes": size, "records": n, "sha256": sha}
-            for name, n, (sha, size) in zip(self.names, records, digests, strict=True)
+            {"name": name, "bytes": size, "records": expected_records(self.written, n, i), "sha256": sha}
+            for i, (name, (sha, size)) in enumerate(zip(self.names, digests, strict=True))
         ]
 
 
@@ -182,7 +175,7 @@ def dataset_metadata(
 
 def write_metadata(folder: str, metadata: Mapping[str, Any]) -> None:
     """Writes metadata.json into `folder`: the last file of a prepared dataset."""
-    storage.write_json(os.path.join(folder, data.METADATA_FILE), metadata)
+    storage.write_json(os.path.join(folder, METADATA_FILE), metadata)
 
 
 def example_record(encoded: bytes, label: int) -> bytes:
