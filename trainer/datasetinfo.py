@@ -351,7 +351,7 @@ def _audit(data_dir: str, meta: DatasetMetadata, listed: list[tuple[str, ShardIn
     return [
         _content_problem(meta, split, entry, sha, size, data_dir)
         for (split, entry), (sha, size) in zip(listed, found, strict=True)
-        if sha != entry.sha256
+        if sha != entry.sha256 or size != entry.bytes  # the same SHA-256 at another size: entry edited
     ]
 
 

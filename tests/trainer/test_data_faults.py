@@ -255,6 +255,18 @@ def test_a_fingerprint_edited_alone_is_refused(copied: Path) -> None:
     assert f"sha256:{'0' * 64}" in str(error)
 
 
+@pytest.mark.parametrize("refingerprint", [False, True])
+def test_a_size_edited_alone_is_named_as_an_edited_entry(copied: Path, refingerprint: bool) -> None:
+    """The shard is intact (its SHA-256 is the one recorded) but its entry's size is not its size."""
+    name = "train-00001-of-00008.tfrecord"
+    edit_manifest(
+        copied,
+        lambda meta: meta["splits"]["train"]["shards"][1].update(bytes=entry(copied, name)["bytes"] + 1),
+        refingerprint=refingerprint,
+    )
+    assert refused(copied).faults == [(name, "entry_edited")]
+
+
 def test_record_counts_edited_against_the_round_robin_are_refused(copied: Path) -> None:
     edit_manifest(
         copied, lambda meta: meta["splits"]["train"]["shards"][1].update(records=1), refingerprint=True
