@@ -3,15 +3,12 @@ BENCH=folder` and the folder test of the local run.
 
 Eight characters, `b d p q 6 9 n u`: each is another one flipped or turned, so a model must learn
 where a shape sits, and an augmentation that flips or turns the images destroys the labels (the
-reason `augment=auto` is `none` for a folder). Two variants:
+reason `augment=auto` is `none` for a folder). `clean`: DejaVu Sans at a few sizes and positions,
+dark on light; `hard`: twelve DejaVu faces, tilted, blurred, random grey levels and pixel noise.
 
-- `clean`: DejaVu Sans at a few sizes and positions, dark on light.
-- `hard`: every regular DejaVu face (Sans, Serif and Mono, upright, bold and slanted), tilted by up
-  to 12 degrees, blurred, with random grey levels and pixel noise, fewer images per class.
-
-The fonts are the DejaVu files matplotlib ships (`mpl-data/fonts/ttf`), so nothing is needed
-beyond the project's own dependencies, and a seed gives the same folder on every machine with the
-same Pillow. The layout is what `--dataset_source folder:PATH` takes: `PATH/{train,test}/<class>/`.
+The fonts are those matplotlib ships (`mpl-data/fonts/ttf`): no extra dependency, and a seed gives
+the same folder on every machine with the same Pillow. The layout is what `--dataset_source
+folder:PATH` takes: `PATH/{train,test}/<class>/`.
 """
 
 from __future__ import annotations

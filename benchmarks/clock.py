@@ -70,14 +70,13 @@ def fit_timed(
     ours_batch_size: int | None = None,
     progress_tf_logs: bool = False,
 ) -> dict[str, Any]:
-    """One `fit` as its side's trainer fits, timed by `make_clock`: `warmup_steps` then `steps`
-    timed steps, or (`warmup_steps` None) two whole epochs, the second timed.
+    """One `fit` timed by `make_clock`: `warmup_steps` then `steps` timed steps, or (`warmup_steps`
+    None) two whole epochs, the second timed.
 
-    Ours (`ours_batch_size` given) fits with `trainer.callbacks.ProgressLogger` (what
-    `trainer.task.run` adds), the codelab with Keras's default progress bar (`verbose=1`). Both
-    read the loss after every step, waiting for the device each step (Keras converts batch logs to
-    numpy unless every batch callback sets `_supports_tf_logs`); `progress_tf_logs` sets it on
-    ProgressLogger (which formats the loss only every tenth of an epoch), to measure that wait."""
+    Ours (`ours_batch_size` given) fits with `trainer.callbacks.ProgressLogger`, as
+    `trainer.task.run` does, the codelab with Keras's progress bar (`verbose=1`). Both wait for the
+    device each step (Keras converts batch logs to numpy unless every batch callback sets
+    `_supports_tf_logs`); `progress_tf_logs` sets it on ProgressLogger, to measure that wait."""
     clock = make_clock(warmup_steps)
     fit_args: dict[str, Any] = {"verbose": 1, "callbacks": [clock]}
     if ours_batch_size is not None:

@@ -174,9 +174,8 @@ class ChildError(RuntimeError):
 def _run(
     command: Sequence[str], log: Path, timeout: float, env: Mapping[str, str] | None = None
 ) -> tuple[int, float, Any, float | None]:
-    """Runs `command`, its output into `log`: (exit code, wall seconds, its own rusage from
-    `os.wait4` (runs never share a high-water mark), the share of the machine's CPU time other
-    processes used meanwhile: 0.5 on 2 CPUs when something else kept a whole CPU busy)."""
+    """Runs `command`, output into `log`: (exit code, wall seconds, its own `os.wait4` rusage, the
+    share of the machine's CPU time other processes used meanwhile)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     busy_before = _cpu_busy_seconds()
     started = time.perf_counter()
@@ -220,9 +219,8 @@ def run_child(
     timeout: float = 1800,
     env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Runs `target` ("module:function") with `kwargs` in a fresh Python process
-    (`benchmarks.child`); returns the dict of figures the function returns plus the process's
-    `peak_rss_mib` (wait4's ru_maxrss) and `other_cpu_share` (`_run`)."""
+    """`target` ("module:function") called with `kwargs` in a fresh process (`benchmarks.child`): its
+    figures plus the process's `peak_rss_mib` (wait4's ru_maxrss) and `other_cpu_share`."""
     with tempfile.TemporaryDirectory(prefix="bench-child-") as tmp:
         args_path, out_path = Path(tmp) / "args.json", Path(tmp) / "figures.json"
         args_path.write_text(json.dumps(dict(kwargs)), encoding="utf-8")
@@ -291,10 +289,8 @@ class LocalRun:
 
 
 def local_run(folder: Path, *flags: str, log: Path, timeout: float = 3600) -> LocalRun:
-    """Runs what `make run` runs with no project configured (`python -m launch.cli run --target
-    local`) into `folder`'s own runs folder and registry (`folder/runs`, `folder/registry`), with
-    extra pipeline `flags`. The wall time is what the user waits for, interpreter and imports
-    included; the summary is the run's summary.json."""
+    """What `make run` runs with no project configured (`python -m launch.cli run --target local`),
+    plus `flags`, into `folder/runs` and `folder/registry`; wall time includes interpreter and imports."""
     runs, registry = str(folder / "runs"), str(folder / "registry")
     command = [sys.executable, "-m", "launch.cli", "run", "--target", "local", "--runs_dir", runs]
     command += ["--registry_dir", registry, *flags]
@@ -326,7 +322,7 @@ def ours_resnet50(
     image_size: int, batch_size: int, num_classes: int, mixed_precision: bool, xla: bool
 ) -> Any:
     """(model, strategy, precision policy): the trainer's ResNet50 (random weights, every layer
-    trained) built and compiled as `trainer.task.run` does, for the train, gpu and profile benchmarks."""
+    trained) built and compiled as `trainer.task.run` does."""
     from trainer import distribute, task
     from trainer import model as model_lib
     from trainer._tf import keras, tf

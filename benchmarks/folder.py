@@ -1,20 +1,16 @@
 """`folder`: does `make run ARGS="--dataset_source folder:PATH"` reach, with the defaults, the
 accuracy the data allows?
 
-For each variant of `benchmarks.charfolder` (`clean` and `hard`: eight characters whose class
-depends on orientation), rendered with a fixed seed into the work folder:
-1. defaults: what `make run` runs with no project configured (`python -m launch.cli run --target
-   local`), with `--dataset_source folder:PATH` and nothing else: up to 30 epochs, stopped after
-   5 without a better validation accuracy, the best epoch exported;
-2. reference: the same with `--epochs 60 --early_stopping_patience 0`, twice the cap and no early
-   stop, standing for "as much training as the data can use" for this backbone.
+For each variant of `benchmarks.charfolder` (`clean`, `hard`), rendered with a fixed seed, two
+local runs (`common.local_run`), each with its own runs folder and registry (no champion):
+1. defaults: `--dataset_source folder:PATH` and nothing else (up to 30 epochs, early stopping
+   after 5, the best epoch exported);
+2. reference: the same with `--epochs 60 --early_stopping_patience 0`: "as much training as the
+   data can use" for this backbone.
 
-Each run has its own runs folder and registry, so each gate sees no champion. The figure is each
-run's `test_accuracy` (the published model on the folder's own `test/` images).
-
-Ratio: the defaults' mean test accuracy / the reference's. Goal: on every variant the defaults
-end within `TOLERANCE` of the reference (one test image in 128 is 0.008). About 6 minutes on 2
-cores: the reference runs train 60 epochs.
+The figure is each run's `test_accuracy` on the folder's own `test/` images. Ratio: the
+defaults' mean test accuracy / the reference's. Goal: on every variant the defaults end within
+`TOLERANCE` of the reference (one test image in 128 is 0.008).
 """
 
 from __future__ import annotations

@@ -10,12 +10,10 @@ pipeline is the `input` benchmark's business, so both sides get theirs free):
   jit-compiled step), fed uint8 images (the cast and preprocessing run in the model, on the
   device), trainer defaults otherwise.
 Both train every layer of a randomly initialised ResNet50 at the codelab's batch of 64. Ours is
-also measured at batch 256 at 224 pixels, what one would run on an H100, and with ProgressLogger
-not waiting for the device every step (`_tflogs`).
-
-Each run is one `fit` of `WARMUP_STEPS` (tracing, XLA compilation, cuDNN autotuning) and then
-`STEPS` timed steps (`clock.fit_timed`), on one GPU (the first of `CUDA_VISIBLE_DEVICES`).
-Every run's raw output is kept in the result (`raw_output`) and in `results/gpu.raw.txt`.
+also measured at batch 256 at 224 pixels, and with ProgressLogger not waiting for the device every
+step (`_tflogs`). Each run is one `fit` of `WARMUP_STEPS` (tracing, XLA compilation, cuDNN
+autotuning) then `STEPS` timed steps (`clock.fit_timed`), on the first GPU of
+`CUDA_VISIBLE_DEVICES`. Every run's raw output is kept (`raw_output`, `results/gpu.raw.txt`).
 """
 
 from __future__ import annotations
@@ -181,15 +179,13 @@ def measure(
         with strategy.scope():
             model = codelab.create_model(NUM_CLASSES)
         precision = "float32"
-    elif side == "ours":
+    else:
         from benchmarks.common import ours_resnet50
 
         x = images
         model, _, precision = ours_resnet50(
             image_size, batch_size, NUM_CLASSES, mixed_precision=True, xla=True
         )
-    else:
-        raise ValueError(f"unknown side {side!r}")
 
     ds = tf.data.Dataset.from_tensors((x, labels)).repeat().prefetch(tf.data.AUTOTUNE)
     ours = batch_size if side == "ours" else None

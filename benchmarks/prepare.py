@@ -7,16 +7,14 @@
   (`--source folder:PATH`), decoded, resized to 224 and written.
 
 Each source runs in its own process into a fresh output folder; the figure is images written
-per second of `prepare()` (TensorFlow's import excluded, reported separately), with the
-synthetic source's phases timed: generating JPEGs, the TFDS build, and our resize-and-write.
-No baseline: the codelab prepares nothing (it decodes every epoch; see `input`).
+per second of `prepare()` (TensorFlow's import excluded), with the synthetic source's phases
+timed: generating JPEGs, the TFDS build, and our resize-and-write. No baseline: the codelab
+prepares nothing (it decodes every epoch; see `input`).
 
-The Beam rows (`--engine beam`, trainer/preparation/beamprep.py, on the DirectRunner's worker
-processes): the folder at 1 and 2 workers, and a folder 10 times its size (each image linked 10
-times under other names) at 2 workers, beside the job engine on the same 10x folder. Memory is
-the whole process tree's (the driver and its Beam workers), sampled every 0.1 s from /proc:
-the peak of the tree's total RSS, and the largest single process's peak. Flat memory means the
-10x folder's peaks stay near the 1x folder's. Ratios are within this run.
+The Beam rows (`--engine beam`, trainer/preparation/beamprep.py, DirectRunner workers): the
+folder at 1 and 2 workers, and a folder 10 times its size (each image linked 10 times) at 2
+workers, beside the job engine on the same 10x folder. Memory is the whole process tree's,
+sampled every 0.1 s: the tree's peak total RSS, and the largest single process's peak.
 """
 
 from __future__ import annotations

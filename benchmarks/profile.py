@@ -1,11 +1,9 @@
 """Where a training step's time goes: the TF profiler's op breakdown, without TensorBoard.
 
-`python -m benchmarks.profile train --side ours [--mixed_precision] [--image_size 64]` trains
-a few warm-up steps of the `train` benchmark's configuration, traces `--steps` more with
-`tf.profiler`, and prints the host ops by total time (parsed straight from the trace's
-XPlane protobuf, so the TensorBoard profile plugin is not needed). Used for BENCHMARKS.md's
-findings; not part of `make bench`. For Python-level profiles, `uvx py-spy record -o out.svg
--- .venv/bin/python -m benchmarks.child ...` works on any benchmark child.
+`python -m benchmarks.profile train --side ours [--mixed_precision] [--image_size 64]` trains a few
+warm-up steps of the `train` benchmark's configuration, traces `--steps` more with `tf.profiler`
+and prints the host ops by total time, parsed from the trace's XPlane protobuf (no TensorBoard
+profile plugin needed). Used for BENCHMARKS.md's findings; not part of `make bench`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """`train`: training images per second on this CPU, ours versus the codelab-style trainer.
 
-A small configuration, so that it finishes in minutes on 2 cores: ResNet50 (random weights,
-every layer trained, as the codelab trains every layer), 64x64 images, batch 32, both sides
-reading the same 1,000 cassava-like JPEGs:
+ResNet50 (random weights, every layer trained, as in the codelab), 64x64 images, batch 32, both
+sides reading the same 1,000 cassava-like JPEGs:
 - codelab: `codelab.create_dataset` (decode + resize + float32/255 every epoch, shuffle 1000)
   and `codelab.create_model` under `MultiWorkerMirroredStrategy()`, as the codelab's `main()`;
 - ours: `trainer.data.make_dataset` over the prepared uint8 images and `common.ours_resnet50`,
@@ -11,13 +10,11 @@ reading the same 1,000 cassava-like JPEGs:
   which is mixed_bfloat16 on a CPU) and `ours_malloc` (`ours` with TensorFlow's default host
   allocator, malloc: the baseline of the BFC one trainer._tf sets on a machine without a GPU,
   docs/facts.md, fact 39; never the headline). `--xla true` is not measured: on this CPU it
-  made training about 4x slower (12 vs 47 img/s, see BENCHMARKS.md) and took minutes.
+  made training about 4x slower (see BENCHMARKS.md).
 
 Each run, in its own process, fits as its trainer does, timed (`clock.fit_timed`): the codelab's
-whole second epoch (the first one traces, its last partial batch included; the second is a
-fresh pass of its pipeline: shuffle buffer refilled, every JPEG decoded again), and ours one
-epoch's worth of steps after `WARMUP_STEPS` steps (its in-memory cache still filling from the
-TFRecords: conservative for ours). The sides alternate, `REPEATS` times (`common.alternate`);
+whole second epoch (a fresh pass of its pipeline: every JPEG decoded again), and ours one
+epoch's worth of steps after `WARMUP_STEPS` steps (its cache still filling: conservative for ours). The sides alternate, `REPEATS` times (`common.alternate`);
 the best run of each counts. The headline ratio is our fastest variant over the codelab.
 """
 

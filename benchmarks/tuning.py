@@ -1,22 +1,16 @@
 """`tuning`: does `make run ARGS="--tune true"` end at or above the untuned run?
 
-Each repetition (one per seed in `SEEDS`) runs the default local run twice with the same
-`--seed`, into a fresh runs folder and a fresh registry (`common.local_run`):
-1. untuned: version 1 of the model, the champion (no champion before it);
-2. `--tune true` (its defaults: 2 trials, 1 at a time, the local search space), into the same
-   registry: its `evaluate-models` job evaluates the tuned model (the challenger) and version 1
-   (the champion) side by side on this run's test split, and the gate compares them.
+Each repetition (one per seed in `SEEDS`), in a fresh runs folder and registry
+(`common.local_run`), runs the default local run with `--seed` (version 1, the champion), then the
+same with `--tune true` into the same registry: its `evaluate-models` job evaluates the tuned model
+(challenger) and version 1 (champion) side by side on its test split. The figures compared are
+that evaluation's (run 2's `version.json`, `evaluation.models.{challenger,champion}`): both models
+on the same images.
 
-The figures compared are those of that side-by-side evaluation (run 2's `version.json`,
-`evaluation.models.{challenger,champion}`): both models on the same images (each run's own
-`test_accuracy` is on its own split).
-
-Ratio: mean tuned / mean untuned accuracy. The comparison is stated as the gate states it
-(`trainer.pairedstats`, evaluation.json's `comparison`): per repetition, the paired difference
-in accuracy with its 95% bootstrap interval and the exact McNemar p. Goal: tuning never makes the
-model significantly worse (the interval's upper end at least 0) in any repetition; "significantly
-better" (the lower end above 0) is reported beside. At 100 test images an interval spans several
-images, so this catches tuning that clearly hurts rather than shows a gain.
+Ratio: mean tuned / mean untuned accuracy. The comparison is the gate's (`trainer.pairedstats`,
+evaluation.json's `comparison`): per repetition the paired accuracy difference, its 95% bootstrap
+interval and McNemar's p. Goal: never significantly worse (the interval's upper end at least 0)
+in any repetition; "significantly better" (the lower end above 0) is reported beside.
 """
 
 from __future__ import annotations
@@ -38,7 +32,7 @@ MAX_REPETITION_SECONDS = 300.0
 """A repetition slower than this skips the rest (the benchmark stays within about 10 minutes)."""
 METRIC = "accuracy"
 TUNING_PARAMETERS = ("max_trial_count", "parallel_trial_count", "search_algorithm", "search_space")
-"""The tuned run's pipeline parameters that describe its tuning (its defaults: recorded, not set)."""
+"""The tuned run's tuning parameters (its defaults: recorded, not set)."""
 GOAL = {
     "description": "tuned not significantly worse than untuned on the same test split (the paired 95% "
     "interval of the accuracy difference reaches 0), in every repetition",
@@ -158,9 +152,7 @@ def paired(evaluation: Mapping[str, Any]) -> dict[str, Any]:
     """The tuned - untuned accuracy difference as the evaluation job paired it, and its verdict."""
     comparison = evaluation.get("comparison")
     if not isinstance(comparison, Mapping) or METRIC not in comparison:
-        raise TuningBenchmarkError(
-            "the tuned version's evaluation has no paired comparison with the untuned one"
-        )
+        raise TuningBenchmarkError("the tuned version's evaluation has no paired comparison")
     figure = comparison[METRIC]
     low, high = (float(x) for x in figure["ci95"])
     verdict = (
@@ -174,10 +166,6 @@ def paired(evaluation: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _mean(repetitions: Sequence[Mapping[str, Any]], side: str, key: str) -> float:
-    return statistics.fmean(float(r[side][key]) for r in repetitions)
-
-
 def build_result(
     repetitions: Sequence[Mapping[str, Any]],
     *,
@@ -187,12 +175,13 @@ def build_result(
 ) -> dict[str, Any]:
     if not repetitions:
         raise TuningBenchmarkError("no repetition ran")
-    means = {
-        f"{side}_{key}": round(_mean(repetitions, side, key), 4)
+    exact = {
+        f"{side}_{key}": statistics.fmean(float(r[side][key]) for r in repetitions)
         for side in ("untuned", "tuned")
         for key in ("accuracy", "macro_f1")
     }
-    untuned_acc, tuned_acc = _mean(repetitions, "untuned", METRIC), _mean(repetitions, "tuned", METRIC)
+    means = {k: round(v, 4) for k, v in exact.items()}
+    untuned_acc, tuned_acc = exact[f"untuned_{METRIC}"], exact[f"tuned_{METRIC}"]
     met = all(r["paired"]["verdict"] != "significantly worse" for r in repetitions)
     promoted = sum(bool(r["gate"]["promote"]) for r in repetitions)
     runs = [

@@ -216,17 +216,18 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
                 "not_started": [n for n in dict.fromkeys(names.values()) if n not in {s.name for s in steps}],
                 "processes_left": [_describe(process) for process in left],
             }
-    summary_path = run_dir / "summary.json"
-    status = summary["status"]
-    try:
-        report.write_run(run_dir, summary, metrics, trials, guard=lambda: _handling(stop.remember))
-        written = True
-    except OSError as err:  # a folder that cannot be written: one WARNING line
-        written = False
-        summary["report"] = None
-        screen.write(
-            f"WARNING: {summary_path} was not written ({err.strerror or err}); the run ended {status}\n"
-        )
+        summary_path, status = run_dir / "summary.json", summary["status"]
+        summary["report"] = str(run_dir / "report.html")
+        try:  # here, where a stop request is only noted: every stop the launcher survives writes it
+            report.write_json(summary_path, summary)
+            written = True
+        except OSError as err:  # a folder that cannot be written: one WARNING line
+            written, summary["report"] = False, None
+            screen.write(
+                f"WARNING: {summary_path} was not written ({err.strerror or err}); the run ended {status}\n"
+            )
+    if written:  # the report last: a picture that cannot be drawn never changes how the run ended
+        report.draw_report(run_dir, summary, metrics, trials, guard=lambda: _handling(stop.remember))
     if summary.get("report_error"):
         screen.write(f"WARNING: report.html was not written ({summary['report_error']})\n")
     failed = [s for s in steps if s.status not in ("SUCCESS", "CANCELLED")]

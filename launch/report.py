@@ -64,13 +64,22 @@ def write_run(
     summary: dict[str, Any],
     metrics: Mapping[str, Any] | None,
     trials: Sequence[Mapping[str, Any]] | None,
+) -> None:
+    """summary.json, then report.html (`draw_report`). OSError: summary.json was not written."""
+    summary["report"] = str(run_dir / "report.html")
+    write_json(run_dir / "summary.json", summary)
+    draw_report(run_dir, summary, metrics, trials)
+
+
+def draw_report(
+    run_dir: Path,
+    summary: dict[str, Any],
+    metrics: Mapping[str, Any] | None,
+    trials: Sequence[Mapping[str, Any]] | None,
     guard: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> None:
-    """summary.json, then report.html; a report not drawn (error, interrupt) is `report_error` there, never
-    raised. OSError: summary.json was not written. `guard()`: held around each summary.json write."""
-    summary["report"] = str(run_dir / "report.html")
-    with guard():
-        write_json(run_dir / "summary.json", summary)
+    """report.html, once summary.json is written; a report not drawn (error, interrupt) is
+    `report_error` there, never raised. `guard()`: held around that rewrite of summary.json."""
     try:
         write_report(run_dir / "report.html", summary, metrics, trials)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 (recorded in summary.json)

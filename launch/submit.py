@@ -197,10 +197,11 @@ def build_pipeline_job(settings: Settings, values: Mapping[str, Any], template_p
 
 def console_url(name: str) -> str:
     """The Cloud console page of a pipeline run or a CustomJob, from its resource name, as aiplatform
-    composes it (`PipelineJob._dashboard_uri`; `jobs._Job._dashboard_uri`, job type `training`)."""
+    composes it (`PipelineJob._dashboard_uri`; `jobs._Job._dashboard_uri`, job type `training`); ""
+    for another name (shown once the job exists: never a reason to stop)."""
     match = re.fullmatch(r"projects/([^/]+)/locations/([^/]+)/(pipelineJobs|customJobs)/([^/]+)", name)
     if not match:
-        raise ValueError(f"not a pipeline run's or CustomJob's resource name: {name!r}")
+        return ""
     project, location, kind, job = match.groups()
     page = (
         "vertex-ai/locations/{}/pipelines/runs"

@@ -402,7 +402,9 @@ def publish(
 
 def write_aliases(model_fd: int, aliases: dict[str, str]) -> None:
     """aliases.json replaced atomically by a new file; the rename replaces the entry, never what
-    a link there points to. `aliases` were read through `load` or are versions `publish` made."""
+    a link there points to. Refuses what `load` would refuse (a 10-digit version after 999999999)."""
+    if problem := _check_aliases(aliases):
+        raise RegistryError(f"local registry: refusing to write aliases that {problem}")
     data = json.dumps(aliases, indent=1).encode()
     tmp = _fresh(".aliases.json.{}.tmp", lambda name: _write_new(model_fd, name, data))
     try:

@@ -22,7 +22,6 @@ BEST_DIR = "best"  # its weights: a copy of that epoch's backup, `epoch-<NNNN>.*
 # --- in a prepared dataset's folder (`python -m trainer.prepare` output) --------------------
 METADATA_FILE = "metadata.json"
 METADATA_FORMAT_VERSION = 2
-"""Readers refuse any other version with a line saying to prepare the dataset again."""
 
 METRICS = {
     # Exact figures of the published model, reloaded, over the whole validation and test splits.

@@ -48,23 +48,23 @@ GREEN, PALE, YELLOW, BROWN, DARK = np.array(
 )
 
 
-def _paint_healthy(rng: np.random.Generator, size: int, leaf: np.ndarray) -> np.ndarray:
+def _paint_healthy(rng: np.random.Generator, size: int) -> np.ndarray:
     return GREEN * (0.9 + 0.2 * _smooth_noise(rng, size, 3))[..., None]
 
 
-def _paint_cmd(rng: np.random.Generator, size: int, leaf: np.ndarray) -> np.ndarray:
+def _paint_cmd(rng: np.random.Generator, size: int) -> np.ndarray:
     out = np.where((_smooth_noise(rng, size, 8) > 0.55)[..., None], YELLOW, GREEN)
     return out * (0.9 + 0.2 * _smooth_noise(rng, size, 3))[..., None]
 
 
-def _paint_cbsd(rng: np.random.Generator, size: int, leaf: np.ndarray) -> np.ndarray:
+def _paint_cbsd(rng: np.random.Generator, size: int) -> np.ndarray:
     angle = rng.uniform(0, np.pi)
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
     phase = (xx * np.cos(angle) + yy * np.sin(angle)) * rng.uniform(5, 8) + rng.uniform(0, 1)
     return np.where((phase % 1.0 < 0.35)[..., None], BROWN, GREEN)  # streaks
 
 
-def _paint_cbb(rng: np.random.Generator, size: int, leaf: np.ndarray) -> np.ndarray:
+def _paint_cbb(rng: np.random.Generator, size: int) -> np.ndarray:
     out = np.broadcast_to(GREEN, (size, size, 3)).copy()
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
     for _ in range(int(rng.integers(6, 11))):
@@ -78,13 +78,13 @@ def _paint_cbb(rng: np.random.Generator, size: int, leaf: np.ndarray) -> np.ndar
     return out
 
 
-def _paint_cgm(rng: np.random.Generator, size: int, leaf: np.ndarray) -> np.ndarray:
+def _paint_cgm(rng: np.random.Generator, size: int) -> np.ndarray:
     out = PALE * (0.9 + 0.2 * _smooth_noise(rng, size, 3))[..., None]
     out[rng.random((size, size)) < 0.06] = 235  # speckles
     return out
 
 
-PAINTERS: dict[str, Callable[[np.random.Generator, int, np.ndarray], np.ndarray]] = {
+PAINTERS: dict[str, Callable[[np.random.Generator, int], np.ndarray]] = {
     "cbb": _paint_cbb,
     "cbsd": _paint_cbsd,
     "cgm": _paint_cgm,
@@ -96,9 +96,7 @@ PAINTERS: dict[str, Callable[[np.random.Generator, int, np.ndarray], np.ndarray]
 def make_image(rng: np.random.Generator, class_name: str, size: int) -> np.ndarray:
     """One uint8 [size, size, 3] leaf of `class_name` on a soil background."""
     soil = np.array((110, 85, 60), np.float32) * (0.7 + 0.5 * _smooth_noise(rng, size, 6))[..., None]
-    leaf = _leaf_mask(rng, size)
-    painted = PAINTERS[class_name](rng, size, leaf)
-    image = np.where(leaf[..., None], painted, soil)
+    image = np.where(_leaf_mask(rng, size)[..., None], PAINTERS[class_name](rng, size), soil)
     image = image * rng.uniform(0.85, 1.15) + rng.normal(0, 6, image.shape)
     return np.clip(image, 0, 255).astype(np.uint8)
 

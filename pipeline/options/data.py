@@ -74,14 +74,18 @@ def data_problems(v: Mapping[str, Any], target: str) -> list[Problem]:
         problems.append(Problem(parameters, message))
 
     source = str(v["dataset_source"])
-    # A local folder is judged by the preparation's own rules (trainer_flags.source_problems).
+    # A local folder is judged by the preparation's own rules (trainer_flags.source_problems), which
+    # leave a Cloud Storage one to the job: a local run has no Cloud Storage.
     path = source.removeprefix("folder:")
-    if target == "vertex" and source.startswith("folder:") and not path.startswith(("gs://", "/gcs/")):
+    remote = path.startswith(("gs://", "/gcs/"))
+    if target == "vertex" and source.startswith("folder:") and not remote:
         add(
             ("dataset_source",),
             f"{source}: the preparation job runs on Vertex, where only Cloud Storage is "
             "reachable: give folder:gs://<bucket>/<path> (or folder:/gcs/<bucket>/<path>)",
         )
+    elif target == "local" and source.startswith("folder:") and remote and not Path(path).is_dir():
+        add(("dataset_source",), f"{source}: no such folder (a local run reads a folder on this machine)")
     if target == "vertex" and v.get("prepare_engine") == "beam" and not source.startswith("folder:"):
         # The Flex Template's launcher lists the source and plans the shards before any worker, in a
         # time Dataflow bounds ("Timeout in polling result file", docs/training.md#preparing-on-apache-beam).

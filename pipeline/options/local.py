@@ -29,6 +29,10 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
     from local import gpus, servingenv
 
     problems: list[Problem] = []
+
+    def add(parameters: tuple[str, ...], message: str) -> None:
+        problems.append(Problem(parameters, message))
+
     # GPUs asked of a machine without them: refused before any step, in the line the local job
     # runner and every replica would give (local.gpus.gpu_shortfall, trainer.distribute's rule).
     seen = gpus.local_gpus()
@@ -46,32 +50,26 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
                 f"this machine ({gpus.GPU_DRIVER_DIR})",
             )
             if problem:
-                problems.append(
-                    Problem(
-                        (f"{role}_accelerator_count",),
-                        f"{problem}; set it to 0 (and {role}_accelerator_type to '') to train on CPU",
-                    )
+                add(
+                    (f"{role}_accelerator_count",),
+                    f"{problem}; set it to 0 (and {role}_accelerator_type to '') to train on CPU",
                 )
     workers, parallel = args["worker_count"], args["parallel_trial_count"]
     if isinstance(workers, int) and workers > MAX_LOCAL_WORKERS:
-        problems.append(
-            Problem(
-                ("worker_count",),
-                f"{workers} is more processes than a local run should start (max {MAX_LOCAL_WORKERS})",
-            )
+        add(
+            ("worker_count",),
+            f"{workers} is more processes than a local run should start (max {MAX_LOCAL_WORKERS})",
         )
     elif args["tune"] and isinstance(workers, int) and isinstance(parallel, int):
         # Each trial is a job of its own with the same pools: parallel trials multiply the
         # replicas (6 trials of 2 replicas: 14 trainer processes, 5.8 GB on this machine).
         per_trial = 1 + workers
         if parallel * per_trial > MAX_LOCAL_REPLICAS:
-            problems.append(
-                Problem(
-                    ("parallel_trial_count", "worker_count"),
-                    f"{parallel} trials at once of {per_trial} replicas each is {parallel * per_trial} "
-                    f"trainer processes; a local run starts at most {MAX_LOCAL_REPLICAS} at once: give "
-                    f"parallel_trial_count at most {max(1, MAX_LOCAL_REPLICAS // per_trial)}",
-                )
+            add(
+                ("parallel_trial_count", "worker_count"),
+                f"{parallel} trials at once of {per_trial} replicas each is {parallel * per_trial} "
+                f"trainer processes; a local run starts at most {MAX_LOCAL_REPLICAS} at once: give "
+                f"parallel_trial_count at most {max(1, MAX_LOCAL_REPLICAS // per_trial)}",
             )
     version = args["serving_tf_version"]
     try:  # the serving image this run would register with (auto: decided on today's date)
@@ -80,17 +78,15 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
         serving = ""  # an unknown version: named by registry_problems
     if serving == "prebuilt" and version not in servingenv.PINS:
         # The local registry serves each version under its serving image's TensorFlow.
-        problems.append(
-            Problem(
-                ("serving_tf_version",),
-                f"{version} has no local serving environment; the local target "
-                f"checks models under: {', '.join(sorted(servingenv.PINS))}",
-            )
+        add(
+            ("serving_tf_version",),
+            f"{version} has no local serving environment; the local target "
+            f"checks models under: {', '.join(sorted(servingenv.PINS))}",
         )
     if problem := tfds_source_problem(str(args["dataset_source"]), os.environ):
-        problems.append(Problem(("dataset_source",), problem))
+        add(("dataset_source",), problem)
     if problem := _registry_dir_problem(str(args["registry_dir"])):
-        problems.append(Problem(("registry_dir",), problem))
+        add(("registry_dir",), problem)
     return problems
 
 

@@ -1,7 +1,6 @@
 """The persistent resource (an extra): `persistent_resource_id`'s offline rules, and whether the
 resource itself can run the run's jobs (`persistent_resource_fit`, called by `launch.submit` once
-it has read the resource).
-"""
+it has read the resource)."""
 
 from __future__ import annotations
 
@@ -115,9 +114,7 @@ def _machines(key: tuple[str, str, int, str]) -> str:
     return f"{machine}{f' + {count} x {gpu}' if gpu else ''} ({disk} boot disk)"
 
 
-def persistent_resource_fit(
-    resource: Any, v: Mapping[str, Any], region: str = ""
-) -> tuple[list[str], list[str]]:
+def persistent_resource_fit(resource: Any, v: Mapping[str, Any], region: str) -> tuple[list[str], list[str]]:
     """(problems, warnings): why the aiplatform_v1 `PersistentResource` `resource` cannot run the
     jobs of the run with parameter values `v` (every offline rule passed).
 

@@ -109,27 +109,24 @@ def tuning_problems(v: Mapping[str, Any]) -> list[Problem]:
 def search_space_problems(v: Mapping[str, Any]) -> tuple[list[Problem], list[Any]]:
     """The declared search space's problems (module docstring), each naming `search_space` and
     the parameter; and its parsed specs (none when it does not parse)."""
-
-    def problem(message: str) -> Problem:
-        return Problem(("search_space",), message)
-
     try:
         specs = tuning.parse_search_space(v["search_space"])
     except ValueError as err:
         return [
-            problem(
+            Problem(
+                ("search_space",),
                 f"{str(err).rstrip('.')}. Each parameter is a StudySpec.ParameterSpec: parameter_id, "
-                f"{_VALUE_SPECS}, and scale_type ({_SCALES})"
+                f"{_VALUE_SPECS}, and scale_type ({_SCALES})",
             )
         ], []
     if not specs:
-        return [problem(f"declares no parameter: give at least one of {_ALLOWED}")], []
+        return [Problem(("search_space",), f"declares no parameter: give at least one of {_ALLOWED}")], []
     problems: list[Problem] = []
     clean = []  # the specs with no problem of their own, whose values go to the trainer's parser
     seen: set[str] = set()
     for n, s in enumerate(specs, 1):
         found = _parameter_spec_problems(n, s, seen)
-        problems += [problem(message) for message in found]
+        problems += [Problem(("search_space",), message) for message in found]
         if not found:
             clean.append(s)
         seen.add(s.parameter_id)
@@ -196,15 +193,14 @@ def _trial_value_problems(v: Mapping[str, Any], specs: list[Any]) -> list[Proble
         for p in trainer_flag_problems({**v, **trial}):
             for pid in (n for n in p.parameters if n in trial):
                 found.setdefault((pid, str(trial[pid])), p.message)
-    out = []
-    for (pid, value), message in found.items():
-        hint = ""
-        if kinds[pid] == "double_value_spec" and "whole number" in message:
-            hint = " (a double_value_spec hands trials fractional values: use integer_value_spec or discrete_value_spec)"
-        out.append(
-            Problem(
-                ("search_space",),
-                f"{pid} ({kinds[pid]}): a trial may get --{pid}={value}, which the trainer refuses: {message}{hint}",
-            )
+    fractional = (
+        " (a double_value_spec hands trials fractional values: use integer_value_spec or discrete_value_spec)"
+    )
+    return [
+        Problem(
+            ("search_space",),
+            f"{pid} ({kinds[pid]}): a trial may get --{pid}={value}, which the trainer refuses: {message}"
+            + (fractional if kinds[pid] == "double_value_spec" and "whole number" in message else ""),
         )
-    return out
+        for (pid, value), message in found.items()
+    ]

@@ -110,6 +110,7 @@ LOCAL: list[tuple[list[str], tuple[str, ...]]] = [
     (["--synthetic_per_class", "1"], ("synthetic_per_class", "between 3 and 100000")),
     (["--dataset_source", "imagenet"], ("dataset_source", "tfds:NAME")),
     (["--dataset_source", "folder:/no/such/folder"], ("dataset_source", "no such folder")),
+    (["--dataset_source", "folder:gs://bucket/images"], ("dataset_source", "no such folder")),
     (["--dataset_source", "tfds:"], ("dataset_source",)),
     (["--worker_count", "-1"], ("worker_count", "from 0 to 512")),
     (["--worker_count", "9"], ("worker_count", "max 8")),

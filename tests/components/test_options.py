@@ -219,6 +219,15 @@ def test_flex_start_judges_the_pools_as_they_are_built() -> None:
     options.check(vertex(**(given | empty)), "vertex", REGION)  # empty: the chief's pool, GPUs too
 
 
+def test_flex_start_still_names_the_worker_pools_problems_beside_a_hardware_refusal() -> None:
+    """A worker pool the builder refuses (3 x T4 on n1-standard-8) is still judged for FLEX_START,
+    as given: every bad parameter is named at once."""
+    a100 = {"chief_machine_type": "a2-highgpu-1g", "chief_accelerator_type": "NVIDIA_TESLA_A100"}
+    t4 = {"worker_machine_type": "n1-standard-8", "worker_accelerator_type": "NVIDIA_TESLA_T4"}
+    err = refused(vertex(scheduling_strategy="FLEX_START", **a100, **t4, worker_accelerator_count=3))
+    assert {"scheduling_strategy", "worker_accelerator_type", "worker_machine_type"} <= err.parameters
+
+
 def test_a_dataflow_run_on_a_network_without_a_subnetwork_is_warned() -> None:
     """Dataflow takes a network given alone as an auto-mode network of the job's project."""
     beam = {"prepare_engine": "beam", "dataset_source": "folder:gs://bucket/images"}

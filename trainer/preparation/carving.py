@@ -1,32 +1,29 @@
 """Carving: a split the source lacks (validation, test) is taken from train, deterministically
-(`carve_plan`: a permutation seeded with --seed). `carve_sizes` and `too_few_to_carve` are
-TensorFlow-free: `python -m trainer.preparation.sourcecheck` applies them up front."""
+(`carve_plan`: a permutation seeded with --seed). `carve_sizes` is TensorFlow-free:
+`python -m trainer.preparation.sourcecheck` applies it up front."""
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+from collections.abc import Container
 from typing import Any
 
 from trainer.config import SPLITS
 from trainer.preparation.prepareconfig import PrepareConfig
 from trainer.preparation.source import PrepareError, Source, too_few_classes
 
-CARVED_SPLITS = ("validation", "test")
-
 
 def carve_sizes(
     train_count: int, present: Container[str], validation_fraction: float, test_fraction: float
 ) -> dict[str, int]:
-    """How many training images each split the source lacks is carved from (CARVED_SPLITS order)."""
+    """How many training images each split the source lacks is carved from (validation, then test);
+    PrepareError when that would leave train no image."""
     fractions = {"validation": validation_fraction, "test": test_fraction}
-    return {s: max(1, round(train_count * fractions[s])) for s in CARVED_SPLITS if s not in present}
-
-
-def too_few_to_carve(train_count: int, sizes: Mapping[str, int]) -> str | None:
-    """The refusal when carving `sizes` would leave train with no image (None: it would not)."""
+    sizes = {s: max(1, round(train_count * f)) for s, f in fractions.items() if s not in present}
     if sizes and sum(sizes.values()) >= train_count:
-        return f"the source's train split has {train_count} images: too few to carve {' and '.join(sizes)} from it"
-    return None
+        raise PrepareError(
+            f"the source's train split has {train_count} images: too few to carve {' and '.join(sizes)} from it"
+        )
+    return sizes
 
 
 def carve_plan(source: Source, config: PrepareConfig) -> tuple[dict[str, int], Any, dict[str, str]]:
@@ -34,11 +31,10 @@ def carve_plan(source: Source, config: PrepareConfig) -> tuple[dict[str, int], A
     Refuses a source of too few classes or training images, or with an empty split."""
     import numpy as np
 
+    if problem := too_few_classes(config.source, source.class_names):
+        raise PrepareError(problem)
     n_train = source.splits["train"].count
     sizes = carve_sizes(n_train, source.splits, config.validation_fraction, config.test_fraction)
-    problem = too_few_classes(config.source, source.class_names) or too_few_to_carve(n_train, sizes)
-    if problem:
-        raise PrepareError(problem)
     assignment = np.zeros(n_train, dtype=np.int8)  # index into SPLITS
     order = np.random.default_rng(config.seed).permutation(n_train)
     start = 0

@@ -10,6 +10,7 @@ without decoding (a GIF's frame sizes, a BMP's bit depth, a WebP's animation fla
 from __future__ import annotations
 
 import dataclasses
+import io
 import struct
 from typing import BinaryIO
 
@@ -59,17 +60,13 @@ _BMP_MASKS = struct.pack("<III", 0x00FF0000, 0x0000FF00, 0x000000FF)
 
 
 class _Bytes:
-    """An image's bytes by offset: sliced from memory, or read from a file a chunk at a time,
-    4 KiB first (most headers lie in it), each further chunk twice the last, up to 1 MiB."""
+    """An image file's bytes by offset, read a chunk at a time: 4 KiB first (most headers lie in
+    it), each further chunk twice the last, up to 1 MiB."""
 
-    def __init__(self, data: bytes | None = None, file: BinaryIO | None = None) -> None:
-        self._data, self._file = data, file
-        self._start, self._chunk, self._next = 0, b"", _HEADER_CHUNK
+    def __init__(self, file: BinaryIO) -> None:
+        self._file, self._start, self._chunk, self._next = file, 0, b"", _HEADER_CHUNK
 
     def at(self, offset: int, n: int) -> bytes:
-        if self._data is not None:
-            return self._data[offset : offset + n]
-        assert self._file is not None
         if not (self._start <= offset and offset + n <= self._start + len(self._chunk)):
             self._file.seek(offset)
             self._start, self._chunk = offset, self._file.read(max(n, self._next))
@@ -270,7 +267,7 @@ def _jxl(b: _Bytes) -> ImageHeader:
 def read_image_header(data: bytes | None = None, *, file: BinaryIO | None = None) -> ImageHeader:
     """The header of an image, from its bytes or from an open file (read a chunk at a time).
     Raises BadImageHeader when it cannot be read, or is not one of TensorFlow's image formats."""
-    b = _Bytes(data, file)
+    b = _Bytes(io.BytesIO(data or b"") if file is None else file)
     head = b.at(0, 16)
     if not head:
         raise BadImageHeader("the file is empty")

@@ -54,17 +54,14 @@ def local_archive(builder: Any, archive: str, scratch_dir: str) -> Iterator[None
         def download_kaggle_data(self, competition_or_dataset: str) -> Any:
             raise self._offline(competition_or_dataset)
 
-    made: list[Any] = []
-
     def make_download_manager(download_dir: Any = None, download_config: Any = None) -> Any:
-        made.append(
-            LocalArchiveDownloadManager(download_dir=download_dir or scratch_dir, dataset_name=builder.name)
+        return LocalArchiveDownloadManager(
+            download_dir=download_dir or scratch_dir, dataset_name=builder.name
         )
-        return made[-1]
 
-    with mock.patch.object(builder, TFDS_DOWNLOAD_MANAGER_HOOK, make_download_manager):  # restored after
+    with mock.patch.object(builder, TFDS_DOWNLOAD_MANAGER_HOOK, side_effect=make_download_manager) as hook:
         yield
-    if not made:
+    if not hook.called:
         raise RuntimeError(
             f"TFDS {builder.name} was not prepared through {TFDS_DOWNLOAD_MANAGER_HOOK} (checked "
             f"against TFDS {TFDS_CHECKED_VERSION}): it did not read the local archive {archive}"

@@ -10,14 +10,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TextIO
-
-
-def is_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):  # no isatty, or a closed stream
-        return False
+from typing import TextIO
 
 
 @dataclasses.dataclass
@@ -39,7 +32,10 @@ class Progress:
     @classmethod
     def auto(cls) -> Progress:
         """Bars when both stdout and stderr are terminals (tqdm draws on stderr, lines go to stdout)."""
-        terminal = is_terminal(sys.stdout) and is_terminal(sys.stderr)
+        try:
+            terminal = sys.stdout.isatty() and sys.stderr.isatty()
+        except (AttributeError, ValueError):  # no isatty, or a closed stream
+            terminal = False
         return cls(bars=terminal and os.environ.get("TERM") != "dumb")
 
     def say(self, message: str) -> None:
@@ -63,28 +59,21 @@ class Progress:
 
                 yield advance
         elif self.bars or not lines:
-
-            def checked(n: int = 1) -> None:
-                self.stop()
-
-            yield checked
+            yield lambda n: self.stop()
         else:
-            start = self.clock()
-            every = max(1, math.ceil(total * self.step))
-            done, next_mark, last = 0, every, start
+            start = last = self.clock()
+            every, done = max(1, math.ceil(total * self.step)), 0
 
             def update(n: int = 1) -> None:
-                nonlocal done, next_mark, last
+                nonlocal done, last
                 self.stop()
                 done += n
                 now = self.clock()
-                if done >= total:
-                    return
-                if (done >= next_mark and now - last >= self.min_gap_s) or now - last >= self.interval_s:
+                passed = done // every > (done - n) // every  # a multiple of `every`, in this update
+                waited = now - last
+                if done < total and ((passed and waited >= self.min_gap_s) or waited >= self.interval_s):
                     self.say(f"{label} {_fraction(done, total)}")
                     last = now
-                if done >= next_mark:
-                    next_mark = (done // every + 1) * every
 
             yield update
             self.say(f"{label} {_fraction(done, total)} in {self.clock() - start:.1f}s")

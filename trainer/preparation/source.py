@@ -1,9 +1,6 @@
 """What a dataset source gives preparation (`Source`: class names and, per split, a dataset of
 (uint8 image, label) pairs), and the refusals every kind of source shares (`PrepareError`).
-
-TensorFlow-free: the folder listing (trainer/preparation/folders.py), which `python -m trainer.preparation.sourcecheck`
-runs without TensorFlow, refuses through here.
-"""
+TensorFlow-free, for the folder listing `python -m trainer.preparation.sourcecheck` runs."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from trainer import storage
 from trainer.config import SPLITS
 from trainer.preparation import carving, folders
 from trainer.preparation.prepareconfig import PrepareConfig
-from trainer.preparation.source import shown
+from trainer.preparation.source import PrepareError, shown
 
 # The listing's bounds: a million local entries list in about a second; SECONDS caps a slow disk.
 MAX_ENTRIES = 2_000_000
@@ -62,18 +62,16 @@ def check(
     listed = bool(listing.splits or listing.class_names)
     if listed:
         split_images = {split: len(paths) for split, (paths, _) in listing.splits.items()}
-        prepared, carved = None, []
-        if not problems and listing.complete and "train" in split_images:
-            sizes = carving.carve_sizes(
-                split_images["train"], split_images, validation_fraction, test_fraction
-            )
-            carve_problem = carving.too_few_to_carve(split_images["train"], sizes)
-            if carve_problem:
-                problems.append(f"--source {source}: {carve_problem}")
+        prepared, carved, train = None, [], split_images.get("train")
+        if not problems and listing.complete and train is not None:
+            try:
+                sizes = carving.carve_sizes(train, split_images, validation_fraction, test_fraction)
+            except PrepareError as e:
+                problems.append(f"--source {source}: {e}")
             else:
                 carved = list(sizes)
                 prepared = {split: split_images.get(split, sizes.get(split, 0)) for split in SPLITS}
-                prepared["train"] = split_images["train"] - sum(sizes.values())
+                prepared["train"] = train - sum(sizes.values())
         counts.update(
             classes=listing.class_names,
             images=listing.class_counts(),

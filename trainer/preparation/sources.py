@@ -56,16 +56,13 @@ def open_synthetic(config: PrepareConfig, progress: Progress) -> Iterator[Source
         yield source
 
 
-@contextlib.contextmanager
-def open_source(config: PrepareConfig, progress: Progress) -> Iterator[Source]:
+def open_source(config: PrepareConfig, progress: Progress) -> contextlib.AbstractContextManager[Source]:
     kind, _, rest = config.source.partition(":")
     if config.source == "synthetic":
-        with open_synthetic(config, progress) as source:
-            yield source
-    elif kind == "tfds":
-        yield open_tfds(rest, config.tfds_data_dir, progress=progress)
-    else:
-        yield open_folder(rest, progress)
+        return open_synthetic(config, progress)
+    if kind == "tfds":
+        return contextlib.nullcontext(open_tfds(rest, config.tfds_data_dir, progress=progress))
+    return contextlib.nullcontext(open_folder(rest, progress))
 
 
 def split_subset(spec: dict[str, Any], indices: Sequence[int]) -> Any:
@@ -84,9 +81,7 @@ def split_subset(spec: dict[str, Any], indices: Sequence[int]) -> Any:
 
         builder = tfds.builder_from_directory(spec["dir"])
         count = builder.info.splits[spec["split"]].num_examples
-        wanted = np.zeros(count, dtype=bool)
-        wanted[list(indices)] = True
-        mask = tf.constant(wanted)
+        mask = tf.constant(np.isin(np.arange(count), indices))
         image_key, label_key = spec["image_key"], spec["label_key"]
         ds = builder.as_dataset(
             split=spec["split"],
