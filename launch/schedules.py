@@ -233,8 +233,6 @@ def upload_template(
 
     from kfp.registry import RegistryClient
 
-    if not settings.template_repository:
-        raise SettingsError(f"TEMPLATE_REPOSITORY is not set: {settings_mod.SETTINGS['TEMPLATE_REPOSITORY']}")
     import pipeline
 
     client = RegistryClient(host=host or settings.template_repository, auth=auth)
@@ -269,6 +267,8 @@ def create_schedule(
     from google.cloud import aiplatform
 
     options = schedule_options(cron, timezone, max_concurrent_runs, start_time, end_time)
+    if not settings.template_repository:  # before the build context is uploaded
+        raise SettingsError(f"TEMPLATE_REPOSITORY is not set: {settings_mod.SETTINGS['TEMPLATE_REPOSITORY']}")
     template, values, commit = submit.prepare(settings, given, root, credentials, transport, pinned=True)
     writer = f"roles/artifactregistry.writer on {settings.template_repository}"
     registry = ("Artifact Registry", registry_host or settings.template_repository, "")

@@ -760,7 +760,7 @@ def test_a_schedule_without_template_repository_names_the_setting_and_what_it_ta
         "ARTIFACT_REPOSITORY": "us-central1-docker.pkg.dev/p-proj/training",
     }
     config = settings.load(environ, tmp_path / "no-env.sh")
-    with pytest.raises(settings.SettingsError) as info:
-        schedules.upload_template(config, tmp_path / "pipeline.json", "abc123")
+    with pytest.raises(settings.SettingsError) as info:  # before any request: no credentials needed
+        schedules.create_schedule(config, {}, cron="0 6 * * 1")
     assert info.value.settings == ["TEMPLATE_REPOSITORY"]
     assert settings.SETTINGS["TEMPLATE_REPOSITORY"] in str(info.value)  # its help, whole
