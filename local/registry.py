@@ -176,7 +176,7 @@ def _check_version(doc: dict[str, Any]) -> str:
 
 
 ALIASES_FIX = (
-    'the registry writes {{"default": "1", "champion": "<a version folder>"}}: repair it to that '
+    'the registry writes {"default": "1", "champion": "<a version folder>"}: repair it to that '
     "form, or move it aside (mv {path} {path}.damaged) and the next upload starts a new one"
 )
 CHECKS = {"aliases": _check_aliases, "metrics": _check_metrics, "version": _check_version}
@@ -200,9 +200,9 @@ def _open_plain(dir_fd: int, name: str, path: str, fix: str, flags: int = 0) -> 
 def load(dir_fd: int, name: str, where: str, kind: str, fix: str, missing_ok: bool = False) -> Any:
     """The JSON document `name` of `dir_fd` (at `where`), checked as `kind` (`CHECKS`): a plain
     file, at most MAX_JSON_BYTES, of the form the registry writes. Raises `Damaged` naming the
-    file, what is wrong and `fix` (formatted with its `path`); None if missing and `missing_ok`."""
+    file, what is wrong and `fix` (its `{path}` filled in); None if missing and `missing_ok`."""
     path = os.path.join(where, name)
-    fix = fix.format(path=path)
+    fix = fix.replace("{path}", path)  # not format: a path may hold braces
     fd = _open_plain(dir_fd, name, path, fix)
     if fd is None:
         if missing_ok:

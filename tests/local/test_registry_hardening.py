@@ -208,6 +208,8 @@ def _rmtree(path: Path) -> bool:
 def test_a_damaged_champion_is_no_usable_champion_and_the_next_model_takes_the_alias(
     tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    tmp_path = tmp_path / "a {braced} folder"  # a path in a fix is never read as a format string
+    tmp_path.mkdir()
     reg = started(tmp_path)
     damage, problem = DAMAGES[case]
     damage(reg / NAME / "1")
