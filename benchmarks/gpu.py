@@ -179,13 +179,15 @@ def measure(
         with strategy.scope():
             model = codelab.create_model(NUM_CLASSES)
         precision = "float32"
-    else:
+    elif side == "ours":
         from benchmarks.common import ours_resnet50
 
         x = images
         model, _, precision = ours_resnet50(
             image_size, batch_size, NUM_CLASSES, mixed_precision=True, xla=True
         )
+    else:
+        raise ValueError(f"unknown side {side!r}; expected codelab or ours")
 
     ds = tf.data.Dataset.from_tensors((x, labels)).repeat().prefetch(tf.data.AUTOTUNE)
     ours = batch_size if side == "ours" else None
