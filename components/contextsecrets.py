@@ -183,30 +183,6 @@ def why_secret(name: str, data: bytes) -> str:
 
 
 def why_secret_content(base: str, data: bytes, depth: int = 0) -> str:
-    found = _secret_content_as_is(base, data)
-    if found or depth >= 2:
-        return found
-    # A secret gzip'd or in base64 is judged again once decoded, two layers at most.
-    if data[:2] == b"\x1f\x8b":
-        with contextlib.suppress(OSError, EOFError, zlib.error):
-            with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
-                inner = f.read(TEXT_SCAN_LIMIT)
-            found = why_secret_content(base.removesuffix(".gz"), inner, depth + 1)
-            return f"{found} once gunzipped" if found else ""
-    text = _text(data) if len(data) <= TEXT_SCAN_LIMIT else None
-    for blob in _BASE64.findall(text or ""):
-        with contextlib.suppress(ValueError):
-            found = why_secret_content(base, base64.b64decode(blob + "=" * (-len(blob) % 4)), depth + 1)
-            if found:
-                return f"{found} once base64-decoded"
-    return ""
-
-
-# A run of base64 long enough to hold a key or a credential file (a short one is any word).
-_BASE64 = re.compile(r"[A-Za-z0-9+/]{120,}={0,2}")
-
-
-def _secret_content_as_is(base: str, data: bytes) -> str:
     text = _text(data) if len(data) <= TEXT_SCAN_LIMIT else None
     if text is not None and text.lstrip().startswith(("{", "[")):
         found = _json_secret(text)  # first: a credential file says what it is
@@ -218,9 +194,27 @@ def _secret_content_as_is(base: str, data: bytes) -> str:
         return _private_key(key.group().decode(), data.count(b"\n", 0, key.start()) + 1)
     if _PUTTY_KEY.search(data):
         return "its content looks like a PuTTY private key (rule: PuTTY-User-Key-File-)"
-    if text is None:  # binary, or past the limit: only the headers above are looked for
-        return ""
-    return _text_secret(text, config=not base.endswith(_CODE_OR_PROSE))
+    # Binary, or past the limit: only the headers above are looked for.
+    found = "" if text is None else _text_secret(text, config=not base.endswith(_CODE_OR_PROSE))
+    if found or depth >= 2:
+        return found
+    # A secret gzip'd or in base64 is judged again once decoded, two layers at most.
+    if data[:2] == b"\x1f\x8b":
+        with contextlib.suppress(OSError, EOFError, zlib.error):
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+                inner = f.read(TEXT_SCAN_LIMIT)
+            found = why_secret_content(base.removesuffix(".gz"), inner, depth + 1)
+            return f"{found} once gunzipped" if found else ""
+    for blob in _BASE64.findall(text or ""):
+        with contextlib.suppress(ValueError):
+            found = why_secret_content(base, base64.b64decode(blob + "=" * (-len(blob) % 4)), depth + 1)
+            if found:
+                return f"{found} once base64-decoded"
+    return ""
+
+
+# A run of base64 long enough to hold a key or a credential file (a short one is any word).
+_BASE64 = re.compile(r"[A-Za-z0-9+/]{120,}={0,2}")
 
 
 def _text(data: bytes) -> str | None:

@@ -20,13 +20,8 @@ from typing import Any
 
 def gpu_tables() -> dict[str, Any]:
     """The tables, built inside a function so that KFP can ship them (`additional_funcs`)."""
-    K80, P4, P100, T4, V100 = (
-        "NVIDIA_TESLA_K80",
-        "NVIDIA_TESLA_P4",
-        "NVIDIA_TESLA_P100",
-        "NVIDIA_TESLA_T4",
-        "NVIDIA_TESLA_V100",
-    )
+    K80, P4, P100 = "NVIDIA_TESLA_K80", "NVIDIA_TESLA_P4", "NVIDIA_TESLA_P100"
+    T4, V100 = "NVIDIA_TESLA_T4", "NVIDIA_TESLA_V100"
     A100, A100_80GB, L4 = "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_L4"
     H100, H100_MEGA, H200 = "NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB"
     B200, GB200, RTX_PRO_6000 = "NVIDIA_B200", "NVIDIA_GB200", "NVIDIA_RTX_PRO_6000"
@@ -81,21 +76,19 @@ def gpu_tables() -> dict[str, Any]:
         "asia-southeast1": (P4, T4, A100, A100_80GB, L4, H100),
         "australia-southeast1": (P4, T4),
     }
-    gpus = sorted({g for r in n1.values() for g in r} | {g for g, _ in fixed.values()})
     unusable = {
         K80: 'end of support (aiplatform_v1 AcceleratorType: "Deprecated: Nvidia Tesla K80 GPU has '
         'reached end of support"), and TensorFlow 2.21 has no kernels for its compute capability 3.7 '
         "(it needs 6.0 or newer): the job would train on CPU",
         GB200: "its A4X machines have Arm (NVIDIA Grace) host CPUs and the trainer image is linux/amd64",
     }
-    ptx_only = (B200, RTX_PRO_6000)
     return {
         "unusable": unusable,
-        "ptx_only": ptx_only,
+        "ptx_only": (B200, RTX_PRO_6000),
         "n1": n1,
         "fixed": fixed,
         "regions": {r: frozenset(g) for r, g in regions.items()},
-        "gpus": tuple(gpus),
+        "gpus": tuple(sorted({g for r in n1.values() for g in r} | {g for g, _ in fixed.values()})),
         "none": ("", "ACCELERATOR_TYPE_UNSPECIFIED"),
         "n1_columns": (K80, P4, P100, T4, V100),  # the guide's table's columns, in its order
     }
@@ -142,6 +135,7 @@ def validate_machine(
             f"machine type {machine_type!r} is not a Compute Engine machine type name (e.g. n1-standard-8)"
         )
     gpu = accelerator_type or ""
+    fixed_gpu, fixed_count = fixed.get(machine_type, ("", 0))
     count = accelerator_count or 0
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"accelerator count must be a whole number >= 0, got {accelerator_count!r}")
@@ -153,8 +147,7 @@ def validate_machine(
                 f"accelerator count {count} given without an accelerator type; set the type too "
                 f"(one of {', '.join(usable)}) or a count of 0"
             )
-        if machine_type in fixed:
-            fixed_gpu, fixed_count = fixed[machine_type]
+        if fixed_count:
             raise ValueError(
                 f"{machine_type} comes with {fixed_count} x {fixed_gpu}: set that accelerator type and count"
             )
@@ -168,8 +161,7 @@ def validate_machine(
 
     counts = allowed_counts(machine_type, gpu)
     if not counts:
-        if machine_type in fixed:
-            fixed_gpu, fixed_count = fixed[machine_type]
+        if fixed_count:
             raise ValueError(f"{machine_type} comes with {fixed_count} x {fixed_gpu}, not {gpu}")
         hosts = sorted(m for m in [*n1, *fixed] if allowed_counts(m, gpu))
         raise ValueError(

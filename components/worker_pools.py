@@ -72,11 +72,9 @@ def build_worker_pool_specs(
     if not whole(worker_count, 0, 512):
         problems.append(f"worker_count: must be a whole number from 0 to 512, got {worker_count!r}")
         worker_count = 0
-    if boot_disk_type not in ("pd-ssd", "pd-standard", "pd-balanced", "hyperdisk-balanced"):
-        problems.append(
-            f"boot_disk_type: {boot_disk_type!r} is not one of pd-ssd, pd-standard, pd-balanced, "
-            "hyperdisk-balanced"
-        )
+    disks = ("pd-ssd", "pd-standard", "pd-balanced", "hyperdisk-balanced")
+    if boot_disk_type not in disks:
+        problems.append(f"boot_disk_type: {boot_disk_type!r} is not one of {', '.join(disks)}")
     if not whole(boot_disk_size_gb, 100, 64_000):
         problems.append(
             f"boot_disk_size_gb: must be from 100 to 64000 (Vertex's range), got {boot_disk_size_gb!r}"

@@ -30,9 +30,8 @@ from local import lifeline
 PATCHED = "kfp.local.task_dispatcher.run_single_task_implementation"
 PATCHED_SUBPROCESS = "kfp.local.subprocess_task_handler.run_local_subprocess"
 PATCHED_SUBPROCESS_PARAMETERS = ("full_command", "env_vars")
-# kfp.local's warning on every step whose image is not plain Python
-# (`subprocess_task_handler.SubprocessTaskHandler.validate_image`): ours run on the GCPC image by
-# design (docs/facts.md, facts 5 and 6). Silenced for a run's length; the test pins the text.
+# kfp.local's warning on every step whose image is not plain Python (`subprocess_task_handler.py`,
+# `SubprocessTaskHandler.validate_image`): ours run on the GCPC image by design (docs/facts.md, facts 5, 6).
 KFP_IMAGE_WARNING = "You may be attemping to run a task that uses custom or non-Python base image"
 # ... and on every step with a display name (`orchestrator.task_executor._warn_local_only_noops`):
 # the display names are Vertex's, and the local run shows them as its step names.

@@ -72,18 +72,15 @@ SETTINGS: dict[str, str] = {
 # The settings `load` requires by default (`make run`'s Vertex target, `make gpu-check`).
 REQUIRED = ("PROJECT_ID", "REGION", "PIPELINE_ROOT", "ARTIFACT_REPOSITORY")
 
-_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
+_REPOSITORY = r"[a-z][a-z0-9-]{0,62}"
+_PROJECT = re.compile(f"^{_PROJECT_ID}$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _BUCKET_URI = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?$")
-_DOCKER_REPO = re.compile(
-    r"^([a-z0-9-]+)-docker\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z][a-z0-9-]{0,62}$"
-)
-_KFP_REPO = re.compile(
-    r"^https://([a-z0-9-]+)-kfp\.pkg\.dev/[a-z][a-z0-9-]{4,28}[a-z0-9]/[a-z][a-z0-9-]{0,62}$"
-)
-_ENDPOINT = re.compile(
-    r"^([a-z0-9.-]+\.googleapis\.com|[a-z0-9.-]+\.p\.googleapis\.com|http://127\.0\.0\.1:[0-9]+)$"
-)
+_DOCKER_REPO = re.compile(rf"^([a-z0-9-]+)-docker\.pkg\.dev/{_PROJECT_ID}/{_REPOSITORY}$")
+_KFP_REPO = re.compile(rf"^https://([a-z0-9-]+)-kfp\.pkg\.dev/{_PROJECT_ID}/{_REPOSITORY}$")
+# Google's endpoints, Private Service Connect's (<name>.p.googleapis.com) among them, or a local stub.
+_ENDPOINT = re.compile(r"^([a-z0-9.-]+\.googleapis\.com|http://127\.0\.0\.1:[0-9]+)$")
 
 
 class SettingsError(ValueError):

@@ -358,7 +358,6 @@ class _Reader:
 
 
 def _read_yaml(path: str | Path) -> tuple[Any, list[str]]:
-    # Looked at before it is read: /dev/zero would fill memory, a FIFO block forever.
     try:
         text = settings.read_user_text(
             Path(path),

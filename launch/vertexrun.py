@@ -66,9 +66,7 @@ def _plain(message: Any, field: str) -> Any:
     from google.protobuf import json_format
 
     raw = type(message).pb(message)
-    if not raw.HasField(field):
-        return {}
-    return json_format.MessageToDict(getattr(raw, field))
+    return json_format.MessageToDict(getattr(raw, field)) if raw.HasField(field) else {}
 
 
 def _seconds(start: datetime.datetime | None, end: datetime.datetime | None) -> float | None:
@@ -317,13 +315,13 @@ def _gate(
     """The gate's decision: the output parameters of the task that has `promote` (and `reason`)."""
     for outputs in outputs_of.values():
         if "promote" in outputs and "reason" in outputs:
-            gate = {
+            keys = ("champion", "description", "score", "champion_score", "evaluation_import")
+            return {
                 "promote": bool(outputs["promote"]),
                 "reason": outputs["reason"],
                 "metric": parameters.get("gate_metric"),
+                **{key: outputs[key] for key in keys if key in outputs},
             }
-            keys = ("champion", "description", "score", "champion_score", "evaluation_import")
-            return gate | {key: outputs[key] for key in keys if key in outputs}
     return None
 
 

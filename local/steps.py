@@ -245,10 +245,9 @@ def register_version(
             aliases = registry.read_aliases(model_fd, root) or {}
             current = champion_record(model_fd, root)
             damaged = current.pop("unusable", "")
-            before: dict | None = current or None
+            before = {"version": current["version"], "unusable": damaged} if damaged else current or None
             none = "no champion"
             if damaged:
-                before = {"version": current["version"], "unusable": damaged}
                 none = f"no usable champion (champion version {current['version']} {current['state']}: {damaged})"
                 current = {}
             other_task = task_mismatch(class_names, current.get("class_names", []), model_display_name)

@@ -124,22 +124,20 @@ def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, pre
     """The training job (on the plan's or the best trial's pools), the evaluation job, then the
     registry. `t`: the parameters and the plan, find-champion and build outputs."""
     steps = BACKENDS[target]
-    where = t["where"]
-    plan = t["plan"]
     train = steps.custom_job(
         step.TRAIN,
-        where,
+        t["where"],
         training_pools,
-        plan["training_dir"],
+        t["plan"]["training_dir"],
         _job_settings(t),
         strategy=t["scheduling_strategy"],
         tensorboard=t["tensorboard"],
     ).after(prepared)
     evaluated = steps.custom_job(
         step.EVALUATE,
-        where,
-        plan["evaluation_pools"],
-        plan["evaluation_dir"],
+        t["where"],
+        t["plan"]["evaluation_pools"],
+        t["plan"]["evaluation_dir"],
         {**_job_settings(t), "restart_job_on_worker_restart": False},
     ).after(train)
     settings = registry.upload_settings(
@@ -148,12 +146,12 @@ def _train_and_register(target: str, t: dict[str, Any], training_pools: Any, pre
         tf_version=t["serving_tf_version"],
         serving_accelerator=t["serving_accelerator"],
         custom_image_uri=t["built"]["serving_image_uri"],
-        model_uri=plan["model_uri"],
+        model_uri=t["plan"]["model_uri"],
         labels=t["labels"],
         source_commit=t["source_commit"],
         pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
     ).set_display_name(step.UPLOAD_SETTINGS)
-    steps.registry(where, t, settings, evaluated)
+    steps.registry(t["where"], t, settings, evaluated)
 
 
 def create_pipeline(target: str = "vertex", notify: bool = False) -> Callable[..., Any]:

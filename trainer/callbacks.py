@@ -36,7 +36,6 @@ class ProgressLogger(keras.callbacks.Callback):
         self._every = steps_per_epoch // 10 if steps_per_epoch >= 20 else steps_per_epoch
         self._start = self._train_end = 0.0
         self._epoch = self._ran = 0  # the current epoch, and the steps it ran in this process
-        # Batch logs as tensors, read only when printed (`adapters.take_tensor_logs` says why).
         adapters.take_tensor_logs(self)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:

@@ -250,7 +250,6 @@ def verify_shards(data_dir: str, meta: DatasetMetadata, verify: str | None = Non
 def _mismatch(
     data_dir: str, meta: DatasetMetadata, problems: list[Fault], head: str | None = None
 ) -> DataError:
-    """A DataError listing the first SHOWN_PROBLEMS of `problems` after `head`, and what to do."""
     head = head or f"prepared dataset {data_dir} does not match its {METADATA_FILE}"
     more = len(problems) - SHOWN_PROBLEMS
     return DataError(
@@ -337,8 +336,7 @@ def shard_digest(path: str) -> tuple[str, int]:
 
 
 def _audit(data_dir: str, meta: DatasetMetadata, listed: list[tuple[str, ShardInfo]]) -> list[Fault]:
-    """The `listed` shards whose bytes are not those metadata.json records, each hashed (a shard
-    that is gone: SHA-256 None)."""
+    """Faults of the `listed` shards whose bytes (hashed now) are not those metadata.json records."""
 
     def digest(item: tuple[str, ShardInfo]) -> tuple[str | None, int]:
         try:
@@ -373,11 +371,10 @@ def _content_problem(
         kind = "swapped"
         what = f"it holds the content of {_where(twin[0], twin[1].name)}: swapped or copied over"
     else:
-        kind, what = _read_fault(data_dir, entry) or ("replaced", "")
+        replaced = f"its {_records(entry.records)} read intact, but are not the records prepared"
+        kind, what = _read_fault(data_dir, entry) or ("replaced", replaced)
         if kind == "truncated":
             what += ", all intact: truncated or replaced by other records"
-        elif kind == "replaced":
-            what = f"its {_records(entry.records)} read intact, but are not the records prepared"
     return Fault(entry.name, kind, f"{where}: {expected}; {found}: {what}")
 
 

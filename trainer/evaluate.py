@@ -186,7 +186,7 @@ def _fmt(value: Any) -> str:
     return "n/a" if value is None else f"{float(value):.4f}"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--data_dir", required=True, help="The prepared dataset (trainer.prepare output).")
     p.add_argument("--model_dir", required=True, help="The challenger's SavedModel folder.")
@@ -197,14 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("AIP_MODEL_DIR", ""),
         help="Where evaluation.json is written (default: $AIP_MODEL_DIR).",
     )
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = p.parse_args(argv)
     if not args.output_dir:
-        parser.error("--output_dir is required when $AIP_MODEL_DIR is not set")
+        p.error("--output_dir is required when $AIP_MODEL_DIR is not set")
     models = {"challenger": args.model_dir}
     if args.champion_dir:
         models["champion"] = args.champion_dir
@@ -213,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     out = storage.resolve(args.output_dir)
     if not storage.is_remote(out) and os.path.lexists(out) and not os.path.isdir(out):
-        parser.error(f"--output_dir {args.output_dir} is an existing file, not a folder")  # before any work
+        p.error(f"--output_dir {args.output_dir} is an existing file, not a folder")  # before any work
     try:
         result = evaluate(args.data_dir, models, split=args.split, log=_log)
         path = storage.join(args.output_dir, EVALUATION_FILE)

@@ -165,12 +165,10 @@ def set_trainable(backbone: keras.Model, fraction: float, pretrained: bool) -> i
     layers = backbone.layers
     first = len(layers) - math.ceil(fraction * len(layers))
     backbone.trainable = fraction > 0
-    count = 0
     for i, layer in enumerate(layers):
         frozen_bn = pretrained and isinstance(layer, keras.layers.BatchNormalization)
         layer.trainable = i >= first and not frozen_bn
-        count += int(layer.trainable)
-    return count
+    return sum(layer.trainable for layer in layers)
 
 
 def build_model(config: TrainConfig, num_classes: int, input_size: int) -> keras.Model:

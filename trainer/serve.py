@@ -31,8 +31,6 @@ SIGNATURE = "serving_default"
 MAX_INSTANCES = 64
 OUTPUTS = ("probabilities", "class_index", "class_name")
 
-Prediction = dict[str, Any]
-
 
 class ServingError(Exception):
     """The model does not load as a serving model, or does not answer."""
@@ -82,7 +80,7 @@ def load(model_dir: str) -> Served:
     return Served(serve, loaded, model_dir)
 
 
-def answer(served: Served, blobs: Sequence[bytes]) -> list[Prediction]:
+def answer(served: Served, blobs: Sequence[bytes]) -> list[dict[str, Any]]:
     """One call of the signature on a batch of encoded images: one prediction per image."""
     tf = import_tf()
     try:

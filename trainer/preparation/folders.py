@@ -162,8 +162,7 @@ class Skipped:
         )
 
     def summary(self) -> str | None:
-        """One line: "skipped 4 entries of the source (...): 2 .tiff (TensorFlow cannot decode
-        TIFF), ...; e.g. train/cats/a.tiff, ..."; None when nothing was skipped."""
+        """One line: what was skipped (`counts_text`) and a few examples; None when nothing was."""
         if not self.kinds:
             return None
         examples = [e["examples"][0] for e in self.ordered() if e["examples"]][:SUMMARY_EXAMPLES]
