@@ -88,13 +88,15 @@ def test_both_engines_write_the_same_dataset_from_the_tfds_builder(tmp_path: Pat
     """The synthetic source goes through the real TFDS cassava builder: the Beam workers reopen
     its prepared split with `tfds.builder_from_directory` and pick their images by index."""
     args = ("--source", "synthetic", "--synthetic_per_class", "3", "--image_size", "32", "--shards", "3")
-    outs = []
+    outs, warned = [], []
     for engine in ("job", "beam"):
         out = tmp_path / engine
         done = run_prepare(*args, "--output_dir", str(out), "--engine", engine, "--beam_workers", "2")
         assert done.returncode == 0, done.stderr[-3000:]
         outs.append(out)
+        warned.append([line for line in (done.stdout + done.stderr).splitlines() if "fewer than 5" in line])
     same_dataset(*outs)
+    assert warned[0] and warned[0] == warned[1]  # 3 images a class: both engines warn alike
 
 
 def test_a_killed_beam_preparation_resumes_with_the_shards_it_wrote(

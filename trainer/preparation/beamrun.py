@@ -16,6 +16,7 @@ from typing import Any
 
 from trainer import data, storage
 from trainer._tf import tf
+from trainer.config import SPLITS
 from trainer.preparation.beamprep import (
     DONE,
     ERRORS,
@@ -31,7 +32,7 @@ from trainer.preparation.beamprep import (
 )
 from trainer.preparation.prepareconfig import WORK_SUFFIX, PrepareConfig, work_dir
 from trainer.preparation.progress import Progress
-from trainer.preparation.shards import source_identity
+from trainer.preparation.shards import few_images_warnings, source_identity
 from trainer.preparation.source import PrepareError, Source
 
 
@@ -311,4 +312,7 @@ def prepare_beam(config: PrepareConfig, source: Source, progress: Progress, star
             ) from None
     if problems := read_problems(work):
         raise PrepareError("\n".join(problems) + "\n(nothing was published)")
-    return dict(storage.read_json(storage.join(storage.resolve(config.output_dir), data.METADATA_FILE)))
+    metadata = dict(storage.read_json(storage.join(storage.resolve(config.output_dir), data.METADATA_FILE)))
+    for warning in few_images_warnings({s: metadata["splits"][s]["class_counts"] for s in SPLITS}):
+        progress.say(warning)  # as the job engine says them, in its order
+    return metadata
