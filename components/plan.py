@@ -32,7 +32,13 @@ from components.reductionserver import reduction_server_pool, reduction_server_p
 from components.registry import check_model_display_name, registry_folder
 from components.servingimage import servable_folder
 from components.stepimage import fuse_path, multi_region
-from components.worker_pools import build_worker_pool_specs, hardware_parameters, pool_env
+from components.worker_pools import (
+    build_worker_pool_specs,
+    hardware_parameters,
+    machine_spec,
+    pool_env,
+    trainer_pools,
+)
 
 
 def train_command() -> list:
@@ -224,6 +230,8 @@ def describe_pools(name: str, folder: str, specs: list) -> None:
         multi_region,
         reduction_server_problems,
         reduction_server_pool,
+        trainer_pools,
+        machine_spec,
         build_worker_pool_specs,
         prepare_command,
         train_command,

@@ -84,15 +84,15 @@ def build_worker_pool_specs(
             f"reduction_server_count: must be a whole number >= 0, got {reduction_server_count!r}"
         )
         reduction_server_count = 0
-    if not worker_machine_type:
-        worker_machine_type = chief_machine_type
-        worker_accelerator_type = worker_accelerator_type or chief_accelerator_type
-        worker_accelerator_count = worker_accelerator_count or chief_accelerator_count
-    pools = [("chief", chief_machine_type, chief_accelerator_type, chief_accelerator_count, 1)]
-    if worker_count:
-        pools.append(
-            ("worker", worker_machine_type, worker_accelerator_type, worker_accelerator_count, worker_count)
-        )
+    pools = trainer_pools(
+        chief_machine_type,
+        chief_accelerator_type,
+        chief_accelerator_count,
+        worker_count,
+        worker_machine_type,
+        worker_accelerator_type,
+        worker_accelerator_count,
+    )
     notes: list[str] = []
     for role, machine, gpu, count, _ in pools:
         try:
@@ -118,11 +118,8 @@ def build_worker_pool_specs(
         warnings.extend(dict.fromkeys(notes))  # chief and workers on one GPU: warn once
 
     def pool(machine: str, gpu: str, count: int, replicas: int) -> dict[str, Any]:
-        machine_spec: dict[str, Any] = {"machine_type": machine}
-        if gpu and gpu != "ACCELERATOR_TYPE_UNSPECIFIED" and count:
-            machine_spec.update(accelerator_type=gpu, accelerator_count=count)
         return {
-            "machine_spec": machine_spec,
+            "machine_spec": machine_spec(machine, gpu, count),
             "replica_count": replicas,
             "disk_spec": {"boot_disk_type": boot_disk_type, "boot_disk_size_gb": boot_disk_size_gb},
             "container_spec": {
@@ -137,6 +134,37 @@ def build_worker_pool_specs(
     if reduction_server_count:
         specs.append(reduction_server_pool(reduction_server_count, reduction_server_machine_type, region))
     return specs
+
+
+def trainer_pools(
+    chief_machine_type: str,
+    chief_accelerator_type: str,
+    chief_accelerator_count: int,
+    worker_count: int,
+    worker_machine_type: str,
+    worker_accelerator_type: str,
+    worker_accelerator_count: int,
+) -> list[tuple[str, str, str, int, int]]:
+    """(role, machine, GPU type, GPU count, replicas) of pool 0 and, with workers, pool 1, as given:
+    empty worker settings copy the chief's (not its GPU when the workers name their own machine)."""
+    if not worker_machine_type:
+        worker_machine_type = chief_machine_type
+        worker_accelerator_type = worker_accelerator_type or chief_accelerator_type
+        worker_accelerator_count = worker_accelerator_count or chief_accelerator_count
+    pools = [("chief", chief_machine_type, chief_accelerator_type, chief_accelerator_count, 1)]
+    if worker_count:
+        pools.append(
+            ("worker", worker_machine_type, worker_accelerator_type, worker_accelerator_count, worker_count)
+        )
+    return pools
+
+
+def machine_spec(machine: str, gpu: str, count: int) -> dict[str, Any]:
+    """A pool's `machine_spec`: GPUs only with a type (not ACCELERATOR_TYPE_UNSPECIFIED) and a count."""
+    spec: dict[str, Any] = {"machine_type": machine}
+    if gpu and gpu != "ACCELERATOR_TYPE_UNSPECIFIED" and count:
+        spec.update(accelerator_type=gpu, accelerator_count=count)
+    return spec
 
 
 def hardware_parameters() -> tuple:

@@ -14,7 +14,7 @@ from typing import Any
 from components import hardware, image, worker_pools
 from components.hardware import V100
 from pipeline.options.common import Parameter as _p
-from pipeline.options.common import Problem, duration_seconds, whole
+from pipeline.options.common import Problem, duration_seconds
 
 # aiplatform_v1 `Scheduling.Strategy`, less the deprecated ON_DEMAND and LOW_COST. The GCPC
 # launcher looks the name up in the enum, so `spot` would fail there with `KeyError: 'spot'`,
@@ -245,19 +245,9 @@ def flex_start_problems(v: Mapping[str, Any]) -> list[Problem]:
 
     try:  # the chief's and the workers' pools as they will be built (no region: hardware_problems')
         pools = [s["machine_spec"] for s in build_pools(v, reduction_server_count=0)]
-    except ValueError:  # hardware_problems names what is refused; these pools as given, by its copy rule
-        keys = ("machine_type", "accelerator_type", "accelerator_count")
-        chief, worker = ({k: v[f"{role}_{k}"] for k in keys} for role in ("chief", "worker"))
-        if not worker["machine_type"]:
-            worker = {k: worker[k] or chief[k] for k in keys}
-        pools = []
-        for given in [chief, worker] if whole(v["worker_count"]) and v["worker_count"] > 0 else [chief]:
-            if (
-                given["accelerator_type"] in ("", "ACCELERATOR_TYPE_UNSPECIFIED")
-                or not given["accelerator_count"]
-            ):
-                given = {"machine_type": given["machine_type"]}  # no GPU: as the builder's machine_spec
-            pools.append(given)
+    except ValueError:  # hardware_problems names what is refused; these pools as given
+        given = {k: v[k] for k in worker_pools.HARDWARE_PARAMETERS if k.startswith(("chief_", "worker_"))}
+        pools = [worker_pools.machine_spec(m, g, n) for _, m, g, n, _ in worker_pools.trainer_pools(**given)]
     for role, pool in zip(("chief", "worker"), pools, strict=False):
         gpu = pool.get("accelerator_type", "")
         if gpu not in FLEX_START_GPUS:
