@@ -94,11 +94,12 @@ def test_chief_and_worker_train_together_and_only_the_chief_publishes(
     if completed == 4:
         assert val[3] == pytest.approx(0.2), history  # uniform outputs: class 0's share
     assert (metrics["export_epoch"], metrics["selection_metric"]) == ("best", "val_accuracy")
-    # The published model is that epoch's: its exact evaluation over the whole split (the chief
-    # alone, batches of 256) against Keras's during training (2 replicas, batches of 8). Measured
-    # equal; one image of 100 is allowed, in case other batch shapes tip a borderline argmax.
-    # (Keras's val_loss averages per-replica batch means, so it differs by a few thousandths.)
-    assert metrics["val_accuracy"] == pytest.approx(history["val_accuracy"][best - 1], abs=0.011), metrics
+    # The published model is that epoch's (its weights, below, to the last bit): its exact
+    # evaluation over the whole split (the chief alone, batches of 256) against Keras's during
+    # training (2 replicas, batches of 8), where each replica validates its half with its own
+    # BatchNorm moving statistics and the export holds their mean, so they may differ by a few
+    # images (docs/training.md; seen: 1 to 3 of 100). Five are allowed: far from the ruined 0.2.
+    assert metrics["val_accuracy"] == pytest.approx(history["val_accuracy"][best - 1], abs=0.051), metrics
     assert metrics["train_accuracy"] == history["accuracy"][best - 1]
     logs = {name: (tmp_path / "replicas" / f"{name}.log").read_text() for name in ("chief-0", "worker-0")}
     decisions = {
