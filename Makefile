@@ -62,7 +62,7 @@ setup: $(STAMP) ## Create .venv from uv.lock (installs uv first when missing); q
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 ON_EVERY_CORE := -n $(shell echo $$(( $$(nproc) + 1 ))) --dist loadscope --no-loadscope-reorder
 
-test: $(STAMP) ## Run the whole test suite: every tier, on every core, then the serial tier two at a time
+test: $(STAMP) lint ## Run make lint (about 25 s), then the whole test suite: every tier, on every core, then the serial tier two at a time
 	@a=0; $(PYTEST) -m "not serial" $(ON_EVERY_CORE) --durations=10 || a=$$?; \
 	b=0; $(PYTEST) -m serial -n 2 --dist worksteal --durations=10 || b=$$?; \
 	if [ $$a -ne 0 ] || [ $$b -ne 0 ]; then echo "make test: failed (on every core: exit $$a; serial: exit $$b)" >&2; exit 1; fi
