@@ -12,6 +12,8 @@ and tests/test_docs.py fails while one is stale (as tests/test_pipeline.py does 
   space's rules (`pipeline.options.tuning.SEARCH_SPACE_RULES`).
 - docs/vertex.md, the GPUs per N1 machine type and per region: `components.hardware`'s tables.
 - docs/architecture.md, "Layout": each package and module, with its docstring's first sentence.
+- docs/architecture.md, "Core and extras": every file that names each extra (its row's names).
+- docs/guarantees.md, the barrage and the fault suite: each row's cases, as pytest collects them.
 
 Run as `python -m tests.doctables` (what `make docs` does). No TensorFlow: the parsers and the
 planning functions are built without it.
@@ -23,6 +25,7 @@ import argparse
 import contextlib
 import io
 import re
+import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -303,6 +306,64 @@ def layout() -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- what names each extra, and how many cases each suite holds ------------------------------------
+
+NOT_GREPPED = ("compiled/", "uv.lock", "benchmarks/results/")
+"""Written by `make compile`, `uv lock` and `make bench`, never by hand."""
+
+
+def extras() -> dict[str, list[str]]:
+    """docs/architecture.md's "Core and extras" table: each extra's name -> its names (the code
+    spans of its last column)."""
+    section = (ROOT / "docs" / "architecture.md").read_text().split("\n## Core and extras\n", 1)[1]
+    table = section.split(markers("extras-files")[0], 1)[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()]
+    rows = [row for row in rows if len(row) > 1 and not set(row[0]) <= set("-: ")][1:]  # less the header
+    return {row[0].split(" (")[0]: re.findall(r"`([^`]+)`", row[-1]) for row in rows}
+
+
+def extras_files() -> str:
+    """Extra | Code | Tests | Docs, build and settings: every committed file holding one of its names."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+    texts = {}
+    for name in listed.stdout.splitlines():
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if not name.startswith(NOT_GREPPED):
+                texts[name] = (ROOT / name).read_text()
+    lines = ["| Extra | Code | Tests | Docs, build and settings |", "|---|---|---|---|"]
+    for extra, names in extras().items():
+        naming = sorted(path for path, text in texts.items() if any(n in text for n in names))
+        tests = [p for p in naming if p.startswith("tests/")]
+        code = [p for p in naming if p.endswith(".py") and p not in tests]
+        rest = [p for p in naming if p not in code and p not in tests]
+        spans = (", ".join(f"`{p}`" for p in group) or "none" for group in (code, tests, rest))
+        lines.append(f"| {extra} | {' | '.join(spans)} |")
+    return "\n".join(lines) + "\n"
+
+
+def suite_cases() -> str:
+    """Suite | Cases: each row of docs/guarantees.md's table keeps its first cell; its cases are
+    the tests `pytest --collect-only` finds in the files that cell names."""
+    begin, end = markers("suite-cases")
+    rows = (ROOT / "docs" / "guarantees.md").read_text().split(begin, 1)[1].split(end, 1)[0].splitlines()
+    suites = [row.strip("|").split("|")[0].strip() for row in rows if row.startswith("| ")][
+        1:
+    ]  # less the header
+    files = {suite: re.findall(r"`(tests/[\w/]+\.py)`", suite) for suite in suites}
+    named = sorted({f for group in files.values() for f in group})
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *named],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    count = {f: sum(line.startswith(f"{f}::") for line in collected) for f in named}
+    lines = ["| Suite | Cases |", "|---|---|"]
+    lines += [f"| {suite} | {sum(count[f] for f in named)} |" for suite, named in files.items()]
+    return "\n".join(lines) + "\n"
+
+
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "trainer-flags": ("docs/contracts.md", trainer_flags),
     "prepare-flags": ("docs/contracts.md", prepare_flags),
@@ -311,6 +372,8 @@ TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "rules": ("docs/options.md", rules),
     "search-space-rules": ("docs/options.md", search_space_rules),
     "layout": ("docs/architecture.md", layout),
+    "extras-files": ("docs/architecture.md", extras_files),
+    "suite-cases": ("docs/guarantees.md", suite_cases),
     "gpus-n1": ("docs/vertex.md", gpus_n1),
     "gpus-regions": ("docs/vertex.md", gpus_regions),
 }

@@ -6,6 +6,7 @@ function: component bodies import at run time). The `pipeline` layer is the `pip
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from pathlib import Path
 
@@ -123,7 +124,10 @@ def seams_table(heading: str) -> dict[str, tuple[set[str], set[str]]]:
     first column -> (the modules of the second, the seams of the third), as paths."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]  # the header
+    lines = section.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    rows = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))[1:]  # the first table
+    rows = [line for line in rows if line.startswith("| ")]  # less the header's separator
     table = {}
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
