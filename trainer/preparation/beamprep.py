@@ -27,18 +27,17 @@ from trainer import data, datasetinfo, storage
 from trainer._tf import tf
 from trainer.config import SPLITS
 from trainer.preparation.carving import carve_plan
-from trainer.preparation.folders import find_bad_image
+from trainer.preparation.folders import find_bad_image, image_files_dataset
 from trainer.preparation.prepareconfig import PrepareConfig
 from trainer.preparation.shards import (
     dataset_metadata,
     example_record,
-    placement,
     record_encoder,
     shard_names,
+    target_split,
     write_metadata,
 )
 from trainer.preparation.source import PrepareError, Source
-from trainer.preparation.sources import split_subset
 
 PLAN_FILE = "plan.json"
 PLAN_VERSION = 1
@@ -47,6 +46,44 @@ TASKS, DONE, ERRORS = "tasks", "done", "errors"
 OUTPUT_FIELDS = ("source", "image_size", "encoding", "shards", "validation_fraction", "test_fraction", "seed")
 # Written first into a work folder this engine makes: only a folder holding it is its to resume or remove.
 OWNER_FILE = ".beam-work"
+
+
+def placement(source: Source, assignment: Any) -> dict[str, list[tuple[str, int]]]:
+    """Every output split's images, as (source split, index), in the order they are written; the
+    one at position p of a split of n shards goes to shard p % n (`ShardWriter.write`)."""
+    placed: dict[str, list[tuple[str, int]]] = {split: [] for split in SPLITS}
+    for split_name, source_split in source.splits.items():
+        for i in range(source_split.count):
+            placed[target_split(split_name, i, assignment)].append((split_name, i))
+    return placed
+
+
+def split_subset(spec: dict[str, Any], indices: Sequence[int]) -> Any:
+    """The tf.data dataset of (uint8 image, label) of images `indices` (ascending) of the source
+    split `spec` describes (`SourceSplit.spec`), for a Beam worker. A TFDS split is read through,
+    the others dropped before decoding (TFDS's record files give no random access)."""
+    if spec["kind"] == "files":
+        paths, labels = spec["paths"], spec["labels"]
+        return image_files_dataset([paths[i] for i in indices], [labels[i] for i in indices])
+    if spec["kind"] == "tfds":
+        import numpy as np
+        import tensorflow_datasets as tfds
+
+        builder = tfds.builder_from_directory(spec["dir"])
+        count = builder.info.splits[spec["split"]].num_examples
+        mask = tf.constant(np.isin(np.arange(count), indices))
+        image_key, label_key = spec["image_key"], spec["label_key"]
+        ds = builder.as_dataset(
+            split=spec["split"],
+            shuffle_files=False,
+            decoders={image_key: tfds.decode.SkipDecoding()},
+        )
+        ds = ds.enumerate().filter(lambda i, ex: mask[i])
+        return ds.map(
+            lambda i, ex: (builder.info.features[image_key].decode_example(ex[image_key]), ex[label_key]),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+    raise ValueError(f"unknown source split kind {spec['kind']!r}; allowed: files, tfds")
 
 
 def check_work_dir(work: str) -> None:

@@ -36,16 +36,6 @@ def target_split(source_split: str, index: int, assignment: Any) -> str:
     return SPLITS[assignment[index]] if source_split == "train" else source_split
 
 
-def placement(source: Source, assignment: Any) -> dict[str, list[tuple[str, int]]]:
-    """Every output split's images, as (source split, index), in the order they are written; the
-    one at position p of a split of n shards goes to shard p % n (`ShardWriter.write`)."""
-    placed: dict[str, list[tuple[str, int]]] = {split: [] for split in SPLITS}
-    for split_name, source_split in source.splits.items():
-        for i in range(source_split.count):
-            placed[target_split(split_name, i, assignment)].append((split_name, i))
-    return placed
-
-
 def record_encoder(config: PrepareConfig) -> Any:
     """The map from a source's (uint8 image, label) to (stored image bytes, label), both engines'."""
 

@@ -24,7 +24,7 @@ class SourceSplit:
     count: int
     dataset: Callable[[], Any]  # () -> tf.data.Dataset of (uint8 [H, W, 3], int64)
     find_bad_input: Callable[[], str | None] = lambda: None
-    # How a Beam worker opens the split (`trainer.preparation.sources.split_subset`): {"kind":
+    # How a Beam worker opens the split (`trainer.preparation.beamprep.split_subset`): {"kind":
     # "files", "paths", "labels"} or {"kind": "tfds", "dir", "split", "image_key", "label_key"}.
     spec: dict[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 from trainer.preparation.folders import open_folder
 from trainer.preparation.localarchive import local_archive
@@ -63,34 +62,3 @@ def open_source(config: PrepareConfig, progress: Progress) -> contextlib.Abstrac
     if kind == "tfds":
         return contextlib.nullcontext(open_tfds(rest, config.tfds_data_dir, progress=progress))
     return contextlib.nullcontext(open_folder(rest, progress))
-
-
-def split_subset(spec: dict[str, Any], indices: Sequence[int]) -> Any:
-    """The tf.data dataset of (uint8 image, label) of images `indices` (ascending) of the source
-    split `spec` describes (`SourceSplit.spec`), for a Beam worker. A TFDS split is read through,
-    the others dropped before decoding (TFDS's record files give no random access)."""
-    from trainer._tf import tf
-    from trainer.preparation.folders import image_files_dataset
-
-    if spec["kind"] == "files":
-        paths, labels = spec["paths"], spec["labels"]
-        return image_files_dataset([paths[i] for i in indices], [labels[i] for i in indices])
-    if spec["kind"] == "tfds":
-        import numpy as np
-        import tensorflow_datasets as tfds
-
-        builder = tfds.builder_from_directory(spec["dir"])
-        count = builder.info.splits[spec["split"]].num_examples
-        mask = tf.constant(np.isin(np.arange(count), indices))
-        image_key, label_key = spec["image_key"], spec["label_key"]
-        ds = builder.as_dataset(
-            split=spec["split"],
-            shuffle_files=False,
-            decoders={image_key: tfds.decode.SkipDecoding()},
-        )
-        ds = ds.enumerate().filter(lambda i, ex: mask[i])
-        return ds.map(
-            lambda i, ex: (builder.info.features[image_key].decode_example(ex[image_key]), ex[label_key]),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
-    raise ValueError(f"unknown source split kind {spec['kind']!r}; allowed: files, tfds")
