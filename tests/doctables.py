@@ -319,7 +319,10 @@ def extras() -> dict[str, list[str]]:
     table = section.split(markers("extras-files")[0], 1)[0]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()]
     rows = [row for row in rows if len(row) > 1 and not set(row[0]) <= set("-: ")][1:]  # less the header
-    return {row[0].split(" (")[0]: re.findall(r"`([^`]+)`", row[-1]) for row in rows}
+    names = {row[0].split(" (")[0]: re.findall(r"`([^`]+)`", row[-1]) for row in rows}
+    if not all(names.values()):
+        raise ValueError(f"docs/architecture.md: an extra without names in its last column: {names}")
+    return names
 
 
 def extras_files() -> str:
