@@ -14,7 +14,7 @@ from typing import Any
 from components import hardware, image, worker_pools
 from components.hardware import V100
 from pipeline.options.common import Parameter as _p
-from pipeline.options.common import Problem, duration_seconds
+from pipeline.options.common import Problem, duration_seconds, whole
 
 # aiplatform_v1 `Scheduling.Strategy`, less the deprecated ON_DEMAND and LOW_COST. The GCPC
 # launcher looks the name up in the enum, so `spot` would fail there with `KeyError: 'spot'`,
@@ -247,6 +247,8 @@ def flex_start_problems(v: Mapping[str, Any]) -> list[Problem]:
         pools = [s["machine_spec"] for s in build_pools(v, reduction_server_count=0)]
     except ValueError:  # hardware_problems names what is refused; these pools as given
         given = {k: v[k] for k in worker_pools.HARDWARE_PARAMETERS if k.startswith(("chief_", "worker_"))}
+        if not (whole(given["worker_count"]) and given["worker_count"] > 0):
+            given["worker_count"] = 0  # a refused count builds no worker pool
         pools = [worker_pools.machine_spec(m, g, n) for _, m, g, n, _ in worker_pools.trainer_pools(**given)]
     for role, pool in zip(("chief", "worker"), pools, strict=False):
         gpu = pool.get("accelerator_type", "")

@@ -228,6 +228,15 @@ def test_flex_start_still_names_the_worker_pools_problems_beside_a_hardware_refu
     assert {"scheduling_strategy", "worker_accelerator_type", "worker_machine_type"} <= err.parameters
 
 
+def test_flex_start_judges_no_worker_pool_for_a_refused_worker_count() -> None:
+    """A negative worker_count builds no pool (hardware_problems names the count): FLEX_START
+    names the chief's pool alone, not a worker pool copied from it."""
+    t4 = {"chief_machine_type": "n1-standard-8", "chief_accelerator_type": "NVIDIA_TESLA_T4"}
+    err = refused(vertex(scheduling_strategy="FLEX_START", **t4, worker_count=-1))
+    assert {"scheduling_strategy", "chief_accelerator_type", "worker_count"} <= err.parameters
+    assert "worker_accelerator_type" not in err.parameters
+
+
 def test_a_dataflow_run_on_a_network_without_a_subnetwork_is_warned() -> None:
     """Dataflow takes a network given alone as an auto-mode network of the job's project."""
     beam = {"prepare_engine": "beam", "dataset_source": "folder:gs://bucket/images"}
