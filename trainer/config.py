@@ -195,7 +195,7 @@ def _weights(text: str) -> str:
 def _path(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must be a non-empty path (local, /gcs/... or gs://...)")
-    return text.rstrip("/") if text not in ("/",) else text
+    return text.rstrip("/") or "/"  # the root in any spelling ("//") stays the root
 
 
 def build_parser(

@@ -41,6 +41,11 @@ def test_flags_override_the_environment_and_folders_default_beside_the_model() -
     assert config.tensorboard_dir == "/out/model_logs"
 
 
+def test_a_path_loses_its_trailing_slashes_but_the_root_stays_the_root() -> None:
+    config = parse_args(["--data_dir=//", "--model_dir=gs://b/out//"], {})
+    assert (config.data_dir, config.model_dir) == ("/", "gs://b/out")
+
+
 def test_tuning_style_flags_are_accepted() -> None:
     config = parse_args(
         [*BASE, "--learning_rate=0.01", "--dense_units=128", "--mixed_precision=True", "--xla=0"], {}
