@@ -132,18 +132,15 @@ def make_plan(source: Source, config: PrepareConfig, source_info: dict[str, Any]
             (source_split,) = {s for s, _ in items}  # one source split per output split (carving)
             tasks[name] = _task_spec(source.splits[source_split].spec, [i for _, i in items])
             shards.append({"split": split, "name": name})
+    # Tasks without the "dir" a TFDS split was built in: the synthetic source is built in a new
+    # temporary folder every run, and source_info already names the TFDS dataset.
+    hashed = {n: {k: v for k, v in t.items() if k != "dir"} for n, t in tasks.items()}
     identity = {
         "plan_version": PLAN_VERSION,
         **{f: getattr(config, f) for f in OUTPUT_FIELDS},
         "class_names": list(source.class_names),
         "source_info": source_info,
-        # Tasks without the "dir" a TFDS split was built in: the synthetic source is built in a new
-        # temporary folder every run, and source_info already names the TFDS dataset.
-        "tasks": hashlib.sha256(
-            json.dumps(
-                {n: {k: v for k, v in t.items() if k != "dir"} for n, t in tasks.items()}, sort_keys=True
-            ).encode()
-        ).hexdigest(),
+        "tasks": hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest(),
     }
     plan = {
         "identity": identity,
@@ -183,17 +180,14 @@ def write_shard(work: str, name: str, config: PrepareConfig) -> dict[str, Any] |
     """Writes shard `name` of the plan in `work` from its task; returns its done record, or the
     problem (one line naming the image) when an image of it cannot be converted."""
     task = storage.read_json(storage.join(work, TASKS, f"{name}.json"))
-    class_names = storage.read_json(storage.join(work, PLAN_FILE))["class_names"]
-    per_class = [0] * len(class_names)
+    counts = [0] * len(storage.read_json(storage.join(work, PLAN_FILE))["class_names"])
     partial = storage.join(work, f"{name}.partial-{uuid.uuid4().hex[:8]}")
     ds = split_subset(task, task["indices"]).map(record_encoder(config), num_parallel_calls=tf.data.AUTOTUNE)
-    records = 0
     try:
         with tf.io.TFRecordWriter(partial) as writer:
             for encoded, label in ds.prefetch(16).as_numpy_iterator():
                 writer.write(example_record(encoded, int(label)))
-                per_class[int(label)] += 1
-                records += 1
+                counts[int(label)] += 1
     except BaseException as e:
         with contextlib.suppress(tf.errors.OpError):
             tf.io.gfile.remove(partial)
@@ -206,7 +200,7 @@ def write_shard(work: str, name: str, config: PrepareConfig) -> dict[str, Any] |
     final = storage.join(work, name)
     tf.io.gfile.rename(partial, final, overwrite=True)
     sha, size = datasetinfo.shard_digest(final)
-    record = {"name": name, "bytes": size, "records": records, "sha256": sha, "class_counts": per_class}
+    record = {"name": name, "bytes": size, "records": sum(counts), "sha256": sha, "class_counts": counts}
     storage.write_json(storage.join(work, DONE, f"{name}.json"), record)
     return record
 

@@ -243,25 +243,21 @@ def _stderr_to(name_suffix: str) -> Iterator[None]:
     `name_suffix` while the block runs: named on stderr if the block fails, else removed."""
     import tempfile
 
-    saved, failed, name = os.dup(2), True, ""
+    fd, name = tempfile.mkstemp(prefix="prepare-", suffix=f"-{name_suffix}")
+    saved, failed = os.dup(2), True
     try:
-        with tempfile.NamedTemporaryFile(
-            "wb", prefix="prepare-", suffix=f"-{name_suffix}", delete=False
-        ) as log:
-            name = log.name
-            try:
-                sys.stderr.flush()
-                os.dup2(log.fileno(), 2)
-                yield
-                failed = False
-            finally:
-                sys.stderr.flush()
-                os.dup2(saved, 2)
-                os.close(saved)
+        sys.stderr.flush()
+        os.dup2(fd, 2)
+        yield
+        failed = False
     finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
         if failed:
             sys.stderr.write(f"(the Beam workers' own output is in {name})\n")
-        elif name:
+        else:
             os.remove(name)
 
 
