@@ -258,8 +258,7 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
         beamrun.check_work_dir(work_dir(config.output_dir))  # before anything is listed or removed
     started = time.monotonic()
     with open_source(config, progress) as source:
-        mismatch = champion_mismatch(source.class_names, config.champion_class_names)
-        if mismatch:
+        if mismatch := champion_mismatch(source.class_names, config.champion_class_names):
             raise PrepareError(mismatch)
         if config.engine == "beam":
             return beamrun.prepare_beam(config, source, progress, started)

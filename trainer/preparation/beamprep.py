@@ -306,8 +306,7 @@ def build_pipeline(
             self.config = PrepareConfig(output_dir="", **plan["config"])
 
         def process(self, name: str) -> Iterator[dict[str, Any]]:
-            done = shard_done(self.work, name)
-            if done is not None:
+            if (done := shard_done(self.work, name)) is not None:
                 beam.metrics.Metrics.counter("prepare", "shards_kept").inc()
                 yield done
                 return

@@ -76,8 +76,7 @@ def few_images_warnings(class_counts: Mapping[str, Mapping[str, int]]) -> list[s
     """One warning per split that has fewer than FEW_IMAGES_PER_CLASS images of some class."""
     warnings = []
     for split, counts in class_counts.items():
-        few = {name: n for name, n in counts.items() if n < FEW_IMAGES_PER_CLASS}
-        if few:
+        if few := {name: n for name, n in counts.items() if n < FEW_IMAGES_PER_CLASS}:
             listed = ", ".join(f"{name} {n}" for name, n in few.items())
             warnings.append(
                 f"warning: split {split!r} has fewer than {FEW_IMAGES_PER_CLASS} images of "

@@ -107,8 +107,7 @@ def parse_request(text: str) -> tuple[str, float, float]:
         raise RequestError(f"the request is not JSON ({e})") from None
     if not isinstance(request, dict):
         raise RequestError(f"the request must be a JSON object, got {type(request).__name__}")
-    unknown = sorted(set(request) - {"source", "validation_fraction", "test_fraction"})
-    if unknown:
+    if unknown := sorted(set(request) - {"source", "validation_fraction", "test_fraction"}):
         raise RequestError(f"unknown keys {unknown}; allowed: source, validation_fraction, test_fraction")
     source = request.get("source")
     if not isinstance(source, str) or not source:
