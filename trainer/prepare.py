@@ -43,13 +43,10 @@ def _source(text: str) -> str:
 
 
 def _class_names(text: str) -> tuple[str, ...]:
-    try:
-        names = json.loads(text)
-    except ValueError:
-        names = None
-    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-        raise argparse.ArgumentTypeError(f"must be a JSON list of class names, got {text!r}")
-    return tuple(names)
+    with contextlib.suppress(ValueError):
+        if isinstance(names := json.loads(text), list) and all(isinstance(n, str) and n for n in names):
+            return tuple(names)
+    raise argparse.ArgumentTypeError(f"must be a JSON list of class names, got {text!r}")
 
 
 def champion_mismatch(class_names: Sequence[str], champion_class_names: Sequence[str]) -> str:
