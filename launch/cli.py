@@ -24,6 +24,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import psutil
+
 import pipeline.step as step
 from components import tuning
 from launch import kfp_local, report, settings, trainingconfig
@@ -346,8 +348,6 @@ def _summary(
 
 def _descendants(same_group: bool = False) -> list[Any]:
     """Every living (not zombie) process below this one; `same_group`: of its process group only."""
-    import psutil
-
     group = os.getpgid(0)
     living = []
     for process in psutil.Process().children(recursive=True):
@@ -360,16 +360,12 @@ def _descendants(same_group: bool = False) -> list[Any]:
 
 
 def _signal_descendants(signum: int, same_group: bool = False) -> None:
-    import psutil
-
     for process in _descendants(same_group):
         with contextlib.suppress(psutil.Error):
             process.send_signal(signum)
 
 
 def _describe(process: Any) -> str:
-    import psutil
-
     try:
         command = " ".join(process.cmdline())
     except psutil.Error:
@@ -398,8 +394,6 @@ def _stop_children(stop: _Stop, screen: TextIO, timeout: float = 30.0) -> None:
 
 def _reap() -> None:
     """Collects this process's exited children (kfp.local let go of them on the interrupt)."""
-    import psutil
-
     for child in psutil.Process().children():
         with contextlib.suppress(ChildProcessError):
             os.waitpid(child.pid, os.WNOHANG)
@@ -418,8 +412,6 @@ def stop_with_make(environ: Mapping[str, str] = os.environ, poll_s: float = 0.5)
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
     if "MAKELEVEL" not in environ:
         return
-    import psutil
-
     try:
         shell = psutil.Process(os.getppid())
         make = shell.ppid()
