@@ -219,7 +219,6 @@ def _run_local(args: dict[str, Any], runs_dir: Path, screen: TextIO, verbose: bo
                 "processes_left": [_describe(process) for process in left],
             }
         summary_path, status = run_dir / "summary.json", summary["status"]
-        summary["report"] = str(run_dir / "report.html")
         try:  # here, where a stop request is only noted: every stop the launcher survives writes it
             report.write_json(summary_path, summary)
             written = True
