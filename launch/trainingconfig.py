@@ -14,7 +14,7 @@ import difflib
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import yaml
 
@@ -462,22 +462,21 @@ def describe_pools(values: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def apply_to_namespace(ns: argparse.Namespace, target: str, out: TextIO | None = None) -> None:
+def apply_to_namespace(ns: argparse.Namespace, target: str) -> None:
     """`--training_config FILE`: sets its hardware parameters on `ns` (flags win) and prints the
     mapping and the worker pools; the local target has no GPUs, so it drops them, saying so."""
     if not getattr(ns, "training_config", None):
         return
-    out = out or sys.stdout
     values, lines = apply_training_config(ns.training_config, vars(ns))  # flags given: not None
-    out.write(f"training config {ns.training_config}:\n")
-    out.write("".join(f"  {line}\n" for line in [*lines, *describe_pools(values)]))
+    print(f"training config {ns.training_config}:")
+    print("".join(f"  {line}\n" for line in [*lines, *describe_pools(values)]), end="")
     if target == "local":
         counts = ("chief_accelerator_count", "worker_accelerator_count")
         dropped = [f"{k} {values[k]} -> 0" for k in counts if values.get(k)]
         if dropped:
-            out.write(f"  the local target has no GPUs: these pools run here on CPU ({', '.join(dropped)})\n")
+            print(f"  the local target has no GPUs: these pools run here on CPU ({', '.join(dropped)})")
             for role in ("chief", "worker"):
                 values[f"{role}_accelerator_type"], values[f"{role}_accelerator_count"] = "", 0
-    out.flush()
+    sys.stdout.flush()
     for name, value in values.items():
         setattr(ns, name, value)
