@@ -59,18 +59,6 @@ def write_json(path: Path, value: Any) -> None:
         raise
 
 
-def write_run(
-    run_dir: Path,
-    summary: dict[str, Any],
-    metrics: Mapping[str, Any] | None,
-    trials: Sequence[Mapping[str, Any]] | None,
-) -> None:
-    """summary.json, then report.html (`draw_report`). OSError: summary.json was not written."""
-    summary["report"] = str(run_dir / "report.html")
-    write_json(run_dir / "summary.json", summary)
-    draw_report(run_dir, summary, metrics, trials)
-
-
 def draw_report(
     run_dir: Path,
     summary: dict[str, Any],

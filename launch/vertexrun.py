@@ -367,11 +367,14 @@ def _model(
 def write(
     job: Any, reader: Reader, runs_dir: Path, now: datetime.datetime | None = None, console: str = ""
 ) -> None:
-    """`<runs_dir>/<job id>/`'s summary.json and report.html (`report.write_run`), then `show`."""
+    """`<runs_dir>/<job id>/`'s summary.json, then report.html (`report.draw_report`), then `show`.
+    OSError: summary.json was not written."""
     summary, metrics, trials = collect(job, reader, now, console)
     run_dir = (runs_dir / summary["run_id"]).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    report.write_run(run_dir, summary, metrics, trials)
+    summary["report"] = str(run_dir / "report.html")
+    report.write_json(run_dir / "summary.json", summary)
+    report.draw_report(run_dir, summary, metrics, trials)
     show(summary, run_dir)
 
 

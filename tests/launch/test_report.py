@@ -85,10 +85,10 @@ def test_the_picture_is_drawn_up_to_the_limit(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("error", [RuntimeError("no picture today"), KeyboardInterrupt()])
-def test_write_run_records_a_report_it_cannot_draw_in_the_summary(
+def test_a_report_that_cannot_be_drawn_is_recorded_in_the_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException
 ) -> None:
-    """Both targets' writer (launch.cli, launch.vertexrun): summary.json first, the report's failure in it."""
+    """Both targets' writers (launch.cli, launch.vertexrun): summary.json first, the report's failure in it."""
     import json
 
     def broken(*args: Any) -> None:
@@ -96,13 +96,14 @@ def test_write_run_records_a_report_it_cannot_draw_in_the_summary(
 
     monkeypatch.setattr(report, "write_report", broken)
     summary = dict(SUMMARY)
-    report.write_run(tmp_path, summary, None, None)
+    report.write_json(tmp_path / "summary.json", summary)
+    report.draw_report(tmp_path, summary, None, None)
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["report"] is None and written["report_error"] == summary["report_error"]
     assert summary["report_error"] in ("RuntimeError: no picture today", "KeyboardInterrupt")
     assert not list(tmp_path.glob(".*.partial"))
 
 
-def test_write_run_raises_when_the_summary_cannot_be_written(tmp_path: Path) -> None:
+def test_write_json_raises_when_the_summary_cannot_be_written(tmp_path: Path) -> None:
     with pytest.raises(OSError):
-        report.write_run(tmp_path / "missing", dict(SUMMARY), None, None)
+        report.write_json(tmp_path / "missing" / "summary.json", dict(SUMMARY))
