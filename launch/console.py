@@ -27,14 +27,12 @@ _STEP_SHOWN = re.compile(
 def headline(line: str) -> str | None:
     """The line as shown under its step, or None when it only goes to the log. `line` is a
     step's output line with kfp.local's bookkeeping already removed."""
-    match = _REPLICA.match(line)
-    if match:
+    if match := _REPLICA.match(line):
         if match["replica"] != "chief-0" or not _REPLICA_SHOWN.match(match["text"]):
             return None
         job = match["job"]
         return f"    {job + ': ' if job.startswith('trial-') else ''}{match['text']}"
-    match = _RUNNER.match(line)
-    if match:
+    if match := _RUNNER.match(line):
         if not _RUNNER_SHOWN.search(match["text"]):
             return None
         return f"    {match['text']}" if match["job"] == "tune" else f"    {match['job']}: {match['text']}"

@@ -220,8 +220,7 @@ def timeline_png(rows: Sequence[Mapping[str, Any]]) -> str:
     ax.set_yticks(range(len(rows)), [str(r["label"]) for r in rows], parse_math=False)
     for label, r in zip(ax.get_yticklabels(), rows, strict=True):
         if r.get("level"):  # a job under its step, a trial under its job
-            label.set_color("dimgray")
-            label.set_fontsize("small")
+            label.set(color="dimgray", fontsize="small")
     ax.set(ylim=(len(rows) - 0.5, -0.5), xlim=(0, None), xlabel="seconds since the run began")
     ax.set_title("step timeline")
     ax.grid(axis="x", alpha=0.3)
