@@ -104,12 +104,16 @@ def _local_custom_job(
 
 
 def _study(p: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, Any]:
-    """The study both tuning steps get: the fixed metric and the declared `search_space`."""
+    """What both tuning steps get: the fixed metric, the declared `search_space`, the trial counts,
+    the search algorithm and each trial's timeout."""
     return {
         "study_spec_metrics": metrics,
         "study_spec_parameters": p["search_space"],
         "max_trial_count": p["max_trial_count"],
         "parallel_trial_count": p["parallel_trial_count"],
+        "max_failed_trial_count": p["max_failed_trial_count"],
+        "study_spec_algorithm": p["search_algorithm"],
+        "timeout": p["timeout"],
     }
 
 
@@ -123,13 +127,10 @@ def _vertex_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared
         base_output_directory=plan["tuning_dir"],
         worker_pool_specs=plan["tuning_pools"],
         **_study(p, tuning.study_metrics()),
-        max_failed_trial_count=p["max_failed_trial_count"],
-        study_spec_algorithm=p["search_algorithm"],
         study_spec_measurement_selection_type=plan["measurement_selection_type"],
         encryption_spec_key_name=p["encryption_spec_key_name"],
         service_account=p["service_account"],
         network=p["network"],
-        timeout=p["timeout"],
     ).set_display_name(step.TUNE)
     job.after(prepared)
     best = tuning.best_trial(
@@ -147,11 +148,8 @@ def _local_tuning(where: dict[str, Any], p: dict[str, Any], plan: Any, prepared:
         worker_pool_specs=plan["tuning_pools"],
         base_output_directory=plan["tuning_dir"],
         **_study(p, tuning.LOCAL_STUDY_METRICS),
-        max_failed_trial_count=p["max_failed_trial_count"],
-        study_spec_algorithm=p["search_algorithm"],
         measurement_selection=plan["measurement_selection_type"],
         seed=p["seed"],
-        timeout=p["timeout"],
     ).set_display_name(step.TUNE)
     job.after(prepared)
     best = local_steps.local_best_trial(
