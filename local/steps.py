@@ -289,16 +289,11 @@ def register_version(
     return version, where, champion, reason
 
 
-@dsl.component(
-    base_image=stepimage.BASE_IMAGE,
-    install_kfp_package=False,
-    additional_funcs=[
-        check_model_display_name,
-        registry_folder,
-        *UNDEPLOYABLE_FUNCS,
-        champion_record,
-    ],
-)
+# What a component that reads the champion ships (`additional_funcs`).
+CHAMPION_FUNCS = [check_model_display_name, registry_folder, *UNDEPLOYABLE_FUNCS, champion_record]
+
+
+@dsl.component(base_image=stepimage.BASE_IMAGE, install_kfp_package=False, additional_funcs=CHAMPION_FUNCS)
 def local_find_champion(registry_dir: str, model_display_name: str) -> NamedTuple(
     "Outputs",
     exists=bool,
@@ -357,14 +352,7 @@ def local_find_champion(registry_dir: str, model_display_name: str) -> NamedTupl
 @dsl.component(
     base_image=stepimage.BASE_IMAGE,
     install_kfp_package=False,
-    additional_funcs=[
-        check_model_display_name,
-        registry_folder,
-        *UNDEPLOYABLE_FUNCS,
-        task_mismatch,
-        champion_record,
-        register_version,
-    ],
+    additional_funcs=[*CHAMPION_FUNCS, task_mismatch, register_version],
 )
 def local_upload_model(
     model: dsl.Input[dsl.Model],
