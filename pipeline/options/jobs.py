@@ -176,10 +176,10 @@ def kms_key_problem(key: str, region: str) -> str:
     )
 
 
-def label_problems(labels: Any, name: str = "labels") -> list[str]:
+def label_problems(labels: Any) -> list[str]:
     """Why `labels` cannot label a Vertex resource (module docstring), one message per problem."""
     if not isinstance(labels, Mapping):
-        return [f"{name} must be a mapping of label keys to values, got {labels!r}"]
+        return [f"labels must be a mapping of label keys to values, got {labels!r}"]
 
     def ok(text: str) -> bool:
         return all((c.isalpha() and not c.isupper()) or c.isdigit() or c in "_-" for c in text)
