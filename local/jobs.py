@@ -40,7 +40,6 @@ from local.gpus import GPU_DRIVER_DIR, GpusMissing, gpu_shortfall, local_gpus
 from local.memory import MemoryProbe, out_of_memory, out_of_memory_message
 from local.specs import check_worker_pool_specs, container_env
 
-CHECKOUT = ROOT
 ROLES = ("chief", "worker")  # TF_CONFIG task types of pools 0 and 1
 
 
@@ -215,7 +214,7 @@ class _Running:
         self.process = subprocess.Popen(
             # SIGKILLed by Linux when the runner dies (an exec shim: the pid started is the replica's).
             lifeline.with_parent_death_signal(self.replica.command, signal.SIGKILL),
-            cwd=CHECKOUT,
+            cwd=ROOT,
             env=dict(self.env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

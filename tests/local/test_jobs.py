@@ -287,7 +287,7 @@ def test_ctrl_c_to_the_runner_lets_every_replica_save_then_stops_it(tmp_path: Pa
     machine_tmp.mkdir()
     runner = subprocess.Popen(
         [sys.executable, "-c", RUNNER, json.dumps(specs(tmp_path, "save-on-term")), str(tmp_path)],
-        cwd=jobs.CHECKOUT,
+        cwd=jobs.ROOT,
         env={**os.environ, "TMPDIR": str(machine_tmp)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -405,7 +405,7 @@ def test_the_step_error_names_the_killed_replica_and_the_signal(tmp_path: Path) 
     with log.open("w") as out:
         code = subprocess.run(
             [sys.executable, "-c", STEP, json.dumps(pools), str(tmp_path)],
-            cwd=jobs.CHECKOUT,
+            cwd=jobs.ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
             check=False,

@@ -200,7 +200,7 @@ def test_the_step_error_of_an_oom_kill_is_the_out_of_memory_line(tmp_path: Path)
                 str(tmp_path),
                 json.dumps({"proc_cgroup": probe.proc_cgroup, "cgroup_root": probe.cgroup_root}),
             ],
-            cwd=jobs.CHECKOUT,
+            cwd=jobs.ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
             check=False,
@@ -395,8 +395,8 @@ def test_a_real_oom_kill_in_a_1_gib_cgroup_is_recognised(tmp_path: Path, memory_
     }
     done = subprocess.run(
         [sys.executable, "-c", RUNNER, str(memory_cgroup), json.dumps([spec, spec]), str(tmp_path)],
-        cwd=jobs.CHECKOUT,
-        env={**os.environ, "PYTHONPATH": str(jobs.CHECKOUT)},
+        cwd=jobs.ROOT,
+        env={**os.environ, "PYTHONPATH": str(jobs.ROOT)},
         capture_output=True,
         text=True,
         timeout=300,
