@@ -25,11 +25,7 @@ def check_worker_pool_specs(specs: Sequence[Mapping[str, Any]]) -> None:
         if not spec:
             continue
         try:
-            json_format.ParseDict(
-                dict(spec),
-                aiplatform_v1.WorkerPoolSpec.pb(aiplatform_v1.WorkerPoolSpec()),
-                ignore_unknown_fields=False,
-            )
+            json_format.ParseDict(dict(spec), aiplatform_v1.WorkerPoolSpec.pb(aiplatform_v1.WorkerPoolSpec()))
         except json_format.ParseError as err:
             problems.append(f"pool {index}: {err}")
     if problems:
