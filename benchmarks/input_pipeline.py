@@ -83,7 +83,7 @@ def run(work: Path, results_dir: Path) -> dict[str, Any]:
 # --- run in child processes -----------------------------------------------------------------
 
 
-def _consume(batches: Any, epochs: int, steps: int | None) -> dict[str, Any]:
+def consume(batches: Any, epochs: int, steps: int | None) -> dict[str, Any]:
     """Pulls every batch of `epochs` epochs (`steps` per epoch from one repeating iterator, or
     each pass of a finite dataset); returns the figures."""
     from trainer._tf import tf
@@ -111,7 +111,7 @@ def measure_codelab(data_dir: str, image_size: int, batch_size: int, epochs: int
 
     rss_before = rss_self_mib()
     ds, _ = codelab.create_dataset(batch_size, data_dir=data_dir, image_size=image_size)
-    return {**_consume(ds, epochs, steps=None), "rss_after_import_mib": rss_before}
+    return {**consume(ds, epochs, steps=None), "rss_after_import_mib": rss_before}
 
 
 def measure_ours(data_dir: str, batch_size: int, epochs: int) -> dict[str, Any]:
@@ -120,5 +120,5 @@ def measure_ours(data_dir: str, batch_size: int, epochs: int) -> dict[str, Any]:
     rss_before = rss_self_mib()
     meta = datasetinfo.load_metadata(data_dir)
     ds = data.make_dataset(data_dir, meta, "train", batch_size=batch_size, training=True)
-    figures = _consume(ds, epochs, steps=data.steps_per_epoch(meta, batch_size))
+    figures = consume(ds, epochs, steps=data.steps_per_epoch(meta, batch_size))
     return {**figures, "rss_after_import_mib": rss_before}

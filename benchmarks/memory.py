@@ -18,13 +18,12 @@ count. The shards are read from the page cache: Cloud Storage would cost the str
 
 from __future__ import annotations
 
-import itertools
-import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import fixtures
 from benchmarks.common import MIB, alternate, busy_note, make_result, rss_self_mib
+from benchmarks.input_pipeline import consume
 
 NAME = "memory"
 IMAGE_SIZE = 300
@@ -175,10 +174,10 @@ def synthesize(output_dir: str, train_images: int, image_size: int) -> dict[str,
 def measure(
     data_dir: str, budget_bytes: int, batch_size: int, batches: int, expect_cache: bool
 ) -> dict[str, Any]:
-    """Images per second of `batches` training batches; refuses a side whose split the pipeline
+    """Images per second of `batches` (an even number) training batches, and of their second half
+    (`input_pipeline.consume`: two halves of one stream); refuses a side whose split the pipeline
     does not cache (or streams) as `expect_cache` says."""
     from trainer import data, datasetinfo
-    from trainer._tf import tf
 
     rss_after_import = rss_self_mib()
     meta = datasetinfo.load_metadata(data_dir)
@@ -190,24 +189,15 @@ def measure(
     plan = data.plan_cache(meta, budget)["train"]
     if plan.cache != expect_cache:
         raise RuntimeError(f"expected cached={expect_cache}: {lines[0]}")
-    started = time.perf_counter()
-    images, half_time = 0, 0.0
-    for step, (x, _y) in enumerate(itertools.islice(ds, batches), start=1):
-        images += int(tf.shape(x)[0])
-        if step == batches // 2:
-            half_time = time.perf_counter()
-    ended = time.perf_counter()
-    seconds = ended - started
-    second_half = images - (batches // 2) * batch_size
+    figures = consume(ds, 2, steps=batches // 2)
+    second_half = figures.pop("epochs")[1]
     return {
         "cached": plan.cache,
         "shuffle_buffer": plan.shuffle_buffer,
         "train_images": plan.examples,
         "plan": lines[0],
-        "images": images,
-        "seconds": round(seconds, 3),
-        "images_per_second": round(images / seconds, 1),
-        "second_half_images_per_second": round(second_half / (ended - half_time), 1),
+        **figures,
+        "second_half_images_per_second": round(second_half["images"] / second_half["seconds"], 1),
         "rss_after_import_mib": rss_after_import,
         "rss_at_end_mib": rss_self_mib(),
     }
