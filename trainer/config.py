@@ -307,6 +307,12 @@ def parse_args(
                 "model folder is published as a whole when training ends"
             )
         setattr(ns, name, path)
+    if any(c in ns.checkpoint_dir for c in "[*?"):  # tf.train.latest_checkpoint globs the folder's path
+        parser.error(
+            f"--checkpoint_dir must not hold [, * or ? ({ns.checkpoint_dir}): TensorFlow finds the backup "
+            "to resume from as a file pattern; without --checkpoint_dir, that is $AIP_CHECKPOINT_DIR or "
+            "--model_dir + '_checkpoints'"
+        )
     return TrainConfig(**vars(ns))  # a flag per field
 
 

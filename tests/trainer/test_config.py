@@ -118,6 +118,23 @@ def test_bad_flags_are_argparse_errors_naming_the_flag_and_what_is_allowed(
     assert expected in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "environ"),
+    [
+        (["--model_dir=/out/model", "--checkpoint_dir=/out/ckpt[1]"], {}),
+        (["--model_dir=/out/model"], {"AIP_CHECKPOINT_DIR": "gs://b/job*/checkpoints"}),
+        (["--model_dir=/out/run?/model"], {}),  # the default, beside the model
+    ],
+)
+def test_a_checkpoint_folder_that_tensorflow_would_read_as_a_pattern_is_refused(
+    flags: list[str], environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--data_dir=/data", *flags], environ)
+    assert exit_info.value.code == 2
+    assert "--checkpoint_dir" in capsys.readouterr().err
+
+
 def test_model_dir_is_required_without_aip_model_dir(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_args(["--data_dir=/data"], {})
