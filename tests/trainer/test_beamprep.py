@@ -346,6 +346,17 @@ def test_the_plan_does_not_depend_on_where_a_tfds_split_was_built() -> None:
     assert other["fingerprint"] != first["fingerprint"]
 
 
+def test_the_shards_written_are_counted_in_a_folder_whose_name_is_a_glob_pattern(tmp_path: Path) -> None:
+    work = tmp_path / "out [1] *?.work"
+    (work / beamprep.DONE).mkdir(parents=True)
+    (work / beamprep.PLAN_FILE).write_text(json.dumps({"shards": [{"name": f"s{i}"} for i in range(5)]}))
+    for i, size in enumerate((2**20, 3 * 2**20)):
+        (work / beamprep.DONE / f"s{i}.json").write_text(json.dumps({"name": f"s{i}", "bytes": size}))
+    assert len(beamprep.done_records(str(work))) == 2
+    line = beamprep.disk_full(str(work))
+    assert "the 3 shards left need about 6.0 MiB" in line and "the 2 shards written" in line
+
+
 def test_publishing_again_keeps_what_an_earlier_attempt_published(job_output: Path, tmp_path: Path) -> None:
     """Dataflow may run the publishing step again after its side effects (a lost worker, a result
     not committed): a dataset published whole by the earlier attempt is kept and its metadata

@@ -277,9 +277,17 @@ def read_problems(work: str) -> list[str]:
     return problems
 
 
+def done_records(work: str) -> list[str]:
+    """The paths of the shards' done records in `work`: listed, not globbed (`work` may hold [, *
+    or ?, which tf.io.gfile.glob reads as a pattern)."""
+    folder = storage.join(work, DONE)
+    names = tf.io.gfile.listdir(folder) if tf.io.gfile.isdir(folder) else []
+    return [storage.join(folder, n) for n in names if n.endswith(".json")]
+
+
 def disk_full(work: str) -> str:
     """The one line for a disk that filled while shards were written into `work`."""
-    done = [storage.read_json(p) for p in tf.io.gfile.glob(storage.join(work, DONE, "*.json"))]
+    done = [storage.read_json(p) for p in done_records(work)]
     left = len(storage.read_json(storage.join(work, PLAN_FILE))["shards"]) - len(done)
     need = sum(r["bytes"] for r in done) / len(done) * left / 2**20 if done else None
     about = f"the {left} shards left need about {need:.1f} MiB" if need is not None else f"{left} shards left"

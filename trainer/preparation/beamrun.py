@@ -18,7 +18,6 @@ from trainer import data, storage
 from trainer._tf import tf
 from trainer.config import SPLITS
 from trainer.preparation.beamprep import (
-    DONE,
     ERRORS,
     OWNER_FILE,
     PLAN_FILE,
@@ -26,6 +25,7 @@ from trainer.preparation.beamprep import (
     build_pipeline,
     check_work_dir,
     disk_full,
+    done_records,
     make_plan,
     plan_changes,
     read_problems,
@@ -182,7 +182,7 @@ def write_plan(work: str, plan: dict[str, Any], tasks: dict[str, Any], progress:
     if tf.io.gfile.exists(plan_path):
         old = storage.read_json(plan_path)
         if old.get("fingerprint") == plan["fingerprint"]:
-            done = len(tf.io.gfile.glob(storage.join(work, DONE, "*.json")))
+            done = len(done_records(work))
             progress.say(
                 f"resuming the Beam preparation in {work}: {done} of {len(plan['shards'])} "
                 "shards were written by an earlier run and are kept once checked (size and SHA-256)"
@@ -218,7 +218,7 @@ def _progress_lines(work: str, total: int, progress: Progress) -> Iterator[None]
         last = -1
         while not stop.wait(PROGRESS_EVERY_S):
             with contextlib.suppress(tf.errors.OpError):
-                done = len(tf.io.gfile.glob(storage.join(work, DONE, "*.json")))
+                done = len(done_records(work))
                 if done > last:  # the work folder goes once published
                     progress.say(f"{done} of {total} shards written")
                     last = done
