@@ -246,7 +246,16 @@ def read_env_file(path: Path) -> dict[str, str]:
     )
     if text is None:
         return {}
-    bindings = parse_stream(io.StringIO(text))
+    bindings = list(parse_stream(io.StringIO(text)))
+    # An assignment python-dotenv cannot parse (an unclosed quote) would drop its setting silently
+    # (KMS_KEY, SERVICE_ACCOUNT; a PROJECT_ID, and the run goes local); `source env.sh` fails on it.
+    # Other lines it cannot parse (not assignments) are ignored, as `source` runs past a bad command.
+    for b in bindings:
+        if b.error and re.match(r"\s*(export\s+)?[A-Za-z_][A-Za-z0-9_]*\s*=", b.original.string):
+            raise SettingsError(
+                f"{path} line {b.original.line}: {b.original.string.strip()!r} cannot be read as KEY=VALUE "
+                "(an unclosed quote?); fix it as `source env.sh` would need"
+            )
     return {b.key: b.value or "" for b in bindings if b.key and re.fullmatch(r"[A-Z_][A-Z0-9_]*", b.key)}
 
 

@@ -77,6 +77,20 @@ def test_the_documented_forms_are_unchanged(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "line", ['export KMS_KEY="projects/p/locations/l/keyRings/r/cryptoKeys/k', "PROJECT_ID='p-proj", "A = 'x"]
+)
+def test_an_assignment_that_cannot_be_parsed_is_refused_not_dropped(line: str, tmp_path: Path) -> None:
+    """An unclosed quote: `source env.sh` fails on it; dropping the line would run without the
+    setting (a Vertex run without its CMEK key, or a local run for want of PROJECT_ID)."""
+    path = write(
+        tmp_path, (SETTINGS_TEXT + line + "\nSERVICE_ACCOUNT=sa@p-proj.iam.gserviceaccount.com\n").encode()
+    )
+    assert " line 5: " in refusal(path)
+    with pytest.raises(settings.SettingsError):
+        cli.configured_project({}, path)
+
+
 def test_no_env_sh_is_no_settings(tmp_path: Path) -> None:
     assert settings.read_env_file(tmp_path / "env.sh") == {}
     (tmp_path / "file").write_text("x")
