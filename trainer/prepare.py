@@ -251,6 +251,16 @@ def prepare(config: PrepareConfig, progress: Progress | None = None) -> dict[str
             f"--output_dir {config.output_dir} already exists and is not empty; pass --overwrite "
             "to replace it"
         )
+    kind, _, where = config.source.partition(":")
+    for flag, given in (
+        ("--source", where if kind == "folder" else ""),
+        ("--tfds_data_dir", config.tfds_data_dir),
+    ):
+        if given and storage.holds(config.output_dir, given):  # publishing replaces the output folder whole
+            raise PrepareError(
+                f"--output_dir {config.output_dir} is {flag} {given} or holds it: the prepared dataset "
+                "replaces that folder as a whole, and the source with it; name an output folder outside it"
+            )
     if config.engine == "beam":
         beamrun.check_work_dir(work_dir(config.output_dir))  # before anything is listed or removed
     started = time.monotonic()

@@ -37,6 +37,19 @@ def is_remote(path: str) -> bool:
     return "://" in resolve(path)
 
 
+def holds(folder: str, path: str) -> bool:
+    """`path` is `folder` or inside it, however either is spelt: `/gcs/` or `gs://`, `.`, `..`,
+    `//`, a relative path or (local) a symbolic link on the way."""
+
+    def canonical(p: str) -> str:
+        p = "gs://" + p[len(GCS_FUSE_ROOT) :] if p.startswith(GCS_FUSE_ROOT) else p
+        scheme, sep, rest = p.partition("://")
+        return f"{scheme}://{os.path.normpath('/' + rest)}" if sep else os.path.realpath(p)
+
+    folder, path = canonical(folder), canonical(path)
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
 def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
 

@@ -309,6 +309,32 @@ def test_an_existing_dataset_is_kept_unless_overwrite(image_folder: Path, tmp_pa
     assert (out / "metadata.json").exists() and not (out / "precious.txt").exists()
 
 
+@pytest.mark.parametrize("output", ["{images}", "{images}/", "{images}/..", "{images}/../."])
+def test_overwrite_never_replaces_the_source_folder_or_one_above_it(
+    output: str, image_folder: Path, tmp_path: Path
+) -> None:
+    before = sorted(p.relative_to(image_folder) for p in image_folder.rglob("*"))
+    config = PrepareConfig(
+        source=f"folder:{image_folder}",
+        output_dir=output.format(images=image_folder),
+        image_size=32,
+        overwrite=True,
+    )
+    with pytest.raises(PrepareError, match="--source"):
+        prepare(config)
+    assert sorted(p.relative_to(image_folder) for p in image_folder.rglob("*")) == before
+
+
+def test_overwrite_never_replaces_the_tfds_data_dir(tmp_path: Path) -> None:
+    (tmp_path / "tfds" / "keep").mkdir(parents=True)
+    config = PrepareConfig(
+        source="synthetic", output_dir=str(tmp_path), tfds_data_dir=str(tmp_path / "tfds"), overwrite=True
+    )
+    with pytest.raises(PrepareError, match="--tfds_data_dir"):
+        prepare(config)
+    assert (tmp_path / "tfds" / "keep").is_dir()
+
+
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
