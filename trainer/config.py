@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from trainer import backbones
+from trainer import backbones, storage
 
 HP_METRICS = ("val_accuracy", "val_loss", "accuracy", "loss")
 """Metrics the trainer computes every epoch, and so the only valid `--hp_metric` tags."""
@@ -193,8 +193,8 @@ def _weights(text: str) -> str:
 
 
 def _path(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must be a non-empty path (local, /gcs/... or gs://...)")
+    if not text.strip() or ("://" in text and not text.partition("://")[2].strip("/")):
+        raise argparse.ArgumentTypeError("must be a non-empty path (local, /gcs/... or gs://BUCKET/...)")
     return text.rstrip("/") or "/"  # the root in any spelling ("//") stays the root
 
 
@@ -301,12 +301,17 @@ def parse_args(
         ("tensorboard_dir", "AIP_TENSORBOARD_LOG_DIR", "_logs"),
     ):
         path = getattr(ns, name) or env.get(variable, "").rstrip("/") or model_dir + suffix
-        if path == model_dir or path.startswith(model_dir.rstrip("/") + "/"):
+        if storage.holds(model_dir, path):
             parser.error(
                 f"--{name} must not be --model_dir or inside it ({path}): the "
                 "model folder is published as a whole when training ends"
             )
         setattr(ns, name, path)
+    if storage.holds(model_dir, ns.data_dir):
+        parser.error(
+            f"--model_dir must not be --data_dir or hold it ({ns.data_dir}): the model folder is "
+            "published as a whole when training ends"
+        )
     if any(c in ns.checkpoint_dir for c in "[*?"):  # tf.train.latest_checkpoint globs the folder's path
         parser.error(
             f"--checkpoint_dir must not hold [, * or ? ({ns.checkpoint_dir}): TensorFlow finds the backup "

@@ -135,6 +135,26 @@ def test_a_checkpoint_folder_that_tensorflow_would_read_as_a_pattern_is_refused(
     assert "--checkpoint_dir" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--model_dir=out/model", "--checkpoint_dir=./out/model/ckpt"], "--checkpoint_dir"),
+        (["--model_dir=/x/out/model", "--tensorboard_dir=/x/out//model/logs"], "--tensorboard_dir"),
+        (["--model_dir=gs://b/m", "--checkpoint_dir=/gcs/b/m/ckpt"], "--checkpoint_dir"),
+        (["--model_dir=/x/./m", "--checkpoint_dir=/x/m/../m/ckpt"], "--checkpoint_dir"),
+        (["--model_dir=/data/.."], "--data_dir"),  # publishing the model would replace the dataset
+        (["--model_dir=gs://"], "--model_dir"),
+    ],
+)
+def test_folders_the_model_would_replace_are_refused_however_they_are_spelt(
+    flags: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--data_dir=/data", *flags], {})
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err
+
+
 def test_model_dir_is_required_without_aip_model_dir(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_args(["--data_dir=/data"], {})
