@@ -125,6 +125,12 @@ def publish(staging: str, final: str) -> None:
         with contextlib.suppress(tf.errors.NotFoundError):
             tf.io.gfile.remove(join(final, name))
     files = [os.path.relpath(os.path.join(d, n), staging) for d, _, names in os.walk(staging) for n in names]
+    staged = {join(final, rel) for rel in files}
+    # Then whatever else an earlier output left there (its shards, with another shard count):
+    # nothing of it may stay beside the new one, as a local publish leaves nothing of it.
+    for d, _, names in tf.io.gfile.walk(final) if tf.io.gfile.isdir(final) else ():
+        for stale in {join(d, n) for n in names} - staged:
+            tf.io.gfile.remove(stale)
     for rel in sorted(files, key=lambda rel: os.path.basename(rel) in COMPLETION_FILES):
         target = join(final, rel)
         tf.io.gfile.makedirs(os.path.dirname(target))

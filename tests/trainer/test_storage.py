@@ -66,6 +66,23 @@ def test_a_success_replaces_the_previous_output(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
+def test_a_remote_publish_leaves_nothing_of_the_previous_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gs:// has no rename: the new files are copied over the old folder, and what the old
+    output had and the new one has not (shards of another count) is deleted."""
+    final = tmp_path / "final"
+    for rel in ("metadata.json", "train-00000-of-00004.tfrecord", "sub/stale", "same"):
+        (final / rel).parent.mkdir(parents=True, exist_ok=True)
+        (final / rel).write_text("old")
+    monkeypatch.setattr(storage, "is_remote", lambda path: True)  # the remote branch, through tf.io.gfile
+    with storage.staged_output(str(final)) as staging:
+        for rel in ("metadata.json", "train-00000-of-00002.tfrecord", "same"):
+            Path(staging, rel).write_text("new")
+    published = {str(p.relative_to(final)): p.read_text() for p in final.rglob("*") if p.is_file()}
+    assert published == {"metadata.json": "new", "train-00000-of-00002.tfrecord": "new", "same": "new"}
+
+
 def test_json_is_written_atomically_with_stable_bytes(tmp_path: Path) -> None:
     path = str(tmp_path / "m.json")
     storage.write_json(path, {"b": 1, "a": [1, 2]})
