@@ -14,6 +14,13 @@ def decode(encoded: tf.Tensor) -> tf.Tensor:
     return image
 
 
+def rgb(image: tf.Tensor) -> tf.Tensor:
+    """A uint8 [H, W, 1 to 4] image (a TFDS feature's) as [H, W, 3], as `decode` gives an image
+    file: grey repeated in each channel, alpha dropped."""
+    channels = image.shape[-1]
+    return tf.image.grayscale_to_rgb(image[..., :1]) if channels in (1, 2) else image[..., :3]
+
+
 def resize(image: tf.Tensor, size: int) -> tf.Tensor:
     """Any uint8 [H, W, 3] image to uint8 [size, size, 3] (area-aware, rounded)."""
     resized = tf.image.resize(image, (size, size), method="bilinear", antialias=True)

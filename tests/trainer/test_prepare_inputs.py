@@ -136,6 +136,26 @@ DECODABLE: dict[str, Any] = {
 }
 
 
+@pytest.mark.parametrize("encoding", ["raw", "png"])
+def test_a_grey_or_rgba_tfds_image_is_stored_as_rgb_as_its_file_would_be_served(encoding: str) -> None:
+    """A TFDS feature of 1, 2 or 4 channels (mnist's grey) is stored as the 3 channels the trainer
+    reads, the same pixels `images.decode` gives the same image's PNG file at serving."""
+    from trainer import images
+    from trainer._tf import tf
+    from trainer.preparation.prepareconfig import PrepareConfig
+    from trainer.preparation.shards import record_encoder
+
+    encode = record_encoder(
+        PrepareConfig(source="synthetic", output_dir="/o", image_size=8, encoding=encoding)
+    )
+    rng = np.random.default_rng(0)
+    for channels in (1, 2, 4):
+        image = tf.constant(rng.integers(0, 256, (8, 8, channels), dtype=np.uint8))
+        stored, _ = encode(image, 0)
+        served = images.decode(tf.io.encode_png(image))
+        assert images.decode_stored(stored, encoding, 8).numpy().tolist() == served.numpy().tolist()
+
+
 @pytest.mark.parametrize("case", list(DECODABLE))
 def test_the_header_gives_the_size_tensorflow_decodes(case: str) -> None:
     data = DECODABLE[case]()
@@ -772,3 +792,23 @@ def test_beam_workers_are_bounded_by_this_machines_cpus_and_memory(monkeypatch: 
     assert "2 CPUs" in str(err.value) and "GiB available" in str(err.value)
     assert beamrun.local_workers(PrepareConfig(source="synthetic", output_dir="/tmp/x", beam_workers=0)) <= 2
     assert beamrun.local_workers(PrepareConfig(source="synthetic", output_dir="/tmp/x", beam_workers=1)) == 1
+
+
+def test_a_tfds_image_of_more_than_4_channels_is_refused_before_any_work() -> None:
+    import types
+
+    import tensorflow_datasets as tfds
+
+    from trainer.preparation.source import PrepareError
+    from trainer.preparation.tfdssource import image_classification_keys
+
+    def info(channels: int) -> Any:
+        features = {
+            "image": tfds.features.Image(shape=(None, None, channels)),
+            "label": tfds.features.ClassLabel(num_classes=2),
+        }
+        return types.SimpleNamespace(features=features, supervised_keys=("image", "label"))
+
+    assert image_classification_keys(info(2), "grey_alpha") == ("image", "label")
+    with pytest.raises(PrepareError, match="multispectral"):
+        image_classification_keys(info(5), "multispectral")

@@ -40,7 +40,7 @@ def record_encoder(config: PrepareConfig) -> Any:
     """The map from a source's (uint8 image, label) to (stored image bytes, label), both engines'."""
 
     def encode(image: Any, label: Any) -> tuple[Any, Any]:
-        return images.encode(images.resize(image, config.image_size), config.encoding), label
+        return images.encode(images.resize(images.rgb(image), config.image_size), config.encoding), label
 
     return encode
 
