@@ -232,7 +232,20 @@ def translucent() -> Image.Image:
     return image
 
 
+def patched_jpeg(marker: int = 0xC0, precision: int = 8) -> bytes:
+    """A baseline JPEG whose frame header is made to name another process or sample precision."""
+    data = bytearray(save(noise(8, 8), "JPEG"))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 1], data[sof + 4] = marker, precision
+    return bytes(data)
+
+
 UNSUPPORTED: dict[str, Any] = {
+    "jpeg 12-bit": lambda: patched_jpeg(0xC1, precision=12),
+    **{
+        f"jpeg sof{m - 0xC0}": lambda m=m: patched_jpeg(m)
+        for m in (0xC3, 0xC5, 0xC6, 0xC7, 0xCB, 0xCD, 0xCE, 0xCF)
+    },
     "webp lossy translucent": lambda: save(translucent(), "WEBP"),
     "webp lossless translucent": lambda: save(translucent(), "WEBP", lossless=True),
     "webp animated": lambda: save(noise(8, 8), "WEBP", save_all=True, append_images=[noise(8, 8, seed=1)]),

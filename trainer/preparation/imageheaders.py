@@ -46,6 +46,9 @@ _HEADER_SEARCH_LIMIT = 32 * 1024 * 1024
 _JXL_CONTAINER = b"\x00\x00\x00\x0cJXL \r\n\x87\n"
 # JPEG's frame header markers, SOF0-SOF15 less DHT (C4), JPG (C8) and DAC (CC) (ITU-T T.81, table B.1).
 _JPEG_SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
+# Of them, the lossless (C3, CB) and hierarchical (C5-C7, CD-CF) processes, which TensorFlow's
+# libjpeg-turbo refuses ("Unsupported JPEG process"), as it refuses a sample precision other than 8.
+_JPEG_UNDECODABLE = frozenset((0xC3, 0xC5, 0xC6, 0xC7, 0xCB, 0xCD, 0xCE, 0xCF))
 # JPEG XL's fixed aspect ratios (ISO/IEC 18181-1, SizeHeader: `ratio` 1..7 gives xsize from ysize).
 _JXL_RATIOS = {1: (1, 1), 2: (12, 10), 3: (4, 3), 4: (3, 2), 5: (16, 9), 6: (5, 4), 7: (2, 1)}
 # TensorFlow 2.21's `decode_image(channels=3)` (trainer.images.decode), pinned by
@@ -101,7 +104,14 @@ def _jpeg(b: _Bytes) -> ImageHeader:
             height, width = struct.unpack(">HH", segment[3:7])
             if height == 0:
                 raise BadImageHeader("a JPEG whose height comes after its image data (DNL marker)")
-            return ImageHeader("JPEG", width, height)
+            unsupported = (
+                f"a {segment[2]}-bit JPEG, which TensorFlow decodes only at 8 bits"
+                if segment[2] != 8
+                else f"a lossless or hierarchical JPEG (SOF{marker - 0xC0}), which TensorFlow cannot decode"
+                if marker in _JPEG_UNDECODABLE
+                else None
+            )
+            return ImageHeader("JPEG", width, height, unsupported=unsupported)
         pos += 2 + length
     raise BadImageHeader(
         f"a JPEG with no frame header (SOF marker) in its first {_HEADER_SEARCH_LIMIT >> 20} MiB"
