@@ -81,7 +81,7 @@ PARAMETERS: tuple[_p, ...] = (
 # This capability's rows of docs/options.md#the-rules (`make docs`): parameters | rule | source.
 RULES = """
 | `model_display_name`, `serving_image`, `serving_tf_version`, `serving_accelerator` | Vertex's display-name rule; a serving image that exists (docs/guarantees.md#the-local-target-is-as-strict-as-vertex) | `components/registry.py`, `components/servingimage.py` |
-| `model_root` (Vertex) | `''` (`gs://<the pipeline root's bucket>/models`) or a `gs://<bucket>/<path>` folder | docs/training.md, "What may be deleted" |
+| `model_root` (Vertex) | `''` (`gs://<the pipeline root's bucket>/models`) or a `gs://<bucket>/<path>` folder, no empty, `.` or `..` folder in its path (the /gcs/ mount would read another place) | docs/training.md, "What may be deleted" |
 """
 
 
@@ -108,8 +108,14 @@ def registry_problems(v: Mapping[str, Any], region: str, warnings: list[str]) ->
             if text.startswith((known, known.replace("_", " "))):
                 name = known
         problems.append(Problem((name,), text))
-    root = v.get("model_root", "")
-    if root and not MODEL_ROOT.match(str(root)):
-        allowed = "must be empty (gs://<the pipeline root's bucket>/models) or a gs://<bucket>/<path> folder"
+    root = str(v.get("model_root", ""))
+    # No empty, . or .. folder: the trainer writes the object names as given (tf.io.gfile), the
+    # steps after it read them through the /gcs/ mount, where the kernel resolves them elsewhere.
+    odd = any(s in ("", ".", "..") for s in root.removeprefix("gs://").rstrip("/").split("/")[1:])
+    if root and (odd or not MODEL_ROOT.match(root)):
+        allowed = (
+            "must be empty (gs://<the pipeline root's bucket>/models) or a gs://<bucket>/<path> folder "
+            "with no empty, . or .. folder in its path"
+        )
         problems.append(Problem(("model_root",), f"{allowed}, got {root!r}"))
     return problems

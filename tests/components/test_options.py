@@ -99,6 +99,10 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
             "the run sets pipeline_run, source_commit, gate, dataset",
         ),
         ({"model_root": "s3://b/m"}, {"model_root"}, "a gs://<bucket>/<path> folder"),
+        *(
+            ({"model_root": root}, {"model_root"}, ". or ..")
+            for root in ("gs://bkt/a/../m", "gs://bkt//m", "gs://bkt/./m")
+        ),
         ({"timeout": "1h"}, {"timeout"}, "like '86400s'"),
         ({"chief_accelerator_type": "NVIDIA_TESLA_K80"}, {"chief_accelerator_type"}, "end of support"),
         (
