@@ -58,6 +58,7 @@ PARAMETERS: tuple[_p, ...] = (
 # This capability's rows of docs/options.md#the-rules (`make docs`): parameters | rule | source.
 RULES = """
 | `dataset_shards`, `worker_count` | at least one shard per training replica (each reads whole files: FILE auto-sharding) | `trainer/data.py` |
+| `dataflow_machine_type` (prepare_engine=beam, Vertex) | a Compute Engine machine type name, custom ones too (`n1-standard-4`, `n2-custom-4-16384`) | "Customizing worker VMs" (Dataflow docs) |
 | `dataset_source` | `tfds:NAME`, `folder:PATH` or `synthetic`; on Vertex a folder must be in Cloud Storage (`folder:gs://...`); locally it must exist | the preparation job runs on Vertex |
 """
 
@@ -158,11 +159,27 @@ _SUBNETWORK = re.compile(
 )
 
 
+# Dataflow takes any Compute Engine machine type, custom ones too ("Customizing worker VMs",
+# https://cloud.google.com/dataflow/docs/guides/configure-worker-vm): the name's form is checked
+# here (lowercase words joined by hyphens, n1-standard-4, n2-custom-4-16384); whether the region
+# has it, only the Dataflow launch says.
+_MACHINE_TYPE = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)+")
+_MACHINE_TYPE_WHY = (
+    "is not a Compute Engine machine type name (lowercase words joined by hyphens: n1-standard-4)"
+)
+
+
 def dataflow_problems(v: Mapping[str, Any], region: str, warnings: list[str]) -> list[Problem]:
     """prepare_engine=beam on Vertex: the Dataflow workers' subnetwork. Dataflow takes a network
     given alone as an auto-mode network of the job's project ("Specify a network and subnetwork",
     https://cloud.google.com/dataflow/docs/guides/specifying-networks); a custom-mode network, or a
     Shared VPC's, needs the subnetwork, in the job's region."""
+    problems = []
+    machine = v.get("dataflow_machine_type")
+    if v.get("prepare_engine") == "beam" and not (
+        isinstance(machine, str) and _MACHINE_TYPE.fullmatch(machine)
+    ):
+        problems.append(Problem(("dataflow_machine_type",), f"{machine!r} {_MACHINE_TYPE_WHY}"))
     subnetwork = str(v.get("dataflow_subnetwork") or "")
     if not subnetwork:
         if v.get("prepare_engine") == "beam" and v.get("network"):
@@ -171,7 +188,7 @@ def dataflow_problems(v: Mapping[str, Any], region: str, warnings: list[str]) ->
                 "by name as an auto-mode network of the job's project; for a custom-mode or Shared VPC "
                 "network give dataflow_subnetwork (regions/<region>/subnetworks/<name>)"
             )
-        return []
+        return problems
     match = _SUBNETWORK.fullmatch(subnetwork)
     if not match:
         why = (
@@ -184,5 +201,5 @@ def dataflow_problems(v: Mapping[str, Any], region: str, warnings: list[str]) ->
             "subnetwork of that region"
         )
     else:
-        return []
-    return [Problem(("dataflow_subnetwork",), f"{subnetwork!r} {why}")]
+        return problems
+    return [*problems, Problem(("dataflow_subnetwork",), f"{subnetwork!r} {why}")]

@@ -132,6 +132,14 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
         ({"gate_margin": -0.01}, {"gate_margin"}, "from 0 to 1"),
         ({"serving_accelerator": "tpu"}, {"serving_accelerator"}, "cpu or gpu"),
         ({"model_display_name": " "}, {"model_display_name"}, "required"),
+        *(
+            (
+                {"prepare_engine": "beam", "dataflow_machine_type": m},
+                {"dataflow_machine_type"},
+                "machine type name",
+            )
+            for m in ("N1-STANDARD-4", "n1 standard 4", "", 4)
+        ),
         (
             {"dataflow_subnetwork": "projects/p/regions/us-central1/subnetworks/s"},
             {"dataflow_subnetwork"},
