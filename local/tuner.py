@@ -14,12 +14,14 @@ follows `measurement_selection` (aiplatform_v1 `StudySpec.MeasurementSelectionTy
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, TextIO
@@ -216,6 +218,7 @@ def run_tuning(
                 # machine, so each gets its own file (the variable cloudml-hypertune reads).
                 extra_env={"CLOUD_ML_HP_METRIC_FILE": str(metric_file), "CLOUD_ML_TRIAL_ID": trial_id},
                 out=stream,
+                cancel=cancel,
             )
         except jobs.JobFailed as err:
             reason = str(err).splitlines()[0]
@@ -239,7 +242,10 @@ def run_tuning(
         stream.write(f"[tune] trial {trial_id} {metric.metric_id}={final[1]:.4f}\n")
         return row
 
-    with ThreadPoolExecutor(max_workers=parallel_trial_count) as pool:
+    # Set when the study ends early (max_failed_trial_count, Ctrl-C): the trials still running are
+    # stopped, their replicas given their grace to save, as Vertex stops a failed job's trials.
+    cancel = threading.Event()
+    with ThreadPoolExecutor(max_workers=parallel_trial_count) as pool, _cancelling_on_error(cancel):
         pending: dict[Future[dict[str, Any]], Any] = {}
         started = 0
         while started < max_trial_count or pending:
@@ -271,6 +277,15 @@ def run_tuning(
             "every trial failed: " + "; ".join(f"{r['id']}: {r['infeasibleReason']}" for r in table)
         )
     return table
+
+
+@contextlib.contextmanager
+def _cancelling_on_error(cancel: threading.Event) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        cancel.set()
+        raise
 
 
 def _timestamp(t: float) -> str:

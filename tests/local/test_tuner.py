@@ -122,6 +122,30 @@ open(path, "w").write(json.dumps({"val_accuracy": 0.5, "global_step": "1"}))
     assert states == {1.1: "SUCCEEDED", 1.2: "SUCCEEDED", 60.0: "INFEASIBLE"}
 
 
+def test_a_study_that_fails_stops_the_trials_still_running(tmp_path: Path) -> None:
+    """max_failed_trial_count reached: the job fails, and the trial still running is stopped (its
+    replica never gets to write its file), not waited for."""
+    program = r"""
+import os, sys, time
+nap = float(sys.argv[-1].split("=")[1])
+if nap == 0:
+    sys.exit(1)
+time.sleep(nap)
+open(os.environ["AIP_MODEL_DIR"].rstrip("/") + ".finished", "w").close()
+"""
+    space = [{"parameter_id": "nap", "discrete_value_spec": {"values": [0.0, 30.0]}}]
+    with pytest.raises(RuntimeError, match="max_failed_trial_count"):
+        run(
+            tmp_path,
+            space,
+            program,
+            algorithm="GRID_SEARCH",
+            parallel_trial_count=2,
+            max_failed_trial_count=1,
+        )
+    assert not list((tmp_path / "tune").glob("*/model.finished"))
+
+
 def test_the_local_default_space_is_sampled_within_its_ranges() -> None:
     import optuna
 
