@@ -285,6 +285,19 @@ def create_schedule(
     schedule = aiplatform.PipelineJobSchedule(
         pipeline_job=job, display_name=f"multiworker-cassava-training-{commit[:8]}"
     )
+    # PipelineJobSchedule copies some of the job's fields into the runs it asks for
+    # (aiplatform/pipeline_job_schedules.py); preflight validation, which PipelineJob.submit sets
+    # for `make run`, is set there too. Whether Vertex then validates each scheduled run, only a
+    # real schedule shows. No schedule can record its runs in an experiment: said, not dropped.
+    if settings.preflight_validations:
+        # The request as built, before creation (the public `gca_resource` exists only after it).
+        schedule._gca_resource.create_pipeline_job_request.pipeline_job.preflight_validations = True
+    if settings.experiment:
+        print(
+            f"warning: EXPERIMENT={settings.experiment} applies to make run only: Vertex schedules "
+            "cannot record their runs in an experiment",
+            file=sys.stderr,
+        )
     with cloud.calling_vertex(
         "the schedule's creation", settings, "; the schedule was not created", "the schedule"
     ):

@@ -59,14 +59,14 @@ SETTINGS: dict[str, str] = {
         "call <region>-aiplatform.googleapis.com "
         "(docs/guarantees.md#the-local-target-is-as-strict-as-vertex)"
     ),
-    "EXPERIMENT": "Vertex Experiment the runs are recorded in",
+    "EXPERIMENT": "Vertex Experiment make run's runs are recorded in (a schedule cannot record its runs in one)",
     "ENABLE_CACHING": (
         "leave unset to keep each step's compiled caching option (the registry steps and job "
         "folders are never cached); false turns caching off for every step"
     ),
     "PREFLIGHT_VALIDATIONS": (
         "leave unset to have Vertex validate the run's components before it creates the run "
-        "(PipelineJob.preflight_validations); false skips Google's check"
+        "(PipelineJob.preflight_validations), make schedule's runs too; false skips Google's check"
     ),
 }
 # The settings `load` requires by default (`make run`'s Vertex target, `make gpu-check`).

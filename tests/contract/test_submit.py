@@ -244,7 +244,11 @@ class KfpRegistryFake:
 
 @pytest.mark.parametrize("emails", [None, ["ml-team@example.com"]])
 def test_schedule_pins_the_template_version_of_this_commit(
-    vertex: RestFake, gcs: Any, monkeypatch: pytest.MonkeyPatch, emails: list[str] | None
+    vertex: RestFake,
+    gcs: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    emails: list[str] | None,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     registry = KfpRegistryFake()
     monkeypatch.setattr(submit, "source_commit", lambda root=ROOT: "a" * 40)
@@ -261,7 +265,7 @@ def test_schedule_pins_the_template_version_of_this_commit(
 
     monkeypatch.setattr(yaml_utils.request, "urlopen", urlopen)
     config = settings.load(
-        env(vertex, TEMPLATE_REPOSITORY="https://us-central1-kfp.pkg.dev/p-proj/pipelines"),
+        env(vertex, TEMPLATE_REPOSITORY="https://us-central1-kfp.pkg.dev/p-proj/pipelines", EXPERIMENT="exp"),
         Path("/nonexistent"),
     )
     try:
@@ -303,6 +307,9 @@ def test_schedule_pins_the_template_version_of_this_commit(
     assert job["runtimeConfig"]["parameterValues"]["source_commit"] == "a" * 40
     assert job["runtimeConfig"]["parameterValues"]["tune"] is True
     assert job["serviceAccount"] == "pipelines@p-proj.iam.gserviceaccount.com"
+    # Validated as make run's runs are; the experiment, which no schedule can record, is named.
+    assert job["preflightValidations"] is True
+    assert "EXPERIMENT" in capsys.readouterr().err
     # Every firing retrains: the registry steps and the job folders are never cached, and the
     # schedule's runs carry no caching override.
     tasks = spec_tasks(job["pipelineSpec"])
