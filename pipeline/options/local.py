@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from components import servingimage
+from components import servingimage, worker_pools
 from pipeline.options.common import Parameter as _p
 from pipeline.options.common import Problem
 
@@ -36,18 +36,12 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
     # GPUs asked of a machine without them: refused before any step, in the line the local job
     # runner and every replica would give (local.gpus.gpu_shortfall, trainer.distribute's rule).
     seen = gpus.local_gpus()
-    for pool, role in enumerate(("chief", "worker") if args["worker_count"] else ("chief",)):
-        source = role if role == "chief" or args["worker_machine_type"] else "chief"  # copies the chief's
-        asked = args[f"{source}_accelerator_count"]
+    given = {k: args[k] for k in worker_pools.HARDWARE_PARAMETERS if k.startswith(("chief_", "worker_"))}
+    for pool, (role, machine, gpu, asked, _) in enumerate(worker_pools.trainer_pools(**given)):  # as built
         if isinstance(asked, int) and asked > 0:
+            where = f"this machine ({gpus.GPU_DRIVER_DIR})"
             problem = gpus.gpu_shortfall(
-                f"workerpool{pool}",
-                role,
-                str(args[f"{source}_machine_type"]),
-                str(args[f"{source}_accelerator_type"]),
-                asked,
-                seen,
-                f"this machine ({gpus.GPU_DRIVER_DIR})",
+                f"workerpool{pool}", role, str(machine), str(gpu), asked, seen, where
             )
             if problem:
                 add(

@@ -81,6 +81,12 @@ def test_bad_flag_values_are_named(
                 "but this machine (/proc/driver/nvidia/gpus) sees 0 GPUs"
             ),
         ),
+        (  # the worker pool copies the chief's machine, with GPUs of its own
+            {"worker_count": 1, "worker_machine_type": ""}
+            | {"worker_accelerator_type": "NVIDIA_TESLA_T4", "worker_accelerator_count": 2},
+            "worker_accelerator_count",
+            "workerpool1 (worker) asked for 2 x NVIDIA_TESLA_T4",
+        ),
         # What Vertex would refuse (or could not deploy) is refused locally too, before any step.
         ({"serving_tf_version": "2.21"}, "serving_tf_version", "'2.21' has no prebuilt Vertex AI TensorFlow"),
         ({"serving_tf_version": "2.14"}, "serving_tf_version", "2.14 has no local serving environment"),
