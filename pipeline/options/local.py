@@ -127,6 +127,11 @@ def _registry_dir_problem(folder: str) -> str:
     if not folder.strip():
         return "is empty: give the folder of the local registry (default local_runs/registry)"
     registry_dir = Path(folder)
+    if registry_dir.is_symlink():  # local.registry opens it without following a link
+        return (
+            f"{registry_dir} is a symbolic link (to {os.readlink(registry_dir)}); the registry follows no "
+            f"link: give --registry_dir the folder itself ({os.path.realpath(registry_dir)})"
+        )
     if registry_dir.exists() and not registry_dir.is_dir():
         return f"{registry_dir} exists and is not a folder"
     existing = registry_dir

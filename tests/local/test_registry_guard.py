@@ -46,6 +46,16 @@ def test_a_registry_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
         options.check(local_args(registry_dir=str(tmp_path / "registry" / "models")), "local")
 
 
+@pytest.mark.parametrize("target", ["real", "nowhere"])
+def test_a_registry_dir_that_is_a_link_is_refused_before_any_step(target: str, tmp_path: Path) -> None:
+    """The first step opens it without following a link (local.registry): refused here, not there."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "registry").symlink_to(tmp_path / target)
+    with pytest.raises(options.OptionsError) as err:
+        options.check(local_args(registry_dir=str(tmp_path / "registry")), "local")
+    assert err.value.parameters == {"registry_dir"}
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_a_read_only_registry_dir_is_refused(tmp_path: Path) -> None:
     folder = tmp_path / "registry"
