@@ -101,7 +101,7 @@ def suggest(trial: Any, spec: Any) -> dict[str, Any]:
     """One value per parameter, within its range and on its scale."""
     from google.cloud import aiplatform_v1
 
-    log_scale = aiplatform_v1.StudySpec.ParameterSpec.ScaleType.UNIT_LOG_SCALE
+    scale = aiplatform_v1.StudySpec.ParameterSpec.ScaleType
     values: dict[str, Any] = {}
     for p in spec.parameters:
         kind = _value_spec(p)
@@ -109,11 +109,15 @@ def suggest(trial: Any, spec: Any) -> dict[str, Any]:
             raise ValueError(f"parameter {p.parameter_id} has no value spec")
         pid = p.parameter_id
         v = getattr(p, kind)
-        log = p.scale_type == log_scale
-        if kind == "double_value_spec":
-            values[pid] = trial.suggest_float(pid, v.min_value, v.max_value, log=log)
-        elif kind == "integer_value_spec":
-            values[pid] = trial.suggest_int(pid, v.min_value, v.max_value, log=log)
+        log = p.scale_type in (scale.UNIT_LOG_SCALE, scale.UNIT_REVERSE_LOG_SCALE)
+        # UNIT_REVERSE_LOG_SCALE: "values close to the top of the feasible space are spread out
+        # more than points near the bottom" (aiplatform_v1 ParameterSpec.ScaleType): the log-scale
+        # draw, mirrored within the range.
+        mirror = p.scale_type == scale.UNIT_REVERSE_LOG_SCALE
+        if kind in ("double_value_spec", "integer_value_spec"):
+            draw = trial.suggest_float if kind == "double_value_spec" else trial.suggest_int
+            value = draw(pid, v.min_value, v.max_value, log=log)
+            values[pid] = v.min_value + v.max_value - value if mirror else value
         else:  # a discrete value that is whole is offered as an int
             discrete = kind == "discrete_value_spec"
             options = [int(x) if discrete and float(x).is_integer() else x for x in v.values]

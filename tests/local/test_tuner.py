@@ -156,6 +156,27 @@ def test_the_local_default_space_is_sampled_within_its_ranges() -> None:
     assert all(5e-4 <= d["learning_rate"] <= 5e-3 and 0 <= d["dropout"] <= 0.3 for d in draws)
 
 
+@pytest.mark.parametrize("kind", ["double_value_spec", "integer_value_spec"])
+def test_a_reverse_log_scale_spreads_the_top_of_the_range(kind: str) -> None:
+    """UNIT_REVERSE_LOG_SCALE, as Vertex describes it: values near the top spread out more, so
+    random draws crowd there (a linear scale's median is 50.5 on [1, 100], a log scale's 10)."""
+    import statistics
+
+    import optuna
+
+    space = [
+        {
+            "parameter_id": "x",
+            kind: {"min_value": 1, "max_value": 100},
+            "scale_type": "UNIT_REVERSE_LOG_SCALE",
+        }
+    ]
+    spec = tuner.parse_study(tuning.study_metrics(), space)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    draws = [tuner.suggest(study.ask(), spec)["x"] for _ in range(200)]
+    assert all(1 <= x <= 100 for x in draws) and statistics.median(draws) > 80
+
+
 def test_unknown_fields_are_refused_as_the_api_refuses_them() -> None:
     with pytest.raises(ValueError, match=r'parameter 1: .*no field named "minimum"'):
         tuner.parse_study(
