@@ -205,7 +205,8 @@ class _Running:
     oom_checked: bool = False
 
     def start(self, header: str, display_name: str, out: TextIO) -> None:
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)  # a restart is a new VM: no file of the last
+        self.tmp_dir.mkdir(parents=True)
         self.kills_before, self.peak, self.seen_peak = self.probe.oom_kills(), None, None
         self.oom, self.oom_checked = None, False
         log_file = self.log_path.open("a")

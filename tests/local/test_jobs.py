@@ -31,7 +31,7 @@ env = {k: os.environ.get(k) for k in ("TF_CONFIG", "CLUSTER_SPEC", "AIP_MODEL_DI
 task = json.loads(env["TF_CONFIG"])["task"]
 name = f"{task['type']}-{task['index']}"
 with open(os.path.join(out, name + ".json"), "w") as f:
-    json.dump({"env": env, "argv": sys.argv[2:], "pid": os.getpid()}, f)
+    json.dump({"env": env, "argv": sys.argv[2:], "pid": os.getpid(), "tmp": os.listdir(env["TMPDIR"])}, f)
 # A temporary file left behind, as a process killed by SIGKILL leaves its own.
 tempfile.NamedTemporaryFile(prefix=f"left-by-{name}-", delete=False).close()
 print(f"hello from {name}", flush=True)
@@ -163,6 +163,8 @@ def test_a_killed_replica_restarts_alone_without_restart_job_on_worker_restart(t
     assert "worker-0 was killed by signal 9 (SIGKILL): restarting it" in screen
     assert screen.count("hello from worker-0") == 2 and screen.count("hello from chief-0") == 1
     assert (tmp_path / "logs" / "worker-0.log").read_text().count("--- attempt 1") == 2
+    # A new VM: nothing the killed process left in its temporary folder is there for the restart.
+    assert json.loads((tmp_path / "worker-0.json").read_text())["tmp"] == []
 
 
 def test_restarts_are_bounded_and_the_error_names_the_signal(tmp_path: Path) -> None:
