@@ -464,18 +464,24 @@ def describe_pools(values: Mapping[str, Any]) -> list[str]:
 
 def apply_to_namespace(ns: argparse.Namespace, target: str) -> None:
     """`--training_config FILE`: sets its hardware parameters on `ns` (flags win) and prints the
-    mapping and the worker pools; the local target has no GPUs, so it drops them, saying so."""
+    mapping and the worker pools; the local target drops the file's GPUs, saying so (GPU flags
+    given are kept: the local pre-flight judges them as it judges them without a file)."""
     if not getattr(ns, "training_config", None):
         return
     values, lines = apply_training_config(ns.training_config, vars(ns))  # flags given: not None
     print(f"training config {ns.training_config}:")
     print("".join(f"  {line}\n" for line in [*lines, *describe_pools(values)]), end="")
     if target == "local":
-        counts = ("chief_accelerator_count", "worker_accelerator_count")
-        dropped = [f"{k} {values[k]} -> 0" for k in counts if values.get(k)]
-        if dropped:
-            print(f"  the local target has no GPUs: these pools run here on CPU ({', '.join(dropped)})")
-            for role in ("chief", "worker"):
+        count = "{}_accelerator_count"
+        roles = [
+            r
+            for r in ("chief", "worker")
+            if values.get(count.format(r)) and getattr(ns, count.format(r)) is None
+        ]
+        if roles:
+            dropped = ", ".join(f"{count.format(r)} {values[count.format(r)]} -> 0" for r in roles)
+            print(f"  the local target runs the file's GPU pools here on CPU ({dropped})")
+            for role in roles:
                 values[f"{role}_accelerator_type"], values[f"{role}_accelerator_count"] = "", 0
     sys.stdout.flush()
     for name, value in values.items():

@@ -518,9 +518,28 @@ def test_make_run_runs_a_v100_file_locally_on_cpu_with_its_pools(
     out = capsys.readouterr().out
     assert "--worker_count 1 wins over trainingInput.workerCount (2)" in out
     assert "pool 0: 1 x n1-standard-8 + 1 x NVIDIA_TESLA_V100 (chief)" in out
-    assert "the local target has no GPUs" in out
+    assert "the local target runs the file's GPU pools here on CPU" in out
     assert seen["chief_machine_type"] == "n1-standard-8" and seen["worker_count"] == 1
     assert seen["chief_accelerator_count"] == 0 and seen["worker_accelerator_type"] == ""
+
+
+def test_make_run_keeps_gpu_flags_given_beside_a_file_and_judges_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flag wins over the file, locally too: the pre-flight then refuses GPUs this machine
+    lacks, as it does without a file (never a silent run on CPU)."""
+    from launch import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("local.gpus.local_gpus", lambda *a, **k: [])
+    path = tmp_path / "config.yaml"
+    path.write_text("trainingInput:\n  scaleTier: CUSTOM\n  masterType: n1-standard-8\n")
+    monkeypatch.setattr(cli, "run_local", lambda args, *a, **k: 0)
+    flags = ["--chief_accelerator_type", "NVIDIA_TESLA_T4", "--chief_accelerator_count", "1"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", "--training_config", str(path), *flags], {})
+    assert exit_.value.code == 2
+    assert "chief_accelerator_count" in capsys.readouterr().err
 
 
 def test_make_schedule_refuses_a_bad_file_before_any_request(
