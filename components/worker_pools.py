@@ -72,7 +72,8 @@ def build_worker_pool_specs(
     if not whole(worker_count, 0, 512):
         problems.append(f"worker_count: must be a whole number from 0 to 512, got {worker_count!r}")
         worker_count = 0
-    disks = ("pd-ssd", "pd-standard", "pd-balanced", "hyperdisk-balanced")
+    # aiplatform_v1 DiskSpec.boot_disk_type's "Valid values" (pd-balanced is PersistentDiskSpec's).
+    disks = ("pd-ssd", "pd-standard", "hyperdisk-balanced")
     if boot_disk_type not in disks:
         problems.append(f"boot_disk_type: {boot_disk_type!r} is not one of {', '.join(disks)}")
     if not whole(boot_disk_size_gb, 100, 64_000):

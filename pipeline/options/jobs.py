@@ -60,7 +60,12 @@ PARAMETERS: tuple[_p, ...] = (
     _p("worker_machine_type", str, "n1-standard-8", "Machine of each worker."),
     _p("worker_accelerator_type", str, V100, "GPU of each worker ('' for none).", ""),
     _p("worker_accelerator_count", int, 1, "GPUs of each worker.", 0),
-    _p("boot_disk_type", str, "pd-ssd", "Boot disk type of every replica."),
+    _p(
+        "boot_disk_type",
+        str,
+        "pd-ssd",
+        "Boot disk type of every replica: pd-ssd, pd-standard or hyperdisk-balanced.",
+    ),
     _p("boot_disk_size_gb", int, 100, "Boot disk size of every replica."),
     _p("reduction_server_count", int, 0, "Reduction Server replicas (pool 2; 0: none)."),
     _p("reduction_server_machine_type", str, "n1-highcpu-16", "Machine of each Reduction Server replica."),

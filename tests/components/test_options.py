@@ -111,6 +111,11 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
             "compute capability 3.7",
         ),
         ({"boot_disk_size_gb": 10}, {"boot_disk_size_gb"}, "from 100 to 64000"),
+        (
+            {"boot_disk_type": "pd-balanced"},
+            {"boot_disk_type"},
+            "hyperdisk-balanced",
+        ),  # PersistentDiskSpec's, not DiskSpec's
         ({"prepare_machine_type": "big one"}, {"prepare_machine_type"}, "not a Compute Engine machine type"),
         ({"worker_count": 40}, {"dataset_shards", "worker_count"}, "give at least 41"),
         ({"fine_tune_fraction": -0.5}, {"fine_tune_fraction"}, "-1 (the trainer's default) or from 0 to 1"),
