@@ -106,12 +106,10 @@ def build_worker_pool_specs(
             if text.startswith("machine type"):
                 name = "machine_type"
             problems.append(f"{role}_{name}: {role} pool: {text}")
-    if reduction_server_count:
+    if reduction_server_count:  # the GPUs of the pools as built (workers may copy the chief's)
+        gpus = {role: bool(gpu and count) for role, _, gpu, count, _ in pools}
         problems += reduction_server_problems(
-            reduction_server_machine_type,
-            bool(chief_accelerator_type and chief_accelerator_count),
-            worker_count,
-            bool(worker_accelerator_type and worker_accelerator_count),
+            reduction_server_machine_type, gpus["chief"], worker_count, gpus.get("worker", False)
         )
     if problems:
         raise ValueError("\n".join(problems))

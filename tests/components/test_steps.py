@@ -89,6 +89,12 @@ def test_reduction_server_is_pool_two() -> None:
     assert specs[2]["container_spec"]["image_uri"].endswith("/reductionserver:latest")
     with pytest.raises(ValueError, match="Reduction Server pool needs GPU workers"):
         pools(worker_count=0, reduction_server_count=1)
+    # Workers that copy the chief's GPU machine are GPU workers.
+    copying = {"worker_machine_type": "", "worker_accelerator_type": "", "worker_accelerator_count": 0}
+    assert (
+        pools(worker_count=2, reduction_server_count=1, **copying)[1]["machine_spec"]["accelerator_count"]
+        == 1
+    )
 
 
 @pytest.mark.parametrize(
