@@ -99,10 +99,10 @@ def registry_folder(name: str) -> str:
 
 
 def label_value(value: str) -> str:
-    """A string as a Vertex label value: lowercase letters, digits, _ and -, at most 63."""
-    import re
-
-    return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
+    """A string as a Vertex label value: lowercase letters ("International characters are
+    allowed": aiplatform_v1 `Model.labels`), digits, _ and -, at most 63; any other character -."""
+    ok = [c if (c.isalpha() and not c.isupper()) or c.isdigit() or c in "_-" else "-" for c in value.lower()]
+    return "".join(ok)[:63]
 
 
 @dsl.component(

@@ -77,7 +77,7 @@ def test_serving_image_choice_and_labels(
         serving_accelerator="gpu",
         custom_image_uri="",
         model_uri="gs://b/m/1",
-        labels={"Team": "ML Ops"},
+        labels={"Team": "ML Ops", "équipe": "josé", "xè": "1", "xé": "2"},
         source_commit="ABC123",
         pipeline_run="multiworker-cassava-training-20261121",
     )
@@ -88,6 +88,9 @@ def test_serving_image_choice_and_labels(
     )
     assert out.labels == {
         "team": "ml-ops",
+        "équipe": "josé",  # international characters are allowed, as Vertex allows them
+        "xè": "1",
+        "xé": "2",
         "pipeline_run": "multiworker-cassava-training-20261121",
         "source_commit": "abc123",
     }
