@@ -137,7 +137,7 @@ MAX_LABELS = 64 - len(RUN_LABELS) - 1
 
 SERVICE_ACCOUNT = re.compile(
     r"^([a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com"
-    r"|[0-9]+-compute@developer\.gserviceaccount\.com)$"
+    r"|[0-9]+-compute@developer\.gserviceaccount\.com|[a-z][a-z0-9-]{4,28}[a-z0-9]@appspot\.gserviceaccount\.com)$"
 )
 
 
@@ -187,13 +187,14 @@ def label_problems(labels: Any) -> list[str]:
         return [f"labels must be a mapping of label keys to values, got {labels!r}"]
 
     def ok(text: str) -> bool:
-        return all((c.isalpha() and not c.isupper()) or c.isdigit() or c in "_-" for c in text)
+        # Lowercase: a letter that lowercasing leaves alone (not upper- nor titlecase: 'ǅ').
+        return all((c.isalpha() and c == c.lower()) or c.isdigit() or c in "_-" for c in text)
 
     out = []
     for key, value in labels.items():
         if not isinstance(key, str) or not isinstance(value, str):
             out.append(f"label {key!r}: keys and values must be strings, got {value!r}")
-        elif not (1 <= len(key) <= 63 and key[0].isalpha() and not key[0].isupper() and ok(key)):
+        elif not (1 <= len(key) <= 63 and key[0].isalpha() and ok(key)):
             out.append(
                 f"label key {key!r} is not valid: 1 to 63 lowercase letters, digits, _ or -, starting "
                 "with a lowercase letter"

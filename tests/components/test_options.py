@@ -31,6 +31,20 @@ def test_the_vertex_defaults_pass() -> None:
     assert options.check(vertex(), "vertex", REGION) == []
 
 
+@pytest.mark.parametrize(
+    "account",
+    [
+        "trainer@p-proj.iam.gserviceaccount.com",
+        "123456789-compute@developer.gserviceaccount.com",
+        "p-proj@appspot.gserviceaccount.com",  # App Engine's default service account
+    ],
+)
+def test_service_accounts_vertex_takes_pass(account: str) -> None:
+    assert (
+        options.check(vertex(service_account=account, labels={"équipe": "données"}), "vertex", REGION) == []
+    )
+
+
 H100_8: dict[str, str | int] = {
     "chief_machine_type": "a3-highgpu-8g",
     "chief_accelerator_type": "NVIDIA_H100_80GB",
@@ -91,6 +105,7 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
             "needs a CMEK key in the region of its resources, us-central1",
         ),
         ({"labels": {"Team": "ml"}}, {"labels"}, "label key 'Team'"),
+        ({"labels": {"ǅx": "ml"}}, {"labels"}, "label key 'ǅx'"),  # titlecase is not lowercase
         ({"labels": {"team": "ML"}}, {"labels"}, "values are at most 63 lowercase"),
         ({"labels": {f"k{i}": "v" for i in range(60)}}, {"labels"}, "at most 59"),
         (
