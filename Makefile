@@ -76,7 +76,7 @@ test-hardening: $(STAMP) ## Run the hardening tier: bad inputs and attacks at ev
 test-conformance: $(STAMP) ## Run the conformance tier: every option combination through the real GCPC launchers, or refused before any request (docs/guarantees.md#conformance-the-real-launchers-every-option)
 	$(PYTEST) -m conformance tests/conformance
 
-docs: $(STAMP) ## Write the doc tables the code holds: flags, parameters, GPU tables, layout, each extra's files, the suites' case counts, the conformance matrix (make test fails while one is stale)
+docs: $(STAMP) ## Write the doc tables the code holds: flags, parameters, GPU tables, layout, each extra's files, the suites' case counts, the conformance matrix, env.sh.example (make test fails while one is stale)
 	$(PY) -m tests.doctables
 	$(PY) -m tests.conformance.test_conformance
 

@@ -408,6 +408,11 @@ def main() -> int:
         if new != text:
             path.write_text(new)
             print(f"make docs: wrote {name} into {doc}")
+    from launch import settings  # env.sh.example is the settings' own text, whole
+
+    if (ROOT / "env.sh.example").read_text() != settings.example():
+        (ROOT / "env.sh.example").write_text(settings.example())
+        print("make docs: wrote env.sh.example")
     return 0
 
 

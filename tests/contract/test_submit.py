@@ -384,7 +384,7 @@ def test_make_run_with_bad_settings_exits_2_naming_them(
 
 def test_env_sh_example_documents_every_setting() -> None:
     text = (ROOT / "env.sh.example").read_text()
-    assert text == settings.example(), "env.sh.example is stale: regenerate it from launch.settings.example()"
+    assert text == settings.example(), "env.sh.example is stale: run make docs"
     for key in settings.SETTINGS:
         assert f"export {key}=" in text
     assert settings.load({}, _write(text)).project == "my-project"  # the example itself is valid
