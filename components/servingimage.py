@@ -228,6 +228,14 @@ def choose_serving_image(
             f"serving_image must be auto, prebuilt, custom or an image URI (<host>/<path>:<tag> or "
             f"<host>/<path>@sha256:<digest>), got {serving_image!r}"
         )
+    version = prebuilt_tf_version(serving_image)
+    if version in prebuilt_tf_serving_table():  # Vertex's prebuilt image by its address: its end holds
+        end, days = prebuilt_days_left(version, today)
+        if days <= 0:
+            raise ValueError(
+                f"serving_image {serving_image} is Vertex's prebuilt TensorFlow {version} serving image, which "
+                f"ended on {end}: a model registered with it cannot be deployed; use serving_image=auto or custom"
+            )
     return serving_image, "the serving image given by serving_image"
 
 

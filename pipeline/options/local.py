@@ -70,11 +70,13 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
         serving = servingimage.resolve_serving_image(args["serving_image"], version)
     except ValueError:
         serving = ""  # an unknown version: named by registry_problems
-    if serving == "prebuilt" and version not in servingenv.PINS:
-        # The local registry serves each version under its serving image's TensorFlow.
+    # The local registry serves each version under its serving image's TensorFlow: a prebuilt
+    # image's, named by serving_tf_version or by the image's address.
+    by_address = servingimage.prebuilt_tf_version(str(args["serving_image"]))
+    if (by_address or (version if serving == "prebuilt" else "")) not in ("", *servingenv.PINS):
         add(
-            ("serving_tf_version",),
-            f"{version} has no local serving environment; the local target "
+            ("serving_image",) if by_address else ("serving_tf_version",),
+            f"{by_address or version} has no local serving environment; the local target "
             f"checks models under: {', '.join(sorted(servingenv.PINS))}",
         )
     if problem := tfds_source_problem(str(args["dataset_source"]), os.environ):

@@ -68,6 +68,10 @@ def test_a_prebuilt_image_past_its_end_is_refused_with_the_date() -> None:
     # The day before, it is still served.
     uri = servingimage.serving_container_uri("2.15", "gpu", "europe-west4", today=day(-1))
     assert uri == "europe-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-15:latest"
+    # The same image given by its address ends on the same day.
+    assert servingimage.choose_serving_image(uri, "2.20", "gpu", "europe-west4", "", today=day(-1))[0] == uri
+    with pytest.raises(ValueError, match=r"^serving_image .*ended on 2027-01-14"):
+        servingimage.choose_serving_image(uri, "2.20", "gpu", "europe-west4", "", today=END_215)
 
 
 @pytest.mark.parametrize(

@@ -91,6 +91,11 @@ def test_bad_flag_values_are_named(
         ({"serving_tf_version": "2.21"}, "serving_tf_version", "'2.21' has no prebuilt Vertex AI TensorFlow"),
         ({"serving_tf_version": "2.14"}, "serving_tf_version", "2.14 has no local serving environment"),
         (
+            {"serving_image": "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-14:latest"},
+            "serving_image",
+            "2.14 has no local serving environment",
+        ),
+        (
             {"serving_image": "not an image"},
             "serving_image",
             "must be auto, prebuilt, custom or an image URI",
