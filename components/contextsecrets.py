@@ -198,6 +198,10 @@ def why_secret_content(base: str, data: bytes, depth: int = 0) -> str:
     found = "" if text is None else _text_secret(text, config=not base.endswith(_CODE_OR_PROSE))
     if found or depth >= 2:
         return found
+    # An archive's members are not scanned: it could carry any secret into the image.
+    for kind, magic, at in _ARCHIVES:
+        if data[at : at + len(magic)] == magic:
+            return f"its content is a {kind} archive, whose files cannot be checked for secrets"
     # A secret gzip'd or in base64 is judged again once decoded, two layers at most.
     if data[:2] == b"\x1f\x8b":
         with contextlib.suppress(OSError, EOFError, zlib.error):
@@ -211,6 +215,17 @@ def why_secret_content(base: str, data: bytes, depth: int = 0) -> str:
             if found:
                 return f"{found} once base64-decoded"
     return ""
+
+
+# Archive formats by their magic numbers (gzip is opened above: a gzip'd tar is a tar within).
+_ARCHIVES = (
+    ("zip", b"PK\x03\x04", 0),
+    ("tar", b"ustar", 257),
+    ("bzip2", b"BZh", 0),
+    ("xz", b"\xfd7zXZ\x00", 0),
+    ("7z", b"7z\xbc\xaf\x27\x1c", 0),
+    ("zstd", b"\x28\xb5\x2f\xfd", 0),
+)
 
 
 # A run of base64 long enough to hold a key or a credential file (a short one is any word).

@@ -146,7 +146,30 @@ SECRETS = [
     ("accessTokens.json", "[]", "name rule accesstokens.json"),
     ("settings.yaml", None, "once base64-decoded"),  # a service-account key, base64-encoded
     ("adc.json.gz", None, "once gunzipped"),  # an ADC file, gzip'd
+    # Archives: their members are not scanned, so none is packed (each holds user credentials).
+    ("assets.zip", None, "zip archive"),
+    ("assets.tar.gz", None, "tar archive, whose files cannot be checked for secrets once gunzipped"),
+    ("assets.tar.xz", None, "xz archive"),
+    ("assets.tar.bz2", None, "bzip2 archive"),
 ]
+
+
+def archive(name: str) -> bytes:
+    """`name`'s archive format holding Google user credentials (no PEM header) as adc.json."""
+    import tarfile
+    import zipfile
+
+    buffer = io.BytesIO()
+    if name.endswith(".zip"):
+        with zipfile.ZipFile(buffer, "w") as z:
+            z.writestr("adc.json", AUTHORIZED_USER)
+    else:
+        mode = {"gz": "w:gz", "xz": "w:xz", "bz2": "w:bz2"}[name.rsplit(".", 1)[1]]
+        with tarfile.open(fileobj=buffer, mode=mode) as t:  # type: ignore[call-overload]
+            info = tarfile.TarInfo("adc.json")
+            info.size = len(AUTHORIZED_USER.encode())
+            t.addfile(info, io.BytesIO(AUTHORIZED_USER.encode()))
+    return buffer.getvalue()
 
 
 def write(root: Path, name: str, body: str | None) -> Path:
@@ -157,6 +180,8 @@ def write(root: Path, name: str, body: str | None) -> Path:
         path.write_text(f"gcp:\n  key_b64: {base64.b64encode(SA_KEY.encode()).decode()}\n")
     elif name == "adc.json.gz":
         path.write_bytes(gzip.compress(SA_KEY.encode()))
+    elif name.startswith("assets."):
+        path.write_bytes(archive(name))
     elif name == "blob.bin":
         path.write_bytes(b"\0\x01\x02" * 100 + PRIVATE.encode() + b"\0" * 10)
     else:
