@@ -55,7 +55,7 @@ _GIT_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY"
 def context_members(root: str | os.PathLike[str]) -> list[tuple[str, bytes]]:
     """The build context of a checkout, as (relative path, content), in path order: in a git
     checkout the tracked files among CONTEXT_FILES and below CONTEXT_DIRS (untracked, unignored
-    ones named on stderr); without git or .git (Cloud Build's source), every file there. Caches
+    ones named on stderr, Python ones refused); without git or .git (Cloud Build's source), every file there. Caches
     are left out, as .dockerignore does. A symlink to a member is taken with its content; any
     other symlink, a path through a symlinked folder, a non-regular file or a file that looks like
     a secret (`why_secret`) is refused: a ValueError naming every offending file and what to do,
@@ -85,6 +85,13 @@ def context_members(root: str | os.PathLike[str]) -> list[tuple[str, bytes]]:
                 f"is what git tracks, so `git add` {'it' if len(untracked_files) == 1 else 'them'}"
             )
         untracked = sorted(n for n in _git_files(base, "--others", "--exclude-standard") or () if _kept(n))
+        code = [n for n in untracked if n.endswith(".py")]
+        if code:  # the local target imports it from the checkout; the image would lack it
+            raise ValueError(
+                f"build context {base}: {', '.join(code)} not tracked by git; the image holds what git "
+                "tracks, so the jobs on Vertex would not find the code a local run imports: `git add` "
+                "it, or move it out of the folder"
+            )
         if untracked:
             more = f" and {len(untracked) - 10} more" if len(untracked) > 10 else ""
             print(

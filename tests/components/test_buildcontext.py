@@ -123,6 +123,14 @@ def test_a_copy_in_git_has_the_tracked_files_only(repo: Path, capsys: pytest.Cap
     assert "trainer/notes.txt" in tarball_names(repo)
 
 
+def test_untracked_python_code_is_refused_not_left_out(repo: Path) -> None:
+    """A local run imports it from the checkout; the image, made of what git tracks, would not
+    have it, and the jobs on Vertex would fail after the build."""
+    (repo / "trainer" / "helper.py").write_text("VALUE = 1\n")
+    with pytest.raises(ValueError, match=r"trainer/helper\.py not tracked by git"):
+        names(repo)
+
+
 def test_an_untracked_secret_is_simply_left_out(repo: Path) -> None:
     (repo / "trainer" / "credentials.json").write_text(SERVICE_ACCOUNT_KEY)
     (repo / "trainer" / ".env").write_text("TOKEN=x\n")
@@ -275,10 +283,10 @@ def test_any_other_symlink_inside_the_checkout_is_refused(repo: Path, target: st
 
 
 def test_a_symlink_to_an_untracked_file_of_the_context_is_refused(repo: Path) -> None:
-    (repo / "trainer" / "local.py").write_text("X = 1\n")
-    os.symlink("local.py", repo / "trainer" / "alias.py")
-    git(repo, "add", "trainer/alias.py")
-    refused(repo, "trainer/alias.py", "not itself a file of the build context")
+    (repo / "trainer" / "local.txt").write_text("X = 1\n")
+    os.symlink("local.txt", repo / "trainer" / "alias.txt")
+    git(repo, "add", "trainer/alias.txt")
+    refused(repo, "trainer/alias.txt", "not itself a file of the build context")
 
 
 def test_a_path_through_a_symlinked_folder_is_refused(tmp_path: Path, repo: Path) -> None:
