@@ -105,7 +105,7 @@ RULES = """
 | `tensorboard`, `service_account` | `projects/<p>/locations/<region>/tensorboards/<id>` in the job's region, and only with a service account | aiplatform `jobs.py` ("service_account is required with provided tensorboard"); "Use Vertex AI TensorBoard with custom training" ("the TensorBoard instance must be in the same region as the training job") |
 | `encryption_spec_key_name` | `projects/<p>/locations/<region>/keyRings/<r>/cryptoKeys/<k>`, in the job's region exactly: `global` and multi-region keys are refused too (`kms_key_problem`, which the `KMS_KEY` setting also goes by) | aiplatform_v1 `EncryptionSpec.kms_key_name` ("The Cloud KMS key must be in the same region as the resource"); "Customer-managed encryption keys (CMEK)" (Vertex AI docs) |
 | `labels` | keys 1-63 lowercase letters (international too), digits, `_`, `-`, starting with a letter; values 0-63 of the same; at most 59, none named `pipeline_run`, `source_commit`, `gate` or `dataset` (the run adds those four to the model version, and GCPC its billing label) | aiplatform_v1 `CustomJob.labels`, Google Cloud "Labels" |
-| `build_location` (the `BUILD_REGION` setting) | `''` (the Vertex region), `global` or a Cloud Build region; when a project restricted to six regions is refused, an unset `BUILD_REGION` retries once in the restricted region of the same continent (`components.image.restricted_build_fallback` says which), saying so in one line; a chosen one fails naming `BUILD_REGION` | "Cloud Build locations", https://cloud.google.com/build/docs/locations |
+| `build_location` (the `BUILD_REGION` setting) | `''` (the Vertex region), `global` or a Cloud Build region; when a project restricted to six regions is refused, an unset `BUILD_REGION` retries once in the restricted region of the same continent (`components.image.restricted_build_fallback` says which), saying so in one line; a chosen one fails naming `BUILD_REGION`; a job region that is not a Cloud Build location (`us-east7`) needs `BUILD_REGION` | "Cloud Build locations", https://cloud.google.com/build/docs/locations |
 | `build_machine_type`, `build_service_account`, `build_worker_pool` (Vertex) | the build's worker: a name of Cloud Build's `BuildOptions.MachineType` (default `E2_HIGHCPU_8`; `UNSPECIFIED`: Cloud Build's default worker); the account it runs as: `''` (Cloud Build's default), an e-mail (taken as an account of `project`) or `projects/P/serviceAccounts/EMAIL`, and then its logs go to Cloud Logging only (`CLOUD_LOGGING_ONLY`); its private pool: `''` or `projects/P/locations/REGION/workerPools/POOL`, the build then runs in the pool's region (a different `build_location` is refused) and sends no machine type (the pool's workers are the pool's). Checked before any work (`components.image.build_settings`); roles: docs/vertex.md#3-cloud-builds-service-account | google-cloud-build `cloudbuild_v1` `BuildOptions`, `Build.service_account`; "Increase vCPU for builds", https://cloud.google.com/build/docs/optimize-builds/increase-vcpu-for-builds; "Configure user-specified service accounts", https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts; "Run builds in a private pool", https://cloud.google.com/build/docs/private-pools/run-builds-in-private-pool |
 """
 
@@ -297,6 +297,13 @@ def job_settings_problems(v: Mapping[str, Any], region: str) -> list[Problem]:
         bad(
             f"{build!r} is not a Cloud Build location (https://cloud.google.com/build/docs/locations): "
             f"'' (the job's region), global, or one of {', '.join(image.CLOUD_BUILD_REGIONS[1:])}",
+            "build_location",
+        )
+    elif not build and not v.get("build_worker_pool") and region and region not in image.CLOUD_BUILD_REGIONS:
+        bad(
+            f"the image build would run in the job's region {region}, which is not a Cloud Build location "
+            "(https://cloud.google.com/build/docs/locations, as this project's table has them): set "
+            "BUILD_REGION (build_location) to global or a Cloud Build region",
             "build_location",
         )
     names = ("build_machine_type", "build_service_account", "build_worker_pool")

@@ -31,6 +31,14 @@ def test_the_vertex_defaults_pass() -> None:
     assert options.check(vertex(), "vertex", REGION) == []
 
 
+def test_a_region_without_cloud_build_needs_a_build_region() -> None:
+    cpu = vertex(location="us-east7", chief_accelerator_type="", chief_accelerator_count=0, worker_count=0)
+    with pytest.raises(options.OptionsError) as err:
+        options.check(cpu, "vertex", "us-east7")
+    assert err.value.parameters == {"build_location"}
+    assert options.check(cpu | {"build_location": "global"}, "vertex", "us-east7") == []
+
+
 @pytest.mark.parametrize(
     "account",
     [
