@@ -149,7 +149,10 @@ def collect(
     job_id = job.name.rsplit("/", 1)[-1]
     tasks = list(job.job_detail.task_details)
     parents = {t.parent_task_id for t in tasks if t.parent_task_id}
-    parameters = _plain(job, "runtime_config").get("parameterValues", {})
+    # The run's parameters: those sent over the template's defaults (make run sends the flags given).
+    declared = _plain(job, "pipeline_spec").get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    defaults = {name: p["defaultValue"] for name, p in declared.items() if "defaultValue" in p}
+    parameters = {**defaults, **_plain(job, "runtime_config").get("parameterValues", {})}
     steps: list[dict[str, Any]] = []
     jobs: list[dict[str, Any]] = []
     outputs_of: dict[int, dict[str, Any]] = {}
@@ -321,6 +324,9 @@ def _gate(
                 "reason": outputs["reason"],
                 "metric": parameters.get("gate_metric"),
                 **{key: outputs[key] for key in keys if key in outputs},
+                # The paired comparison behind the decision, as a local run's summary has it.
+                "rule": parameters.get("gate_rule"),
+                "comparison": outputs.get("comparison") or None,
             }
     return None
 

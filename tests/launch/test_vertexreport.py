@@ -99,6 +99,13 @@ PREPARE_JOB = f"{PARENT}/customJobs/111"
 TRAIN_JOB = f"{PARENT}/customJobs/222"
 TUNING_JOB = f"{PARENT}/hyperparameterTuningJobs/333"
 VERSION = "projects/p-proj/locations/us-central1/models/42@3"
+# The gate's `comparison` output (evaluation.json's), as trainer.pairedstats.compare writes it.
+COMPARISON = {
+    "examples": 10,
+    "accuracy": {"challenger": 0.81, "champion": 0.7, "difference": 0.11, "ci95": [0.0, 0.3]},
+    "macro_f1": {"challenger": 0.8, "champion": 0.69, "difference": 0.11, "ci95": [-0.01, 0.29]},
+    "mcnemar": {"b": 2, "c": 1, "p_value": 1.0},
+}
 SERVING_IMAGE = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"
 
 
@@ -152,6 +159,7 @@ def finished_run() -> tuple[v1.PipelineJob, dict[str, Any]]:
                 "champion_score": -1.0,
                 "champion": True,
                 "evaluation_import": f"{VERSION.split('@')[0]}/evaluations/9",
+                "comparison": COMPARISON,
             },
         ),
         task(
@@ -190,9 +198,21 @@ def finished_run() -> tuple[v1.PipelineJob, dict[str, Any]]:
         create_time=at(0),
         start_time=at(5),
         end_time=at(2000),
-        pipeline_spec={"pipelineInfo": {"name": "multiworker-cassava-training"}},
+        # make run sends only the flags given: the gate's metric and rule are the template's defaults.
+        pipeline_spec={
+            "pipelineInfo": {"name": "multiworker-cassava-training"},
+            "root": {
+                "inputDefinitions": {
+                    "parameters": {
+                        "gate_metric": {"defaultValue": "accuracy", "parameterType": "STRING"},
+                        "gate_rule": {"defaultValue": "not_worse", "parameterType": "STRING"},
+                        "epochs": {"defaultValue": 2, "parameterType": "NUMBER_INTEGER"},
+                    }
+                }
+            },
+        },
         runtime_config=v1.PipelineJob.RuntimeConfig(
-            parameter_values={"gate_metric": "accuracy", "model_display_name": "cassava", "epochs": 3}
+            parameter_values={"model_display_name": "cassava", "epochs": 3}
         ),
         job_detail=v1.PipelineJobDetail(task_details=tasks),
     )
@@ -398,7 +418,10 @@ def test_the_report_of_a_finished_run(
         "metric": "accuracy",
         "champion": True,
         "evaluation_import": f"{VERSION.split('@')[0]}/evaluations/9",
+        "rule": "not_worse",
+        "comparison": COMPARISON,
     }
+    assert summary["parameters"]["epochs"] == 3  # sent, over the template's default
     assert summary["model"] == {
         "name": "cassava",
         "version": "3",
@@ -422,6 +445,7 @@ def test_the_report_of_a_finished_run(
     assert "the light part is the wait before Vertex started it" in page
     assert f"<td>{PREPARE_JOB}</td>" in page and "<td>120.0</td>" in page  # the jobs table
     assert "<td>promote</td>" in page and "<td>3</td>" in page
+    assert "Paired comparison" in page and "gate_rule=not_worse" in page
 
     # The Gantt chart's bars: the steps (no groups) in creation order, each job under its
     # launcher, a tuning job's trials under it; the create -> start part where known.
