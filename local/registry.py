@@ -182,6 +182,14 @@ ALIASES_FIX = (
 CHECKS = {"aliases": _check_aliases, "metrics": _check_metrics, "version": _check_version}
 
 
+def _not_writable(folder: str, err: OSError) -> RegistryError:
+    return RegistryError(
+        f"local registry: {folder} cannot be written by this user ({err.strerror}); a shared registry "
+        "needs its model folders writable by each user who registers: ask its owner, or give "
+        "--registry_dir a registry of your own"
+    )
+
+
 def _open_plain(dir_fd: int, name: str, path: str, fix: str, flags: int = 0) -> int | None:
     """The plain file `name` of `dir_fd` (at `path`), opened without following a link (`flags`
     added: os.O_CREAT creates it); None when it is missing."""
@@ -189,6 +197,8 @@ def _open_plain(dir_fd: int, name: str, path: str, fix: str, flags: int = 0) -> 
         fd = os.open(name, _READ | flags, 0o666, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
+    except PermissionError as err:  # a registry shared with a user who made this folder
+        raise _not_writable(os.path.dirname(path), err) from None
     except OSError as err:
         raise Damaged(path, _what(dir_fd, name, err), fix) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -370,7 +380,10 @@ def publish(
             os.lstat(name, dir_fd=model_fd).st_mode
         ):
             shutil.rmtree(name, dir_fd=model_fd)
-    staging = _fresh(".staging-{}", lambda name: os.mkdir(name, 0o777, dir_fd=model_fd))
+    try:
+        staging = _fresh(".staging-{}", lambda name: os.mkdir(name, 0o777, dir_fd=model_fd))
+    except PermissionError as err:
+        raise _not_writable(model_path, err) from None
     try:
         sfd = os.open(staging, _DIR, dir_fd=model_fd)
         try:

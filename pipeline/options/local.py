@@ -81,7 +81,7 @@ def local_problems(args: Mapping[str, Any]) -> list[Problem]:
         )
     if problem := tfds_source_problem(str(args["dataset_source"]), os.environ):
         add(("dataset_source",), problem)
-    if problem := _registry_dir_problem(str(args["registry_dir"])):
+    if problem := _registry_dir_problem(str(args["registry_dir"]), str(args["model_display_name"])):
         add(("registry_dir",), problem)
     return problems
 
@@ -121,10 +121,11 @@ def tfds_source_problem(source: str, environ: Mapping[str, str]) -> str:
     )
 
 
-def _registry_dir_problem(folder: str) -> str:
+def _registry_dir_problem(folder: str, model_display_name: str) -> str:
     """The registry folder is written only by the last step (upload-model): check now that it is
-    a folder this run can write (or create), not after the whole run."""
-    import tempfile
+    a folder this run can write (or create), and the model's folder in it if there is one (a
+    registry shared with the user who made it), not after the whole run."""
+    from components import registry
 
     if not folder.strip():
         return "is empty: give the folder of the local registry (default local_runs/registry)"
@@ -141,11 +142,29 @@ def _registry_dir_problem(folder: str) -> str:
         existing = existing.absolute().parent
     if not existing.is_dir():
         return f"{registry_dir} cannot be created: {existing} is not a folder"
+    if why := _unwritable(existing):
+        what = "is not writable" if existing == registry_dir else f"cannot be created in {existing}"
+        return f"{registry_dir} {what} ({why}): give --registry_dir a folder you can write"
     try:
-        handle, probe = tempfile.mkstemp(prefix=".write-check-", dir=existing)
+        model_dir = registry_dir / registry.registry_folder(model_display_name)
+    except ValueError:  # a bad name: named by registry_problems
+        return ""
+    if model_dir.is_dir() and not model_dir.is_symlink() and (why := _unwritable(model_dir)):
+        return (
+            f"{model_dir}, the model's folder, is not writable ({why}): a shared registry needs it "
+            "writable by each user who registers; ask its owner, or give --registry_dir a registry of your own"
+        )
+    return ""
+
+
+def _unwritable(folder: Path) -> str:
+    """Why this run cannot create a file in `folder` ("": it can), found by creating one."""
+    import tempfile
+
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".write-check-", dir=folder)
         os.close(handle)
         os.remove(probe)
     except OSError as err:
-        what = "is not writable" if existing == registry_dir else f"cannot be created in {existing}"
-        return f"{registry_dir} {what} ({err.strerror or err}): give --registry_dir a folder you can write"
+        return str(err.strerror or err)
     return ""

@@ -56,6 +56,26 @@ def test_a_registry_dir_that_is_a_link_is_refused_before_any_step(target: str, t
     assert err.value.parameters == {"registry_dir"}
 
 
+def test_a_model_folder_another_user_made_in_a_shared_registry_is_refused_before_any_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry is writable, the model's folder in it is not (simulated: root writes anywhere)."""
+    import tempfile
+
+    (tmp_path / "registry" / NAME).mkdir(parents=True)
+    real = tempfile.mkstemp
+
+    def mkstemp(prefix: str, dir: str) -> tuple[int, str]:
+        if Path(dir) == tmp_path / "registry" / NAME:
+            raise PermissionError(13, "Permission denied")
+        return real(prefix=prefix, dir=dir)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    with pytest.raises(options.OptionsError) as err:
+        options.check(local_args(registry_dir=str(tmp_path / "registry"), model_display_name=NAME), "local")
+    assert err.value.parameters == {"registry_dir"} and NAME in str(err.value)
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_a_read_only_registry_dir_is_refused(tmp_path: Path) -> None:
     folder = tmp_path / "registry"

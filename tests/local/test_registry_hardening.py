@@ -290,3 +290,38 @@ def test_a_killed_registrations_staging_folder_is_removed_by_the_next(tmp_path: 
     register(reg, fake_model(tmp_path / "v2", 0.95), evaluated="1")
     assert not stale.exists()
     assert (model / ".staging-fedcba9876543210").is_symlink() and target.read_text() == VICTIM
+
+
+def test_a_model_folder_this_user_cannot_write_is_named_as_such_not_as_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared registry whose model folder another user made: creating the lock or the staging
+    folder is refused by the system (simulated: this test may run as root). The message says so,
+    not "the lock is missing", and no bare PermissionError escapes."""
+    import errno
+
+    folder = tmp_path / NAME
+    folder.mkdir()
+    (tmp_path / "source").mkdir()
+    model_fd = os.open(folder, os.O_RDONLY)
+
+    def denied(real: Any, names: tuple[str, ...]) -> Any:
+        def call(name: Any, *args: Any, **kwargs: Any) -> Any:
+            if str(name).startswith(names):
+                raise PermissionError(errno.EACCES, "Permission denied")
+            return real(name, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(registry.os, "open", denied(os.open, (".lock",)))
+    monkeypatch.setattr(registry.os, "mkdir", denied(os.mkdir, (".staging-",)))
+    try:
+        for attempt in (
+            lambda: registry.locked(model_fd, str(folder)).__enter__(),
+            lambda: registry.publish(model_fd, str(folder), str(tmp_path / "source"), {}, {}),
+        ):
+            with pytest.raises(registry.RegistryError) as err:
+                attempt()
+            assert not isinstance(err.value, registry.Damaged) and str(folder) in str(err.value)
+    finally:
+        os.close(model_fd)
