@@ -211,7 +211,8 @@ def find_champion(project: str, location: str, model_display_name: str) -> Named
     client = aiplatform_v1.ModelServiceClient(client_options={"api_endpoint": endpoint})
     collection = f"projects/{project}/locations/{location}"
     query = {"parent": collection, "filter": f'display_name="{model_display_name}"'}
-    found = list(client.list_models(request=query))
+    # Exactly this name: to the filter a `*` is a wildcard (AIP-160), matching other models.
+    found = [m for m in client.list_models(request=query) if m.display_name == model_display_name]
     if not found:
         print(f"no model named {model_display_name!r} yet: the upload creates it")
         # The upload's parent-model importer needs a URI, and GCPC's upload launcher leaves the

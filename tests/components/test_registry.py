@@ -4,6 +4,7 @@ replaced by) a model of the same task: the same class names in the same order.""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from collections.abc import Iterator
@@ -309,7 +310,13 @@ def model_service(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     def list_models(request: aiplatform_v1.ListModelsRequest) -> aiplatform_v1.ListModelsResponse:
         name = re.fullmatch(r'display_name="(.*)"', request.filter)
         assert name, request.filter
-        return aiplatform_v1.ListModelsResponse(models=state["models"].get(name.group(1), []))
+        # AIP-160: "services should support wildcards using the * character" in a string `=`.
+        matched = [
+            (n, m) for n, ms in state["models"].items() if fnmatch.fnmatchcase(n, name.group(1)) for m in ms
+        ]
+        return aiplatform_v1.ListModelsResponse(
+            models=[aiplatform_v1.Model(name=m.name, display_name=n) for n, m in matched]
+        )
 
     def get_model(request: aiplatform_v1.GetModelRequest) -> aiplatform_v1.Model:
         if request.name not in state["aliases"]:
@@ -421,6 +428,13 @@ def test_a_champion_whose_files_are_gone_is_named_and_counts_as_none(
         "",
         [],
     )
+
+
+def test_find_champion_takes_only_the_model_of_exactly_its_name(model_service: dict[str, Any]) -> None:
+    """A `*` in the name is a wildcard to the filter (AIP-160): models it matches are not its own."""
+    model_service["models"] |= {"cassava-a": [aiplatform_v1.Model(name=PARENT)]}
+    model_service["models"] |= {"cassava-b": [aiplatform_v1.Model(name=PARENT + "8")]}
+    assert find(model_display_name="cassava*").exists is False
 
 
 def test_find_champion_without_a_model_or_an_alias_has_no_class_names(model_service: dict[str, Any]) -> None:
