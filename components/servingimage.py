@@ -223,10 +223,17 @@ def choose_serving_image(
             end, _ = prebuilt_days_left(tf_version, today)
             why += f" (serving_image=auto: the prebuilt TensorFlow {tf_version} image ends on {end})"
         return custom_image_uri, why
-    if not re.match(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$", serving_image):
+    # "This URI must identify an image in Artifact Registry or Container Registry" (aiplatform_v1
+    # ModelContainerSpec.image_uri); path components and tags as Docker's reference grammar has them.
+    host = r"([a-z0-9-]+-docker\.pkg\.dev|([a-z]+\.)?gcr\.io)"
+    path = r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*"
+    if not re.fullmatch(
+        rf"{host}/{path}(:[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}|@sha256:[0-9a-f]{{64}})", serving_image
+    ):
         raise ValueError(
-            f"serving_image must be auto, prebuilt, custom or an image URI (<host>/<path>:<tag> or "
-            f"<host>/<path>@sha256:<digest>), got {serving_image!r}"
+            f"serving_image must be auto, prebuilt, custom or an image URI in Artifact Registry or "
+            f"Container Registry, as Vertex requires (<region>-docker.pkg.dev/<project>/<repo>/<image>:<tag> "
+            f"or @sha256:<digest>; gcr.io/...), got {serving_image!r}"
         )
     version = prebuilt_tf_version(serving_image)
     if version in prebuilt_tf_serving_table():  # Vertex's prebuilt image by its address: its end holds

@@ -141,6 +141,16 @@ def test_each_image_is_given_the_model_where_it_looks(monkeypatch: pytest.Monkey
         ("custom", "", "serving_image=custom but the build step made no serving image"),
         ("my image", "", "serving_image must be auto, prebuilt, custom or an image URI"),
         ("", "", "serving_image must be auto, prebuilt, custom or an image URI"),
+        # Vertex takes images in Artifact Registry or Container Registry only, well formed.
+        *(
+            (image, "", "in Artifact Registry or Container Registry")
+            for image in (
+                "tensorflow/serving:2.20.0",
+                "ghcr.io/o/serving:v1",
+                "us-docker.pkg.dev/p/r/serving:tä",
+                "us-docker.pkg.dev/p/r//serving-:.x",
+            )
+        ),
     ],
 )
 def test_bad_serving_choices_are_named(mode: str, custom_uri: str, match: str) -> None:
