@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -54,14 +55,21 @@ def model_table(registry_dir: str) -> list[tuple[str, list[list[str]]]]:
     out = []
     try:
         for folder in sorted(os.listdir(registry_fd)):
-            if folder.startswith("."):
+            if folder.startswith(".") or stat.S_ISREG(os.lstat(folder, dir_fd=registry_fd).st_mode):
+                continue  # a plain file (a README) is no model's folder: the registry writes folders here
+            where = os.path.join(os.path.abspath(registry_dir), folder)
+            model_fd = None
+            try:  # one damaged model is named in its row; the others are still listed
+                model_fd = registry.open_model(registry_fd, registry_dir, folder, create=False)
+                aliases = (registry.read_aliases(model_fd, where) or {}) if model_fd is not None else {}
+            except registry.Damaged as err:
+                if model_fd is not None:
+                    os.close(model_fd)
+                out.append((folder, [["-", f"damaged: {err.path} {err.problem}", *["-"] * 6]]))
                 continue
-            model_fd = registry.open_model(registry_fd, registry_dir, folder, create=False)
             if model_fd is None:
                 continue
-            where = os.path.join(os.path.abspath(registry_dir), folder)
             try:
-                aliases = registry.read_aliases(model_fd, where) or {}
                 versions = sorted((v for v in os.listdir(model_fd) if registry.VERSION.fullmatch(v)), key=int)
                 name, rows = folder, []
                 for version in versions:

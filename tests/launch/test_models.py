@@ -73,6 +73,23 @@ def test_a_damaged_version_is_named_and_no_registry_is_said(
     assert row.split()[0] == "1" and "damaged:" in row and "version.json is not JSON" in row
 
 
+def test_a_stray_file_or_one_damaged_model_leaves_the_others_listed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    registry_dir = tmp_path / "registry"
+    for name in ("good", "bad"):
+        steps.register_version(
+            saved_model(tmp_path / name, 0.9), str(registry_dir), name, True, "ok", details(0.9, None)
+        )
+    (registry_dir / "README").write_text("our team's registry\n")
+    (aliases_json,) = registry_dir.glob("bad/aliases.json")
+    aliases_json.chmod(0o644)
+    aliases_json.write_text('{"champion": "../x"}')
+    assert models.main(["--registry_dir", str(registry_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "good" in out and "damaged:" in out and "README" not in out
+
+
 def test_a_hand_edited_version_is_one_row_and_drives_no_terminal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
