@@ -105,6 +105,11 @@ def context_members(root: str | os.PathLike[str]) -> list[tuple[str, bytes]]:
     links: dict[str, str] = {}  # symlink -> its target, relative to the checkout
     for name in sorted(n for n in names if _kept(n)):
         path = base / name
+        try:  # a name's bytes that are not UTF-8 were decoded to surrogates: no tar or tag takes them
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            problems.append(f"{name!r}: its name is not UTF-8; rename it")
+            continue
         try:
             mode = path.lstat().st_mode
         except FileNotFoundError:

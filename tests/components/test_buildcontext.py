@@ -367,6 +367,13 @@ def test_without_git_an_inside_symlink_to_a_context_file_is_its_content(tmp_path
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_without_git_a_file_name_that_is_not_utf8_is_refused_naming_it(tmp_path: Path) -> None:
+    ctx = copy_context(tmp_path / "ctx")
+    with open(os.path.join(os.fsencode(ctx / "trainer"), b"bad\xff.py"), "wb") as f:
+        f.write(b"X = 1\n")
+    refused(ctx, "trainer/bad", "not UTF-8")
+
+
 def test_without_git_a_fifo_is_refused_not_read(tmp_path: Path) -> None:
     ctx = copy_context(tmp_path / "ctx")
     os.mkfifo(ctx / "trainer" / "pipe")
