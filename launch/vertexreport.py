@@ -21,7 +21,7 @@ from launch import settings as settings_mod
 from launch import submit, vertexreader, vertexrun
 from launch.cloud import calling_vertex, said
 from launch.flags import RUNS_DIR
-from launch.settings import Settings
+from launch.settings import Settings, SettingsError
 
 PROG = "make report"
 
@@ -66,7 +66,15 @@ def run_settings(run: Run, environ: Mapping[str, str], env_file: Path = Path("en
     own project and region, so only a bare job id needs PROJECT_ID and REGION."""
     if run.project:
         loaded = settings_mod.load(environ, env_file, required=())
-        return dataclasses.replace(loaded, project=run.project, region=run.location)
+        endpoint = loaded.api_endpoint
+        if endpoint and loaded.region and run.location != loaded.region:  # an endpoint serves one region
+            if endpoint != f"{loaded.region}-aiplatform.googleapis.com":
+                raise SettingsError(
+                    f"API_ENDPOINT={endpoint} serves REGION={loaded.region}, and RUN is in {run.location}: "
+                    "give that region's endpoint, or leave API_ENDPOINT unset"
+                )
+            endpoint = ""  # REGION's default endpoint: RUN's region has its own
+        return dataclasses.replace(loaded, project=run.project, region=run.location, api_endpoint=endpoint)
     return settings_mod.load(environ, env_file, required=("PROJECT_ID", "REGION"))
 
 

@@ -680,6 +680,17 @@ def test_a_bare_job_id_needs_the_project_and_region(vertex: VertexRuns, tmp_path
     assert make_report(vertex, tmp_path, JOB_ID, PROJECT_ID="") == 2
 
 
+def test_a_run_in_another_region_is_not_asked_of_env_shs_endpoint() -> None:
+    """An endpoint serves one region: Vertex refuses another region's resource there (400)."""
+    run = vertexreport.parse_run(f"projects/p-proj/locations/europe-west4/pipelineJobs/{JOB_ID}")
+    default = {"REGION": "us-central1", "API_ENDPOINT": "us-central1-aiplatform.googleapis.com"}
+    assert vertexreport.run_settings(run, default, Path("/nonexistent")).api_endpoint == ""
+    private = {"REGION": "us-central1", "API_ENDPOINT": "vertex.p.googleapis.com"}
+    with pytest.raises(settings.SettingsError) as info:
+        vertexreport.run_settings(run, private, Path("/nonexistent"))
+    assert info.value.settings == ["API_ENDPOINT"]
+
+
 @pytest.mark.usefixtures("fresh_aiplatform")
 def test_a_run_vertex_does_not_know_is_one_line(
     vertex: VertexRuns, tmp_path: Path, capsys: pytest.CaptureFixture[str]
