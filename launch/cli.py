@@ -468,6 +468,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             parser.error(f"bad parameters (nothing was started):\n{err}")
         if problem := runs_dir_problem(Path(ns.runs_dir)):
             parser.error(f"{problem} (nothing was started)")
+        if any(c.isspace() for c in sys.executable):  # kfp.local writes it unquoted into each step's script
+            parser.error(
+                f"the Python running this, {sys.executable}, has a space in its path, which kfp.local "
+                "writes unquoted into each step's shell script: clone the project into a folder whose "
+                "path has no spaces (nothing was started)"
+            )
         for warning in warnings:
             print(f"WARNING: {warning}", flush=True)
         stop_with_make(env)

@@ -251,6 +251,16 @@ def test_a_runs_folder_on_a_nearly_full_file_system_is_refused(
     assert_refused(code, text, ("--runs_dir", "100 MiB free", "at least 1 GiB"))
 
 
+def test_a_python_whose_path_has_a_space_is_refused_before_anything_starts(
+    no_requests: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kfp.local writes sys.executable unquoted into each step's shell script."""
+    monkeypatch.setattr(cli.sys, "executable", "/home/me/my projects/.venv/bin/python")
+    code, text = run_cli(["run", "--target", "local", "--runs_dir", str(no_requests / "runs")], {})
+    assert_refused(code, text, ("my projects",))
+    assert not (no_requests / "runs").exists()
+
+
 def test_a_tfds_source_that_would_need_a_download_without_the_internet_is_refused_in_seconds(
     no_requests: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
