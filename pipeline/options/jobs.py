@@ -104,7 +104,7 @@ RULES = """
 | `service_account`, `network` | a service account e-mail; `projects/<number>/global/networks/<name>` | aiplatform_v1 `CustomJobSpec` |
 | `tensorboard`, `service_account` | `projects/<p>/locations/<region>/tensorboards/<id>` in the job's region, and only with a service account | aiplatform `jobs.py` ("service_account is required with provided tensorboard"); "Use Vertex AI TensorBoard with custom training" ("the TensorBoard instance must be in the same region as the training job") |
 | `encryption_spec_key_name` | `projects/<p>/locations/<region>/keyRings/<r>/cryptoKeys/<k>`, in the job's region exactly: `global` and multi-region keys are refused too (`kms_key_problem`, which the `KMS_KEY` setting also goes by) | aiplatform_v1 `EncryptionSpec.kms_key_name` ("The Cloud KMS key must be in the same region as the resource"); "Customer-managed encryption keys (CMEK)" (Vertex AI docs) |
-| `labels` | keys 1-63 lowercase letters (international too), digits, `_`, `-`, starting with a letter; values 0-63 of the same; at most 59, none named `pipeline_run`, `source_commit`, `gate` or `dataset` (the run adds those four to the model version, and GCPC its billing label) | aiplatform_v1 `CustomJob.labels`, Google Cloud "Labels" |
+| `labels` | keys 1-63 lowercase letters (international too), digits, `_`, `-`, starting with a letter; values 1-63 of the same (GCPC's launchers drop an empty one); at most 59, none named `pipeline_run`, `source_commit`, `gate` or `dataset` (the run adds those four to the model version, and GCPC its billing label) | aiplatform_v1 `CustomJob.labels`, Google Cloud "Labels" |
 | `build_location` (the `BUILD_REGION` setting) | `''` (the Vertex region), `global` or a Cloud Build region; when a project restricted to six regions is refused, an unset `BUILD_REGION` retries once in the restricted region of the same continent (`components.image.restricted_build_fallback` says which), saying so in one line; a chosen one fails naming `BUILD_REGION`; a job region that is not a Cloud Build location (`us-east7`) needs `BUILD_REGION` | "Cloud Build locations", https://cloud.google.com/build/docs/locations |
 | `build_machine_type`, `build_service_account`, `build_worker_pool` (Vertex) | the build's worker: a name of Cloud Build's `BuildOptions.MachineType` (default `E2_HIGHCPU_8`; `UNSPECIFIED`: Cloud Build's default worker); the account it runs as: `''` (Cloud Build's default), an e-mail (taken as an account of `project`) or `projects/P/serviceAccounts/EMAIL`, and then its logs go to Cloud Logging only (`CLOUD_LOGGING_ONLY`); its private pool: `''` or `projects/P/locations/REGION/workerPools/POOL`, the build then runs in the pool's region (a different `build_location` is refused) and sends no machine type (the pool's workers are the pool's). Checked before any work (`components.image.build_settings`); roles: docs/vertex.md#3-cloud-builds-service-account | google-cloud-build `cloudbuild_v1` `BuildOptions`, `Build.service_account`; "Increase vCPU for builds", https://cloud.google.com/build/docs/optimize-builds/increase-vcpu-for-builds; "Configure user-specified service accounts", https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts; "Run builds in a private pool", https://cloud.google.com/build/docs/private-pools/run-builds-in-private-pool |
 """
@@ -199,9 +199,12 @@ def label_problems(labels: Any) -> list[str]:
                 f"label key {key!r} is not valid: 1 to 63 lowercase letters, digits, _ or -, starting "
                 "with a lowercase letter"
             )
-        elif not (len(value) <= 63 and ok(value)):
+        elif not (1 <= len(value) <= 63 and ok(value)):
+            # Vertex takes an empty value, but GCPC's launchers drop it from every request
+            # (json_util.recursive_remove_empty keeps only truthy values): refused, not lost.
             out.append(
-                f"label {key}={value!r}: values are at most 63 lowercase letters, digits, _ or - (may be empty)"
+                f"label {key}={value!r}: values are 1 to 63 lowercase letters, digits, _ or - (an empty "
+                "one would be dropped without a word by the pipeline's GCPC launchers)"
             )
     taken = sorted(set(labels) & set(RUN_LABELS))
     if taken:

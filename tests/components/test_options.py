@@ -114,7 +114,8 @@ H100_8 |= {"worker_accelerator_type": "NVIDIA_H100_80GB", "worker_accelerator_co
         ),
         ({"labels": {"Team": "ml"}}, {"labels"}, "label key 'Team'"),
         ({"labels": {"ǅx": "ml"}}, {"labels"}, "label key 'ǅx'"),  # titlecase is not lowercase
-        ({"labels": {"team": "ML"}}, {"labels"}, "values are at most 63 lowercase"),
+        ({"labels": {"env": ""}}, {"labels"}, "an empty one would be dropped"),
+        ({"labels": {"team": "ML"}}, {"labels"}, "values are 1 to 63 lowercase"),
         ({"labels": {f"k{i}": "v" for i in range(60)}}, {"labels"}, "at most 59"),
         (
             {"labels": {"dataset": "mine"}},
@@ -232,7 +233,7 @@ def test_every_rows_choices_and_bounds_are_checked() -> None:
             "service_account": "trainer@p-proj.iam.gserviceaccount.com",
         },
         {"encryption_spec_key_name": "projects/p/locations/us-central1/keyRings/r/cryptoKeys/k"},
-        {"network": "projects/123/global/networks/vpc", "labels": {"team": "ml", "env": ""}},
+        {"network": "projects/123/global/networks/vpc", "labels": {"team": "ml", "env": "dev"}},
         {"dataset_source": "folder:gs://bucket/images"},
         {"worker_count": 0, "chief_accelerator_type": "", "chief_accelerator_count": 0},
         {"worker_count": 4, "reduction_server_count": 2},
