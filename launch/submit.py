@@ -256,6 +256,11 @@ def prepare(
         raise ValueError(
             "the checkout has uncommitted changes: a schedule must be pinned to a commit; commit first"
         )
+    if pinned and not commit:
+        raise ValueError(
+            "no git commit found (not a git checkout, no commit yet, or git refused the folder): a "
+            "schedule must be pinned to a commit; commit, or set SOURCE_COMMIT"
+        )
     init_aiplatform(settings, credentials, transport)
     # For a schedule, as it is today (docs/architecture.md#a-warm-pool-the-jobs-on-a-vertex-persistent-resource).
     check_persistent_resource(settings, checked)

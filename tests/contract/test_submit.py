@@ -331,6 +331,10 @@ def test_schedules_refuse_a_dirty_checkout_and_bad_cron(
     monkeypatch.setattr(submit, "source_commit", lambda root=ROOT: "b" * 40 + "-dirty")
     with pytest.raises(ValueError, match="uncommitted changes"):
         schedules.create_schedule(config, {}, cron="0 6 * * 1")
+    # No commit known (no .git, git refusing the folder): a schedule pinned to nothing is refused.
+    monkeypatch.setattr(submit, "source_commit", lambda root=ROOT: "")
+    with pytest.raises(ValueError, match="SOURCE_COMMIT"):
+        schedules.create_schedule(config, {}, cron="0 6 * * 1")
     assert vertex.requests == []
 
 
