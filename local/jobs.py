@@ -221,6 +221,7 @@ class _Running:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            errors="replace",  # one byte that is not UTF-8 (a Latin-1 path in a log line) stops no pump
             bufsize=1,
             start_new_session=True,  # its own process group: stopped as one, spared the terminal's Ctrl-C
         )
@@ -286,9 +287,10 @@ class _Running:
 
 
 def _signal_group(process: subprocess.Popen[str], signum: int) -> None:
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signum)
+    """The replica's whole process group, its own process exited or not: what it started (Beam's
+    workers) would outlive the job otherwise."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
 
 
 def _stop_all(running: Sequence[_Running], grace: float) -> None:

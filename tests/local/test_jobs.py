@@ -62,6 +62,15 @@ if mode == "ignore-term":
     time.sleep(600)
 if mode == "hang":
     time.sleep(600)
+if mode == "latin1-then-fail" and name == "worker-0":
+    sys.stdout.buffer.write(b"reading /data/caf\xe9.jpg\n" + b"x" * 100_000 + b"\n")
+    print("REAL ERROR: bad image", flush=True)
+    sys.exit(1)
+if mode == "leave-a-child" and name == "worker-0":
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    open(os.path.join(out, "child.pid"), "w").write(str(child.pid))
+    sys.exit(1)
 """
 
 
@@ -165,6 +174,30 @@ def test_a_killed_replica_restarts_alone_without_restart_job_on_worker_restart(t
     assert (tmp_path / "logs" / "worker-0.log").read_text().count("--- attempt 1") == 2
     # A new VM: nothing the killed process left in its temporary folder is there for the restart.
     assert json.loads((tmp_path / "worker-0.json").read_text())["tmp"] == []
+
+
+def test_output_that_is_not_utf8_neither_stops_the_log_nor_hides_the_error(tmp_path: Path) -> None:
+    with pytest.raises(jobs.JobFailed) as failed:
+        run(tmp_path, "latin1-then-fail", timeout="60s")
+    assert "REAL ERROR: bad image" in str(failed.value)
+    assert "REAL ERROR: bad image" in (tmp_path / "logs" / "worker-0.log").read_text()
+
+
+def test_what_a_failed_replica_started_does_not_outlive_the_job(tmp_path: Path) -> None:
+    with pytest.raises(jobs.JobFailed):
+        run(tmp_path, "leave-a-child")
+    import psutil
+
+    child = int((tmp_path / "child.pid").read_text())
+    deadline = time.monotonic() + 10
+    while True:  # SIGTERMed with its group: gone at once, or a zombie until init reaps it
+        try:
+            if psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        assert time.monotonic() < deadline, "the replica's child is still running"
+        time.sleep(0.1)
 
 
 def test_restarts_are_bounded_and_the_error_names_the_signal(tmp_path: Path) -> None:
