@@ -287,8 +287,8 @@ class _Running:
 
 
 def _signal_group(process: subprocess.Popen[str], signum: int) -> None:
-    """The replica's whole process group, its own process exited or not: what it started (Beam's
-    workers) would outlive the job otherwise."""
+    """The replica's whole process group, its own process exited or not: processes it started
+    (worker pools of its own) would outlive the job otherwise."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signum)
 
