@@ -59,7 +59,10 @@ SETTINGS: dict[str, str] = {
         "call <region>-aiplatform.googleapis.com "
         "(docs/guarantees.md#the-local-target-is-as-strict-as-vertex)"
     ),
-    "EXPERIMENT": "Vertex Experiment make run's runs are recorded in (a schedule cannot record its runs in one)",
+    "EXPERIMENT": (
+        "Vertex Experiment make run's runs are recorded in: 4 to 128 lowercase letters, digits or - "
+        "(a schedule cannot record its runs in one)"
+    ),
     "ENABLE_CACHING": (
         "leave unset to keep each step's compiled caching option (the registry steps and job "
         "folders are never cached); false turns caching off for every step"
@@ -76,6 +79,7 @@ _PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
 _REPOSITORY = r"[a-z][a-z0-9-]{0,62}"
 _PROJECT = re.compile(f"^{_PROJECT_ID}$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_EXPERIMENT = re.compile(r"^[a-z0-9-]{4,128}$")
 _BUCKET_URI = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?$")
 _DOCKER_REPO = re.compile(rf"^([a-z0-9-]+)-docker\.pkg\.dev/{_PROJECT_ID}/{_REPOSITORY}$")
 _KFP_REPO = re.compile(rf"^https://([a-z0-9-]+)-kfp\.pkg\.dev/{_PROJECT_ID}/{_REPOSITORY}$")
@@ -285,7 +289,17 @@ def load(
     check("PROJECT_ID", _PROJECT)
     if check("REGION", _REGION) and (problem := region_problem(values["REGION"])):
         problems.append(problem)
-    check("PIPELINE_ROOT", _BUCKET_URI)
+    if check("PIPELINE_ROOT", _BUCKET_URI) and any(
+        part in ("", ".", "..")
+        for part in values["PIPELINE_ROOT"].removeprefix("gs://").rstrip("/").split("/")[1:]
+    ):  # as model_root: written through the /gcs/ mount, which resolves them, read back by URI
+        problems.append(
+            f"PIPELINE_ROOT={values['PIPELINE_ROOT']!r} is not valid: an empty, . or .. folder in its path "
+            "would put the run's files elsewhere than their gs:// URIs say"
+        )
+    # The Vertex Experiment is a metadata context named so (aiplatform_v1 CreateContextRequest.context_id:
+    # "4-128 characters", "/[a-z][0-9]-/"); a bad name failed inside PipelineJob.submit, after the uploads.
+    check("EXPERIMENT", _EXPERIMENT)
     build_region = values.get("BUILD_REGION", "")
     if build_region and build_region not in CLOUD_BUILD_REGIONS:
         problems.append(

@@ -348,6 +348,10 @@ def test_schedules_refuse_a_dirty_checkout_and_bad_cron(
         {"NETWORK": "vpc"},
         {"LABELS": "Team=ML"},
         {"PROJECT_ID": ""},
+        {"PIPELINE_ROOT": "gs://p-proj-bucket/runs/../other"},
+        {"PIPELINE_ROOT": "gs://p-proj-bucket//root"},
+        {"EXPERIMENT": "My Experiment"},
+        {"EXPERIMENT": "exp"},
     ],
 )
 def test_bad_settings_are_named_before_any_request(vertex: RestFake, overrides: dict[str, str]) -> None:
