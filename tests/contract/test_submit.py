@@ -265,7 +265,11 @@ def test_schedule_pins_the_template_version_of_this_commit(
 
     monkeypatch.setattr(yaml_utils.request, "urlopen", urlopen)
     config = settings.load(
-        env(vertex, TEMPLATE_REPOSITORY="https://us-central1-kfp.pkg.dev/p-proj/pipelines", EXPERIMENT="exp"),
+        env(
+            vertex,
+            TEMPLATE_REPOSITORY="https://us-central1-kfp.pkg.dev/p-proj/pipelines",
+            EXPERIMENT="exp-runs",
+        ),
         Path("/nonexistent"),
     )
     try:
