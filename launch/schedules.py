@@ -272,6 +272,9 @@ def create_schedule(
     template, values, commit = submit.prepare(settings, given, root, credentials, transport, pinned=True)
     writer = f"roles/artifactregistry.writer on {settings.template_repository}"
     registry = ("Artifact Registry", registry_host or settings.template_repository, "")
+    # kfp's RegistryClient and aiplatform's read-back set no timeout: a host that never answers
+    # would hang here, so it is probed first, as the context's bucket is.
+    cloud.reach(registry)
     with (
         cloud.reaching("the template's upload", registry),
         cloud.refused_as(f"the template's upload to {settings.template_repository}", writer, settings),

@@ -326,6 +326,31 @@ def test_schedule_pins_the_template_version_of_this_commit(
     assert ("notification_emails" in job["runtimeConfig"]["parameterValues"]) is bool(emails)
 
 
+def test_schedule_with_a_template_registry_that_never_answers_is_named_within_seconds(
+    vertex: RestFake, gcs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kfp's RegistryClient sets no timeout: the registry is probed first, as the bucket is."""
+    import socket
+
+    monkeypatch.setattr(submit, "source_commit", lambda root=ROOT: "a" * 40)
+    config = settings.load(env(vertex), Path("/nonexistent"))
+    with socket.socket() as hole:  # accepts connections (the kernel's backlog does), never answers
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(16)
+        with pytest.raises(cloud.GoogleUnreachable) as err:
+            schedules.create_schedule(
+                config,
+                {},
+                cron="0 6 * * 1",
+                credentials=AnonymousCredentials(),
+                transport="rest",
+                registry_auth=FakeRegistryAuth(),
+                registry_host=f"http://127.0.0.1:{hole.getsockname()[1]}",
+            )
+    assert "Artifact Registry" in str(err.value)
+    assert vertex.bodies("POST", r"/v1/projects/p-proj/locations/us-central1/schedules") == []
+
+
 def test_schedules_refuse_a_dirty_checkout_and_bad_cron(
     vertex: RestFake, monkeypatch: pytest.MonkeyPatch
 ) -> None:
