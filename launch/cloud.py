@@ -66,12 +66,37 @@ def refused_as(request: str, default_role: str, settings: Settings) -> Iterator[
         status = getattr(getattr(err, "response", None), "status_code", None) or getattr(err, "code", None)
         if not isinstance(err, exceptions.Forbidden) and status != 403:
             raise
-        role = missing_role(str(err), settings, default_role)
+        cause = next((why for pattern, why in _NOT_A_ROLE if pattern.search(str(err))), "")
+        if not cause:
+            role = missing_role(str(err), settings, default_role)
+            cause = (
+                f"the account running make needs {role}; docs/vertex.md#the-iam-roles-a-first-run-needs "
+                "lists every role a first run needs"
+            )
         raise GoogleRefused(
-            f"Google Cloud refused {request} (403): the account running make needs {role}; "
-            "docs/vertex.md#the-iam-roles-a-first-run-needs lists every role a first run needs. "
-            f"Google said: {said(err, 400)}"
+            f"Google Cloud refused {request} (403): {cause}. Google said: {said(err, 400)}"
         ) from err
+
+
+# 403s that no role mends: the API off in the project (a first run's usual one), a VPC Service
+# Controls perimeter, billing disabled (Google's ErrorInfo reasons and their texts).
+_NOT_A_ROLE = (
+    (
+        re.compile(r"SERVICE_DISABLED|has not been used in project \S+ before or it is disabled"),
+        (
+            "the API is not enabled in the project: enable it (`gcloud services enable <the service Google "
+            "names>`), wait a few minutes, and run again"
+        ),
+    ),
+    (
+        re.compile(r"VPC Service Controls|vpcServiceControls|SECURITY_POLICY_VIOLATED"),
+        "a VPC Service Controls perimeter refused it: run from inside the perimeter, or have its owner allow this access",
+    ),
+    (
+        re.compile(r"BILLING_DISABLED|billing (account )?(is )?disabled", re.IGNORECASE),
+        "billing is disabled in the project: enable it (Cloud console, Billing)",
+    ),
+)
 
 
 class GoogleUnreachable(RuntimeError):

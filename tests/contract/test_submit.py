@@ -796,6 +796,32 @@ def test_a_bucket_probe_refusal_names_the_bucket_reader_role(vertex: RestFake) -
     assert cloud.missing_role("POST https://aiplatform.googleapis.com/v1: denied", config, "x") == "x"
 
 
+@pytest.mark.parametrize(
+    ("said", "cause"),
+    [
+        (
+            "403 Vertex AI API has not been used in project 123456 before or it is disabled. SERVICE_DISABLED",
+            "enable",
+        ),
+        (
+            "403 Request is prohibited by organization's policy. vpcServiceControlsUniqueIdentifier: x",
+            "perimeter",
+        ),
+        ("403 This API method requires billing to be enabled. BILLING_DISABLED", "billing"),
+    ],
+)
+def test_a_refusal_no_role_mends_names_its_cause_not_a_role(vertex: RestFake, said: str, cause: str) -> None:
+    from google.api_core import exceptions
+
+    config = settings.load(env(vertex), Path("/nonexistent"))
+    with (
+        pytest.raises(submit.GoogleRefused) as err,
+        cloud.refused_as("the run", "roles/aiplatform.user", config),
+    ):
+        raise exceptions.PermissionDenied(said)
+    assert cause in str(err.value) and "roles/" not in str(err.value).split("Google said")[0]
+
+
 def test_a_schedule_without_template_repository_names_the_setting_and_what_it_takes(tmp_path: Path) -> None:
     environ = {
         "PROJECT_ID": "p-proj",
