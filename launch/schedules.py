@@ -21,7 +21,6 @@ import json
 import os
 import re
 import sys
-import zoneinfo
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -110,11 +109,14 @@ def check_timezone(timezone: str) -> str:
     """TIMEZONE: empty (the schedule's cron is read in UTC), or an IANA time zone name."""
     if not timezone:
         return ""
-    known = zoneinfo.available_timezones()
+    # The tzdata package's zones (a dependency: the machine's database may be missing, and adds
+    # names that are no IANA zone: localtime, posixrules, Factory).
+    import importlib.resources
+
+    listing = importlib.resources.files("tzdata").joinpath("zones").read_text(encoding="utf-8")
+    known = set(listing.split()) - {"Factory", "localtime", "posixrules"}
     if timezone in known:
         return timezone
-    if not known and re.fullmatch(r"[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*", timezone):
-        return timezone  # no time zone database on this machine to check against (pip install tzdata)
     close = difflib.get_close_matches(timezone, sorted(known), n=3)
     raise ValueError(
         f"TIMEZONE={timezone!r} is not an IANA time zone name (e.g. Europe/Paris, America/New_York, "
@@ -138,7 +140,10 @@ def check_timestamp(name: str, text: str) -> str | None:
         raise ValueError(
             f"{name}={text!r} has no UTC offset: add Z (UTC) or +HH:MM, e.g. {when.isoformat()}Z"
         )
-    return when.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")
+    try:
+        return when.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")
+    except OverflowError:  # 9999-12-31T23:00:00-05:00 is past the last day Python (and protobuf) hold
+        raise ValueError(f"{name}={text!r} is out of range: give a date from year 1 to 9999 in UTC") from None
 
 
 def check_max_concurrent(value: int | str) -> int:

@@ -608,6 +608,16 @@ def test_schedule_times_are_sent_in_utc_and_must_be_in_order() -> None:
     )
     with pytest.raises(ValueError, match="END='2026-11-30T00:00:00Z' is not after START="):
         schedules.schedule_options("0 6 * * 1", start="2026-12-01T00:00:00Z", end="2026-11-30T00:00:00Z")
+    with pytest.raises(ValueError, match="START='9999-12-31T23:00:00-05:00' is out of range"):
+        schedules.schedule_options("0 6 * * 1", start="9999-12-31T23:00:00-05:00")
+
+
+@pytest.mark.parametrize("name", ["localtime", "posixrules", "Factory", "Mars/Olympus_Mons"])
+def test_a_timezone_not_in_the_iana_database_is_refused(name: str) -> None:
+    """Judged against the tzdata package, whatever this machine's own database holds or lacks."""
+    with pytest.raises(ValueError, match="is not an IANA time zone name"):
+        schedules.check_timezone(name)
+    assert schedules.check_timezone("America/Argentina/Buenos_Aires") == "America/Argentina/Buenos_Aires"
 
 
 @pytest.mark.parametrize(
