@@ -11,23 +11,29 @@ forces a plain fork. Elsewhere than Linux the command runs unchanged.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
-# argv[1] is the signal number, argv[2:] the command to exec.
+# argv[1] is the signal number, argv[2] the parent's pid, argv[3:] the command to exec. A parent
+# that died before prctl took effect left the shim to another (init): it signals itself, as the
+# kernel would have (prctl(2) advises this check of getppid()).
 _SHIM = (
     "import ctypes, os, sys\n"
     "try:\n"
     "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, int(sys.argv[1]))\n"  # 1 = PR_SET_PDEATHSIG
     "except (OSError, AttributeError):\n"
     "    pass\n"
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "if os.getppid() != int(sys.argv[2]):\n"
+    "    os.kill(os.getpid(), int(sys.argv[1]))\n"
+    "os.execvp(sys.argv[3], sys.argv[3:])\n"
 )
 
 
 def with_parent_death_signal(command: Sequence[str], signum: int = signal.SIGKILL) -> list[str]:
-    """`command`, started so that the kernel sends it `signum` when its parent dies."""
+    """`command`, started so that the kernel sends it `signum` when its parent dies (this process
+    must be the one that starts it)."""
     if not sys.platform.startswith("linux"):
         return list(command)
-    return [sys.executable, "-c", _SHIM, str(int(signum)), *command]
+    return [sys.executable, "-c", _SHIM, str(int(signum)), str(os.getpid()), *command]

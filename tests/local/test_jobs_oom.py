@@ -302,6 +302,17 @@ def test_the_process_started_is_the_replica_itself(tmp_path: Path) -> None:
         process.wait()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the exec shim is Linux's")
+def test_a_replica_whose_parent_died_before_the_shim_armed_it_never_runs() -> None:
+    """The parent killed between fork and prctl: the shim is then init's child, and prctl would
+    never fire. It finds its parent changed and takes the signal itself, before the command."""
+    command = lifeline.with_parent_death_signal([sys.executable, "-c", "print('ran')"], signal.SIGTERM)
+    assert subprocess.run(command, capture_output=True, text=True).stdout == "ran\n"  # its parent alive
+    command[command.index(str(os.getpid()))] = "1"  # as if the parent had died: another one (init)
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert (result.returncode, result.stdout) == (-signal.SIGTERM, "")
+
+
 # --- a real kernel OOM kill, in a memory cgroup of its own ----------------------------------
 
 
