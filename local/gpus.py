@@ -7,7 +7,6 @@ keeps them equal). The GPUs are found without TensorFlow (`local_gpus`).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,27 +22,41 @@ GPU_DRIVER_DIR = "/proc/driver/nvidia/gpus"
 def local_gpus(driver_dir: str = GPU_DRIVER_DIR, environ: Mapping[str, str] | None = None) -> list[str]:
     """The GPUs a process started here would see: the driver's `<PCI bus id>/` entries (their
     `information` file's `Model:`, else the bus id) in bus order, narrowed by `CUDA_VISIBLE_DEVICES`
-    (its indices up to the first that is not a non-negative number, as CUDA reads it)."""
+    as CUDA reads it: indices or `GPU-<UUID>` (or a prefix naming one GPU) up to the first that
+    names none."""
     env = os.environ if environ is None else environ
     try:
         buses = sorted(os.listdir(driver_dir))
     except OSError:
         return []
-    names = [_model(Path(driver_dir, bus, "information")) or bus for bus in buses]
+    found = [_fields(Path(driver_dir, bus, "information")) for bus in buses]
+    names = [fields.get("Model") or bus for fields, bus in zip(found, buses, strict=True)]
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return names
-    items = (item.strip() for item in visible.split(","))
-    return [names[int(i)] for i in itertools.takewhile(lambda i: i.isdigit() and int(i) < len(names), items)]
+
+    def index(item: str) -> int | None:
+        if item.isdigit():
+            return int(item) if int(item) < len(names) else None
+        matches = [
+            i for i, fields in enumerate(found) if item and fields.get("GPU UUID", "").startswith(item)
+        ]
+        return matches[0] if item.startswith("GPU-") and len(matches) == 1 else None
+
+    shown = []
+    for item in visible.split(","):
+        if (i := index(item.strip())) is None:
+            break
+        shown.append(names[i])
+    return shown
 
 
-def _model(information: Path) -> str:
-    """The `Model:` line of a driver `information` file; "" when it has none or cannot be read."""
+def _fields(information: Path) -> dict[str, str]:
+    """A driver `information` file's `Name: value` lines (`Model`, `GPU UUID`); {} unreadable."""
     with contextlib.suppress(OSError):
-        for line in information.read_text(errors="replace").splitlines():
-            if line.startswith("Model:"):
-                return line.partition(":")[2].strip()
-    return ""
+        lines = information.read_text(errors="replace").splitlines()
+        return {k.strip(): v.strip() for k, sep, v in (line.partition(":") for line in lines) if sep}
+    return {}
 
 
 def gpu_shortfall(

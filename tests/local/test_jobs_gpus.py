@@ -34,7 +34,10 @@ def driver_dir(tmp_path: Path, *models: str) -> str:
     for i, model in enumerate(models):
         entry = root / f"0000:00:{4 + i:02x}.0"
         entry.mkdir()
-        (entry / "information").write_text(f"Model: \t\t {model}\nIRQ:   \t\t 35\nBus Type: \t PCIe\n")
+        uuid = f"GPU-{i}{i}aaaaaa-2222-3333-4444-555555555555"
+        (entry / "information").write_text(
+            f"Model: \t\t {model}\nIRQ:   \t\t 35\nGPU UUID: \t {uuid}\nBus Type: \t PCIe\n"
+        )
     return str(root)
 
 
@@ -48,6 +51,13 @@ def test_gpus_are_the_drivers_entries_narrowed_by_cuda_visible_devices(tmp_path:
         "Tesla T4"
     ]  # stops at 7, as CUDA does
     assert gpus.local_gpus(str(tmp_path / "absent"), {}) == []  # no NVIDIA driver: no GPU
+    # By UUID, or a prefix naming one GPU (Slurm and containers give them so).
+    assert gpus.local_gpus(root, {"CUDA_VISIBLE_DEVICES": "GPU-11aaaaaa-2222-3333-4444-555555555555,0"}) == [
+        "Tesla V100-SXM2-16GB",
+        "Tesla T4",
+    ]
+    assert gpus.local_gpus(root, {"CUDA_VISIBLE_DEVICES": "GPU-00"}) == ["Tesla T4"]
+    assert gpus.local_gpus(root, {"CUDA_VISIBLE_DEVICES": "GPU-,1"}) == []  # a prefix naming both: none
 
 
 @pytest.mark.parametrize(
