@@ -24,7 +24,13 @@ from launch.cloud import GoogleRefused, GoogleUnreachable
 from launch.settings import Settings, SettingsError
 from local import ROOT
 
-TERMINAL = ("PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED")
+# The states a run waits in no more (aiplatform's pipeline_jobs._PIPELINE_COMPLETE_STATES).
+TERMINAL = (
+    "PIPELINE_STATE_SUCCEEDED",
+    "PIPELINE_STATE_FAILED",
+    "PIPELINE_STATE_CANCELLED",
+    "PIPELINE_STATE_PAUSED",
+)
 
 
 def source_commit(root: Path = ROOT, environ: Mapping[str, str] = os.environ) -> str:

@@ -164,11 +164,14 @@ def test_a_run_refused_by_the_preflight_validations_is_one_line(
     assert "PREFLIGHT_VALIDATIONS=false" in line
 
 
-def test_a_failed_run_exits_non_zero(vertex: RestFake, gcs: Any) -> None:
+@pytest.mark.parametrize("state", ["PIPELINE_STATE_FAILED", "PIPELINE_STATE_PAUSED"])
+def test_a_failed_or_paused_run_exits_non_zero(vertex: RestFake, gcs: Any, state: str) -> None:
+    """PAUSED ends the wait too (aiplatform's _PIPELINE_COMPLETE_STATES): it was waited on forever."""
+
     def failed(match: re.Match[str], _q: Any, _b: Any) -> tuple[int, Any]:
         return 200, {
             "name": match.group(1),
-            "state": "PIPELINE_STATE_FAILED",
+            "state": state,
             "jobDetail": {"taskDetails": [{"taskName": "train-model", "state": "FAILED"}]},
         }
 
