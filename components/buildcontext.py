@@ -55,11 +55,11 @@ _GIT_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY"
 def context_members(root: str | os.PathLike[str]) -> list[tuple[str, bytes]]:
     """The build context of a checkout, as (relative path, content), in path order: in a git
     checkout the tracked files among CONTEXT_FILES and below CONTEXT_DIRS (untracked, unignored
-    ones named on stderr, Python ones refused); without git or .git (Cloud Build's source), every file there. Caches
-    are left out, as .dockerignore does. A symlink to a member is taken with its content; any
-    other symlink, a path through a symlinked folder, a non-regular file or a file that looks like
-    a secret (`why_secret`) is refused: a ValueError naming every offending file and what to do,
-    before anything is packed or uploaded."""
+    ones named on stderr, Python ones refused); without git or .git (Cloud Build's source), every
+    file there. Caches are left out, as .dockerignore does. A symlink to a member is taken with its
+    content; any other symlink, a path through a symlinked folder, a non-regular file or a file
+    that looks like a secret (`why_secret`) is refused: a ValueError naming every offending file and
+    what to do, before anything is packed or uploaded."""
     base = Path(root)
     missing = [name for name in (*CONTEXT_FILES, *CONTEXT_DIRS) if not os.path.lexists(base / name)]
     if missing:

@@ -56,7 +56,8 @@ def image_classification_keys(info: Any, name: str) -> tuple[str, str]:
         )
     if (channels := features[image_key].shape[-1]) not in (1, 2, 3, 4):  # trainer.images.rgb: RGB
         raise PrepareError(
-            f"TFDS dataset {name!r} has images of {channels} channels; allowed: 1 to 4 (grey, grey and alpha, RGB, RGBA)"
+            f"TFDS dataset {name!r} has images of {channels} channels; allowed: 1 to 4 (grey, grey "
+            "and alpha, RGB, RGBA)"
         )
     return image_key, label_key
 
