@@ -90,7 +90,10 @@ _NOT_A_ROLE = (
     ),
     (
         re.compile(r"VPC Service Controls|vpcServiceControls|SECURITY_POLICY_VIOLATED"),
-        "a VPC Service Controls perimeter refused it: run from inside the perimeter, or have its owner allow this access",
+        (
+            "a VPC Service Controls perimeter refused it: run from inside the perimeter, or have its "
+            "owner allow this access"
+        ),
     ),
     (
         re.compile(r"BILLING_DISABLED|billing (account )?(is )?disabled", re.IGNORECASE),
