@@ -94,20 +94,29 @@ def hyperparameter_tuning_job(
     service_account: str,
     network: str,
     timeout: str,
+    restart_job_on_worker_restart: bool,
     gcp_resources: dsl.OutputPath(str),
 ) -> dsl.ContainerSpec:
-    """GCPC's `HyperparameterTuningJobRunOp` plus each trial's `trial_job_spec.scheduling.timeout`
-    (aiplatform_v1 `HyperparameterTuningJob.trial_job_spec`: "The same spec applies to the
-    CustomJobs created in all the trials"; `Scheduling.timeout`: "The default is 7 days.";
-    https://cloud.google.com/vertex-ai/docs/reference/rest/v1/CustomJobSpec#scheduling), which
-    GCPC 2.22's op lacks: its container spec is reused, the field added to its payload."""
-    gcpc = {k: v for k, v in locals().items() if k != "timeout"}
+    """GCPC's `HyperparameterTuningJobRunOp` plus each trial's `trial_job_spec.scheduling`: its
+    `timeout` and `restart_job_on_worker_restart`, as the training job has them (aiplatform_v1
+    `HyperparameterTuningJob.trial_job_spec`: "The same spec applies to the CustomJobs created in
+    all the trials"; `Scheduling.timeout`: "The default is 7 days."; `restart_job_on_worker_restart`
+    false by default; https://cloud.google.com/vertex-ai/docs/reference/rest/v1/CustomJobSpec#scheduling),
+    which GCPC 2.22's op lacks: its container spec is reused, the fields added to its payload (the
+    bool unquoted, as GCPC's custom job op writes it)."""
+    gcpc = {k: v for k, v in locals().items() if k not in ("timeout", "restart_job_on_worker_restart")}
     from google_cloud_pipeline_components.v1.hyperparameter_tuning_job import HyperparameterTuningJobRunOp
 
     spec = HyperparameterTuningJobRunOp.pipeline_func(**gcpc)
     payload = spec.args[spec.args.index("--payload") + 1].items  # a ConcatPlaceholder's
     at = payload.index(', "base_output_directory": {')  # inside "trial_job_spec": {...}
-    payload[at:at] = [', "scheduling": {"timeout": "', timeout, '"}']
+    payload[at:at] = [
+        ', "scheduling": {"timeout": "',
+        timeout,
+        '", "restart_job_on_worker_restart": ',
+        restart_job_on_worker_restart,
+        "}",
+    ]
     return spec
 
 

@@ -138,6 +138,7 @@ def local_tuning_job(
     measurement_selection: str = "BEST_MEASUREMENT",
     seed: int = 0,
     timeout: str = "3600s",
+    restart_job_on_worker_restart: bool = False,
 ) -> int:
     """Local form of `HyperparameterTuningJobRunOp` (`local.tuner`), seeded with the run's `seed`
     (Vertex's Vizier takes none). `trials` gets the trials table; returns its size."""
@@ -158,6 +159,7 @@ def local_tuning_job(
         seed=seed,
         project=project,
         timeout=timeout,
+        restart_job_on_worker_restart=restart_job_on_worker_restart,
     )
     with open(trials.path, "w") as f:
         json.dump(table, f, indent=1)

@@ -167,6 +167,7 @@ def run_tuning(
     measurement_selection: str = "BEST_MEASUREMENT",
     project: str = "local",
     timeout: str = "3600s",
+    restart_job_on_worker_restart: bool = False,
     seed: int = 0,
     out: TextIO | None = None,
 ) -> list[dict[str, Any]]:
@@ -217,6 +218,7 @@ def run_tuning(
                 project=project,
                 log_dir=trial_dir / "replica_logs",
                 timeout=timeout,
+                restart_job_on_worker_restart=restart_job_on_worker_restart,
                 job_id=f"local-trial-{trial_id}",
                 # On Vertex each trial's metric file is on its own VM; here trials share one
                 # machine, so each gets its own file (the variable cloudml-hypertune reads).

@@ -105,7 +105,7 @@ def _local_custom_job(
 
 def _study(p: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, Any]:
     """What both tuning steps get: the fixed metric, the declared `search_space`, the trial counts,
-    the search algorithm and each trial's timeout."""
+    the search algorithm and each trial's timeout and restart setting."""
     return {
         "study_spec_metrics": metrics,
         "study_spec_parameters": p["search_space"],
@@ -114,6 +114,7 @@ def _study(p: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, Any]:
         "max_failed_trial_count": p["max_failed_trial_count"],
         "study_spec_algorithm": p["search_algorithm"],
         "timeout": p["timeout"],
+        "restart_job_on_worker_restart": p["restart_job_on_worker_restart"],
     }
 
 

@@ -260,7 +260,10 @@ ROWS: tuple[Row, ...] = (
     Row(
         "tune-spot",
         {"tune": True, "scheduling_strategy": "SPOT"},
-        {f"{TRAIN}.scheduling.strategy": "SPOT", f"{TUNE}.trial_job_spec.scheduling": {"timeout": "86400s"}},
+        {
+            f"{TRAIN}.scheduling.strategy": "SPOT",
+            f"{TUNE}.trial_job_spec.scheduling": {"timeout": "86400s", "restart_job_on_worker_restart": True},
+        },
     ),
     Row("workers-0", {"worker_count": 0}, {f"{TRAIN}.worker_pool_specs#": 1}),
     Row(
@@ -674,8 +677,10 @@ def check_tuning_job(run: Run) -> None:
     for field in ("service_account", "network"):
         assert trial.get(field, "") == root[field], field
     assert job.get("encryption_spec", {}).get("kms_key_name", "") == root["encryption_spec_key_name"]
-    # Each trial runs at most the run's timeout (`tuning.hyperparameter_tuning_job` adds it).
-    assert trial.get("scheduling") == {"timeout": root["timeout"]}
+    # Each trial runs at most the run's timeout, and restarts as the training job does
+    # (`tuning.hyperparameter_tuning_job` adds both; GCPC's launcher drops a false, Vertex's default).
+    restart = {"restart_job_on_worker_restart": True} if root["restart_job_on_worker_restart"] else {}
+    assert trial.get("scheduling") == {"timeout": root["timeout"], **restart}
     # What GCPC 2.22's op cannot send (no such inputs): the run's labels, a scheduling strategy,
     # a TensorBoard. Pinned so that a GCPC that adds them is noticed.
     assert job.get("labels", {}) == SYSTEM_LABELS

@@ -146,6 +146,22 @@ open(os.environ["AIP_MODEL_DIR"].rstrip("/") + ".finished", "w").close()
     assert not list((tmp_path / "tune").glob("*/model.finished"))
 
 
+def test_each_trial_restarts_as_the_training_job_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """trial_job_spec.scheduling carries restart_job_on_worker_restart, as the training job's does."""
+    seen: list[bool] = []
+    real = tuner.jobs.run_job
+
+    def run_job(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["restart_job_on_worker_restart"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuner.jobs, "run_job", run_job)
+    run(tmp_path, CAMEL, algorithm="RANDOM_SEARCH", max_trial_count=2, restart_job_on_worker_restart=True)
+    assert seen == [True, True]
+
+
 def test_the_local_default_space_is_sampled_within_its_ranges() -> None:
     import optuna
 
