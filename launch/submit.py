@@ -309,7 +309,14 @@ def submit(
         except Exception as err:  # the SDK raises a bare Exception for these only
             if str(err).startswith(PREFLIGHT_FAILED):
                 raise PreflightRefused(str(err)) from err
-            raise
+            # The experiment's lookup wraps its failure (a 403, no network) in a bare RuntimeError
+            # (aiplatform metadata/experiment_resources.py): before the run's creation, the cause is
+            # said as any refusal is; after it, the run goes on unrecorded, and says so.
+            if not (isinstance(err, RuntimeError) and isinstance(err.__cause__, Exception)):
+                raise
+            if not job._gca_resource.name:  # the run was not created
+                raise err.__cause__ from err
+            print(f"WARNING: the run is not recorded in EXPERIMENT={settings.experiment}: {err.__cause__}")
     console = console_url(job.resource_name)
     print(f"submitted {job.resource_name}\nconsole: {console}", flush=True)
     if not wait:

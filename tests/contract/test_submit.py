@@ -164,6 +164,45 @@ def test_a_run_refused_by_the_preflight_validations_is_one_line(
     assert "PREFLIGHT_VALIDATIONS=false" in line
 
 
+def test_an_experiment_vertex_refuses_is_one_refusal_before_the_run(
+    vertex: RestFake, gcs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiplatform wraps the experiment's lookup failing in a bare RuntimeError: its cause is said."""
+    from google.api_core import exceptions
+    from google.cloud import aiplatform
+
+    def refused(self: Any, experiment: str) -> None:
+        try:
+            raise exceptions.PermissionDenied("Permission 'aiplatform.metadataStores.get' denied")
+        except exceptions.PermissionDenied as cause:
+            raise RuntimeError(f"Experiment {experiment} could not be found or created.") from cause
+
+    monkeypatch.setattr(aiplatform.PipelineJob, "_validate_experiment", refused)
+    config = settings.load(env(vertex, EXPERIMENT="exp-runs"), Path("/nonexistent"))
+    with pytest.raises(submit.GoogleRefused) as err:
+        submit.submit(config, {}, credentials=AnonymousCredentials(), transport="rest")
+    assert "roles/aiplatform.user" in str(err.value)
+    assert vertex.bodies("POST", r"/v1/projects/p-proj/locations/us-central1/pipelineJobs") == []
+
+
+def test_a_run_created_but_not_recorded_in_its_experiment_goes_on_and_says_so(
+    vertex: RestFake, gcs: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from google.api_core import exceptions
+    from google.cloud import aiplatform
+
+    monkeypatch.setattr(aiplatform.PipelineJob, "_validate_experiment", lambda self, experiment: None)
+
+    def unrecorded(self: Any, experiment: str) -> None:
+        raise RuntimeError("could not associate") from exceptions.ServiceUnavailable("503 try again")
+
+    monkeypatch.setattr(aiplatform.PipelineJob, "_associate_to_experiment", unrecorded)
+    config = settings.load(env(vertex, EXPERIMENT="exp-runs"), Path("/nonexistent"))
+    assert submit.submit(config, {}, credentials=AnonymousCredentials(), transport="rest") == 0
+    out = capsys.readouterr().out
+    assert "WARNING: the run is not recorded in EXPERIMENT=exp-runs" in out and "submitted projects/" in out
+
+
 @pytest.mark.parametrize("state", ["PIPELINE_STATE_FAILED", "PIPELINE_STATE_PAUSED"])
 def test_a_failed_or_paused_run_exits_non_zero(vertex: RestFake, gcs: Any, state: str) -> None:
     """PAUSED ends the wait too (aiplatform's _PIPELINE_COMPLETE_STATES): it was waited on forever."""
