@@ -316,6 +316,8 @@ def submit(
                 raise
             if not job._gca_resource.name:  # the run was not created
                 raise err.__cause__ from err
+            if not settings.experiment:
+                raise
             print(f"WARNING: the run is not recorded in EXPERIMENT={settings.experiment}: {err.__cause__}")
     console = console_url(job.resource_name)
     print(f"submitted {job.resource_name}\nconsole: {console}", flush=True)
