@@ -17,6 +17,7 @@ from pathlib import Path
 
 from components.image import CLOUD_BUILD_REGIONS
 from pipeline.options import jobs as job_rules
+from pipeline.options.common import dot_folders
 from pipeline.options.persistent_resource import persistent_resource_id_problem
 
 # Setting -> what it is (env.sh.example's comment); the order is env.sh.example's.
@@ -289,10 +290,7 @@ def load(
     check("PROJECT_ID", _PROJECT)
     if check("REGION", _REGION) and (problem := region_problem(values["REGION"])):
         problems.append(problem)
-    if check("PIPELINE_ROOT", _BUCKET_URI) and any(
-        part in ("", ".", "..")
-        for part in values["PIPELINE_ROOT"].removeprefix("gs://").rstrip("/").split("/")[1:]
-    ):  # as model_root: written through the /gcs/ mount, which resolves them, read back by URI
+    if check("PIPELINE_ROOT", _BUCKET_URI) and dot_folders(values["PIPELINE_ROOT"]):
         problems.append(
             f"PIPELINE_ROOT={values['PIPELINE_ROOT']!r} is not valid: an empty, . or .. folder in its path "
             "would put the run's files elsewhere than their gs:// URIs say"

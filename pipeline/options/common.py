@@ -59,6 +59,13 @@ def duration_seconds(text: Any) -> float | None:
     return float(match.group(1) + (match.group(2) or "")) if match else None
 
 
+def dot_folders(uri: str) -> bool:
+    """Whether a gs:// folder's path holds an empty, . or .. folder: the trainer writes such object
+    names as given (tf.io.gfile), the steps read them through the /gcs/ mount, where the kernel
+    resolves them to another place (model_root, PIPELINE_ROOT)."""
+    return any(s in ("", ".", "..") for s in uri.removeprefix("gs://").rstrip("/").split("/")[1:])
+
+
 def whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

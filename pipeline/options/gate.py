@@ -9,7 +9,7 @@ from typing import Any
 
 from components import evaluation, registry, servingimage
 from pipeline.options.common import Parameter as _p
-from pipeline.options.common import Problem
+from pipeline.options.common import Problem, dot_folders
 
 PARAMETERS: tuple[_p, ...] = (
     _p(
@@ -109,10 +109,7 @@ def registry_problems(v: Mapping[str, Any], region: str, warnings: list[str]) ->
                 name = known
         problems.append(Problem((name,), text))
     root = str(v.get("model_root", ""))
-    # No empty, . or .. folder: the trainer writes the object names as given (tf.io.gfile), the
-    # steps after it read them through the /gcs/ mount, where the kernel resolves them elsewhere.
-    odd = any(s in ("", ".", "..") for s in root.removeprefix("gs://").rstrip("/").split("/")[1:])
-    if root and (odd or not MODEL_ROOT.match(root)):
+    if root and (dot_folders(root) or not MODEL_ROOT.match(root)):
         allowed = (
             "must be empty (gs://<the pipeline root's bucket>/models) or a gs://<bucket>/<path> folder "
             "with no empty, . or .. folder in its path"
