@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from components import hardware, image, worker_pools
+from components import hardware, image, registry, worker_pools
 from components.hardware import V100
 from pipeline.options.common import Parameter as _p
 from pipeline.options.common import Problem, duration_seconds, whole
@@ -186,9 +186,8 @@ def label_problems(labels: Any) -> list[str]:
     if not isinstance(labels, Mapping):
         return [f"labels must be a mapping of label keys to values, got {labels!r}"]
 
-    def ok(text: str) -> bool:
-        # Lowercase: a letter that lowercasing leaves alone (not upper- nor titlecase: 'ǅ').
-        return all((c.isalpha() and c == c.lower()) or c.isdigit() or c in "_-" for c in text)
+    def ok(text: str) -> bool:  # what the upload step would keep as it is (upper- and titlecase not)
+        return registry.label_value(text) == text
 
     out = []
     for key, value in labels.items():
