@@ -368,6 +368,19 @@ def test_schedule_pins_the_template_version_of_this_commit(
     assert ("notification_emails" in job["runtimeConfig"]["parameterValues"]) is bool(emails)
 
 
+def schedule_against(config: settings.Settings, registry_host: str) -> Any:
+    """A weekly schedule of this checkout, its template sent to `registry_host`."""
+    return schedules.create_schedule(
+        config,
+        {},
+        cron="0 6 * * 1",
+        credentials=AnonymousCredentials(),
+        transport="rest",
+        registry_auth=FakeRegistryAuth(),
+        registry_host=registry_host,
+    )
+
+
 def test_schedule_with_a_template_registry_that_never_answers_is_named_within_seconds(
     vertex: RestFake, gcs: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -380,15 +393,7 @@ def test_schedule_with_a_template_registry_that_never_answers_is_named_within_se
         hole.bind(("127.0.0.1", 0))
         hole.listen(16)
         with pytest.raises(cloud.GoogleUnreachable) as err:
-            schedules.create_schedule(
-                config,
-                {},
-                cron="0 6 * * 1",
-                credentials=AnonymousCredentials(),
-                transport="rest",
-                registry_auth=FakeRegistryAuth(),
-                registry_host=f"http://127.0.0.1:{hole.getsockname()[1]}",
-            )
+            schedule_against(config, f"http://127.0.0.1:{hole.getsockname()[1]}")
     assert "Artifact Registry" in str(err.value)
     assert vertex.bodies("POST", r"/v1/projects/p-proj/locations/us-central1/schedules") == []
 
@@ -820,15 +825,7 @@ def test_a_refused_template_upload_names_the_writer_role(
     config = settings.load(env(vertex), Path("/nonexistent"))
     try:
         with pytest.raises(submit.GoogleRefused) as err:
-            schedules.create_schedule(
-                config,
-                {},
-                cron="0 6 * * 1",
-                credentials=AnonymousCredentials(),
-                transport="rest",
-                registry_auth=FakeRegistryAuth(),
-                registry_host=registry.host,
-            )
+            schedule_against(config, registry.host)
     finally:
         registry.rest.stop()
     text = str(err.value)
