@@ -248,8 +248,10 @@ def run_tuning(
         stream.write(f"[tune] trial {trial_id} {metric.metric_id}={final[1]:.4f}\n")
         return row
 
-    # Set when the study ends early (max_failed_trial_count, Ctrl-C): the trials still running are
-    # stopped, their replicas given their grace to save, as Vertex stops a failed job's trials.
+    # Set when the study ends early (max_failed_trial_count: "failing the HyperparameterTuningJob",
+    # aiplatform_v1; Ctrl-C): the trials still running are stopped, their replicas given their grace.
+    # That a failed job's running trials stop at once on Vertex is inferred (a failed job holds no
+    # machines), not documented: a real run's trial timeline shows it.
     cancel = threading.Event()
     with ThreadPoolExecutor(max_workers=parallel_trial_count) as pool, _cancelling_on_error(cancel):
         pending: dict[Future[dict[str, Any]], Any] = {}
